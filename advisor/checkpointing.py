@@ -1,0 +1,50 @@
+"""Activation checkpointing applied the same way in the trace and in generated scripts.
+
+Transformers models use their own ``gradient_checkpointing_enable`` (non-reentrant). Other models
+(torchvision, custom) get torch's ``checkpoint_wrapper`` around each block of every run of
+repeated blocks (the elements of an ``nn.Sequential``/``nn.ModuleList`` whose children are all of
+one class): ResNet bottlenecks, ViT encoder blocks, ConvNeXt blocks. Generated scripts carry a
+copy of ``repeated_blocks`` (they must not import this package); a test keeps the two in sync.
+"""
+
+from __future__ import annotations
+
+
+def repeated_blocks(model) -> list:
+    """Outermost modules that sit in a run of >= 2 same-class siblings inside a Sequential/ModuleList."""
+    import torch.nn as nn
+
+    chosen: list = []
+    taken: set[int] = set()
+    for module in model.modules():
+        if id(module) in taken or not isinstance(module, (nn.Sequential, nn.ModuleList)):
+            continue
+        kids = list(module.children())
+        if len(kids) >= 2 and len({type(k) for k in kids}) == 1 and any(True for _ in kids[0].parameters()):
+            for kid in kids:
+                chosen.append(kid)
+                taken.update(id(m) for m in kid.modules())
+    return chosen
+
+
+def enable_activation_checkpointing(model) -> int:
+    """Turn on activation checkpointing; return how many blocks are checkpointed (0: not supported)."""
+    if hasattr(model, "gradient_checkpointing_enable") and getattr(model, "supports_gradient_checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False)) or 1
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+    from functools import partial
+
+    blocks = {id(b) for b in repeated_blocks(model)}
+    if not blocks:
+        return 0
+    apply_activation_checkpointing(
+        model,
+        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda m: id(m) in blocks,
+    )
+    return len(blocks)

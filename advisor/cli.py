@@ -1,0 +1,212 @@
+"""``python -m advisor MODEL [options]``: a thin argparse face over ``advisor.plan.plan``.
+
+Examples:
+    python -m advisor resnet50 --gpus 4
+    python -m advisor llama-2-7b --gpus 8 --gpu A100-80GB --activation-checkpointing
+    python -m advisor --config my/config.json --gpus 8 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from .errors import AdvisorError
+from .memory import OPTIMIZERS, PRECISIONS
+from .options import ATTENTION_CHOICES, TrainingOptions
+from .units import fmt_count, gib
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        raise AdvisorError(f"{message} (see --help)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    if value != value:
+        raise argparse.ArgumentTypeError("must be a number, got nan")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="advisor", description="Per-GPU memory, parallel strategy and a verified training script "
+                "for PyTorch training. Sizes are per GPU; GiB = 2**30 bytes.")
+    p.add_argument("model", nargs="?", help="torchvision name (resnet50, vit_b_16, ...), transformer preset "
+                   "(gpt2, llama-2-7b, ...) or Hugging Face repo id alias; see --list-models")
+    src = p.add_argument_group("model source")
+    src.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (parsed as JSON only)")
+    src.add_argument("--model-factory", metavar="MOD:FN", help="import MOD and call FN() -> nn.Module (your code)")
+    src.add_argument("--seq-len", type=_positive_int, help="tokens per sample (default min(model max, 2048))")
+    src.add_argument("--image-size", type=_positive_int, help="image side in pixels (default 224)")
+    src.add_argument("--list-models", action="store_true", help="list the known model names and exit")
+    tr = p.add_argument_group("training")
+    tr.add_argument("--micro-batch-size", type=_positive_int,
+                    help="samples per GPU per step (default 1 for transformers, 32 for vision)")
+    tr.add_argument("--global-batch-size", type=_positive_int,
+                    help="micro-batch x data-parallel size x accumulation steps (default: no accumulation)")
+    tr.add_argument("--precision", choices=PRECISIONS, default="bf16",
+                    help="bf16/fp16: mixed precision; fp32; pure-bf16 (default bf16)")
+    tr.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
+    tr.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
+    tr.add_argument("--attention", choices=ATTENTION_CHOICES, default="auto",
+                    help="attention kernel to model (auto: what the target GPU runs)")
+    tr.add_argument("--tp-degree", type=_positive_int, help="tensor-parallel degree (default: GPUs per node)")
+    tr.add_argument("--safety-factor", type=_float, default=1.2,
+                    help="multiplier for the 16-bytes-per-parameter rule of thumb, 1.0-2.0 (default 1.2)")
+    tr.add_argument("--base-lr", type=_positive_float, help="learning rate tuned at --base-batch-size")
+    tr.add_argument("--base-batch-size", type=_positive_int, help="global batch the base LR was tuned at")
+    hw = p.add_argument_group("hardware (default: detected GPUs, else the A100-80GB preset)")
+    hw.add_argument("--gpus", type=_positive_int, help="GPUs per node")
+    hw.add_argument("--nodes", type=_positive_int, default=1, help="number of nodes (default 1)")
+    hw.add_argument("--gpu", metavar="PRESET", help="GPU preset: A100-40GB, A100-80GB, H100-80GB, H200-141GB, "
+                    "V100-16GB, V100-32GB, A10G-24GB, L4-24GB, RTX3090, RTX4090, T4-16GB")
+    hw.add_argument("--gpu-mem", type=_positive_float, metavar="GIB", help="usable GPU memory, GiB (nvidia-smi MiB/1024)")
+    hw.add_argument("--host-mem", type=_positive_float, metavar="GIB", help="host RAM per node, GiB (default: detected)")
+    hw.add_argument("--interconnect", choices=("nvlink", "pcie"), help="link between GPUs in a node")
+    hw.add_argument("--network", help="link between nodes: ib-ndr, ib-hdr, ib-edr, 400gbe, 200gbe, 100gbe, 25gbe, "
+                    "10gbe, 1gbe")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print one JSON document (schema in README)")
+    out.add_argument("--compare", action="store_true", help="also show DeepSpeed's own model-state estimates")
+    return p
+
+
+def _inputs(args: argparse.Namespace):
+    from .plan import PlanInputs
+
+    training = TrainingOptions(
+        precision=args.precision, optimizer=args.optimizer, micro_batch_size=args.micro_batch_size,
+        global_batch_size=args.global_batch_size, activation_checkpointing=args.activation_checkpointing,
+        attention=args.attention, tp_degree=args.tp_degree, safety_factor=args.safety_factor,
+        base_lr=args.base_lr, base_batch_size=args.base_batch_size)
+    return PlanInputs(model=args.model, config_path=args.config, model_factory=args.model_factory,
+                      seq_len=args.seq_len, image_size=args.image_size, training=training, gpu=args.gpu,
+                      gpu_mem_gib=args.gpu_mem, gpus=args.gpus, nodes=args.nodes, interconnect=args.interconnect,
+                      network=args.network, host_mem_gib=args.host_mem, compare=args.compare)
+
+
+def _g(n: int | None) -> str:
+    return "-" if n is None else f"{gib(n):.2f}"
+
+
+def render_text(p) -> str:
+    """The human-readable report: inputs, a breakdown table (GiB), the recommendation."""
+    spec, st, hw, o = p.spec, p.profile.stats, p.hardware, p.options
+    mode = "fp32" if o.precision == "fp32" else "half" if o.precision == "pure-bf16" else "autocast"
+    act = p.profile.activations(mode)
+    shape = f"seq-len {spec.seq_len}" if spec.is_transformer else f"input {'x'.join(map(str, spec.input_shape))}"
+    lines = [
+        f"Model      {spec.name} ({spec.source})",
+        f"           {fmt_count(st.num_params)} parameters ({st.num_params:,}; trainable {st.num_trainable:,}), "
+        f"{shape}, {act.flops_per_sample / 1e9:.1f} GFLOP/sample fwd+bwd, "
+        f"activations {gib(act.activation_bytes_per_sample):.3f} GiB/sample",
+        f"Hardware   {hw.num_gpus} x {hw.gpu_name} ({hw.gpus_per_node} per node x {hw.num_nodes} node(s)), "
+        f"{gib(hw.gpu_memory_bytes):.2f} GiB usable each [{hw.sources.get('gpu_memory_bytes')}], "
+        f"{hw.interconnect} [{hw.sources.get('interconnect')}]"
+        + (f", network {hw.network} [{hw.sources.get('network')}]" if hw.network else "")
+        + f", host RAM {gib(hw.host_mem_bytes):.0f} GiB/node [{hw.sources.get('host_mem_bytes')}]",
+        f"Training   {o.precision}, {o.optimizer}, micro-batch {o.micro_batch_size}/GPU, "
+        f"activation checkpointing {'on' if o.activation_checkpointing else 'off'}, attention {act.attention}, "
+        f"rule-of-thumb safety factor {o.safety_factor}",
+        "",
+        "Per-GPU memory, GiB (peak allocated = sum of the components; device total adds CUDA context, NCCL, "
+        "fragmentation)",
+    ]
+    head = (f"{'strategy':<15}{'params':>8}{'grads':>8}{'optim':>8}{'activ':>8}{'buffers':>8}{'other':>8}"
+            f"{'peak':>8}{'device':>8}  {'fits':<5}{'16B/p':>8}{'max mb':>7}{'GA':>4}  host/node")
+    lines += [head, "-" * len(head)]
+    for r in p.rows:
+        if not r.applicable:
+            lines.append(f"{r.name:<15}n/a: {r.reason}")
+            continue
+        b, m = r.memory.peak, r.memory
+        rule = f"{gib(r.rule_of_thumb_bytes):.1f}{'' if r.rule_of_thumb_fits else '!'}"
+        lines.append(f"{r.name:<15}{_g(b.params):>8}{_g(b.grads):>8}{_g(b.optimizer_states):>8}"
+                     f"{_g(b.activations):>8}{_g(b.buffers):>8}{_g(b.other):>8}{_g(b.total):>8}"
+                     f"{_g(m.device_total):>8}  {'yes' if r.fits else 'NO':<5}{rule:>8}{r.max_micro_batch_size:>7}"
+                     f"{r.grad_accum_steps:>4}  {_g(m.host_bytes_per_node) if m.host_bytes_per_node else '-'}")
+        if r.deepspeed_estimate:
+            de = r.deepspeed_estimate
+            lines.append(f"{'':<15}DeepSpeed's estimator (model states only): {_g(de['gpu_bytes'])} GiB/GPU, "
+                         f"{_g(de['host_bytes_per_node'])} GiB host/node")
+    lines.append("16B/p: 16 bytes/parameter x safety factor, sharded per strategy ('!' = over the GPU memory)")
+    rec = p.recommendation
+    lines.append("")
+    if rec.strategy:
+        lines.append(f"Recommendation: {p.row(rec.strategy).title} ({rec.strategy})")
+    else:
+        lines.append("Recommendation: none - nothing fits this hardware")
+    lines += [f"  - {reason}" for reason in rec.reasons]
+    for w in p.warnings + rec.warnings:
+        lines.append(f"  ! {w}")
+    launch = _launch_line(p)
+    if launch:
+        lines += ["", f"Launch: {launch}"]
+    return "\n".join(lines)
+
+
+def _launch_line(p) -> str | None:
+    if not p.recommendation.strategy:
+        return None
+    try:
+        from strategies.render import launch_command
+    except ImportError:
+        return None
+    return launch_command(p, p.recommendation.strategy)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry. Returns the exit code: 0 answered (even "nothing fits"), 2 bad input."""
+    try:
+        args = build_parser().parse_args(argv)
+        if args.list_models:
+            from .models import known_model_names
+
+            print("\n".join(known_model_names()))
+            return 0
+        from .plan import plan, plan_to_dict
+
+        result = plan(_inputs(args))
+        if args.json:
+            print(json.dumps(plan_to_dict(result), indent=2))
+        else:
+            print(render_text(result))
+        return 0
+    except AdvisorError as err:
+        print(f"advisor: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("advisor: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

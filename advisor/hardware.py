@@ -1,0 +1,194 @@
+"""Hardware: detected GPUs (torch.cuda / NVML, ``nvidia-smi topo -m`` as fallback), or a preset,
+overridden by flags. Every figure records where it came from. Probes warn and fall back; they never
+raise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+from .errors import AdvisorError
+from .gpu_presets import DEFAULT_GPU_PRESET, GpuPreset, get_gpu_preset
+
+INTERCONNECTS = ("nvlink", "pcie")
+# Inter-node networks, GB/s per node one direction (InfiniBand spec rates; Ethernet line rates).
+NETWORKS = {"ib-ndr": 50.0, "ib-hdr": 25.0, "ib-edr": 12.5, "400gbe": 50.0, "200gbe": 25.0, "100gbe": 12.5,
+            "25gbe": 3.125, "10gbe": 1.25, "1gbe": 0.125}
+SLOW_NETWORKS = ("10gbe", "1gbe")  # field notes 004 section 3.1: 1 GbE is a bottleneck
+
+
+@dataclass(frozen=True)
+class DetectedGpus:
+    count: int
+    name: str
+    memory_bytes: int
+    interconnect: str | None
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The target cluster: ``gpus_per_node`` x ``num_nodes`` GPUs of one kind."""
+
+    gpu_name: str
+    gpu_memory_bytes: int  # usable, as nvidia-smi reports it
+    gpus_per_node: int
+    num_nodes: int
+    interconnect: str  # within a node: nvlink | pcie
+    network: str | None  # between nodes; None for one node
+    bf16_tflops: float
+    link_gbps: float
+    host_mem_bytes: int  # per node
+    sources: dict[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * self.num_nodes
+
+
+def detect_gpus() -> DetectedGpus | None:
+    """GPUs on this machine via torch.cuda, interconnect via NVML; ``None`` when there are none."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+            return None
+        count = torch.cuda.device_count()
+        props = torch.cuda.get_device_properties(0)
+        name, memory = props.name, int(props.total_memory)
+    except Exception:  # a broken driver must not stop planning
+        return None
+    link, warnings = _detect_interconnect(count)
+    return DetectedGpus(count, name, memory, link, tuple(warnings))
+
+
+def _detect_interconnect(count: int) -> tuple[str | None, list[str]]:
+    if count < 2:
+        return None, []
+    try:
+        import pynvml  # from the nvidia-ml-py package
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+                try:
+                    if pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED:
+                        return "nvlink", []
+                except pynvml.NVMLError:
+                    break
+            return "pcie", []
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as err:
+        topo = _topo_from_nvidia_smi()
+        if topo:
+            return topo, []
+        return None, [f"could not read the GPU interconnect ({err.__class__.__name__}); assuming pcie: "
+                      "pass --interconnect nvlink if the GPUs have NVLink"]
+
+
+def _topo_from_nvidia_smi() -> str | None:
+    """Parse ``nvidia-smi topo -m``: any ``NV#`` cell between GPUs means NVLink."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_topo_matrix(out)
+
+
+def parse_topo_matrix(text: str) -> str | None:
+    """``nvidia-smi topo -m`` output -> "nvlink" if any GPU pair is ``NV<n>``, "pcie" if GPU rows
+    exist without one, ``None`` when no GPU rows are found."""
+    rows = [line.split() for line in text.splitlines() if line.startswith("GPU")]
+    gpu_rows = [r for r in rows if len(r) > 1 and r[0][3:].isdigit()]
+    if not gpu_rows:
+        return None
+    cells = [c for r in gpu_rows for c in r[1:]]
+    return "nvlink" if any(c.startswith("NV") and c[2:].isdigit() for c in cells) else "pcie"
+
+
+def host_memory_bytes() -> int:
+    """Physical RAM of this machine."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def resolve_hardware(*, gpu: str | None = None, gpu_mem_gib: float | None = None, gpus: int | None = None,
+                     nodes: int = 1, interconnect: str | None = None, network: str | None = None,
+                     host_mem_gib: float | None = None, detect: bool = True) -> Hardware:
+    """Combine detection, a preset and flags (flags win, then the preset, then detection).
+
+    Without a detected GPU and without ``gpu``, plans for ``DEFAULT_GPU_PRESET`` and says so.
+
+    Raises:
+        AdvisorError: unknown preset/interconnect/network, non-positive counts or sizes.
+    """
+    if gpus is not None and gpus < 1:
+        raise AdvisorError(f"--gpus must be at least 1 (GPUs per node), got {gpus}")
+    if nodes < 1:
+        raise AdvisorError(f"--nodes must be at least 1, got {nodes}")
+    if gpus is not None and gpus > 64:
+        raise AdvisorError(f"--gpus is GPUs per node; {gpus} is more than any node has: use --nodes for more")
+    if nodes > 100_000:
+        raise AdvisorError(f"--nodes {nodes} is absurd: check the value")
+    if gpu_mem_gib is not None and not 0 < gpu_mem_gib <= 4096:
+        raise AdvisorError(f"--gpu-mem must be a positive number of GiB (at most 4096), got {gpu_mem_gib}")
+    if host_mem_gib is not None and not 0 < host_mem_gib <= 2**20:
+        raise AdvisorError(f"--host-mem must be a positive number of GiB, got {host_mem_gib}")
+    if interconnect is not None and interconnect not in INTERCONNECTS:
+        raise AdvisorError(f"--interconnect must be one of {', '.join(INTERCONNECTS)}, got {interconnect!r}")
+    if network is not None and network not in NETWORKS:
+        raise AdvisorError(f"--network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    preset: GpuPreset | None = get_gpu_preset(gpu) if gpu else None
+    found = detect_gpus() if detect and preset is None else None
+    sources: dict[str, str] = {}
+    warnings: list[str] = []
+    if preset is None and found is None:
+        preset = get_gpu_preset(DEFAULT_GPU_PRESET)
+        warnings.append(f"no GPU detected: planning for the default preset {preset.name} (use --gpu to choose)")
+        src = f"default preset {preset.name}"
+    else:
+        src = f"preset {preset.name}" if preset else "detected"
+    if preset is not None:
+        name, memory = preset.name, preset.memory_bytes
+        link, tflops, link_gbps = preset.interconnect, preset.bf16_tflops, preset.link_gbps
+    else:
+        name, memory, link = found.name, found.memory_bytes, found.interconnect or "pcie"
+        warnings.extend(found.warnings)
+        tflops, link_gbps = 0.0, 600.0 if link == "nvlink" else 32.0
+    sources.update(gpu_name=src, gpu_memory_bytes=src, bf16_tflops=src if tflops else "unknown")
+    sources["interconnect"] = src
+    if gpu_mem_gib is not None:
+        memory, sources["gpu_memory_bytes"] = int(gpu_mem_gib * 2**30), "flag --gpu-mem"
+    if interconnect is not None:
+        link, sources["interconnect"] = interconnect, "flag --interconnect"
+        link_gbps = 600.0 if link == "nvlink" else 32.0
+    if gpus is not None:
+        per_node, sources["gpus_per_node"] = gpus, "flag --gpus"
+    elif found is not None:
+        per_node, sources["gpus_per_node"] = found.count, "detected"
+    else:
+        per_node, sources["gpus_per_node"] = 1, "default (1; use --gpus)"
+    if host_mem_gib is not None:
+        host, sources["host_mem_bytes"] = int(host_mem_gib * 2**30), "flag --host-mem"
+    else:
+        host, sources["host_mem_bytes"] = host_memory_bytes(), "detected (this machine)"
+    if nodes > 1 and network is None:
+        warnings.append("--nodes > 1 without --network: assuming 100gbe between nodes")
+        network, sources["network"] = "100gbe", "default (100gbe)"
+    elif network is not None:
+        sources["network"] = "flag --network"
+    sources["num_nodes"] = "flag --nodes" if nodes > 1 else "default (1)"
+    return Hardware(gpu_name=name, gpu_memory_bytes=memory, gpus_per_node=per_node, num_nodes=nodes,
+                    interconnect=link, network=network if nodes > 1 else network, bf16_tflops=tflops,
+                    link_gbps=link_gbps, host_mem_bytes=host, sources=sources, warnings=tuple(warnings))

@@ -1,0 +1,149 @@
+"""Shared memory arithmetic: the breakdown type, bytes per element, optimizer states, device overheads,
+the 16-bytes-per-parameter rule of thumb and the ZeRO paper's own accounting.
+
+Strategy-specific rules live in ``strategies/``; this module knows nothing of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .units import MiB
+
+PRECISIONS = ("bf16", "fp16", "fp32", "pure-bf16")
+OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
+
+# Optimizer state tensors per parameter (torch.optim docs: Adam/AdamW keep exp_avg and exp_avg_sq;
+# SGD with momentum keeps momentum_buffer; plain SGD keeps nothing).
+OPTIMIZER_STATES_PER_PARAM = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
+
+# CUDA-only device overheads (not counted by torch.cuda.max_memory_allocated):
+# - CUDA context + cuBLAS/cuDNN handles: 300-900 MiB with lazy module loading (CUDA >= 11.7,
+#   PyTorch "CUDA semantics" notes); we take 600 MiB.
+CUDA_CONTEXT_BYTES = 600 * MiB
+# - NCCL communicator buffers: NCCL_BUFFSIZE (4 MiB, NCCL env docs) x channels x peers; about
+#   256 MiB for a ring over one node.
+NCCL_BUFFER_BYTES = 256 * MiB
+# - Caching-allocator fragmentation: reserved exceeds allocated by 5-20% in steady training
+#   (PyTorch "CUDA semantics: memory management"); we take 10% of the peak allocated.
+FRAGMENTATION = 0.10
+
+# The field notes' rule of thumb (004 section 1.1; ZeRO paper section 3.1): bytes per parameter.
+RULE_OF_THUMB = {"half_weights": 2, "half_grads": 2, "fp32_master": 4, "adam_m": 4, "adam_v": 4}
+RULE_OF_THUMB_BYTES_PER_PARAM = sum(RULE_OF_THUMB.values())  # 16
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Per-GPU bytes at the peak moment of a training step; ``total`` is the peak allocated.
+
+    params: weights held by this rank (incl. model buffers such as BatchNorm statistics);
+    grads: parameter gradients (incl. fp32 gradient partitions); optimizer_states: optimizer
+    moments plus fp32 master weights; activations: forward-retained tensors alive at the peak;
+    buffers: communication/framework buffers (DDP buckets, ZeRO buckets and prefetch);
+    other: temporaries (logits, recompute of one block, optimizer-step temporaries).
+    """
+
+    params: int = 0
+    grads: int = 0
+    optimizer_states: int = 0
+    activations: int = 0
+    buffers: int = 0
+    other: int = 0
+    phase: str = ""  # which part of the step the peak falls in
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer_states + self.activations + self.buffers + self.other
+
+    def as_dict(self) -> dict[str, int]:
+        d = {k: v for k, v in asdict(self).items() if k != "phase"}
+        d["total"] = self.total
+        return d
+
+
+def peak_of(*phases: Breakdown) -> Breakdown:
+    """The phase with the largest total (peak allocated is a maximum over phases, not a sum)."""
+    return max(phases, key=lambda b: b.total)
+
+
+def bytes_per_element(precision: str, role: str) -> int:
+    """Bytes per parameter element for ``role`` in ("weights", "grads", "optim") under DDP/TP
+    precision semantics: mixed precision is autocast over fp32 weights (PyTorch AMP docs), so
+    weights, grads and optimizer states stay fp32; pure bf16 keeps everything in bf16."""
+    return 2 if precision == "pure-bf16" else 4
+
+
+def optimizer_state_bytes(optimizer: str, numel: int, state_bytes: int = 4) -> int:
+    """Optimizer moments for ``numel`` parameters (excluding master weights)."""
+    return OPTIMIZER_STATES_PER_PARAM[optimizer] * numel * state_bytes
+
+
+def optimizer_step_temp_bytes(optimizer: str, device: str, largest_param_numel: int, elem_bytes: int) -> int:
+    """Temporaries of ``optimizer.step()``.
+
+    CUDA: generated scripts use ``fused=True`` Adam/AdamW (no per-tensor temporaries) and foreach
+    SGD (in-place). CPU: torch picks the single-tensor Adam loop (``_default_to_fused_or_foreach``
+    only picks foreach for CUDA tensors), whose ``denom = exp_avg_sq.sqrt() / ... + eps`` is one
+    temporary the size of the parameter tensor being updated.
+    """
+    if device == "cpu" and optimizer in ("adam", "adamw"):
+        return largest_param_numel * elem_bytes
+    return 0
+
+
+@dataclass(frozen=True)
+class DeviceOverhead:
+    """What nvidia-smi shows beyond the peak allocated. All zero for CPU runs."""
+
+    cuda_context: int = 0
+    communicator: int = 0
+    fragmentation: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.cuda_context + self.communicator + self.fragmentation
+
+
+def device_overhead(device: str, peak_allocated: int, world_size: int) -> DeviceOverhead:
+    """CUDA context, NCCL buffers and allocator fragmentation (see the constants' sources)."""
+    if device != "cuda":
+        return DeviceOverhead()
+    return DeviceOverhead(cuda_context=CUDA_CONTEXT_BYTES,
+                          communicator=NCCL_BUFFER_BYTES if world_size > 1 else 0,
+                          fragmentation=int(peak_allocated * FRAGMENTATION))
+
+
+def zero_paper_model_states(num_params: int, num_gpus: int, stage: int, k: int = 12) -> int:
+    """Model-state bytes per GPU in the ZeRO paper's accounting (Rajbhandari et al. 2020, section 3.1
+    and Figure 1): 2 (fp16 weights) + 2 (fp16 grads) + K (fp32 master, momentum, variance; K = 12)
+    bytes per parameter; stage 0 = DDP, 1 = P_os, 2 = P_os+g, 3 = P_os+g+p.
+
+    This is the paper's idealisation; the estimator models what DeepSpeed allocates (for example
+    its fp32 gradient partition, 4 bytes more per parameter / N; DeepSpeed's own estimator uses
+    2P + 18P/N for ZeRO-2).
+    """
+    p, n = num_params, num_gpus
+    if stage == 0:
+        return (4 + k) * p
+    if stage == 1:
+        return 4 * p + k * p // n
+    if stage == 2:
+        return 2 * p + (2 + k) * p // n
+    if stage == 3:
+        return (4 + k) * p // n
+    raise ValueError(f"ZeRO stage must be 0-3, got {stage}")
+
+
+@dataclass(frozen=True)
+class StrategyMemory:
+    """One strategy's per-GPU memory at one micro-batch."""
+
+    peak: Breakdown
+    overhead: DeviceOverhead
+    host_bytes_per_node: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def device_total(self) -> int:
+        return self.peak.total + self.overhead.total

@@ -1,0 +1,351 @@
+"""The meta trace: one forward + backward under ``FakeTensorMode``, no real memory allocated.
+
+What it measures (bytes, beyond the parameters and buffers themselves):
+
+* ``activations``: everything still alive at the end of the forward pass (the tensors autograd
+  saved for backward, the batch, the loss): what a training step holds between forward and backward.
+* ``peak``: the largest live total at any point of forward + backward, split at that moment into
+  the forward-retained activations still alive, the parameter gradients accumulated so far, and
+  the rest ("other": temporaries, logits, the recompute of one block under activation checkpointing).
+* FLOPs with ``torch.utils.flop_counter.FlopCounterMode`` (2 FLOPs per multiply-add).
+
+Live bytes are tracked per storage with a dispatch mode and weak references, the approach of
+``torch.distributed._tools.mem_tracker.MemTracker``. We do not use MemTracker itself: it attributes
+memory per module rather than per phase, has no notion of "retained at end of forward", and cannot
+swap in the fused attention kernel's saved tensors (below), which changes the answer by 10-100x.
+
+Attention: on ``meta``/fake tensors SDPA takes the math path and keeps the s x s scores. The trace
+patches ``F.scaled_dot_product_attention`` with a stand-in that saves what the fused kernels save
+(q, k, v, output and the fp32 log-sum-exp; FlashAttention-2 paper, Dao 2023, section 3.1) for
+``flash``/``mem-efficient``, or forces the math backend for ``math``.
+
+Cost control: transformer stacks deeper than 4 blocks are traced at 1 and 2 blocks and extrapolated
+linearly in depth (blocks are identical); every figure is
+linear in the micro-batch (no op's memory depends on the batch otherwise), traced at 2 and 3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass, fields
+from typing import Any, Iterator
+
+from .checkpointing import enable_activation_checkpointing
+from .errors import AdvisorError
+from .models import ModelSpec, build_model, make_batch, num_layers, training_loss
+
+PRECISION_TRACE_MODES = ("fp32", "autocast", "half")
+ATTENTION_KERNELS = ("flash", "mem-efficient", "math")
+TRUNCATE_ABOVE_LAYERS = 4
+# Traced micro-batch sizes are BASE_B and BASE_B + 1. Not 1: some models take other op paths at
+# batch 1 (squeezes in nn.MultiheadAttention), which breaks the event-by-event alignment.
+BASE_B = 2
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """A traced fwd+bwd evaluated at one micro-batch size; bytes (ints), flops for the whole step.
+
+    ``fwd_peak``: the peak inside forward (activations so far + temporaries such as fp32 logits).
+    ``bwd_peak``: the peak inside backward, split into forward-retained activations still alive
+    (``bwd_activations``), gradients accumulated so far (``bwd_grads``) and the rest (temporaries).
+    """
+
+    activations: int
+    fwd_peak: int
+    bwd_peak: int
+    bwd_activations: int
+    bwd_grads: int
+    grads: int
+    flops: int
+
+    @property
+    def peak(self) -> int:
+        return max(self.fwd_peak, self.bwd_peak)
+
+    @property
+    def bwd_other(self) -> int:
+        return self.bwd_peak - self.bwd_activations - self.bwd_grads
+
+    def combine(self, other: "StepTrace", a: float, b: float) -> "StepTrace":
+        """Element-wise ``a * self + b * other`` (linear extrapolation in depth), rounded to ints."""
+        return StepTrace(**{f.name: int(round(a * getattr(self, f.name) + b * getattr(other, f.name)))
+                            for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Raw trace: after every op, (live, forward-retained alive, grads so far), per phase."""
+
+    fwd: tuple[tuple[int, int, int], ...]
+    bwd: tuple[tuple[int, int, int], ...]
+    activations: int
+    grads: int
+    flops: int
+
+
+def _phase_peak(e1: tuple, e2: tuple, b: int) -> tuple[int, int, int]:
+    """Peak over the events of one phase at micro-batch ``b``, each event linear in b between the
+    traces at ``BASE_B`` and ``BASE_B + 1`` (same op sequence); returns (live, retained, grads) there."""
+    if not e1:
+        return (0, 0, 0)
+    if len(e1) != len(e2):  # a few ops differ between the sizes: align events proportionally
+        n1, n2 = len(e1), len(e2)
+        if n1 < n2:
+            e1 = tuple(e1[i * n1 // n2] for i in range(n2))
+        else:
+            e2 = tuple(e2[i * n2 // n1] for i in range(n1))
+    best = None
+    for x, y in zip(e1, e2):
+        live = x[0] + (b - BASE_B) * (y[0] - x[0])
+        if best is None or live > best[0]:
+            best = (live, x[1] + (b - BASE_B) * (y[1] - x[1]), x[2] + (b - BASE_B) * (y[2] - x[2]))
+    return best
+
+
+def evaluate(t1: Timeline, t2: Timeline, b: int) -> StepTrace:
+    """The step at micro-batch ``b`` from traces at ``BASE_B`` (``t1``) and ``BASE_B + 1`` (``t2``)."""
+    fwd = _phase_peak(t1.fwd, t2.fwd, b)
+    bwd = _phase_peak(t1.bwd, t2.bwd, b)
+    lin = lambda x, y: int(x + (b - BASE_B) * (y - x))  # noqa: E731
+    return StepTrace(activations=lin(t1.activations, t2.activations), fwd_peak=fwd[0], bwd_peak=bwd[0],
+                     bwd_activations=bwd[1], bwd_grads=bwd[2], grads=lin(t1.grads, t2.grads),
+                     flops=lin(t1.flops, t2.flops))
+
+
+@dataclass(frozen=True)
+class ActivationProfile:
+    """Traces at micro-batch 2 and 3, per traced depth; ``at(b)`` evaluates any micro-batch.
+
+    For deep stacks ``depths`` is ((1, t1, t2), (2, t1, t2)) and the figures are extrapolated
+    linearly to ``full_depth``; otherwise a single entry at the real depth.
+    """
+
+    depths: tuple[tuple[int, Timeline, Timeline], ...]
+    full_depth: int
+    attention: str  # kernel assumed: flash | mem-efficient | math | eager (model's own)
+    checkpointed_blocks: int
+
+    def at(self, micro_batch: int) -> StepTrace:
+        if micro_batch < 1:
+            raise ValueError("micro_batch must be >= 1")
+        if len(self.depths) == 1:
+            _, t1, t2 = self.depths[0]
+            return evaluate(t1, t2, micro_batch)
+        (d1, a1, a2), (d2, b1, b2) = self.depths
+        one, two = evaluate(a1, a2, micro_batch), evaluate(b1, b2, micro_batch)
+        extra = (self.full_depth - d1) / (d2 - d1)
+        return one.combine(two, 1.0 - extra, extra)
+
+    @property
+    def activation_bytes_per_sample(self) -> int:
+        return self.at(2).activations - self.at(1).activations
+
+    @property
+    def flops_per_sample(self) -> int:
+        return self.at(2).flops - self.at(1).flops
+
+
+class _LiveBytes:
+    """TorchDispatchMode that tracks live storages created by ops, their total, and its peak."""
+
+    def __init__(self, exclude: list) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        tracker = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                tracker._on_output(out)
+                return out
+
+        self.mode = _Mode()
+        self._exclude = {id(st) for st in exclude}
+        self._keep_excluded = exclude  # keeps their ids stable
+        self._live: dict[int, tuple[weakref.ref, int]] = {}
+        self._retained: set[int] = set()
+        self.cur = 0
+        self.retained_cur = 0
+        self.grads_cur = 0
+        self.events: list[tuple[int, int, int]] = []
+        self.fwd_events: list[tuple[int, int, int]] = []
+
+    def _free(self, key: int) -> None:
+        _, n = self._live.pop(key, (None, 0))
+        self.cur -= n
+        if key in self._retained:
+            self._retained.discard(key)
+            self.retained_cur -= n
+
+    def _on_output(self, out: Any) -> None:
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            key = id(st)
+            if key in self._live or key in self._exclude:
+                continue
+            n = st.nbytes()
+            self._live[key] = (weakref.ref(st, lambda _r, k=key: self._free(k)), n)
+            self.cur += n
+        self.events.append((self.cur, self.retained_cur, self.grads_cur))
+
+    def mark_forward_end(self) -> None:
+        self._retained = set(self._live)
+        self.retained_cur = self.cur
+        self.fwd_events, self.events = self.events, [(self.cur, self.cur, 0)]
+
+    def on_grad(self, param) -> None:
+        self.grads_cur += param.grad.untyped_storage().nbytes()
+
+
+@contextlib.contextmanager
+def _attention_kernel(kernel: str) -> Iterator[None]:
+    import torch
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+
+    class _FusedAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+            lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        return _FusedAttention.apply(query, key, value)
+
+    def math(*args, **kwargs):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.MATH]):
+            return original(*args, **kwargs)
+
+    F.scaled_dot_product_attention = math if kernel == "math" else fused
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype) -> Iterator[None]:
+    import torch
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+@contextlib.contextmanager
+def _skip_init() -> Iterator[None]:
+    """Make ``torch.nn.init`` functions no-ops while building under fake tensors: values do not
+    matter for sizes, and some initialisers (trunc_normal_) read data, which fake tensors cannot."""
+    import torch.nn.init as init
+
+    names = [n for n in dir(init) if n.endswith("_") and not n.startswith("_") and callable(getattr(init, n))]
+    saved = {n: getattr(init, n) for n in names}
+    for n in names:
+        setattr(init, n, lambda tensor, *a, **k: tensor)
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(init, n, fn)
+
+
+def _attn_label(model, kernel: str) -> str:
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", "sdpa") if config is not None else "sdpa"
+    return kernel if impl == "sdpa" else "eager (the model's own attention keeps the s x s scores)"
+
+
+def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, checkpointing: bool,
+               layers: int | None = None, tp_degree: int = 1) -> tuple[Timeline, str, int]:
+    """Trace one fwd+bwd of ``spec`` at ``micro_batch`` under fake tensors.
+
+    Args:
+        mode: "fp32" (fp32 weights), "autocast" (fp32 weights, bf16 autocast: DDP/TP mixed precision)
+            or "half" (bf16 weights: DeepSpeed's bf16/fp16 modes and pure bf16).
+        attention: one of ``ATTENTION_KERNELS``.
+        layers: build only this many blocks (per stack) instead of the config's.
+        tp_degree: build one tensor-parallel rank's shard (heads and MLP width divided).
+
+    Returns:
+        (trace, attention kernel label, number of checkpointed blocks).
+
+    Raises:
+        AdvisorError: the model cannot run a step under fake tensors (e.g. data-dependent shapes).
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    dtype = torch.bfloat16 if mode == "half" else torch.float32
+    with fake, _default_dtype(dtype), _skip_init():
+        model = build_model(spec, layers=layers, tp_degree=tp_degree)
+        model.train()
+        blocks = enable_activation_checkpointing(model) if checkpointing else 0
+    exclude = [t.untyped_storage() for t in list(model.parameters()) + list(model.buffers())]
+    tracker = _LiveBytes(exclude)
+    hooks = [p.register_post_accumulate_grad_hook(tracker.on_grad) for p in model.parameters() if p.requires_grad]
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext())
+    flops = FlopCounterMode(display=False)
+    try:
+        with fake, _attention_kernel(attention), tracker.mode, flops:
+            batch = make_batch(spec, micro_batch, dtype=dtype)
+            with autocast:
+                loss = training_loss(spec, model, batch)
+            tracker.mark_forward_end()
+            activations = tracker.cur
+            loss.backward()
+    except AdvisorError:
+        raise
+    except Exception as err:
+        raise AdvisorError(f"could not trace a training step of {spec.name} under fake tensors "
+                           f"({err.__class__.__name__}: {str(err).splitlines()[0][:160]})")
+    finally:
+        for h in hooks:
+            h.remove()
+    grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None)
+    trace = Timeline(fwd=tuple(tracker.fwd_events), bwd=tuple(tracker.events), activations=activations,
+                     grads=grads, flops=int(flops.get_total_flops()))
+    return trace, _attn_label(model, attention), blocks
+
+
+def profile_activations(spec: ModelSpec, mode: str, attention: str, checkpointing: bool,
+                        tp_degree: int = 1) -> ActivationProfile:
+    """Trace at micro-batch 2 and 3 (and, for transformer stacks deeper than 4 blocks, at 1 and 2
+    blocks per stack, extrapolated linearly to the real depth). See the module docstring.
+
+    Raises:
+        AdvisorError: as ``trace_step``.
+    """
+    depth = num_layers(spec.config) if spec.is_transformer else 0
+    stacks = 2 if spec.is_transformer and (spec.config or {}).get("num_decoder_layers") else 1
+    per_stack = depth // stacks
+    traced = (1, 2) if spec.is_transformer and per_stack > TRUNCATE_ABOVE_LAYERS else (None,)
+    entries, label, blocks = [], "", 0
+    for d in traced:
+        t1, label, blocks = trace_step(spec, BASE_B, mode, attention, checkpointing, layers=d, tp_degree=tp_degree)
+        t2, _, _ = trace_step(spec, BASE_B + 1, mode, attention, checkpointing, layers=d, tp_degree=tp_degree)
+        entries.append((d or per_stack, t1, t2))
+    if spec.is_transformer:
+        blocks = depth if checkpointing else 0
+    return ActivationProfile(depths=tuple(entries), full_depth=per_stack, attention=label, checkpointed_blocks=blocks)

@@ -1,0 +1,71 @@
+"""DDP: every rank holds the full model states; gradients are all-reduced in buckets.
+
+Memory rule (PyTorch DDP docs, "gradient_as_bucket_view"): the reducer allocates bucket storage
+the size of all trainable gradients at construction. With ``gradient_as_bucket_view=True`` (what
+generated scripts use) the ``.grad`` tensors are views into those buckets, so gradients are
+resident for the whole run; without it the buckets are a second copy ("buffers").
+"""
+
+from __future__ import annotations
+
+from advisor.memory import (
+    RULE_OF_THUMB_BYTES_PER_PARAM,
+    Breakdown,
+    StrategyMemory,
+    bytes_per_element,
+    device_overhead,
+    optimizer_state_bytes,
+    optimizer_step_temp_bytes,
+    peak_of,
+)
+from advisor.options import StrategyContext
+from advisor.profile import ParamStats
+
+from .base import Strategy
+
+
+def trace_mode(precision: str) -> str:
+    """Which traced step DDP/TP run: autocast over fp32 weights for mixed precision."""
+    return {"fp32": "fp32", "bf16": "autocast", "fp16": "autocast", "pure-bf16": "half"}[precision]
+
+
+def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats, tp_degree: int = 1,
+                      dp_size: int | None = None) -> StrategyMemory:
+    """Memory of a rank holding full (or TP-sharded) model states, DDP-style.
+
+    Phases (the peak is their maximum, not a sum):
+      forward/backward: weights + resident grads + optimizer states + traced activations/temporaries;
+      optimizer step: weights + grads + optimizer states + step temporaries.
+    """
+    opts = ctx.options
+    w = bytes_per_element(opts.precision, "weights")
+    trainable = stats.num_trainable
+    params = stats.num_params * w + stats.buffer_bytes
+    grads = trainable * w
+    optim = optimizer_state_bytes(opts.optimizer, trainable, w)
+    dp = ctx.world_size // tp_degree if dp_size is None else dp_size
+    buckets = 0 if opts.gradient_as_bucket_view or dp == 1 and tp_degree > 1 else grads
+    step = ctx.profile.activations(trace_mode(opts.precision), tp_degree).at(micro_batch)
+    fwd_bwd = Breakdown(params=params, grads=grads, optimizer_states=optim, buffers=buckets,
+                        activations=step.bwd_activations, other=step.bwd_peak - step.bwd_activations - step.bwd_grads,
+                        phase="backward")
+    fwd = Breakdown(params=params, grads=grads, optimizer_states=optim, buffers=buckets,
+                    activations=step.activations, other=max(0, step.fwd_peak - step.activations), phase="forward")
+    temp = optimizer_step_temp_bytes(opts.optimizer, ctx.device, stats.largest_param_numel, w)
+    opt_step = Breakdown(params=params, grads=grads, optimizer_states=optim, buffers=buckets, other=temp,
+                         phase="optimizer step")
+    peak = peak_of(fwd, fwd_bwd, opt_step)
+    return StrategyMemory(peak=peak, overhead=device_overhead(ctx.device, peak.total, ctx.world_size))
+
+
+class DDP(Strategy):
+    name = "ddp"
+    title = "DDP"
+    launcher = "torchrun"
+    comm_order = 0
+
+    def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
+        return replicated_memory(ctx, micro_batch, ctx.profile.stats, dp_size=ctx.world_size)
+
+    def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
+        return RULE_OF_THUMB_BYTES_PER_PARAM * ctx.profile.stats.num_params
