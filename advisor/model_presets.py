@@ -29,6 +29,8 @@ _LLAMA2 = dict(vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5
 _LLAMA3 = dict(vocab_size=128256, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
                hidden_act="silu", tie_word_embeddings=False)
 
+_T5 = dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, n_positions=512)
+
 TRANSFORMER_PRESETS: tuple[TransformerPreset, ...] = (
     TransformerPreset("gpt2", "gpt2", dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024),
                       _hf("openai-community/gpt2"), ("openai-community/gpt2",)),
@@ -53,15 +55,15 @@ TRANSFORMER_PRESETS: tuple[TransformerPreset, ...] = (
                       ("google-bert/bert-large-uncased", "bert-large-uncased")),
     TransformerPreset("t5-base", "t5",
                       dict(d_model=768, d_ff=3072, d_kv=64, num_heads=12, num_layers=12, num_decoder_layers=12,
-                           vocab_size=32128, feed_forward_proj="relu"),
+                           vocab_size=32128, feed_forward_proj="relu", **_T5),
                       _hf("google-t5/t5-base"), ("google-t5/t5-base",)),
     TransformerPreset("t5-large", "t5",
                       dict(d_model=1024, d_ff=4096, d_kv=64, num_heads=16, num_layers=24, num_decoder_layers=24,
-                           vocab_size=32128, feed_forward_proj="relu"),
+                           vocab_size=32128, feed_forward_proj="relu", **_T5),
                       _hf("google-t5/t5-large"), ("google-t5/t5-large",)),
     TransformerPreset("t5-3b", "t5",
                       dict(d_model=1024, d_ff=16384, d_kv=128, num_heads=32, num_layers=24, num_decoder_layers=24,
-                           vocab_size=32128, feed_forward_proj="relu"),
+                           vocab_size=32128, feed_forward_proj="relu", **_T5),
                       _hf("google-t5/t5-3b"), ("google-t5/t5-3b",)),
     TransformerPreset("opt-1.3b", "opt",
                       dict(hidden_size=2048, ffn_dim=8192, num_hidden_layers=24, num_attention_heads=32,

@@ -10,8 +10,8 @@ parallel size, W = bytes of the model's weights: 2 for bf16/fp16, 4 for fp32, P 
 * fp32 partition of the weights: 4*P/N. DeepSpeed clones it even when training in fp32
   (``single_partition_of_fp32_groups = ...clone().float()``);
 * optimizer moments: 4*k*P/N (k = 2 for Adam);
-* gradients: stage 1 keeps full W*P gradients until the step; stages 2-3 keep a W*P/N partition;
-  at the step an fp32 gradient partition (4*P/N) is added;
+* gradients: none in forward (released after each step); in backward stage 1 accumulates the full
+  W*P gradients, stages 2-3 a W*P/N partition; at the step an fp32 gradient partition (4*P/N) is added;
 * buffers: the contiguous-gradient reduce bucket (``reduce_bucket_size`` elements of W bytes, doubled
   when ``overlap_comm``, which DeepSpeed turns on by default only for stage 3).
 
@@ -97,20 +97,19 @@ class Zero(Strategy):
         s = self._sizes(ctx)
         step = ctx.profile.activations(zero_trace_mode(ctx.options.precision)).at(micro_batch)
         optim = 0 if self.offload else s["master"] + s["moments"]
-        grads = 0 if self.offload else s["grads16"]
         # Offloaded ZeRO-3 keeps only the persistent small parameters resident on the GPU.
         params = s["weights"]
         if self.offload and self.stage == 3:
             params = ctx.profile.stats.persistent_params * (4 if ctx.options.precision == "fp32" else 2)
         buffers = s["bucket"] + s["gathered"]
+        # Gradients during backward: stage 1 accumulates the full 16-bit gradients (the trace's
+        # accumulated gradients); stages 2-3 reduce bucket by bucket into a 1/N partition.
+        bwd_grads = step.bwd_grads if self.stage == 1 else (0 if self.offload else s["grads16"])
         in_flight = step.bwd_peak - step.bwd_activations - step.bwd_grads
-        if self.stage == 1:  # full gradients accumulate during backward
-            in_flight += step.bwd_grads
-        bwd = Breakdown(params=params, grads=grads, optimizer_states=optim, buffers=buffers,
+        bwd = Breakdown(params=params, grads=bwd_grads, optimizer_states=optim, buffers=buffers,
                         activations=step.bwd_activations, other=max(0, in_flight), phase="backward")
-        fwd = Breakdown(params=params, grads=grads if self.stage > 1 else 0, optimizer_states=optim,
-                        buffers=buffers, activations=step.activations, other=max(0, step.fwd_peak - step.activations),
-                        phase="forward")
+        fwd = Breakdown(params=params, optimizer_states=optim, buffers=buffers, activations=step.activations,
+                        other=max(0, step.fwd_peak - step.activations), phase="forward")
         phases = [fwd, bwd]
         if not self.offload:
             temp = optimizer_step_temp_bytes(ctx.options.optimizer, ctx.device,
