@@ -30,7 +30,11 @@ def repeated_blocks(model) -> list:
 def enable_activation_checkpointing(model) -> int:
     """Turn on activation checkpointing; return how many blocks are checkpointed (0: not supported)."""
     if hasattr(model, "gradient_checkpointing_enable") and getattr(model, "supports_gradient_checkpointing", False):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False)) or 1
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,

@@ -133,6 +133,42 @@ class Zero(Strategy):
             return 2 * p if self.stage == 2 else 2 * p // n
         return sharded[self.stage]
 
+    def ds_config(self, ctx: StrategyContext, row) -> dict:
+        """The ds_config.json matching this estimate (DeepSpeed config docs, "ZeRO optimizations")."""
+        opts, b = ctx.options, bucket_elems(ctx)
+        zero: dict = {
+            "stage": self.stage,
+            "contiguous_gradients": True,
+            "overlap_comm": self.stage == 3,  # DeepSpeed's default: on for stage 3 only
+            "reduce_bucket_size": b["reduce_bucket_size"],
+            "allgather_bucket_size": b["allgather_bucket_size"],
+        }
+        if self.stage == 3:
+            zero.update(stage3_prefetch_bucket_size=b["stage3_prefetch_bucket_size"],
+                        stage3_param_persistence_threshold=100_000,
+                        stage3_max_live_parameters=b["stage3_max_live_parameters"],
+                        stage3_gather_16bit_weights_on_model_save=True)
+        if self.offload:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+            if self.stage == 3:
+                zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        config: dict = {
+            "train_micro_batch_size_per_gpu": opts.micro_batch_size,
+            "gradient_accumulation_steps": row.grad_accum_steps,
+            "train_batch_size": opts.micro_batch_size * row.dp_size * row.grad_accum_steps,
+            "zero_optimization": zero,
+            "steps_per_print": 1_000_000,
+            "wall_clock_breakdown": False,
+        }
+        if opts.precision == "bf16":
+            config["bf16"] = {"enabled": True}
+        elif opts.precision == "fp16":
+            config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}  # dynamic loss scaling
+        if self.offload:
+            # A torch optimizer as the client optimizer with offload: DeepSpeed's CPU Adam needs a C++ build.
+            config["zero_force_ds_cpu_optimizer"] = False
+        return config
+
     def comm_bytes_per_step(self, ctx: StrategyContext) -> int:
         base = super().comm_bytes_per_step(ctx)
         return base * 3 // 2 if self.stage == 3 else base  # ZeRO paper section 7.2.2: 1.5x for P_os+g+p

@@ -1,0 +1,461 @@
+"""Streamlit page for advisor: per-GPU memory by component for every strategy, the recommendation,
+generated scripts and a verification run on this machine.
+
+Run it from the repository root::
+
+    .venv/bin/streamlit run app.py
+
+A thin face over ``advisor.plan.plan`` (the function the CLI calls): this file only reads widgets
+into ``PlanInputs``, caches the plan per input and draws the result. Sizes are bytes internally and
+shown in GiB (2**30 bytes).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from advisor.errors import AdvisorError
+from advisor.gpu_presets import DEFAULT_GPU_PRESET, GPU_PRESETS
+from advisor.hardware import INTERCONNECTS, NETWORKS
+from advisor.memory import OPTIMIZERS, PRECISIONS
+from advisor.model_presets import find_transformer_preset
+from advisor.models import MAX_CONFIG_FILE_BYTES, known_model_names, parse_config_text
+from advisor.options import TrainingOptions
+from advisor.plan import Plan, PlanInputs, plan, plan_to_dict
+from advisor.units import GiB, fmt_count
+
+log = logging.getLogger("advisor.app")
+
+DEFAULT_MODEL = "gpt2"
+DETECTED = "detected"
+DEFAULT = "default"
+# The chart's components, bottom to top: Breakdown fields (plan_to_dict keys) -> legend labels, then
+# what nvidia-smi shows beyond the peak allocated.
+BREAKDOWN = {"params": "params", "grads": "grads", "optimizer_states": "optimizer states",
+             "activations": "activations", "buffers": "buffers", "other": "other"}
+OVERHEAD = "device overhead"
+COMPONENTS = (*BREAKDOWN.values(), OVERHEAD)
+NO_SCRIPTS = "script generation not available"
+
+
+@dataclass(frozen=True)
+class Form:
+    """What the user chose, as plain JSON-able values: the cache key of the plan."""
+
+    model: str
+    config_text: str | None  # pasted or uploaded config.json; wins over ``model`` when given
+    config_source: str
+    seq_len: int | None
+    image_size: int | None
+    micro_batch_size: int | None
+    global_batch_size: int | None
+    precision: str
+    optimizer: str
+    activation_checkpointing: bool
+    gpu: str | None  # preset name; None: the detected GPUs (else the default preset)
+    gpus: int | None
+    nodes: int
+    interconnect: str | None
+    network: str | None
+
+    def key(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_key(cls, key: str) -> Form:
+        return cls(**json.loads(key))
+
+    def to_inputs(self) -> PlanInputs:
+        """The ``PlanInputs`` the CLI would build. Config text is parsed as JSON only.
+
+        Raises:
+            AdvisorError: malformed JSON, or JSON that is not an object.
+        """
+        config = None
+        if self.config_text is not None:
+            config = parse_config_text(self.config_text, self.config_source)
+            if not isinstance(config, dict):  # resolve_model calls .get() before it checks the type
+                raise AdvisorError(f"{self.config_source}: a config must be a JSON object ({{...}}), "
+                                   f"got {type(config).__name__}")
+        training = TrainingOptions(precision=self.precision, optimizer=self.optimizer,
+                                   micro_batch_size=self.micro_batch_size, global_batch_size=self.global_batch_size,
+                                   activation_checkpointing=self.activation_checkpointing)
+        return PlanInputs(model=None if config is not None else self.model, config_dict=config,
+                          seq_len=self.seq_len, image_size=self.image_size, training=training, gpu=self.gpu,
+                          gpus=self.gpus, nodes=self.nodes, interconnect=self.interconnect, network=self.network)
+
+
+@st.cache_resource(show_spinner=False)
+def model_names() -> list[str]:
+    """The catalog (imports torchvision once per server)."""
+    return known_model_names()
+
+
+@st.cache_resource(max_entries=64, show_spinner="Tracing the model and sizing every strategy...")
+def cached_plan(form_key: str) -> Plan:
+    """``plan()`` once per distinct input (shared read-only across sessions; errors are not cached)."""
+    return plan(Form.from_key(form_key).to_inputs())
+
+
+def md(text: str) -> str:
+    """Escape text for Streamlit markdown (messages contain ``_``, ``*``, ``$``, brackets)."""
+    return "".join("\\" + c if c in "\\`*_[]<>$|~#" else c for c in text)
+
+
+def one_line(err: BaseException) -> str:
+    """An unexpected exception as one line: its type and the first line of its message."""
+    text = str(err).strip()
+    return f"{err.__class__.__name__}: {text.splitlines()[0][:300]}" if text else err.__class__.__name__
+
+
+def gib(n_bytes: int | None) -> float | None:
+    return None if n_bytes is None else round(n_bytes / GiB, 3)
+
+
+# ------------------------------------------------------------------------------------------ inputs
+def _optional_int(label: str, key: str, placeholder: str, help: str | None = None) -> int | None:
+    value = st.number_input(label, min_value=1, value=None, step=1, key=key, placeholder=placeholder, help=help)
+    return None if value is None else int(value)
+
+
+def _config_text() -> tuple[str | None, str]:
+    """Uploaded file, else pasted text, else None. Returns (text, source name for messages)."""
+    st.caption("A pasted or uploaded Hugging Face config.json replaces the catalog model. "
+               "It is read as JSON only; no code runs and nothing is downloaded.")
+    pasted = st.text_area("Paste a config.json", key="config_text", height=150, max_chars=MAX_CONFIG_FILE_BYTES,
+                          placeholder='{"model_type": "llama", "hidden_size": 4096, ...}')
+    upload = st.file_uploader("or upload a config.json", type=["json"], key="config_file")
+    if upload is not None:
+        data = upload.getvalue()
+        if len(data) > MAX_CONFIG_FILE_BYTES:
+            raise AdvisorError(f"{upload.name} is over 1 MiB: upload the model's config.json, not weights")
+        try:
+            return data.decode("utf-8"), upload.name
+        except UnicodeDecodeError:
+            raise AdvisorError(f"{upload.name} is not UTF-8 text: upload the model's config.json")
+    if pasted and pasted.strip():
+        return pasted, "pasted config"
+    return None, "pasted config"
+
+
+def read_form() -> Form:
+    """Draw the sidebar widgets and collect their values.
+
+    Raises:
+        AdvisorError: an unreadable upload.
+    """
+    sb = st.sidebar
+    with sb:
+        st.header("Model")
+        names = model_names()
+        model = st.selectbox("Catalog model", names, index=names.index(DEFAULT_MODEL), key="model",
+                             help="transformer presets (Hugging Face configs) and torchvision classifiers")
+        text, source = _config_text()
+        transformer = text is not None or find_transformer_preset(model) is not None
+        seq_len = image_size = None
+        if transformer:
+            seq_len = _optional_int("Sequence length", "seq_len", "auto", help="tokens per sample; "
+                                    "auto: min(model maximum, 2048)")
+        else:
+            image_size = _optional_int("Image size (px)", "image_size", "224", help="image side in pixels")
+        st.header("Training")
+        micro = _optional_int("Micro-batch size per GPU", "micro_batch", "auto",
+                              help="samples per GPU per step; auto: 1 for transformers, 32 for vision models")
+        global_batch = _optional_int("Global batch size", "global_batch", "no accumulation",
+                                     help="micro-batch x data-parallel size x gradient-accumulation steps")
+        precision = st.selectbox("Precision", PRECISIONS, key="precision",
+                                 help="bf16/fp16: mixed precision (autocast); pure-bf16: everything in bf16")
+        optimizer = st.selectbox("Optimizer", OPTIMIZERS, key="optimizer")
+        ckpt = st.checkbox("Activation checkpointing", key="act_ckpt", help="recompute blocks in backward")
+        st.header("Hardware")
+        gpu = st.selectbox("GPU", (DETECTED, *(p.name for p in GPU_PRESETS.values())), key="gpu",
+                           format_func=lambda g: f"detected GPUs (else {DEFAULT_GPU_PRESET})" if g == DETECTED else g)
+        gpus = _optional_int("GPUs per node", "gpus", "detected, else 1", help="empty: the GPUs detected on "
+                             "this machine (1 when there are none)")
+        nodes = int(st.number_input("Nodes", min_value=1, value=1, step=1, key="nodes"))
+        interconnect = st.selectbox("Interconnect (inside a node)", (DEFAULT, *INTERCONNECTS), key="interconnect",
+                                    format_func=lambda v: "GPU's default" if v == DEFAULT else v)
+        network = st.selectbox("Network (between nodes)", (DEFAULT, *NETWORKS), key="network",
+                               format_func=lambda v: "default (100gbe when nodes > 1)" if v == DEFAULT else v)
+    return Form(model=model, config_text=text, config_source=source, seq_len=seq_len, image_size=image_size,
+                micro_batch_size=micro, global_batch_size=global_batch, precision=precision, optimizer=optimizer,
+                activation_checkpointing=ckpt, gpu=None if gpu == DETECTED else gpu, gpus=gpus, nodes=nodes,
+                interconnect=None if interconnect == DEFAULT else interconnect,
+                network=None if network == DEFAULT else network)
+
+
+# ----------------------------------------------------------------------------------------- outputs
+def show_summary(p: Plan, doc: dict[str, Any]) -> None:
+    """Parameter count and the hardware, prominently; the rest of the inputs as a caption."""
+    model, hw, tr = doc["model"], doc["hardware"], doc["training"]
+    cols = st.columns(4)
+    cols[0].metric("Parameters", f"{model['num_params']:,}", help=f"{fmt_count(model['num_params'])}; "
+                   f"trainable {model['num_trainable_params']:,}")
+    cols[1].metric("Model", model["name"])
+    cols[2].metric("GPUs", f"{hw['num_gpus']} x {hw['gpu_name']}")
+    cols[3].metric("GPU memory", f"{gib(hw['gpu_memory_bytes']):.2f} GiB", help="usable per GPU, GiB = 2**30 bytes")
+    shape = f"seq-len {model['seq_len']}" if p.spec.is_transformer else f"input {model['input_shape']}"
+    st.caption(md(f"{model['source']}; {shape}; {tr['precision']}, {tr['optimizer']}, micro-batch "
+                  f"{tr['micro_batch_size']}/GPU, activation checkpointing "
+                  f"{'on' if tr['activation_checkpointing'] else 'off'}, attention {model['attention']}; "
+                  f"{hw['gpus_per_node']} GPU(s) per node x {hw['num_nodes']} node(s), {hw['interconnect']}"
+                  + (f", network {hw['network']}" if hw["network"] else "")))
+
+
+def show_recommendation(p: Plan) -> None:
+    rec = p.recommendation
+    if rec.strategy:
+        st.success(md(f"Recommendation: {p.row(rec.strategy).title} ({rec.strategy})"))
+    else:
+        hw = p.hardware
+        need = (f" The smallest cluster that fits: {rec.min_gpus} GPUs ({rec.min_nodes} node(s) of "
+                f"{hw.gpus_per_node}) with ZeRO-3." if rec.min_gpus else "")
+        st.error(md(f"Nothing fits: no strategy fits {p.spec.name} on {hw.num_gpus} x {hw.gpu_name} "
+                    f"({hw.gpu_memory_bytes / GiB:.2f} GiB each).{need}"))
+    st.markdown("\n".join(f"- {md(r)}" for r in rec.reasons))
+    warnings = p.warnings + rec.warnings
+    if warnings:
+        st.warning("\n".join(f"- {md(w)}" for w in warnings))
+
+
+def memory_frame(doc: dict[str, Any]) -> pd.DataFrame:
+    """Long-form per-GPU GiB by component for every applicable strategy (device overhead = device
+    total - peak allocated)."""
+    rows = []
+    for s in doc["strategies"]:
+        if not s["applicable"]:
+            continue
+        b = s["per_gpu_bytes"]
+        parts = {label: b[key] for key, label in BREAKDOWN.items()} | {OVERHEAD: b["device_total"] - b["total"]}
+        for order, (component, n) in enumerate(parts.items()):
+            rows.append({"strategy": s["title"], "component": component, "order": order, "GiB": n / GiB,
+                         "device total GiB": b["device_total"] / GiB})
+    return pd.DataFrame(rows)
+
+
+def memory_chart(frame: pd.DataFrame, capacity_bytes: int, strategy_order: list[str],
+                 zoom: bool = False) -> alt.Chart | alt.LayerChart:
+    """Stacked bars per strategy and a rule at the GPU's usable memory. ``zoom``: scale the y axis
+    to the tallest bar (the capacity line is left out when it lies above)."""
+    cap = capacity_bytes / GiB
+    top = float(frame["device total GiB"].max()) * 1.05
+    zoomed = zoom and 0 < top < cap
+    bars = alt.Chart(frame).mark_bar().encode(
+        x=alt.X("strategy:N", sort=strategy_order, title=None, axis=alt.Axis(labelAngle=-20, labelLimit=240)),
+        y=alt.Y("sum(GiB):Q", stack="zero", title="per-GPU memory (GiB)",
+                scale=alt.Scale(domain=[0, top]) if zoomed else alt.Scale()),
+        color=alt.Color("component:N", sort=list(COMPONENTS), title="component"),
+        order=alt.Order("order:Q"),
+        tooltip=["strategy:N", "component:N", alt.Tooltip("GiB:Q", format=".2f"),
+                 alt.Tooltip("device total GiB:Q", format=".2f")],
+    ).properties(height=380)
+    if zoomed:
+        return bars
+    line = pd.DataFrame({"GiB": [cap], "label": [f"GPU memory {cap:.2f} GiB"]})
+    rule = alt.Chart(line).mark_rule(color="red", strokeDash=[6, 4], size=2).encode(y="GiB:Q")
+    text = alt.Chart(line).mark_text(align="left", dx=4, dy=-6, color="red").encode(
+        y="GiB:Q", x=alt.value(0), text="label:N")
+    return alt.layer(bars, rule, text)
+
+
+def strategy_table(doc: dict[str, Any]) -> pd.DataFrame:
+    rows = []
+    for s in doc["strategies"]:
+        if not s["applicable"]:
+            rows.append({"strategy": s["title"], "name": s["name"], "fits": None, "note": s["reason"]})
+            continue
+        b = s["per_gpu_bytes"]
+        rows.append({"strategy": s["title"], "name": s["name"], "fits": s["fits"],
+                     "device total (GiB)": gib(b["device_total"]), "peak allocated (GiB)": gib(b["total"]),
+                     "max micro-batch": s["max_micro_batch_size"],
+                     "grad. accumulation steps": s["gradient_accumulation_steps"],
+                     "global batch": s["global_batch_size"],
+                     "host RAM / node (GiB)": gib(s["host_bytes_per_node"]) if s["host_bytes_per_node"] else None,
+                     "note": f"peak in the {s['peak_phase']}"})
+    return pd.DataFrame(rows)
+
+
+def show_memory(doc: dict[str, Any]) -> None:
+    st.subheader("Per-GPU memory by strategy (GiB)")
+    frame = memory_frame(doc)
+    if frame.empty:
+        st.info("no strategy applies to this model and hardware")
+    else:
+        order = [s["title"] for s in doc["strategies"] if s["applicable"]]
+        zoom = st.toggle("Scale to the bars", key="zoom",
+                         help="zoom in on small bars; the GPU memory line is hidden when it lies above them")
+        st.altair_chart(memory_chart(frame, doc["hardware"]["gpu_memory_bytes"], order, zoom), width="stretch")
+        st.caption("Bars: peak allocated by component plus device overhead (CUDA context, NCCL buffers, "
+                   "allocator fragmentation), about what nvidia-smi shows. Red line: the GPU's usable memory.")
+    gib_columns = ("device total (GiB)", "peak allocated (GiB)", "host RAM / node (GiB)")
+    st.dataframe(strategy_table(doc), hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(c, format="%.2f") for c in gib_columns})
+
+
+# --------------------------------------------------------------------------------- scripts, verify
+def choose_strategy(p: Plan) -> str | None:
+    """The strategy for scripts and verification; the recommendation by default."""
+    names = [r.name for r in p.rows if r.applicable]
+    if not names:
+        return None
+    titles = {r.name: r.title for r in p.rows}
+    rec = p.recommendation.strategy
+    return st.selectbox("Strategy for the scripts and the verification run", names,
+                        index=names.index(rec) if rec in names else 0,
+                        format_func=lambda n: f"{titles[n]} ({n})" + (" - recommended" if n == rec else ""))
+
+
+def _mime(file_name: str) -> str:
+    return {"py": "text/x-python", "json": "application/json", "sh": "text/x-shellscript"}.get(
+        file_name.rsplit(".", 1)[-1], "text/plain")
+
+
+def show_downloads(p: Plan, strategy: str) -> None:
+    """Download buttons for ``strategies.render.render_files``; an info line while it is missing."""
+    try:
+        from strategies.render import launch_command, render_files
+
+        files = render_files(p, strategy)
+        launch = launch_command(p, strategy)
+    except (NotImplementedError, ImportError):
+        st.info(f"{NO_SCRIPTS} yet for {strategy}")
+        return
+    except AdvisorError as err:
+        st.info(md(f"{NO_SCRIPTS}: {err}"))
+        return
+    except Exception as err:  # another module's bug must not break the page
+        log.exception("render_files failed")
+        st.info(md(f"{NO_SCRIPTS}: {one_line(err)}"))
+        return
+    cols = st.columns(max(1, len(files)))
+    for col, (name, text) in zip(cols, files.items()):
+        col.download_button(f"Download {name}", text, file_name=name, mime=_mime(name), key=f"dl-{strategy}-{name}")
+    if launch:
+        st.code(launch, language="bash")
+
+
+class Progress:
+    """The ``progress`` callback for ``verify``: strings become the status text, a fraction in [0, 1]
+    (or a ``(done, total)`` pair of ints) moves the bar. Accepts any call shape."""
+
+    def __init__(self, status: Any) -> None:
+        self._status = status
+        self._bar = status.progress(0.0)
+        self._text = status.empty()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        values = list(args) + list(kwargs.values())
+        texts = [str(v) for v in values if not isinstance(v, (int, float)) or isinstance(v, bool)]
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        fraction = None
+        if len(numbers) >= 2 and numbers[1]:
+            fraction = numbers[0] / numbers[1]
+        elif len(numbers) == 1 and 0 <= numbers[0] <= 1:
+            fraction = float(numbers[0])
+        if fraction is not None:
+            self._bar.progress(min(max(fraction, 0.0), 1.0))
+        if texts:
+            self._text.text(" ".join(texts))
+
+
+def run_verify(inputs: PlanInputs, strategy: str, steps: int, timeout_s: int) -> dict[str, Any] | None:
+    """Call ``advisor.verify.verify`` (imported here: it is optional) with live progress. Returns the
+    result as plain data, or None after showing why there is none."""
+    try:
+        verify = importlib.import_module("advisor.verify").verify
+    except (ImportError, AttributeError) as err:
+        st.info(md(f"verification is not available yet ({err})"))
+        return None
+    with st.status(f"Verifying {strategy} on this machine ({steps} steps)...", expanded=True) as status:
+        try:
+            result = verify(inputs, strategy, steps=steps, timeout_s=timeout_s, progress=Progress(status))
+        except AdvisorError as err:
+            busy = type(err).__name__ == "VerifyBusy"
+            status.update(label="another verification is running" if busy else "verification failed", state="error")
+            (st.warning if busy else st.error)(md(str(err)))
+            return None
+        except Exception as err:
+            log.exception("verify failed")
+            status.update(label="verification failed", state="error")
+            st.error(md(f"verification failed: {one_line(err)}"))
+            return None
+        ok = bool(getattr(result, "ok", False))
+        status.update(label="verification finished", state="complete" if ok else "error")
+    return {"ok": ok, "message": str(getattr(result, "message", "")),
+            "per_rank": list(getattr(result, "per_rank", []) or []),
+            "relative_error": getattr(result, "relative_error", None),
+            "log_dir": str(getattr(result, "log_dir", "") or "")}
+
+
+def show_verify_result(result: dict[str, Any]) -> None:
+    (st.success if result["ok"] else st.error)(md(result["message"] or ("verified" if result["ok"] else "failed")))
+    rows = []
+    for r in result["per_rank"]:
+        measured, estimated = r.get("measured_peak_bytes"), r.get("estimated_peak_bytes")
+        err = (measured - estimated) / estimated if measured is not None and estimated else None
+        rows.append({"rank": r.get("rank"), "estimated peak (GiB)": gib(estimated),
+                     "measured peak (GiB)": gib(measured), "error": None if err is None else f"{err:+.1%}"})
+    if rows:
+        st.dataframe(pd.DataFrame(rows), hide_index=True)
+    if result["relative_error"] is not None:
+        st.metric("Relative error (estimate vs measured)", f"{result['relative_error']:+.1%}")
+    if result["log_dir"]:
+        st.caption(md(f"logs: {result['log_dir']}"))
+
+
+def show_verify(form: Form, strategy: str) -> None:
+    """The "verify on this machine" button; the last result stays while the inputs are unchanged."""
+    st.subheader("Verify on this machine")
+    st.caption("Runs the chosen strategy's training for a few steps on this machine's devices and compares "
+               "the measured peak memory per rank with the estimate.")
+    c1, c2 = st.columns(2)
+    steps = int(c1.number_input("Steps", min_value=1, max_value=100, value=3, key="verify_steps"))
+    timeout_s = int(c2.number_input("Timeout (s)", min_value=10, max_value=7200, value=600, key="verify_timeout"))
+    run_key = f"{form.key()}|{strategy}"
+    if st.button("Verify on this machine", key="verify"):
+        st.session_state.pop("verify_result", None)
+        result = run_verify(form.to_inputs(), strategy, steps, timeout_s)
+        if result is not None:
+            st.session_state["verify_result"] = (run_key, result)
+    saved = st.session_state.get("verify_result")
+    if saved and saved[0] == run_key:
+        show_verify_result(saved[1])
+
+
+# -------------------------------------------------------------------------------------------- page
+def main() -> None:
+    st.set_page_config(page_title="advisor: GPU memory for training", layout="wide")
+    st.title("How much GPU memory will training need?")
+    try:
+        form = read_form()
+        p = cached_plan(form.key())
+        doc = plan_to_dict(p)
+    except AdvisorError as err:
+        st.error(md(str(err)))
+        return
+    except Exception as err:  # a bug elsewhere: one line here, the traceback in the server log
+        log.exception("planning failed")
+        st.error(md(f"internal error while planning: {one_line(err)}"))
+        return
+    show_summary(p, doc)
+    show_recommendation(p)
+    show_memory(doc)
+    st.subheader("Training scripts")
+    strategy = choose_strategy(p)
+    if strategy is None:
+        st.info("no strategy applies: nothing to generate or verify")
+        return
+    show_downloads(p, strategy)
+    show_verify(form, strategy)
+
+
+if __name__ == "__main__":  # `streamlit run` executes the page as __main__
+    main()

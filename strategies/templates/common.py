@@ -1,0 +1,166 @@
+# ---------------------------------------------------------------------------------------------
+# Model, data, loss, learning rate, memory measurement and the report: shared by every strategy.
+# ---------------------------------------------------------------------------------------------
+def log(msg: str) -> None:
+    """Rank-0-only logging (field notes pitfall 12)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(msg, flush=True)
+
+
+def build_model():
+    """The model this script was generated for, freshly initialised (no download)."""
+    if MODEL_FAMILY == "vision":
+        import torchvision
+
+        return torchvision.models.get_model(MODEL_NAME, weights=None)
+    if MODEL_FAMILY == "custom":
+        import importlib
+
+        module_name, fn_name = MODEL_FACTORY.split(":")
+        return getattr(importlib.import_module(module_name), fn_name)()
+    import transformers
+
+    cfg = dict(HF_CONFIG)
+    model_type = cfg.pop("model_type")
+    config = transformers.AutoConfig.for_model(model_type, **cfg)
+    config._attn_implementation = ATTN_IMPLEMENTATION
+    return getattr(transformers, HF_MODEL_CLASS)(config)
+
+
+class SyntheticDataset(torch.utils.data.Dataset):
+    """NUM_SAMPLES fixed random samples of the right shape; sample i is the same on every rank.
+
+    To train on real data, pass --data PATH and fill in load_real_dataset() below: it must return
+    a map-style Dataset yielding the same dict keys.
+    """
+
+    def __init__(self, num_samples: int) -> None:
+        self.num_samples = num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> dict:
+        g = torch.Generator().manual_seed(DATA_SEED + index)
+        if MODEL_FAMILY == "transformer":
+            ids = torch.randint(0, VOCAB_SIZE, (SEQ_LEN,), generator=g)
+            return {"input_ids": ids, "labels": ids, "index": index}
+        x = torch.randn(INPUT_SHAPE, generator=g)
+        if MODEL_FAMILY == "vision":
+            return {"x": x, "target": torch.randint(0, 1000, (), generator=g), "index": index}
+        return {"x": x, "index": index}
+
+
+def load_real_dataset(path: str):
+    """Plug your dataset in here (one place): return a torch Dataset of dicts with the keys that
+    SyntheticDataset yields ("input_ids"/"labels" for language models, "x"/"target" for images)."""
+    raise SystemExit(f"--data {path}: edit load_real_dataset() in this script to read your data")
+
+
+def make_loader(dataset, num_replicas: int, rank: int):
+    """DistributedSampler by data-parallel rank (pitfall 3: the sampler shuffles, so the DataLoader
+    gets no shuffle=True); workers about CPU cores / GPUs, pinned memory on CUDA (pitfall 13)."""
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=DATA_SEED, drop_last=True)
+    workers = NUM_WORKERS
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=MICRO_BATCH_SIZE, sampler=sampler, num_workers=workers,
+        pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0, drop_last=True)
+    return sampler, loader
+
+
+def compute_loss(model, batch: dict, device, dtype=None):
+    """Forward pass and per-rank mean loss (pitfall 9: a mean per rank; DDP averages gradients)."""
+    if MODEL_FAMILY == "transformer":
+        ids = batch["input_ids"].to(device, non_blocking=True)
+        return model(input_ids=ids, labels=batch["labels"].to(device, non_blocking=True)).loss
+    x = batch["x"].to(device, non_blocking=True)
+    if dtype is not None:
+        x = x.to(dtype)
+    out = model(x)
+    if MODEL_FAMILY == "vision":
+        return torch.nn.functional.cross_entropy(out.float(), batch["target"].to(device, non_blocking=True))
+    out = out if not isinstance(out, (tuple, list)) else out[0]
+    return out.float().pow(2).mean()
+
+
+def lr_at(step: int) -> float:
+    """Linear warmup to the scaled LR (reached at the end of warmup, not at step 0), then cosine
+    decay to 10% (field notes 000 section 3.4: linear scaling rule with warmup)."""
+    if step < WARMUP_STEPS:
+        return LR * (step + 1) / WARMUP_STEPS
+    progress = min(1.0, (step - WARMUP_STEPS) / max(1, TOTAL_STEPS - WARMUP_STEPS))
+    return LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(params, device):
+    """The optimizer the estimate assumed. fused Adam on CUDA: no per-tensor temporaries."""
+    fused = {"fused": True} if device.type == "cuda" else {}
+    if OPTIMIZER in ("adam", "adamw"):
+        cls = torch.optim.AdamW if OPTIMIZER == "adamw" else torch.optim.Adam
+        return cls(params, lr=LR, weight_decay=WEIGHT_DECAY if OPTIMIZER == "adamw" else 0.0, **fused)
+    return torch.optim.SGD(params, lr=LR, momentum=0.9 if OPTIMIZER == "sgd-momentum" else 0.0)
+
+
+def aggregate_mean(total: float, count: int, device) -> float:
+    """Global mean from per-rank sums and counts (pitfall 10: not a mean of means)."""
+    t = torch.tensor([total, float(count)], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return (t[0] / t[1]).item() if t[1] > 0 else float("nan")
+
+
+class MemoryMeter:
+    """Peak allocated bytes over the whole run, from before the model is built.
+
+    CUDA: torch.cuda.max_memory_allocated / max_memory_reserved. CPU: CpuPeakMeter (profiler memory
+    events; max_memory_reserved has no CPU equivalent and is reported as null).
+    """
+
+    def __init__(self, device) -> None:
+        self.device = device
+        self.cpu = None if device.type == "cuda" else CpuPeakMeter()
+
+    def __enter__(self):
+        if self.cpu is not None:
+            self.cpu.__enter__()
+        else:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cpu is not None:
+            self.cpu.__exit__(*exc)
+
+    def result(self) -> dict:
+        if self.cpu is not None:
+            return {"peak_allocated_bytes": int(self.cpu.peak_bytes), "peak_reserved_bytes": None}
+        return {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device)),
+                "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device))}
+
+
+def write_report(path: str, rank: int, world_size: int, device, memory: dict, losses: list, step_times: list,
+                 extra: dict) -> None:
+    """Gather every rank's figures; rank 0 writes one JSON report (pitfall 12)."""
+    mine = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), **memory,
+            "losses": losses, "step_times_s": step_times, **extra}
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        report = {"strategy": STRATEGY, "device": device.type, "world_size": world_size,
+                  "steps": len(losses), "precision": PRECISION, "micro_batch_size": MICRO_BATCH_SIZE,
+                  "gradient_accumulation_steps": GRAD_ACCUM_STEPS, "estimate": ESTIMATE, "per_rank": everyone}
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+        log(f"report written to {path}")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=TOTAL_STEPS, help="optimizer steps to run")
+    p.add_argument("--data", help="path to a real dataset (see load_real_dataset)")
+    p.add_argument("--out", default=".", help="directory for the checkpoint and the report")
+    p.add_argument("--report", default="report.json", help="report file name inside --out")
+    p.add_argument("--no-save", action="store_true", help="skip the checkpoint")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
+    p.add_argument("--deepspeed_config", default=None, help=argparse.SUPPRESS)
+    return p.parse_args()

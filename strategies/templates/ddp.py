@@ -1,0 +1,111 @@
+# ---------------------------------------------------------------------------------------------
+# DDP
+# ---------------------------------------------------------------------------------------------
+def use_sync_batchnorm(model, micro_batch_size: int, device_type: str) -> tuple[bool, str]:
+    """SyncBatchNorm when the model has BatchNorm, the per-GPU batch is small (<= 32, field notes
+    pitfall 8) and the device is CUDA (SyncBatchNorm refuses CPU tensors)."""
+    has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    if not has_bn:
+        return False, "no BatchNorm layers"
+    if micro_batch_size > SYNC_BN_MAX_MICRO_BATCH:
+        return False, f"per-GPU batch {micro_batch_size} is large enough for per-GPU statistics"
+    if device_type != "cuda":
+        return False, "SyncBatchNorm needs CUDA tensors; on CPU each rank keeps its own BatchNorm statistics"
+    return True, f"per-GPU batch {micro_batch_size} is small: BatchNorm statistics synchronised across ranks"
+
+
+def main() -> None:
+    args = parse_args()
+    # torchrun sets RANK, LOCAL_RANK and WORLD_SIZE. LOCAL_RANK picks the GPU (pitfall 2).
+    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    # Pitfall 1: the process group exists before DDP wraps the model or a checkpoint is loaded.
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    torch.manual_seed(SEED)  # same initial weights on every rank (DDP also broadcasts rank 0's)
+    log(f"DDP: world size {world_size}, micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation {GRAD_ACCUM_STEPS} "
+        f"-> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
+        f"{MICRO_BATCH_SIZE * world_size * GRAD_ACCUM_STEPS}; lr {LR:g} (linear scaling)")
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
+    comm = {"allreduce_calls": 0}
+
+    meter = MemoryMeter(device)
+    with meter:
+        model = build_model()
+        if PRECISION == "pure-bf16":
+            model = model.to(torch.bfloat16)
+        if ACTIVATION_CHECKPOINTING:
+            log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
+        sync_bn, why = use_sync_batchnorm(model, MICRO_BATCH_SIZE, device.type)
+        log(f"SyncBatchNorm: {'on' if sync_bn else 'off'} ({why})")
+        if sync_bn:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = model.to(device)
+        ddp = DDP(model, device_ids=[local_rank] if cuda else None, gradient_as_bucket_view=True)
+
+        def counting_allreduce(state, bucket):  # counts all-reduces to show no_sync() at work
+            comm["allreduce_calls"] += 1
+            return allreduce_hook(dist.group.WORLD, bucket)
+
+        ddp.register_comm_hook(None, counting_allreduce)
+        optimizer = make_optimizer(ddp.parameters(), device)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
+        # Pitfall 15: fp16 needs a GradScaler; bf16 does not.
+        scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
+        dataset = load_real_dataset(args.data) if args.data else SyntheticDataset(NUM_SAMPLES)
+        sampler, loader = make_loader(dataset, world_size, rank)
+        torch.manual_seed(SEED + rank)  # pitfall 11: per-rank randomness for augmentation/dropout
+
+        losses, step_times, seen, calls_per_step = [], [], {}, []
+        step, epoch = 0, 0
+        while step < args.steps:
+            sampler.set_epoch(epoch)  # pitfall 4: a new order every epoch
+            seen[epoch] = []
+            micro, loss_sum, loss_count, t0 = 0, 0.0, 0, time.perf_counter()
+            for batch in loader:
+                seen[epoch] += batch["index"].tolist()
+                micro += 1
+                last_micro = micro % GRAD_ACCUM_STEPS == 0
+                # Pitfall 16: skip the gradient all-reduce on non-final accumulation steps.
+                with (contextlib.nullcontext() if last_micro else ddp.no_sync()):
+                    with torch.autocast(device.type, dtype=half, enabled=half is not None):
+                        loss = compute_loss(ddp, batch, device)
+                    scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
+                loss_sum += loss.item()
+                loss_count += 1
+                if not last_micro:
+                    continue
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                scheduler.step()
+                calls_per_step.append(comm["allreduce_calls"])
+                comm["allreduce_calls"] = 0
+                mean_loss = aggregate_mean(loss_sum, loss_count, device)
+                losses.append(mean_loss)
+                step_times.append(time.perf_counter() - t0)
+                step += 1
+                log(f"step {step}/{args.steps} loss {mean_loss:.4f} lr {scheduler.get_last_lr()[0]:.3g} "
+                    f"{step_times[-1]:.2f}s")
+                loss_sum, loss_count, t0 = 0.0, 0, time.perf_counter()
+                if step >= args.steps:
+                    break
+            epoch += 1
+
+    os.makedirs(args.out, exist_ok=True)
+    if not args.no_save:
+        # Pitfall 7: the plain module's weights (no "module." prefix), written by rank 0 only.
+        if rank == 0:
+            torch.save(ddp.module.state_dict(), os.path.join(args.out, "model.pt"))
+            log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
+        dist.barrier()
+    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), losses,
+                 step_times, {"allreduce_calls_per_step": calls_per_step, "sample_indices": seen,
+                              "sync_batchnorm": sync_bn})
+    dist.destroy_process_group()  # pitfall 19
+
+
+if __name__ == "__main__":
+    main()

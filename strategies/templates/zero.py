@@ -1,0 +1,80 @@
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed ZeRO (stage, offload, buckets and precision are in ds_config.json)
+# ---------------------------------------------------------------------------------------------
+def main() -> None:
+    import deepspeed
+
+    args = parse_args()
+    with open(args.deepspeed_config or DS_CONFIG_FILE) as f:
+        ds_config = json.load(f)
+    cuda = torch.cuda.is_available()
+    # The deepspeed launcher (or torchrun) sets RANK/LOCAL_RANK/WORLD_SIZE; LOCAL_RANK picks the GPU.
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    # Pitfall 1: the process group exists before the engine wraps the model.
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(SEED)
+    stage = ds_config["zero_optimization"]["stage"]
+    log(f"ZeRO-{stage}: world size {world_size}, micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation "
+        f"{GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
+        f"{ds_config['train_batch_size']}; lr {LR:g} (linear scaling)")
+    meter = MemoryMeter(device)
+    with meter:
+        # ZeRO-3 partitions parameters as they are created, so no rank ever holds the full model.
+        init = deepspeed.zero.Init(config_dict_or_path=ds_config) if stage == 3 else contextlib.nullcontext()
+        with init:
+            model = build_model()
+        if ACTIVATION_CHECKPOINTING:
+            log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
+        optimizer = make_optimizer(model.parameters(), torch.device("cpu") if OFFLOAD else device)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
+        # DeepSpeed owns mixed precision (bf16/fp16 + loss scaling in ds_config), gradient
+        # accumulation boundaries (no_sync is implicit) and the gradient reduction.
+        engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                               lr_scheduler=scheduler, config=ds_config)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
+        dataset = load_real_dataset(args.data) if args.data else SyntheticDataset(NUM_SAMPLES)
+        sampler, loader = make_loader(dataset, world_size, rank)
+        torch.manual_seed(SEED + rank)  # pitfall 11
+
+        losses, step_times = [], []
+        step, epoch = 0, 0
+        while step < args.steps:
+            sampler.set_epoch(epoch)  # pitfall 4
+            loss_sum, loss_count, t0 = 0.0, 0, time.perf_counter()
+            for batch in loader:
+                loss = compute_loss(engine, batch, engine.device, dtype)
+                engine.backward(loss)
+                engine.step()  # steps the optimizer only at accumulation boundaries
+                loss_sum += loss.item()
+                loss_count += 1
+                if loss_count % GRAD_ACCUM_STEPS:  # not yet an accumulation boundary
+                    continue
+                mean_loss = aggregate_mean(loss_sum, loss_count, device)
+                losses.append(mean_loss)
+                step_times.append(time.perf_counter() - t0)
+                step += 1
+                log(f"step {step}/{args.steps} loss {mean_loss:.4f} lr {scheduler.get_last_lr()[0]:.3g} "
+                    f"{step_times[-1]:.2f}s")
+                loss_sum, loss_count, t0 = 0.0, 0, time.perf_counter()
+                if step >= args.steps:
+                    break
+            epoch += 1
+
+    os.makedirs(args.out, exist_ok=True)
+    if not args.no_save:
+        # Full 16-bit weights gathered from all ranks (ZeRO-3: stage3_gather_16bit_weights_on_model_save),
+        # saved by rank 0 as a plain state_dict without a "module." prefix (pitfall 7).
+        engine.save_16bit_model(args.out, "model.pt")
+        log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
+        dist.barrier()
+    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), losses,
+                 step_times, {"zero_stage": stage, "offload": OFFLOAD})
+    dist.destroy_process_group()  # pitfall 19
+
+
+if __name__ == "__main__":
+    main()
