@@ -15,6 +15,11 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import queue
+import re
+import threading
+import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -44,6 +49,7 @@ BREAKDOWN = {"params": "params", "grads": "grads", "optimizer_states": "optimize
 OVERHEAD = "device overhead"
 COMPONENTS = (*BREAKDOWN.values(), OVERHEAD)
 NO_SCRIPTS = "script generation not available"
+_DONE_OF_TOTAL = re.compile(r"\b(\d+)\s*/\s*(\d+)\b")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class Form:
     network: str | None
 
     def key(self) -> str:
+        """Canonical JSON: the cache key (config text included, so a pasted config is keyed by text)."""
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
@@ -117,20 +124,22 @@ def one_line(err: BaseException) -> str:
 
 
 def gib(n_bytes: int | None) -> float | None:
+    """Bytes -> GiB (2**30) for display, or None."""
     return None if n_bytes is None else round(n_bytes / GiB, 3)
 
 
 # ------------------------------------------------------------------------------------------ inputs
 def _optional_int(label: str, key: str, placeholder: str, help: str | None = None) -> int | None:
+    """A positive-integer input that may be left empty (None: advisor's default)."""
     value = st.number_input(label, min_value=1, value=None, step=1, key=key, placeholder=placeholder, help=help)
     return None if value is None else int(value)
 
 
 def _config_text() -> tuple[str | None, str]:
     """Uploaded file, else pasted text, else None. Returns (text, source name for messages)."""
-    st.caption("A pasted or uploaded Hugging Face config.json replaces the catalog model. "
-               "It is read as JSON only; no code runs and nothing is downloaded.")
-    pasted = st.text_area("Paste a config.json", key="config_text", height=150, max_chars=MAX_CONFIG_FILE_BYTES,
+    st.caption("A pasted or uploaded Hugging Face config.json replaces the catalog model (an upload wins over "
+               "pasted text). It is read as JSON only; no code runs and nothing is downloaded.")
+    pasted = st.text_area("Paste a config.json", key="config_text", height=150,
                           placeholder='{"model_type": "llama", "hidden_size": 4096, ...}')
     upload = st.file_uploader("or upload a config.json", type=["json"], key="config_file")
     if upload is not None:
@@ -142,6 +151,8 @@ def _config_text() -> tuple[str | None, str]:
         except UnicodeDecodeError:
             raise AdvisorError(f"{upload.name} is not UTF-8 text: upload the model's config.json")
     if pasted and pasted.strip():
+        if len(pasted.encode("utf-8")) > MAX_CONFIG_FILE_BYTES:
+            raise AdvisorError("the pasted text is over 1 MiB: paste the model's config.json, not weights")
         return pasted, "pasted config"
     return None, "pasted config"
 
@@ -211,6 +222,7 @@ def show_summary(p: Plan, doc: dict[str, Any]) -> None:
 
 
 def show_recommendation(p: Plan) -> None:
+    """The chosen strategy (or an explicit "nothing fits"), its reasons and every warning."""
     rec = p.recommendation
     if rec.strategy:
         st.success(md(f"Recommendation: {p.row(rec.strategy).title} ({rec.strategy})"))
@@ -267,6 +279,7 @@ def memory_chart(frame: pd.DataFrame, capacity_bytes: int, strategy_order: list[
 
 
 def strategy_table(doc: dict[str, Any]) -> pd.DataFrame:
+    """One row per strategy: fits, GiB, max micro-batch, accumulation steps; the reason when n/a."""
     rows = []
     for s in doc["strategies"]:
         if not s["applicable"]:
@@ -284,6 +297,7 @@ def strategy_table(doc: dict[str, Any]) -> pd.DataFrame:
 
 
 def show_memory(doc: dict[str, Any]) -> None:
+    """The stacked chart with the capacity line, then the table."""
     st.subheader("Per-GPU memory by strategy (GiB)")
     frame = memory_frame(doc)
     if frame.empty:
@@ -314,6 +328,7 @@ def choose_strategy(p: Plan) -> str | None:
 
 
 def _mime(file_name: str) -> str:
+    """Content type for a generated file's download."""
     return {"py": "text/x-python", "json": "application/json", "sh": "text/x-shellscript"}.get(
         file_name.rsplit(".", 1)[-1], "text/plain")
 
@@ -337,19 +352,23 @@ def show_downloads(p: Plan, strategy: str) -> None:
         return
     cols = st.columns(max(1, len(files)))
     for col, (name, text) in zip(cols, files.items()):
-        col.download_button(f"Download {name}", text, file_name=name, mime=_mime(name), key=f"dl-{strategy}-{name}")
+        col.download_button(f"Download {name}", text, file_name=name, mime=_mime(name), on_click="ignore",
+                            key=f"dl-{strategy}-{name}")
     if launch:
         st.code(launch, language="bash")
 
 
 class Progress:
-    """The ``progress`` callback for ``verify``: strings become the status text, a fraction in [0, 1]
-    (or a ``(done, total)`` pair of ints) moves the bar. Accepts any call shape."""
+    """Shows ``verify``'s progress reports inside an ``st.status``: strings become the status text; a
+    fraction in [0, 1], a ``(done, total)`` pair of numbers or "N/M" in the text moves the bar. Accepts
+    any call shape.
+    Called from the script thread only (see ``follow_verify``)."""
 
     def __init__(self, status: Any) -> None:
-        self._status = status
         self._bar = status.progress(0.0)
         self._text = status.empty()
+        self._elapsed = status.empty()
+        self._start = time.monotonic()
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         values = list(args) + list(kwargs.values())
@@ -360,33 +379,80 @@ class Progress:
             fraction = numbers[0] / numbers[1]
         elif len(numbers) == 1 and 0 <= numbers[0] <= 1:
             fraction = float(numbers[0])
+        elif texts and (m := _DONE_OF_TOTAL.search(" ".join(texts))) and int(m.group(2)):
+            fraction = int(m.group(1)) / int(m.group(2))  # "step 3/6 loss 2.1"
         if fraction is not None:
             self._bar.progress(min(max(fraction, 0.0), 1.0))
+        elif numbers:
+            texts += [str(n) for n in numbers]
         if texts:
             self._text.text(" ".join(texts))
 
+    def tick(self) -> None:
+        self._elapsed.caption(f"{time.monotonic() - self._start:.0f} s")
 
-def run_verify(inputs: PlanInputs, strategy: str, steps: int, timeout_s: int) -> dict[str, Any] | None:
-    """Call ``advisor.verify.verify`` (imported here: it is optional) with live progress. Returns the
-    result as plain data, or None after showing why there is none."""
+
+@dataclass
+class VerifyJob:
+    """A verification running in a worker thread. Kept in ``st.session_state``: a rerun of the page
+    (any widget change) resumes following it instead of losing it, and sessions never share one."""
+
+    run_key: str
+    strategy: str
+    steps: int
+    future: Future
+    messages: queue.SimpleQueue
+
+
+def start_verify(inputs: PlanInputs, strategy: str, steps: int, timeout_s: int, run_key: str) -> VerifyJob | None:
+    """Import ``advisor.verify`` (optional: it may not exist yet) and start ``verify`` in a worker
+    thread; its progress reports are queued for the script thread. None after showing why not."""
     try:
         verify = importlib.import_module("advisor.verify").verify
     except (ImportError, AttributeError) as err:
         st.info(md(f"verification is not available yet ({err})"))
         return None
-    with st.status(f"Verifying {strategy} on this machine ({steps} steps)...", expanded=True) as status:
+    messages: queue.SimpleQueue = queue.SimpleQueue()
+    future: Future = Future()
+
+    def work() -> None:
+        future.set_running_or_notify_cancel()
         try:
-            result = verify(inputs, strategy, steps=steps, timeout_s=timeout_s, progress=Progress(status))
-        except AdvisorError as err:
+            future.set_result(verify(inputs, strategy, steps=steps, timeout_s=timeout_s,
+                                     progress=lambda *a, **k: messages.put((a, k))))
+        except BaseException as err:  # handed to the script thread, which shows it
+            future.set_exception(err)
+
+    threading.Thread(target=work, name=f"advisor-verify-{strategy}", daemon=True).start()
+    return VerifyJob(run_key, strategy, steps, future, messages)
+
+
+def follow_verify(job: VerifyJob) -> dict[str, Any] | None:
+    """Show the job's progress until it ends; return its result as plain data, or None after
+    showing the error. Polls from the script thread (Streamlit calls from the worker would be lost)."""
+    with st.status(f"Verifying {job.strategy} on this machine ({job.steps} steps)...", expanded=True) as status:
+        progress = Progress(status)
+        while True:
+            done = job.future.done()
+            while not job.messages.empty():
+                args, kwargs = job.messages.get()
+                progress(*args, **kwargs)
+            if done:
+                break
+            progress.tick()  # a Streamlit call, so a rerun request can end this wait (the job goes on)
+            time.sleep(0.3)
+        err = job.future.exception()
+        if isinstance(err, AdvisorError):
             busy = type(err).__name__ == "VerifyBusy"
             status.update(label="another verification is running" if busy else "verification failed", state="error")
             (st.warning if busy else st.error)(md(str(err)))
             return None
-        except Exception as err:
-            log.exception("verify failed")
+        if err is not None:
+            log.error("verify failed", exc_info=err)
             status.update(label="verification failed", state="error")
             st.error(md(f"verification failed: {one_line(err)}"))
             return None
+        result = job.future.result()
         ok = bool(getattr(result, "ok", False))
         status.update(label="verification finished", state="complete" if ok else "error")
     return {"ok": ok, "message": str(getattr(result, "message", "")),
@@ -396,17 +462,20 @@ def run_verify(inputs: PlanInputs, strategy: str, steps: int, timeout_s: int) ->
 
 
 def show_verify_result(result: dict[str, Any]) -> None:
+    """Verdict, estimate vs measured peak per rank, relative error and where the logs are."""
     (st.success if result["ok"] else st.error)(md(result["message"] or ("verified" if result["ok"] else "failed")))
     rows = []
     for r in result["per_rank"]:
         measured, estimated = r.get("measured_peak_bytes"), r.get("estimated_peak_bytes")
-        err = (measured - estimated) / estimated if measured is not None and estimated else None
+        err = (estimated - measured) / measured if estimated is not None and measured else None
         rows.append({"rank": r.get("rank"), "estimated peak (GiB)": gib(estimated),
-                     "measured peak (GiB)": gib(measured), "error": None if err is None else f"{err:+.1%}"})
+                     "measured peak (GiB)": gib(measured),
+                     "estimate error": None if err is None else f"{err:+.1%}"})
     if rows:
         st.dataframe(pd.DataFrame(rows), hide_index=True)
     if result["relative_error"] is not None:
-        st.metric("Relative error (estimate vs measured)", f"{result['relative_error']:+.1%}")
+        st.metric("Relative error of the estimate", f"{result['relative_error']:+.1%}",
+                  help="(estimate - measured) / measured peak allocated, as advisor.verify reports it")
     if result["log_dir"]:
         st.caption(md(f"logs: {result['log_dir']}"))
 
@@ -417,14 +486,25 @@ def show_verify(form: Form, strategy: str) -> None:
     st.caption("Runs the chosen strategy's training for a few steps on this machine's devices and compares "
                "the measured peak memory per rank with the estimate.")
     c1, c2 = st.columns(2)
-    steps = int(c1.number_input("Steps", min_value=1, max_value=100, value=3, key="verify_steps"))
+    steps = int(c1.number_input("Steps", min_value=1, max_value=1000, value=6, key="verify_steps"))
     timeout_s = int(c2.number_input("Timeout (s)", min_value=10, max_value=7200, value=600, key="verify_timeout"))
     run_key = f"{form.key()}|{strategy}"
+    job: VerifyJob | None = st.session_state.get("verify_job")
     if st.button("Verify on this machine", key="verify"):
-        st.session_state.pop("verify_result", None)
-        result = run_verify(form.to_inputs(), strategy, steps, timeout_s)
+        if job is not None:
+            st.warning("a verification started from this page is still running: its progress is below")
+        else:
+            st.session_state.pop("verify_result", None)
+            job = start_verify(form.to_inputs(), strategy, steps, timeout_s, run_key)
+            if job is not None:
+                st.session_state["verify_job"] = job
+    if job is not None:
+        if job.run_key != run_key:
+            st.caption(md(f"following the verification of {job.strategy} started with other inputs"))
+        result = follow_verify(job)
+        del st.session_state["verify_job"]
         if result is not None:
-            st.session_state["verify_result"] = (run_key, result)
+            st.session_state["verify_result"] = (job.run_key, result)
     saved = st.session_state.get("verify_result")
     if saved and saved[0] == run_key:
         show_verify_result(saved[1])
@@ -432,6 +512,7 @@ def show_verify(form: Form, strategy: str) -> None:
 
 # -------------------------------------------------------------------------------------------- page
 def main() -> None:
+    """The page: inputs in the sidebar; summary, recommendation, memory, scripts and verification."""
     st.set_page_config(page_title="advisor: GPU memory for training", layout="wide")
     st.title("How much GPU memory will training need?")
     try:

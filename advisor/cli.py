@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="samples per GPU per step (default 1 for transformers, 32 for vision)")
     tr.add_argument("--global-batch-size", type=_positive_int,
                     help="micro-batch x data-parallel size x accumulation steps (default: no accumulation)")
-    tr.add_argument("--precision", choices=PRECISIONS, default="bf16",
-                    help="bf16/fp16: mixed precision; fp32; pure-bf16 (default bf16)")
+    tr.add_argument("--precision", choices=PRECISIONS, default=None,
+                    help="bf16/fp16: mixed precision; fp32; pure-bf16 (default bf16; --verify on CPU: fp32)")
     tr.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
     tr.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
     tr.add_argument("--attention", choices=ATTENTION_CHOICES, default="auto",
@@ -93,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--interconnect", choices=("nvlink", "pcie"), help="link between GPUs in a node")
     hw.add_argument("--network", help="link between nodes: ib-ndr, ib-hdr, ib-edr, 400gbe, 200gbe, 100gbe, 25gbe, "
                     "10gbe, 1gbe")
+    run = p.add_argument_group("scripts and verification")
+    run.add_argument("--strategy", help="strategy for --emit/--verify (default: the recommended one): "
+                     "ddp, zero1, zero2, zero3, zero2_offload, zero3_offload, tp, tp_dp")
+    run.add_argument("--emit", metavar="DIR", help="write train.py, launch.sh (and ds_config.json) into DIR "
+                     "(with --verify: the run's directory; default advisor-runs/MODEL-STRATEGY-TIME)")
+    run.add_argument("--force", action="store_true", help="let --emit overwrite its own files in a non-empty DIR")
+    run.add_argument("--verify", action="store_true", help="run the script here and compare measured peaks")
+    run.add_argument("--steps", type=_positive_int, default=6, help="optimizer steps for --verify (default 6)")
+    run.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds before --verify gives up")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON document (schema in README)")
     out.add_argument("--compare", action="store_true", help="also show DeepSpeed's own model-state estimates")
@@ -103,7 +112,7 @@ def _inputs(args: argparse.Namespace):
     from .plan import PlanInputs
 
     training = TrainingOptions(
-        precision=args.precision, optimizer=args.optimizer, micro_batch_size=args.micro_batch_size,
+        precision=args.precision or "bf16", optimizer=args.optimizer, micro_batch_size=args.micro_batch_size,
         global_batch_size=args.global_batch_size, activation_checkpointing=args.activation_checkpointing,
         attention=args.attention, tp_degree=args.tp_degree, safety_factor=args.safety_factor,
         base_lr=args.base_lr, base_batch_size=args.base_batch_size)
@@ -183,6 +192,56 @@ def _launch_line(p) -> str | None:
     return launch_command(p, p.recommendation.strategy)
 
 
+def _check_strategy_flags(args: argparse.Namespace) -> None:
+    from strategies import STRATEGY_NAMES
+
+    if args.strategy is not None and args.strategy not in STRATEGY_NAMES:
+        raise AdvisorError(f"--strategy must be one of {', '.join(STRATEGY_NAMES)}, got {args.strategy!r}")
+    if args.strategy and not (args.emit or args.verify):
+        raise AdvisorError("--strategy chooses what --emit/--verify produce: add --emit DIR or --verify")
+    if args.force and not args.emit:
+        raise AdvisorError("--force only applies to --emit DIR")
+
+
+def _emit(result, args: argparse.Namespace) -> None:
+    from strategies.render import job_from_plan, launch_command_for, render_job, write_files
+
+    name = args.strategy or result.recommendation.strategy
+    if name is None:
+        raise AdvisorError("nothing fits, so there is no recommended strategy to emit: pass --strategy NAME")
+    job = job_from_plan(result, name)
+    written = write_files(render_job(job), args.emit, force=args.force)
+    stream = sys.stderr if args.json else sys.stdout
+    print(f"\nWrote {', '.join(str(p) for p in written)}", file=stream)
+    print(f"Run: cd {args.emit} && {launch_command_for(job)}   (or: bash {args.emit}/launch.sh)", file=stream)
+
+
+def _verify(inputs, args: argparse.Namespace):
+    from .verify import verify
+
+    def progress(msg: str) -> None:
+        print(f"[verify] {msg}", file=sys.stderr, flush=True)
+
+    outcome = verify(inputs, args.strategy, steps=args.steps, timeout_s=args.timeout, out_dir=args.emit,
+                     force=args.force, precision_explicit=args.precision is not None, progress=progress)
+    stream = sys.stderr if args.json else sys.stdout
+    print("", file=stream)
+    for note in outcome.notes:
+        print(f"  ! {note}", file=stream)
+    if not outcome.ok:
+        print(f"Verify FAILED ({outcome.strategy}, {outcome.device}): {outcome.message}", file=stream)
+        return outcome
+    print(f"Verify {outcome.strategy} on {outcome.world_size} {outcome.device} rank(s), {outcome.steps} steps "
+          f"(loss {outcome.losses[0]:.3f} -> {outcome.losses[-1]:.3f}); peak allocated per rank:", file=stream)
+    for r in outcome.per_rank:
+        print(f"  rank {r['rank']}: measured {gib(r['measured_peak_bytes']):.3f} GiB, estimated "
+              f"{gib(r['estimated_peak_bytes']):.3f} GiB, error {100 * r['relative_error']:+.1f}%", file=stream)
+    verdict = "within" if outcome.within_tolerance else "OUTSIDE"
+    print(f"  worst error {100 * outcome.relative_error:+.1f}% ({verdict} the {100 * 0.25:.0f}% tolerance); "
+          f"log and files: {outcome.log_dir}", file=stream)
+    return outcome
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry. Returns the exit code: 0 answered (even "nothing fits"), 2 bad input."""
     try:
@@ -194,12 +253,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         from .plan import plan, plan_to_dict
 
-        result = plan(_inputs(args))
-        if args.json:
-            print(json.dumps(plan_to_dict(result), indent=2))
-        else:
+        _check_strategy_flags(args)
+        inputs = _inputs(args)
+        result = plan(inputs)
+        doc = plan_to_dict(result) if args.json else None
+        if not args.json:
             print(render_text(result))
-        return 0
+        code = 0
+        if args.emit and not args.verify:  # --verify writes into --emit DIR itself
+            _emit(result, args)
+        if args.verify:
+            outcome = _verify(inputs, args)
+            code = 0 if outcome.ok else 1
+            if doc is not None:
+                doc["verify"] = outcome.to_dict()
+        if doc is not None:
+            print(json.dumps(doc, indent=2))
+        return code
     except AdvisorError as err:
         print(f"advisor: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -91,13 +91,42 @@ def test_uploaded_config_is_used(at: AppTest) -> None:
     ('{"model_type": "not-a-model", "hidden_size": 8}', "unknown model_type"),
     ('{"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 100000000}', "absurd"),
     ('{"model_type": "llama", "auto_map": {"AutoModel": "evil.Model"}}', "remote code"),
-])
+    ('{"model_type": "llama", "notes": "' + "x" * 2**20 + '"}', "over 1 MiB"),
+], ids=["malformed", "not-an-object", "unknown-model-type", "absurd", "remote-code", "too-large"])
 def test_bad_config_is_a_one_line_error(at: AppTest, text: str, message: str) -> None:
     at.text_area(key="config_text").input(text).run()
     assert not at.exception, texts(at.exception)
     errors = texts(at.error)
     assert len(errors) == 1 and message in errors[0] and "\n" not in errors[0], errors
     assert not at.success  # no recommendation from a stale plan
+
+
+def test_vision_model_takes_an_image_size(at: AppTest) -> None:
+    at.selectbox(key="model").select("resnet18").run()
+    at.number_input(key="image_size").set_value(64).run()
+    assert not at.exception and not at.error, texts(at.error)
+    assert metric(at, "Model") == "resnet18"
+    assert any("input [3, 64, 64]" in c for c in texts(at.caption))
+
+
+def test_absurd_cluster_size_is_an_error(at: AppTest) -> None:
+    at.number_input(key="gpus").set_value(1000).run()
+    assert not at.exception, texts(at.exception)
+    assert any("more than any node has" in e for e in texts(at.error)), texts(at.error)
+
+
+def test_sessions_do_not_share_inputs(at: AppTest) -> None:
+    other = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    other.run()
+    at.text_area(key="config_text").input(json.dumps(SMALL_LLAMA)).run()
+    other.run()
+    assert metric(at, "Model") == "llama"
+    assert metric(other, "Model") == "gpt2"
+
+
+def test_zoomed_chart_renders(at: AppTest) -> None:
+    at.toggle(key="zoom").set_value(True).run()
+    assert not at.exception and not at.error
 
 
 def test_model_too_large_says_nothing_fits(at: AppTest) -> None:
@@ -137,7 +166,7 @@ def _fake_verify_module(busy: bool) -> types.ModuleType:
     def verify(inputs: Any, strategy: str, *, steps: int, timeout_s: float, progress: Any) -> Any:
         if busy:
             raise VerifyBusy("another verification is running on this machine: wait for it to finish")
-        assert inputs.model == "gpt2" and strategy == "ddp" and steps == 3
+        assert inputs.model == "gpt2" and strategy == "ddp" and steps == 6
         progress("building the model")
         progress(0.5)
         progress(3, 3, "step 3/3")
@@ -156,7 +185,7 @@ def test_verify_shows_estimate_vs_measured(at: AppTest, monkeypatch: pytest.Monk
     assert "estimate within 10% of the measured peak" in texts(at.success)
     table = at.dataframe[-1].value
     assert list(table["measured peak (GiB)"]) == [11.0] and list(table["estimated peak (GiB)"]) == [10.0]
-    assert list(table["error"]) == ["+10.0%"]
+    assert list(table["estimate error"]) == ["-9.1%"]
     at.run()  # the result stays while the inputs are unchanged
     assert "estimate within 10% of the measured peak" in texts(at.success)
 

@@ -1,7 +1,7 @@
 """End to end: ``streamlit run app.py`` on localhost, driven by Debian's headless chromium via selenium.
 
-Pastes a small llama config, waits for the recommendation, the new parameter count and the vega
-chart, and saves a screenshot (pytest tmp dir, and docs/streamlit.png for the README). Skips when
+Pastes a TinyLlama-shaped llama config, waits for the new parameter count, the recommendation and the
+vega chart, and saves a screenshot (pytest tmp dir, and docs/streamlit.png for the README). Skips when
 chromium or chromedriver is missing (``bash scripts/setup.sh --dev`` installs them as root).
 """
 
@@ -17,10 +17,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.test_app import transformers_param_count
+
+if TYPE_CHECKING:
+    from selenium import webdriver
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -56,7 +60,8 @@ def server(tmp_path: Path) -> Iterator[str]:
     port = _free_port()
     log = (tmp_path / "streamlit.log").open("w")
     cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
-           "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"]
+           "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+           "--server.fileWatcherType", "none"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -80,7 +85,7 @@ def server(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def browser(tmp_path: Path) -> Iterator["webdriver.Chrome"]:  # noqa: F821
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
     """Headless chromium with a fresh profile; always quit (which also ends chromedriver)."""
     driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
     if not os.path.exists(CHROMIUM) or not os.path.exists(driver_path):
@@ -100,7 +105,7 @@ def browser(tmp_path: Path) -> Iterator["webdriver.Chrome"]:  # noqa: F821
         driver.quit()
 
 
-def _run_finished(driver) -> bool:
+def _run_finished(driver: webdriver.Chrome) -> bool:
     """Streamlit shows a status widget while the script runs and greys out stale elements."""
     from selenium.webdriver.common.by import By
 
@@ -108,7 +113,8 @@ def _run_finished(driver) -> bool:
 
 
 @pytest.mark.slow
-def test_paste_config_in_browser(server: str, browser, tmp_path: Path) -> None:
+def test_paste_config_in_browser(browser: webdriver.Chrome, server: str, tmp_path: Path) -> None:
+    # (browser first: it skips before the server is started when chromium is missing)
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as ec

@@ -58,7 +58,7 @@ def main() -> None:
         sampler, loader = make_loader(dataset, world_size, rank)
         torch.manual_seed(SEED + rank)  # pitfall 11: per-rank randomness for augmentation/dropout
 
-        losses, step_times, seen, calls_per_step = [], [], {}, []
+        losses, step_times, seen, calls_per_micro_step = [], [], {}, []
         step, epoch = 0, 0
         while step < args.steps:
             sampler.set_epoch(epoch)  # pitfall 4: a new order every epoch
@@ -75,14 +75,14 @@ def main() -> None:
                     scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
                 loss_sum += loss.item()
                 loss_count += 1
+                calls_per_micro_step.append(comm["allreduce_calls"])
+                comm["allreduce_calls"] = 0
                 if not last_micro:
                     continue
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
                 scheduler.step()
-                calls_per_step.append(comm["allreduce_calls"])
-                comm["allreduce_calls"] = 0
                 mean_loss = aggregate_mean(loss_sum, loss_count, device)
                 losses.append(mean_loss)
                 step_times.append(time.perf_counter() - t0)
@@ -102,7 +102,7 @@ def main() -> None:
             log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
         dist.barrier()
     write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), losses,
-                 step_times, {"allreduce_calls_per_step": calls_per_step, "sample_indices": seen,
+                 step_times, {"allreduce_calls_per_micro_step": calls_per_micro_step, "sample_indices": seen,
                               "sync_batchnorm": sync_bn})
     dist.destroy_process_group()  # pitfall 19
 

@@ -1,0 +1,290 @@
+"""Verify: render the script for a strategy, launch it on this machine, measure, compare.
+
+The comparison uses an estimate recomputed for exactly what runs: the device (a CPU run has no
+CUDA context, uses the CPU attention kernel and optimizer loop, and reports peak allocated only),
+the world size after capping (CPU: at most ``MAX_CPU_RANKS``; CUDA: the GPUs present) and the
+precision (on CPU bf16 is emulated and very slow, so fp32 unless asked for explicitly).
+One verification runs at a time per machine (a file lock); runs compete for the same cores/GPUs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from .errors import AdvisorError
+from .hardware import Hardware, host_memory_bytes
+
+MAX_CPU_RANKS = 4
+TOLERANCE = 0.25  # |estimate - measured| / measured; the benchmark's worst-case target (bench/README)
+def _lock_path() -> Path:
+    """Machine-wide lock file (ADVISOR_VERIFY_LOCK overrides it, e.g. for isolated test runs)."""
+    return Path(os.environ.get("ADVISOR_VERIFY_LOCK") or Path(tempfile.gettempdir()) / "advisor-verify.lock")
+_STEP_RE = re.compile(r"step (\d+)/(\d+) loss ([-\d.naninf]+)")
+_OOM_PATTERNS = ("out of memory", "OutOfMemoryError", "Cannot allocate memory", "std::bad_alloc")
+
+
+class VerifyBusy(AdvisorError):
+    """Another verification is running on this machine."""
+
+
+@dataclass
+class VerifyResult:
+    strategy: str
+    device: str
+    world_size: int
+    steps: int
+    log_dir: str
+    ok: bool = False
+    message: str = ""
+    per_rank: list[dict] = field(default_factory=list)
+    relative_error: float | None = None
+    within_tolerance: bool = False
+    losses: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    estimated_peak_bytes: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"strategy": self.strategy, "device": self.device, "world_size": self.world_size,
+                "steps": self.steps, "per_rank": self.per_rank, "relative_error": self.relative_error,
+                "tolerance": TOLERANCE, "within_tolerance": self.within_tolerance, "log_dir": self.log_dir,
+                "ok": self.ok, "message": self.message, "losses": self.losses, "notes": self.notes,
+                "estimated_peak_bytes": self.estimated_peak_bytes}
+
+
+class _MachineLock:
+    def __init__(self) -> None:
+        self._fh = None
+
+    def __enter__(self) -> "_MachineLock":
+        self._fh = open(_lock_path(), "a+")
+        try:
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._fh.close()
+            raise VerifyBusy("another verification is running on this machine: wait for it to finish and retry")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self._fh, fcntl.LOCK_UN)
+        self._fh.close()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it), so a taken default port never fails a run."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_hardware(requested: int, device: str, notes: list[str]) -> Hardware:
+    """The hardware a verification really runs on, with capping noted."""
+    if device == "cuda":
+        import torch
+
+        have = torch.cuda.device_count()
+        world = min(requested, have)
+        if world < requested:
+            notes.append(f"{requested} GPUs requested, {have} present: verifying at world size {world}")
+        props = torch.cuda.get_device_properties(0)
+        return Hardware(gpu_name=props.name, gpu_memory_bytes=int(props.total_memory), gpus_per_node=world,
+                        num_nodes=1, interconnect="nvlink", network=None, bf16_tflops=0.0, link_gbps=0.0,
+                        host_mem_bytes=host_memory_bytes(), sources={"gpu_name": "detected"})
+    world = min(requested, MAX_CPU_RANKS)
+    if world < requested:
+        notes.append(f"{requested} ranks requested; CPU runs are capped at {MAX_CPU_RANKS}: verifying at {world}")
+    host = host_memory_bytes()
+    return Hardware(gpu_name="CPU", gpu_memory_bytes=host // max(1, world), gpus_per_node=world, num_nodes=1,
+                    interconnect="nvlink", network=None, bf16_tflops=0.0, link_gbps=0.0, host_mem_bytes=host,
+                    sources={"gpu_name": "this machine's CPU (gloo)"})
+
+
+def _command(strategy: str, world: int, port: int, steps: int) -> list[str]:
+    args = ["train.py", "--steps", str(steps), "--out", "out"]
+    if strategy.startswith("zero"):
+        launcher = Path(sys.executable).parent / "deepspeed"
+        exe = [str(launcher)] if launcher.exists() else [sys.executable, "-m", "deepspeed.launcher.runner"]
+        return exe + ["--num_gpus", str(world), "--master_port", str(port)] + args + [
+            "--deepspeed_config", "ds_config.json"]
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={world}",
+            "--master_addr=127.0.0.1", f"--master_port={port}"] + args
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the launcher's whole process group, then SIGKILL whatever is left after 5 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader so it does not linger as a zombie
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def _launch(cmd: list[str], cwd: Path, env: dict, timeout_s: float, total_steps: int,
+            progress: Callable[[str], None]) -> tuple[int | None, bool]:
+    """Run ``cmd`` in its own process group, log to cwd/run.log, report progress; returns
+    (exit code or None, timed_out)."""
+    log_path = cwd / "run.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+
+        def pump() -> None:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                m = _STEP_RE.search(line)
+                if m:
+                    progress(f"step {m.group(1)}/{total_steps} loss {m.group(3)}")
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except BaseException:  # Ctrl-C: stop every child before re-raising
+            _kill_group(proc)
+            raise
+        finally:
+            _kill_group(proc)
+            reader.join(timeout=5)
+    return (None if timed_out else proc.returncode), timed_out
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_.]*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def _root_cause(text: str) -> str:
+    """The first exception line the ranks printed (the launcher's own summary comes later)."""
+    for line in text.splitlines():
+        m = _ERROR_LINE.match(line)
+        if m and "ChildFailedError" not in line and "elastic" not in line:
+            return m.group(1).strip()[:300]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[-3:])[-300:]
+
+
+def _failure_message(log_path: Path, rc: int | None, timed_out: bool, timeout_s: float) -> str:
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    tail = _root_cause(text)
+    if timed_out:
+        return (f"the run did not finish within {timeout_s:.0f} s and was stopped (all ranks killed); "
+                f"raise --timeout or lower --steps. Log: {log_path}")
+    if any(p in text for p in _OOM_PATTERNS) or rc in (-9, 137):
+        return (f"the run ran out of memory (exit code {rc}); lower --micro-batch-size or pick a sharded "
+                f"strategy. Log: {log_path}. Cause: {tail}")
+    return f"the training script failed with exit code {rc}: {tail}. Log: {log_path}"
+
+
+def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: float = 600.0,
+           out_dir: str | None = None, force: bool = False, precision_explicit: bool = False,
+           progress: Callable[[str], None] | None = None) -> VerifyResult:
+    """Emit, launch and measure ``strategy`` (default: the recommended one) for ``inputs``.
+
+    Returns a ``VerifyResult`` (``ok`` False with a message for crash / OOM / timeout).
+
+    Raises:
+        AdvisorError: bad input, nothing to verify (no strategy fits and none was named).
+        VerifyBusy: another verification holds this machine's lock.
+    """
+    from strategies.render import job_from_plan, render_job, write_files
+
+    from .plan import plan
+
+    say = progress or (lambda _msg: None)
+    if steps < 1 or steps > 10_000:
+        raise AdvisorError(f"--steps must be between 1 and 10000, got {steps}")
+    if not timeout_s > 0:
+        raise AdvisorError(f"--timeout must be positive, got {timeout_s}")
+    target = plan(inputs)
+    name = strategy or target.recommendation.strategy
+    if name is None:
+        raise AdvisorError("nothing fits the target hardware, so there is no recommended strategy to verify: "
+                           "pass --strategy NAME to verify one anyway")
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    notes: list[str] = []
+    opts = target.options
+    if device == "cpu" and opts.precision != "fp32" and not precision_explicit:
+        notes.append(f"CPU run: {opts.precision} is emulated and slow on CPUs without native bf16, so this "
+                     "verification runs fp32 (pass --precision explicitly to force it)")
+        opts = replace(opts, precision="fp32")
+    row = target.row(name)
+    hw = run_hardware(target.hardware.num_gpus, device, notes)
+    if name.startswith("tp"):
+        t = row.tp_degree if row.applicable else 2
+        t = t if hw.num_gpus % t == 0 and t <= hw.num_gpus else 2
+        if name == "tp":
+            hw = replace(hw, gpus_per_node=t)
+        elif hw.num_gpus // t < 2:
+            raise AdvisorError(f"tp_dp needs at least {2 * t} ranks to verify; this machine runs {hw.num_gpus}")
+        opts = replace(opts, tp_degree=t)
+    run_plan = plan(replace(inputs, training=opts), device=device, hardware=hw)
+    run_row = run_plan.row(name)
+    if not run_row.applicable:
+        raise AdvisorError(f"cannot verify {name}: {run_row.reason}")
+    if device == "cpu" and name.endswith("_offload"):
+        raise AdvisorError(f"{name} offloads to host memory from a GPU; on a CPU-only machine use --emit to write "
+                           "the script and verify it where a GPU is present")
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run_plan.spec.name)
+    run_dir = Path(out_dir) if out_dir else Path("advisor-runs") / f"{safe}-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    port = free_port()
+    job = job_from_plan(run_plan, name, steps=steps, master_port=port)
+    write_files(render_job(job), run_dir, force=force)
+    world = hw.num_gpus
+    result = VerifyResult(strategy=name, device=device, world_size=world, steps=steps, log_dir=str(run_dir),
+                          notes=notes, estimated_peak_bytes=run_row.memory.peak.total)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")])))
+    if device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    with _MachineLock():
+        say(f"launching {name} on {world} {device} rank(s) in {run_dir}")
+        rc, timed_out = _launch(_command(name, world, port, steps), run_dir, env, timeout_s, steps, say)
+    report = run_dir / "out" / "report.json"
+    if rc != 0 or not report.exists():
+        result.message = _failure_message(run_dir / "run.log", rc, timed_out, timeout_s)
+        return result
+    return _compare(result, json.loads(report.read_text()))
+
+
+def _compare(result: VerifyResult, report: dict) -> VerifyResult:
+    est = result.estimated_peak_bytes
+    worst = None
+    for r in report["per_rank"]:
+        measured = int(r["peak_allocated_bytes"])
+        err = (est - measured) / measured if measured else None
+        result.per_rank.append({"rank": r["rank"], "measured_peak_bytes": measured,
+                                "measured_reserved_bytes": r.get("peak_reserved_bytes"),
+                                "estimated_peak_bytes": est, "relative_error": err})
+        if err is not None and (worst is None or abs(err) > abs(worst)):
+            worst = err
+    result.losses = report["per_rank"][0]["losses"]
+    result.relative_error = worst
+    result.ok = len(result.per_rank) == result.world_size
+    result.within_tolerance = worst is not None and abs(worst) <= TOLERANCE
+    result.message = ("completed" if result.ok else
+                      f"report has {len(result.per_rank)} ranks, expected {result.world_size}")
+    return result

@@ -1,0 +1,104 @@
+"""The benchmark's cases: what is trained, how, on how many ranks.
+
+Sizes are chosen so the whole suite runs in under 30 minutes on a 2-core CPU machine (small images,
+short sequences, 3 optimizer steps). bf16 autocast is emulated on CPUs without native bf16, so only
+the small Llama-architecture model runs in bf16. Every model appears at two micro-batch sizes so
+the activation slope (bytes per extra sample) is tested, not just one point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+LLAMA_SMALL = BENCH_DIR / "llama_small.json"  # hidden 256, 4 layers, 8 heads, 4 kv heads, vocab 8000
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured run. ``model`` is a torchvision name or transformer preset, or ``llama-small``
+    (the config file above). ``seq_len`` for transformers, ``image_size`` for vision models."""
+
+    model: str
+    strategy: str
+    world: int
+    micro_batch: int
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    checkpointing: bool = False
+    seq_len: int | None = None
+    image_size: int | None = None
+    steps: int = 3
+
+    @property
+    def case_id(self) -> str:
+        shape = f"s{self.seq_len}" if self.seq_len else f"i{self.image_size}"
+        ac = "-ac" if self.checkpointing else ""
+        return (f"{self.model}-{shape}-b{self.micro_batch}-{self.precision}-{self.optimizer}{ac}"
+                f"-{self.strategy}-w{self.world}")
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"case_id": self.case_id}
+
+
+def _vision(model: str, size: int, strategy: str, world: int, mb: int, **kw) -> Case:
+    return Case(model=model, image_size=size, strategy=strategy, world=world, micro_batch=mb, **kw)
+
+
+def _lm(model: str, seq: int, strategy: str, world: int, mb: int, **kw) -> Case:
+    return Case(model=model, seq_len=seq, strategy=strategy, world=world, micro_batch=mb, **kw)
+
+
+SUITE: tuple[Case, ...] = (
+    # resnet18: SGD and Adam, DDP and ZeRO-2, two micro-batches, checkpointing on/off
+    _vision("resnet18", 64, "ddp", 1, 8, optimizer="sgd-momentum"),
+    _vision("resnet18", 64, "ddp", 1, 16, optimizer="sgd-momentum"),
+    _vision("resnet18", 64, "ddp", 2, 16, optimizer="sgd"),
+    _vision("resnet18", 64, "ddp", 2, 16, optimizer="adamw", checkpointing=True),
+    _vision("resnet18", 64, "zero2", 2, 8, optimizer="adamw"),
+    # resnet50
+    _vision("resnet50", 64, "ddp", 1, 4, optimizer="sgd-momentum"),
+    _vision("resnet50", 64, "ddp", 2, 8, optimizer="adam"),
+    _vision("resnet50", 64, "zero3", 2, 4, optimizer="adamw"),
+    # vit_b_16 (image 64 -> 16 patches + class token)
+    _vision("vit_b_16", 64, "ddp", 1, 2, optimizer="adamw"),
+    _vision("vit_b_16", 64, "zero2", 2, 4, optimizer="adamw"),
+    _vision("vit_b_16", 64, "zero3", 2, 4, optimizer="adamw", checkpointing=True),
+    # convnext_tiny
+    _vision("convnext_tiny", 64, "ddp", 1, 4, optimizer="adamw"),
+    _vision("convnext_tiny", 64, "zero2", 2, 8, optimizer="sgd-momentum"),
+    # gpt2 at seq 256 and 1024
+    _lm("gpt2", 256, "ddp", 1, 1),
+    _lm("gpt2", 256, "ddp", 1, 2, checkpointing=True),
+    _lm("gpt2", 256, "zero2", 2, 2),
+    _lm("gpt2", 256, "zero3", 2, 1),
+    _lm("gpt2", 1024, "ddp", 1, 1),
+    _lm("gpt2", 1024, "zero3", 2, 2, checkpointing=True),
+    # bert-base
+    _lm("bert-base", 128, "ddp", 1, 2),
+    _lm("bert-base", 128, "ddp", 2, 4, optimizer="sgd-momentum"),
+    _lm("bert-base", 128, "zero2", 2, 4, checkpointing=True),
+    # small Llama architecture: every strategy, fp32 and bf16 autocast
+    _lm("llama-small", 256, "ddp", 1, 2),
+    _lm("llama-small", 256, "ddp", 2, 8),
+    _lm("llama-small", 256, "ddp", 2, 8, checkpointing=True),
+    _lm("llama-small", 256, "zero2", 1, 4),
+    _lm("llama-small", 256, "zero2", 2, 4),
+    _lm("llama-small", 256, "zero3", 1, 4, optimizer="sgd-momentum"),
+    _lm("llama-small", 256, "zero3", 2, 8),
+    _lm("llama-small", 256, "tp", 2, 2),
+    _lm("llama-small", 256, "tp", 2, 8, checkpointing=True),
+    _lm("llama-small", 128, "ddp", 1, 2, precision="bf16"),
+    _lm("llama-small", 128, "ddp", 2, 4, precision="bf16"),
+    _lm("llama-small", 128, "zero2", 2, 4, precision="bf16"),
+    _lm("llama-small", 128, "zero3", 2, 2, precision="bf16"),
+    _lm("llama-small", 128, "tp", 2, 4, precision="bf16"),
+)
+
+# Two minutes at most on this machine: one DDP, one ZeRO, one TP run of the small models.
+SMOKE: tuple[Case, ...] = (
+    _vision("resnet18", 32, "ddp", 1, 4, optimizer="sgd-momentum", steps=2),
+    _lm("llama-small", 64, "zero2", 2, 2, steps=2),
+    _lm("llama-small", 64, "tp", 2, 2, steps=2),
+)

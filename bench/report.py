@@ -1,0 +1,145 @@
+"""Render a benchmark run (the results.json document) as RESULTS.md and estimate_vs_measured.png."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MiB = 2**20
+GiB = 2**30
+_COLUMNS = (("ours", "advisor (ours)"), ("deepspeed", "DeepSpeed estimator"),
+            ("accelerate", "accelerate estimate-memory"), ("rule", "16 B/param x 1.2"))
+
+
+def _mib(n: int | None) -> str:
+    return "" if n is None else f"{n / MiB:,.1f}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}%"
+
+
+def _case_label(r: dict) -> str:
+    shape = f"seq {r['seq_len']}" if r.get("seq_len") else f"{r['image_size']} px"
+    ac = ", AC" if r["checkpointing"] else ""
+    return f"{r['model']} ({shape}) b{r['micro_batch']} {r['precision']} {r['optimizer']}{ac}"
+
+
+def header(data: dict) -> list[str]:
+    m = data["machine"]
+    bf16 = "native bf16" if m["native_bf16"] else "no native bf16 (bf16 emulated)"
+    return [
+        "# advisor benchmark: estimated vs measured per-rank peak memory",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_bytes'] / GiB:.1f} GiB RAM, {bf16}. "
+        f"Date: {m['date']}. Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
+        f"deepspeed {m['deepspeed']}.",
+        "",
+        "Regenerate: `.venv/bin/python -m bench.run` (suite wall time "
+        f"{data['suite_wall_s'] / 60:.1f} min; `--smoke` runs 3 small cases).",
+        "",
+        "Each case renders advisor's training script for the strategy and runs it on CPU ranks "
+        "(gloo; ZeRO via DeepSpeed with `DS_ACCELERATOR=cpu`) through `advisor.verify.verify`; "
+        "*measured* is the largest per-rank peak allocated (profiler allocator events, from before the "
+        "model is built). Errors are signed, (estimate - measured) / measured. DeepSpeed's estimators "
+        "(ZeRO-2/3 rows only) assume fp16 + Adam and omit activations; accelerate's `estimate-memory` "
+        "training figure is for one GPU at batch 1 (fp32: 4x the model bytes; mixed: 2x), unsharded; the "
+        "rule of thumb is 16 bytes/parameter x 1.2, unsharded. Sizes in MiB (2^20 bytes).",
+        "",
+    ]
+
+
+def case_table(data: dict) -> list[str]:
+    lines = ["| # | case | strategy | ranks | measured MiB | ours MiB | ours err | DeepSpeed err | "
+             "accelerate err | 16B/p x1.2 err | run s |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for i, r in enumerate(data["cases"], 1):
+        if not r.get("errors"):
+            lines.append(f"| {i} | {_case_label(r)} | {r['strategy']} | {r['world']} | FAILED: "
+                         f"{(r.get('message') or '')[:120]} | | | | | | {r.get('wall_s', '')} |")
+            continue
+        e = r["errors"]
+        lines.append(f"| {i} | {_case_label(r)} | {r['strategy']} | {r['world']} | "
+                     f"{_mib(r['measured_peak_bytes'])} | {_mib(r['estimates']['ours'])} | {_pct(e['ours'])} | "
+                     f"{_pct(e['deepspeed'])} | {_pct(e['accelerate'])} | {_pct(e['rule'])} | {r['wall_s']} |")
+    s = data["summary"]
+    for stat, label in (("median_abs", "median \\|err\\|"), ("worst_abs", "worst \\|err\\|")):
+        cells = [("n/a" if s[k][stat] is None else f"{100 * s[k][stat]:.1f}%") for k, _ in _COLUMNS]
+        lines.append(f"| | **{label}** | | | | | **{cells[0]}** | {cells[1]} | {cells[2]} | {cells[3]} | |")
+    return lines
+
+
+def targets(data: dict) -> list[str]:
+    s, t = data["summary"]["ours"], data["targets"]
+    if s["median_abs"] is None:
+        return ["No case completed."]
+    ok_m, ok_w = s["median_abs"] <= t["median_abs"], s["worst_abs"] <= t["worst_abs"]
+    failed = sum(1 for r in data["cases"] if not r.get("errors"))
+    return [f"Targets for our estimate on this machine's CPU runs: median |error| <= {100 * t['median_abs']:.0f}% "
+            f"({'met' if ok_m else 'MISSED'}: {100 * s['median_abs']:.1f}%), worst <= {100 * t['worst_abs']:.0f}% "
+            f"({'met' if ok_w else 'MISSED'}: {100 * s['worst_abs']:.1f}%), over {s['n']} cases"
+            + (f"; {failed} case(s) failed to run." if failed else ".")]
+
+
+def cli_table(data: dict) -> list[str]:
+    if not data.get("cli"):
+        return []
+    lines = ["## Cost of the advisor CLI itself", "",
+             "Median wall time of 3 runs and the peak RSS of the process (`os.wait4` rusage), on the same machine "
+             "in the same run.", "", "| command | wall s | peak RSS MiB | exit |", "|---|---:|---:|---|"]
+    for c in data["cli"]:
+        lines.append(f"| `{c['command']}` | {c['wall_s']:.2f} | {c['peak_rss_bytes'] / MiB:,.0f} | "
+                     f"{','.join(map(str, c['exit_codes']))} |")
+    return lines
+
+
+def render_markdown(data: dict) -> str:
+    lines = header(data) + ["## Per-rank peak memory", ""] + case_table(data) + [""] + targets(data) + [""]
+    lines += cli_table(data)
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict, path: Path) -> None:
+    """Log-log scatter, one point per case: estimate vs measured, with the y = x line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in data["cases"] if r.get("errors")]
+    fig, ax = plt.subplots(figsize=(7, 6.5))
+    styles = {"ours": dict(marker="o", s=42, color="tab:blue", zorder=3),
+              "deepspeed": dict(marker="s", s=22, facecolors="none", edgecolors="tab:orange"),
+              "accelerate": dict(marker="^", s=22, facecolors="none", edgecolors="tab:green"),
+              "rule": dict(marker="x", s=22, color="tab:gray")}
+    values = []
+    for key, label in _COLUMNS:
+        pts = [(r["measured_peak_bytes"] / MiB, r["estimates"][key] / MiB) for r in rows
+               if r["estimates"].get(key)]
+        if pts:
+            values += [v for p in pts for v in p]
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=label, **styles[key])
+    if values:
+        lo, hi = min(values) / 1.5, max(values) * 1.5
+        ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="y = x")
+        ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="tab:blue", alpha=0.08,
+                        label="+/-25%")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured per-rank peak (MiB)")
+    ax.set_ylabel("estimated per-rank peak (MiB)")
+    m = data["machine"]
+    ax.set_title(f"advisor estimate vs measured, {len(rows)} CPU runs\n{m['cpu']}, {m['date']}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(data: dict, out: Path) -> None:
+    (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / "RESULTS.md").write_text(render_markdown(data))
+    plot(data, out / "estimate_vs_measured.png")

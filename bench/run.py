@@ -1,0 +1,217 @@
+"""Benchmark of advisor's per-rank peak-memory estimate against measured CPU runs and today's tools.
+
+    .venv/bin/python -m bench.run            # the full suite -> bench/RESULTS.md, results.json, PNG
+    .venv/bin/python -m bench.run --smoke    # 3 small cases into a temporary directory (CI)
+
+Every case renders the training script for its strategy and runs it through ``advisor.verify.verify``
+(the ``--verify`` machinery: gloo, ``DS_ACCELERATOR=cpu``), which measures each rank's peak
+allocated bytes with the profiler's allocator events. The table compares, per case, the measured
+peak (max over ranks) with our estimate, DeepSpeed's estimators, accelerate's estimate-memory and
+the 16-bytes-per-parameter rule of thumb (see bench/baselines.py). A second table times the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .cases import BENCH_DIR, LLAMA_SMALL, SMOKE, SUITE, Case
+
+CASE_TIMEOUT_S = 420.0
+BUSY_WAIT_S = 900.0  # another verification holds the machine lock: wait this long at most
+TARGET_MEDIAN, TARGET_WORST = 0.10, 0.25
+CLI_COMMANDS = (
+    ("python -m advisor llama-2-70b --gpus 8 --json", ["-m", "advisor", "llama-2-70b", "--gpus", "8", "--json"]),
+    ("python -m advisor resnet50 --gpus 4 --json", ["-m", "advisor", "resnet50", "--gpus", "4", "--json"]),
+    ('python -c "import torch, transformers"', ["-c", "import torch, transformers"]),
+)
+COLUMNS = (("ours", "advisor (ours)"), ("deepspeed", "DeepSpeed estimator"),
+           ("accelerate", "accelerate estimate-memory"), ("rule", "16 B/param x 1.2"))
+
+
+def plan_inputs(case: Case):
+    """The PlanInputs a user would type for ``case`` (no hardware detection; one node)."""
+    from advisor.options import TrainingOptions
+    from advisor.plan import PlanInputs
+
+    opts = TrainingOptions(precision=case.precision, optimizer=case.optimizer, micro_batch_size=case.micro_batch,
+                           activation_checkpointing=case.checkpointing)
+    source = {"config_path": str(LLAMA_SMALL)} if case.model == "llama-small" else {"model": case.model}
+    return PlanInputs(**source, seq_len=case.seq_len, image_size=case.image_size, training=opts, gpus=case.world,
+                      nodes=1, interconnect="nvlink", detect_hardware=False)
+
+
+def _verify(inputs, case: Case, run_dir: Path, say):
+    """``verify`` for ``case``; (result, seconds of the attempt that ran). Waits while another
+    verification holds the machine lock (their runs would compete for the same cores)."""
+    from advisor.verify import VerifyBusy, verify
+
+    deadline = time.monotonic() + BUSY_WAIT_S
+    while True:
+        t0 = time.perf_counter()
+        try:
+            result = verify(inputs, case.strategy, steps=case.steps, timeout_s=CASE_TIMEOUT_S, out_dir=str(run_dir),
+                            precision_explicit=case.precision != "fp32", progress=say)
+            return result, time.perf_counter() - t0
+        except VerifyBusy:
+            if time.monotonic() > deadline:
+                raise
+            say("another verification is running on this machine; waiting")
+            shutil.rmtree(run_dir, ignore_errors=True)  # verify wrote the files before it found the lock taken
+            time.sleep(10)
+
+
+def run_case(case: Case, work: Path, log) -> dict:
+    """Measure ``case`` and compute every estimate; the run directory is removed afterwards."""
+    from advisor.models import resolve_model
+    from advisor.profile import build_profile
+
+    from . import baselines
+
+    inputs = plan_inputs(case)
+    spec = resolve_model(inputs.model, config_path=inputs.config_path, seq_len=case.seq_len,
+                         image_size=case.image_size)
+    num_params, total_size = baselines.model_sizes(spec)
+    profile = build_profile(spec, "flash", False)
+    row = case.as_dict() | {
+        "num_params": num_params,
+        "estimates": {
+            "deepspeed": baselines.deepspeed_bytes(profile, case.strategy, case.world),
+            "accelerate": baselines.accelerate_training_bytes(total_size, case.precision),
+            "rule": baselines.rule_of_thumb_bytes(num_params),
+        },
+    }
+    run_dir = work / case.case_id
+    t0 = time.perf_counter()
+    try:
+        result, wall = _verify(inputs, case, run_dir, lambda msg: log(f"    {msg}"))
+        row["wall_s"] = round(wall, 1)
+        row["ok"], row["message"], row["notes"] = result.ok, result.message, result.notes
+        row["per_rank_peak_bytes"] = [r["measured_peak_bytes"] for r in result.per_rank]
+        row["estimates"]["ours"] = result.estimated_peak_bytes
+        report = run_dir / "out" / "report.json"
+        if report.exists():
+            est = json.loads(report.read_text())["estimate"]
+            row["our_breakdown_bytes"], row["our_peak_phase"] = est["breakdown_bytes"], est["peak_phase"]
+        if not result.ok:
+            log_path = run_dir / "run.log"
+            row["log_tail"] = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
+    except Exception as err:  # one broken case must not lose the others
+        row.update(ok=False, message=f"{err.__class__.__name__}: {err}", wall_s=round(time.perf_counter() - t0, 1))
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if row.get("ok") and row.get("per_rank_peak_bytes"):
+        measured = max(row["per_rank_peak_bytes"])
+        row["measured_peak_bytes"] = measured
+        row["errors"] = {k: (v - measured) / measured if v is not None else None for k, v in row["estimates"].items()}
+    return row
+
+
+def _wait4(args: list[str], cwd: str) -> tuple[float, int, int]:
+    """Run ``python *args``; (wall seconds, peak RSS bytes of that child alone, exit code)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_maxrss * 1024, proc.returncode  # ru_maxrss is KiB on Linux
+
+
+def cli_cost(repeats: int = 3) -> list[dict]:
+    """Wall time and peak RSS of the advisor CLI and of importing torch + transformers (median of
+    ``repeats`` runs each, interleaved so background load hits all of them alike)."""
+    runs: dict[str, list] = {label: [] for label, _ in CLI_COMMANDS}
+    with tempfile.TemporaryDirectory(prefix="advisor-bench-cli-") as cwd:
+        for _ in range(repeats):
+            for label, args in CLI_COMMANDS:
+                runs[label].append(_wait4(args, cwd))
+    return [{"command": label, "wall_s": statistics.median(r[0] for r in rs), "peak_rss_bytes": max(r[1] for r in rs),
+             "exit_codes": sorted({r[2] for r in rs}), "repeats": repeats} for label, rs in runs.items()]
+
+
+def machine_info() -> dict:
+    import deepspeed  # noqa: F401  (version only)
+    import torch
+    import transformers
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown")
+    mem_kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal"))
+    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    return {"cpu": cpu, "cores": os.cpu_count(), "ram_bytes": mem_kib * 1024,
+            "native_bf16": any(f in flags.split() for f in ("avx512_bf16", "amx_bf16")),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "deepspeed": sys.modules["deepspeed"].__version__}
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Median and worst absolute relative error per column, over the cases where it applies."""
+    out = {}
+    for key, _ in COLUMNS:
+        errs = [abs(r["errors"][key]) for r in rows if r.get("errors") and r["errors"].get(key) is not None]
+        out[key] = {"n": len(errs), "median_abs": statistics.median(errs) if errs else None,
+                    "worst_abs": max(errs) if errs else None}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="3 small cases (well under 2 minutes)")
+    p.add_argument("--only", metavar="SUBSTR", help="only cases whose id contains SUBSTR")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: bench/ for the full suite, "
+                   "a new temporary directory for --smoke/--only)")
+    p.add_argument("--no-cli", action="store_true", help="skip the CLI cost table")
+    p.add_argument("--render", metavar="RESULTS_JSON", help="re-render tables and plot from a results.json")
+    args = p.parse_args(argv)
+    from .report import write_outputs
+
+    partial = args.smoke or args.only
+    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="advisor-bench-")) if partial else BENCH_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+        write_outputs(data, out)
+        log(f"rendered {out / 'RESULTS.md'}")
+        return 0
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    cases = SMOKE if args.smoke else SUITE
+    if args.only:
+        cases = tuple(c for c in SUITE + SMOKE if args.only in c.case_id)
+    t0 = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="advisor-bench-runs-") as work:
+        for i, case in enumerate(cases, 1):
+            log(f"[{i}/{len(cases)}] {case.case_id}")
+            row = run_case(case, Path(work), log)
+            err = row.get("errors", {}).get("ours")
+            log(f"    -> {'measured %.1f MiB, ours %+.1f%%' % (row['measured_peak_bytes'] / 2**20, 100 * err) if err is not None else 'FAILED: ' + row.get('message', '')[:300]}"
+                f" ({row.get('wall_s')} s)")
+            rows.append(row)
+    suite_wall = time.perf_counter() - t0
+    data = {"machine": machine_info(), "suite": "smoke" if args.smoke else ("partial" if args.only else "full"),
+            "suite_wall_s": round(suite_wall, 1), "cases": rows, "summary": summarize(rows),
+            "targets": {"median_abs": TARGET_MEDIAN, "worst_abs": TARGET_WORST},
+            "cli": [] if args.no_cli else cli_cost()}
+    write_outputs(data, out)
+    log(f"suite wall time {suite_wall:.0f} s; wrote {out / 'RESULTS.md'}, {out / 'results.json'}, "
+        f"{out / 'estimate_vs_measured.png'}")
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
