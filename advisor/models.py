@@ -252,6 +252,7 @@ def parse_config_text(text: str, source: str = "pasted config") -> dict[str, Any
 
 
 def resolve_model(name: str | None, *, config_path: str | None = None, config_dict: dict | None = None,
+                  config_source: str | None = None,
                   factory: str | None = None, seq_len: int | None = None, image_size: int | None = None,
                   input_shape: tuple[int, ...] | None = None) -> ModelSpec:
     """Resolve the user's model choice into a ``ModelSpec``. Exactly one source is used, in this order:
@@ -267,8 +268,8 @@ def resolve_model(name: str | None, *, config_path: str | None = None, config_di
         return ModelSpec(name=factory, family="custom", source=f"factory {factory}", factory=factory,
                          input_shape=tuple(shape))
     if config_dict is not None:
-        return spec_from_hf_config(config_dict, name or str(config_dict.get("model_type", "config")),
-                                   "pasted config", seq_len)
+        label = name or (str(config_dict.get("model_type", "config")) if isinstance(config_dict, dict) else "config")
+        return spec_from_hf_config(config_dict, label, config_source or "pasted config", seq_len)
     if config_path:
         cfg = load_config_file(config_path)
         return spec_from_hf_config(cfg, name or Path(config_path).stem, config_path, seq_len)

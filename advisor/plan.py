@@ -27,6 +27,7 @@ class PlanInputs:
     model: str | None = None
     config_path: str | None = None
     config_dict: dict | None = None
+    config_source: str | None = None  # where config_dict came from (an uploaded file's name), for messages
     model_factory: str | None = None
     seq_len: int | None = None
     image_size: int | None = None
@@ -126,7 +127,7 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
     opts = inputs.training
     opts.validate()
     spec = resolve_model(inputs.model, config_path=inputs.config_path, config_dict=inputs.config_dict,
-                         factory=inputs.model_factory, seq_len=inputs.seq_len, image_size=inputs.image_size)
+                         config_source=inputs.config_source, factory=inputs.model_factory, seq_len=inputs.seq_len, image_size=inputs.image_size)
     if inputs.seq_len is not None and not spec.is_transformer:
         raise AdvisorError(f"--seq-len applies to transformer models; {spec.name} takes --image-size")
     hw = hardware or resolve_hardware(gpu=inputs.gpu, gpu_mem_gib=inputs.gpu_mem_gib, gpus=inputs.gpus,

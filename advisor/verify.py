@@ -203,6 +203,7 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
     """Emit, launch and measure ``strategy`` (default: the recommended one) for ``inputs``.
 
     Returns a ``VerifyResult`` (``ok`` False with a message for crash / OOM / timeout).
+    ``progress`` receives one-line status messages; it is called from a log-reader thread.
 
     Raises:
         AdvisorError: bad input, nothing to verify (no strategy fits and none was named).
@@ -250,17 +251,17 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
                            "the script and verify it where a GPU is present")
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run_plan.spec.name)
     run_dir = Path(out_dir) if out_dir else Path("advisor-runs") / f"{safe}-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    port = free_port()
-    job = job_from_plan(run_plan, name, steps=steps, master_port=port)
-    write_files(render_job(job), run_dir, force=force)
     world = hw.num_gpus
-    result = VerifyResult(strategy=name, device=device, world_size=world, steps=steps, log_dir=str(run_dir),
-                          notes=notes, estimated_peak_bytes=run_row.memory.peak.total)
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")])))
     if device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
-    with _MachineLock():
+    with _MachineLock():  # before writing anything: a busy machine leaves no empty run directory
+        port = free_port()
+        job = job_from_plan(run_plan, name, steps=steps, master_port=port)
+        write_files(render_job(job), run_dir, force=force)
+        result = VerifyResult(strategy=name, device=device, world_size=world, steps=steps, log_dir=str(run_dir),
+                              notes=notes, estimated_peak_bytes=run_row.memory.peak.total)
         say(f"launching {name} on {world} {device} rank(s) in {run_dir}")
         rc, timed_out = _launch(_command(name, world, port, steps), run_dir, env, timeout_s, steps, say)
     report = run_dir / "out" / "report.json"
