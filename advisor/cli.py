@@ -135,7 +135,7 @@ def render_text(p) -> str:
     lines = [
         f"Model      {spec.name} ({spec.source})",
         f"           {fmt_count(st.num_params)} parameters ({st.num_params:,}; trainable {st.num_trainable:,}), "
-        f"{shape}, {act.flops_per_sample / 1e9:.1f} GFLOP/sample fwd+bwd, "
+        f"{shape}, {p.profile.flops_per_sample(mode) / 1e9:.1f} GFLOP/sample fwd+bwd, "
         f"activations {gib(act.activation_bytes_per_sample):.3f} GiB/sample",
         f"Hardware   {hw.num_gpus} x {hw.gpu_name} ({hw.gpus_per_node} per node x {hw.num_nodes} node(s)), "
         f"{gib(hw.gpu_memory_bytes):.2f} GiB usable each [{hw.sources.get('gpu_memory_bytes')}], "

@@ -251,7 +251,7 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
         "num_frozen_params": prof.stats.num_frozen,
         "buffer_bytes": prof.stats.buffer_bytes,
         "activation_bytes_per_sample": act.activation_bytes_per_sample,
-        "flops_per_sample": act.flops_per_sample,
+        "flops_per_sample": prof.flops_per_sample(_any_mode(opts.precision)),
         "seq_len": p.spec.seq_len,
         "input_shape": list(p.spec.input_shape) if p.spec.input_shape else None,
         "attention": act.attention,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Iterator
 
 from .checkpointing import enable_activation_checkpointing
@@ -142,9 +142,6 @@ class ActivationProfile:
     def activation_bytes_per_sample(self) -> int:
         return self.at(2).activations - self.at(1).activations
 
-    @property
-    def flops_per_sample(self) -> int:
-        return self.at(2).flops - self.at(1).flops
 
 
 class _LiveBytes:
@@ -276,7 +273,7 @@ def _attn_label(model, kernel: str) -> str:
 
 
 def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, checkpointing: bool,
-               layers: int | None = None, tp_degree: int = 1) -> tuple[Timeline, str, int]:
+               layers: int | None = None, tp_degree: int = 1, count_flops: bool = False) -> tuple[Timeline, str, int]:
     """Trace one fwd+bwd of ``spec`` at ``micro_batch`` under fake tensors.
 
     Args:
@@ -285,6 +282,8 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
         attention: one of ``ATTENTION_KERNELS``.
         layers: build only this many blocks (per stack) instead of the config's.
         tp_degree: build one tensor-parallel rank's shard (heads and MLP width divided).
+        count_flops: count FLOPs instead of trusting the memory figures: ``FlopCounterMode`` keeps
+            references to tensors (measured: +8% backward peak on gpt2), so memory traces run without it.
 
     Returns:
         (trace, attention kernel label, number of checkpointed blocks).
@@ -306,7 +305,7 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
     tracker = _LiveBytes(exclude)
     hooks = [p.register_post_accumulate_grad_hook(tracker.on_grad) for p in model.parameters() if p.requires_grad]
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext())
-    flops = FlopCounterMode(display=False)
+    flops = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
     try:
         with fake, _attention_kernel(attention), tracker.mode, flops:
             batch = make_batch(spec, micro_batch, dtype=dtype)
@@ -325,7 +324,7 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
             h.remove()
     grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None)
     trace = Timeline(fwd=tuple(tracker.fwd_events), bwd=tuple(tracker.events), activations=activations,
-                     grads=grads, flops=int(flops.get_total_flops()))
+                     grads=grads, flops=int(flops.get_total_flops()) if count_flops else 0)
     return trace, _attn_label(model, attention), blocks
 
 
@@ -349,3 +348,18 @@ def profile_activations(spec: ModelSpec, mode: str, attention: str, checkpointin
     if spec.is_transformer:
         blocks = depth if checkpointing else 0
     return ActivationProfile(depths=tuple(entries), full_depth=per_stack, attention=label, checkpointed_blocks=blocks)
+
+
+def flops_per_sample(spec: ModelSpec, mode: str, attention: str, checkpointing: bool) -> int:
+    """Forward + backward FLOPs per sample (2 per multiply-add; ``torch.utils.flop_counter``),
+    including the recompute under activation checkpointing. Exactly proportional to the micro-batch,
+    so one trace at ``BASE_B`` (per traced depth) suffices."""
+    depth = num_layers(spec.config) if spec.is_transformer else 0
+    stacks = 2 if spec.is_transformer and (spec.config or {}).get("num_decoder_layers") else 1
+    per_stack = depth // stacks
+    if not spec.is_transformer or per_stack <= TRUNCATE_ABOVE_LAYERS:
+        t, _, _ = trace_step(spec, BASE_B, mode, attention, checkpointing, count_flops=True)
+        return t.flops // BASE_B
+    one, _, _ = trace_step(spec, BASE_B, mode, attention, checkpointing, layers=1, count_flops=True)
+    two, _, _ = trace_step(spec, BASE_B, mode, attention, checkpointing, layers=2, count_flops=True)
+    return (one.flops + (per_stack - 1) * (two.flops - one.flops)) // BASE_B
