@@ -143,6 +143,7 @@ class StrategyMemory:
     peak: Breakdown
     overhead: DeviceOverhead
     host_bytes_per_node: int = 0
+    model_state_bytes: int = 0  # weights + gradients + optimizer states held on the GPU, whatever the phase
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
 
 from .models import ModelSpec, build_model
 from .trace import ActivationProfile, _skip_init, flops_per_sample, profile_activations
@@ -80,8 +83,8 @@ class ModelProfile:
         """Traced activation profile for a precision trace mode ("fp32", "autocast", "half")."""
         key = (mode, tp_degree)
         if key not in self._activations:
-            self._activations[key] = profile_activations(self.spec, mode, self.attention, self.checkpointing,
-                                                         tp_degree=tp_degree)
+            self._activations[key] = _cached_activations(_spec_key(self.spec), self.spec, mode, self.attention,
+                                                         self.checkpointing, tp_degree)
         return self._activations[key]
 
     def tp_stats(self, tp_degree: int) -> ParamStats:
@@ -90,6 +93,32 @@ class ModelProfile:
         if tp_degree not in self._tp_stats:
             self._tp_stats[tp_degree] = param_stats(self.spec, tp_degree)
         return self._tp_stats[tp_degree]
+
+
+def _spec_key(spec: ModelSpec) -> str:
+    return json.dumps(asdict(spec), sort_keys=True, default=str)
+
+
+_TRACE_CACHE: "OrderedDict[tuple, ActivationProfile]" = OrderedDict()
+_TRACE_CACHE_SIZE = 64
+_TRACE_LOCK = threading.Lock()
+
+
+def _cached_activations(key: str, spec: ModelSpec, mode: str, attention: str, checkpointing: bool,
+                        tp_degree: int) -> ActivationProfile:
+    """Traces are pure functions of their inputs and immutable: keep the last few (the page and
+    repeated plans of one model re-use them)."""
+    full_key = (key, mode, attention, checkpointing, tp_degree)
+    with _TRACE_LOCK:
+        if full_key in _TRACE_CACHE:
+            _TRACE_CACHE.move_to_end(full_key)
+            return _TRACE_CACHE[full_key]
+    result = profile_activations(spec, mode, attention, checkpointing, tp_degree=tp_degree)
+    with _TRACE_LOCK:
+        _TRACE_CACHE[full_key] = result
+        while len(_TRACE_CACHE) > _TRACE_CACHE_SIZE:
+            _TRACE_CACHE.popitem(last=False)
+    return result
 
 
 def build_profile(spec: ModelSpec, attention: str, checkpointing: bool) -> ModelProfile:

@@ -55,7 +55,8 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
     opt_step = Breakdown(params=params, grads=grads, optimizer_states=optim, buffers=buckets, other=temp,
                          phase="optimizer step")
     peak = peak_of(fwd, fwd_bwd, opt_step)
-    return StrategyMemory(peak=peak, overhead=device_overhead(ctx.device, peak.total, ctx.world_size))
+    return StrategyMemory(peak=peak, overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
+                          model_state_bytes=params + grads + optim)
 
 
 class DDP(Strategy):

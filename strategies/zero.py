@@ -123,7 +123,9 @@ class Zero(Strategy):
             if self.stage == 3:
                 per_rank += s["weights"]
             host = per_rank * ctx.hardware.gpus_per_node
+        states = params if self.offload else params + optim + s["grads16"] + s["grads32"]
         return StrategyMemory(peak=peak, overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
+                              model_state_bytes=states,
                               host_bytes_per_node=host)
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:

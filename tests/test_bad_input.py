@@ -1,0 +1,143 @@
+"""Every bad input: one line on stderr saying what is wrong (and what to do), exit code 2, no traceback.
+One table; a new case is one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "tests" / "data" / "tiny_llama.json"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("configs")
+    tiny = json.loads(TINY.read_text())
+    content = {
+        "malformed.json": '{"model_type": "llama", "hidden_size": 64,,}',
+        "list.json": "[1, 2, 3]",
+        "empty.json": "",
+        "no_type.json": json.dumps({"hidden_size": 64}),
+        "unknown_type.json": json.dumps({"model_type": "llamaa", "hidden_size": 64}),
+        "remote.json": json.dumps(tiny | {"auto_map": {"AutoModelForCausalLM": "modeling_x.X"}}),
+        "layers.json": json.dumps(tiny | {"num_hidden_layers": 10**6}),
+        "hidden.json": json.dumps(tiny | {"hidden_size": 10**7}),
+        "string_size.json": json.dumps(tiny | {"hidden_size": "big"}),
+        "negative.json": json.dumps(tiny | {"num_hidden_layers": -2}),
+        "nan.json": '{"model_type": "llama", "hidden_size": NaN}',
+    }
+    paths = {}
+    for name, text in content.items():
+        (d / name).write_text(text)
+        paths[name] = str(d / name)
+    (d / "binary.json").write_bytes(b"\xff\xfe\x00\x01garbage")
+    paths["binary.json"] = str(d / "binary.json")
+    paths["dir"] = str(d)
+    (d / "afile").write_text("x")
+    paths["afile"] = str(d / "afile")
+    return paths
+
+
+# (argv, substrings the one-line message must contain). "{name}" is replaced from the files fixture.
+CASES = [
+    (["resnet5"], ["unknown model", "resnet50"]),
+    (["lama-2-7b"], ["unknown model", "llama-2-7b"]),
+    (["resnet50", "--gpus", "0"], ["--gpus", "positive"]),
+    (["resnet50", "--gpus", "-3"], ["--gpus", "positive"]),
+    (["resnet50", "--gpus", "four"], ["--gpus", "not an integer"]),
+    (["resnet50", "--gpus", "1000"], ["GPUs per node", "--nodes"]),
+    (["resnet50", "--micro-batch-size", "0"], ["--micro-batch-size", "positive"]),
+    (["resnet50", "--image-size", "-224"], ["--image-size"]),
+    (["resnet50", "--image-size", "100000"], ["--image-size", "between"]),
+    (["resnet50", "--gpu-mem", "-5"], ["--gpu-mem", "positive"]),
+    (["resnet50", "--gpu-mem", "nan"], ["--gpu-mem"]),
+    (["gpt2", "--seq-len", "4096"], ["--seq-len 4096", "1024 learned positions"]),
+    (["resnet50", "--seq-len", "128"], ["--seq-len", "--image-size"]),
+    (["--config", "/nonexistent/config.json"], ["does not exist"]),
+    (["--config", "{dir}"], ["not a file"]),
+    (["--config", "{malformed.json}"], ["malformed JSON", "line 1"]),
+    (["--config", "{empty.json}"], ["malformed JSON"]),
+    (["--config", "{binary.json}"], ["cannot read"]),
+    (["--config", "{list.json}"], ["JSON object"]),
+    (["--config", "{no_type.json}"], ["model_type"]),
+    (["--config", "{unknown_type.json}"], ["unknown model_type", "llama"]),
+    (["--config", "{remote.json}"], ["remote code"]),
+    (["--config", "{layers.json}"], ["absurd"]),
+    (["--config", "{hidden.json}"], ["absurd"]),
+    (["--config", "{string_size.json}"], ["hidden_size", "positive integer"]),
+    (["--config", "{negative.json}"], ["num_hidden_layers", "positive integer"]),
+    (["--config", "{nan.json}"], ["hidden_size"]),
+    (["resnet50", "--gpu", "A1000"], ["unknown GPU preset", "A100"]),
+    (["resnet50", "--safety-factor", "3"], ["--safety-factor", "1.0 and 2.0"]),
+    (["resnet50", "--safety-factor", "0.5"], ["--safety-factor"]),
+    (["llama-2-7b", "--gpus", "8", "--tp-degree", "3"], ["--tp-degree 3", "does not divide"]),
+    (["llama-2-7b", "--gpus", "4", "--tp-degree", "8"], ["--tp-degree 8", "GPUs per node"]),
+    (["resnet50", "--network", "carrier-pigeon"], ["--network", "ib-hdr"]),
+    (["resnet50", "--interconnect", "usb"], ["--interconnect", "invalid choice"]),
+    (["resnet50", "--precision", "int4"], ["--precision"]),
+    (["resnet50\"; import os #"], ["model name", "cannot have"]),
+    (["resnet50", "--strategy", "ddp"], ["--emit", "--verify"]),
+    (["resnet50", "--strategy", "zero4", "--emit", "{dir}/x"], ["--strategy", "zero3"]),
+    (["resnet50", "--emit", "{afile}"], ["not a directory"]),
+    (["resnet50", "--emit", "{dir}"], ["not empty", "--force"]),
+    (["resnet50", "--gpus", "2", "--emit", "{dir}/tp", "--strategy", "tp"], ["tp does not apply", "CNN"]),
+    (["llama-2-7b", "--gpus", "8", "--nodes", "2", "--emit", "{dir}/tp2", "--strategy", "tp"],
+     ["tp does not apply", "one node"]),
+    (["--model-factory", "os.system"], ["package.module:function"]),
+    (["--model-factory", "no_such_module_xyz:build"], ["--model-factory", "failed"]),
+    (["resnet50", "--base-lr", "0.1"], ["--base-lr", "--base-batch-size"]),
+    (["resnet50", "--bogus-flag"], ["unrecognized arguments"]),
+    ([], ["no model given"]),
+]
+
+
+def _fill(argv: list[str], files: dict[str, str]) -> list[str]:
+    out = []
+    for a in argv:
+        for key, path in files.items():
+            a = a.replace("{" + key + "}", path)
+        out.append(a)
+    return out
+
+
+@pytest.mark.parametrize("argv, expected", CASES, ids=[" ".join(a)[:60] or "no-args" for a, _ in CASES])
+def test_bad_input_one_line_exit_2(argv, expected, files, capsys):
+    code = main(_fill(argv, files))
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert code == 2, captured.out[-500:] + err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("advisor: error: ")
+    assert "Traceback" not in err
+    for piece in expected:
+        assert piece in err, (piece, err)
+
+
+def test_rotary_beyond_max_positions_warns_and_answers(capsys):
+    code = main(["tinyllama-1.1b", "--seq-len", "4096", "--gpus", "2", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert any("beyond the 2048 positions" in w for w in out["warnings"])
+
+
+def test_emit_never_writes_outside_its_directory(tmp_path):
+    from strategies.render import write_files
+    from advisor.errors import AdvisorError
+
+    with pytest.raises(AdvisorError):
+        write_files({"../escape.py": "x"}, tmp_path / "out")
+    assert not (tmp_path / "escape.py").exists()
+
+
+def test_subprocess_has_no_traceback_and_exit_2(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "advisor", "--config", str(tmp_path / "missing.json")],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
