@@ -297,7 +297,9 @@ def hf_config(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1,
     """The transformers config object for ``spec``, optionally truncated to ``layers`` blocks (per
     stack) and/or reshaped to one tensor-parallel rank's shard (heads, kv heads and MLP width / tp)."""
     from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_error()  # advisor prints its own warnings; transformers' notices are noise here
     cfg_dict = copy.deepcopy(spec.config or {})
     model_type = cfg_dict.pop("model_type")
     if layers is not None:

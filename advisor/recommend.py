@@ -45,7 +45,8 @@ def recommend(ctx: StrategyContext, rows: list, strategies) -> "Recommendation":
                        "least communication; ZeRO would only add sharding traffic")
     link = hw.interconnect if hw.num_nodes == 1 else f"{hw.interconnect} inside nodes, {hw.network} between"
     reasons.append(f"gradient traffic about {best.comm_bytes_per_step / GB:.2f} GB per GPU per step over {link}")
-    ga = f", {best.grad_accum_steps} accumulation steps reach global batch {best.global_batch_size}"
+    steps = "step" if best.grad_accum_steps == 1 else "steps"
+    ga = f", {best.grad_accum_steps} accumulation {steps} reach global batch {best.global_batch_size}"
     reasons.append(f"largest micro-batch that fits: {best.max_micro_batch_size} per GPU (data-parallel size "
                    f"{best.dp_size}{ga})")
     if best.learning_rate is not None:
