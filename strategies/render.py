@@ -223,7 +223,7 @@ def render_train_py(job: Job) -> str:
     launch = launch_command_for(job)
     template = "zero.py" if job.strategy.startswith("zero") else "tp.py" if job.strategy.startswith("tp") else "ddp.py"
     lines = [_docstring(job, launch), "",
-             "import argparse", "import contextlib", "import json", "import math", "import os", "import time", "",
+             "import argparse", "import contextlib", "import gc", "import json", "import math", "import os", "import time", "",
              "import torch", "import torch.distributed as dist",
              "from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook",
              "from torch.nn.parallel import DistributedDataParallel as DDP", "",

@@ -5,7 +5,7 @@ Memory rule: each rank holds one shard of every attention/MLP projection (heads 
 divided by the TP degree, Megatron-LM paper, Shoeybi et al. 2019, section 3) and a replica of
 the embeddings and norms. The trace builds exactly that shard (advisor.models.hf_config with
 ``tp_degree``), so per-rank weights, gradients, optimizer states and activations are those of
-the shard; DP across TP groups adds DDP's buckets.
+the shard. The generated script all-reduces gradients across TP groups by hand (no DDP buckets).
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ class TensorParallel(Strategy):
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         t = self.degree(ctx)
-        return replicated_memory(ctx, micro_batch, ctx.profile.tp_stats(t), tp_degree=t, dp_size=self.dp_size(ctx))
+        return replicated_memory(ctx, micro_batch, ctx.profile.tp_stats(t), tp_degree=t, dp_size=self.dp_size(ctx),
+                                 ddp=False)
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
         return RULE_OF_THUMB_BYTES_PER_PARAM * ctx.profile.stats.num_params // self.degree(ctx)

@@ -109,6 +109,41 @@ def aggregate_mean(total: float, count: int, device) -> float:
     return (t[0] / t[1]).item() if t[1] > 0 else float("nan")
 
 
+class StepLog:
+    """Per-optimizer-step bookkeeping shared by every strategy: the global mean loss from per-rank
+    sums and counts (pitfall 10), the step time and a rank-0 log line (pitfall 12)."""
+
+    def __init__(self, total_steps: int, device) -> None:
+        self.total_steps, self.device = total_steps, device
+        self.losses, self.step_times = [], []
+        self._sum, self._count, self._t0 = 0.0, 0, time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return len(self.losses) >= self.total_steps
+
+    def micro_step(self, loss) -> None:
+        self._sum += loss.item()
+        self._count += 1
+
+    def end_step(self, lr: float) -> None:
+        mean = aggregate_mean(self._sum, self._count, self.device)
+        self.losses.append(mean)
+        self.step_times.append(time.perf_counter() - self._t0)
+        log(f"step {len(self.losses)}/{self.total_steps} loss {mean:.4f} lr {lr:.3g} {self.step_times[-1]:.2f}s")
+        self._sum, self._count, self._t0 = 0.0, 0, time.perf_counter()
+
+
+def optimizer_step(scaler, optimizer, scheduler, steps: StepLog) -> None:
+    """End of an accumulation window: step through the GradScaler (a pass-through unless fp16,
+    pitfall 15), release the gradients, advance the LR schedule, log."""
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    steps.end_step(scheduler.get_last_lr()[0])
+
+
 class MemoryMeter:
     """Peak allocated bytes over the whole run, from before the model is built.
 

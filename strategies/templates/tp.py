@@ -65,20 +65,17 @@ def main() -> None:
         sampler, loader = make_loader(dataset, dp_size, dp_rank)
         torch.manual_seed(SEED + dp_rank)  # pitfall 11, identical inside a TP group
 
-        losses, step_times, seen = [], [], {}
-        step, epoch = 0, 0
-        while step < args.steps:
+        steps, seen = StepLog(args.steps, device), {}
+        epoch = 0
+        while not steps.done:
             sampler.set_epoch(epoch)  # pitfall 4
             seen[epoch] = []
-            micro, loss_sum, loss_count, t0 = 0, 0.0, 0, time.perf_counter()
-            for batch in loader:
+            for micro, batch in enumerate(loader, start=1):
                 seen[epoch] += batch["index"].tolist()
-                micro += 1
                 with torch.autocast(device.type, dtype=half, enabled=half is not None):
                     loss = compute_loss(model, batch, device)
                 scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
-                loss_sum += loss.item()
-                loss_count += 1
+                steps.micro_step(loss)
                 if micro % GRAD_ACCUM_STEPS:
                     continue  # pitfall 16: no gradient all-reduce on non-final accumulation steps
                 if dp_size > 1:
@@ -88,18 +85,8 @@ def main() -> None:
                         g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
                         dist.all_reduce(g, group=dp_group)
                         g.div_(dp_size)  # pitfall 6: a hand-written all-reduce divides by the world size
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                scheduler.step()
-                mean_loss = aggregate_mean(loss_sum, loss_count, device)
-                losses.append(mean_loss)
-                step_times.append(time.perf_counter() - t0)
-                step += 1
-                log(f"step {step}/{args.steps} loss {mean_loss:.4f} lr {scheduler.get_last_lr()[0]:.3g} "
-                    f"{step_times[-1]:.2f}s")
-                loss_sum, loss_count, t0 = 0.0, 0, time.perf_counter()
-                if step >= args.steps:
+                optimizer_step(scaler, optimizer, scheduler, steps)
+                if steps.done:
                     break
             epoch += 1
 
@@ -110,8 +97,8 @@ def main() -> None:
             torch.save(state, os.path.join(args.out, "model.pt"))
             log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
         dist.barrier()
-    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), losses,
-                 step_times, {"tp_degree": TP_DEGREE, "dp_size": dp_size, "dp_rank": dp_rank,
+    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps.losses,
+                 steps.step_times, {"tp_degree": TP_DEGREE, "dp_size": dp_size, "dp_rank": dp_rank,
                               "sample_indices": seen})
     dist.destroy_process_group()  # pitfall 19
 

@@ -40,27 +40,19 @@ def main() -> None:
         sampler, loader = make_loader(dataset, world_size, rank)
         torch.manual_seed(SEED + rank)  # pitfall 11
 
-        losses, step_times = [], []
-        step, epoch = 0, 0
-        while step < args.steps:
+        steps = StepLog(args.steps, device)
+        epoch = 0
+        while not steps.done:
             sampler.set_epoch(epoch)  # pitfall 4
-            loss_sum, loss_count, t0 = 0.0, 0, time.perf_counter()
-            for batch in loader:
+            for micro, batch in enumerate(loader, start=1):
                 loss = compute_loss(engine, batch, engine.device, dtype)
                 engine.backward(loss)
                 engine.step()  # steps the optimizer only at accumulation boundaries
-                loss_sum += loss.item()
-                loss_count += 1
-                if loss_count % GRAD_ACCUM_STEPS:  # not yet an accumulation boundary
+                steps.micro_step(loss)
+                if micro % GRAD_ACCUM_STEPS:  # not yet an accumulation boundary
                     continue
-                mean_loss = aggregate_mean(loss_sum, loss_count, device)
-                losses.append(mean_loss)
-                step_times.append(time.perf_counter() - t0)
-                step += 1
-                log(f"step {step}/{args.steps} loss {mean_loss:.4f} lr {scheduler.get_last_lr()[0]:.3g} "
-                    f"{step_times[-1]:.2f}s")
-                loss_sum, loss_count, t0 = 0.0, 0, time.perf_counter()
-                if step >= args.steps:
+                steps.end_step(scheduler.get_last_lr()[0])
+                if steps.done:
                     break
             epoch += 1
 
@@ -71,8 +63,8 @@ def main() -> None:
         engine.save_16bit_model(args.out, "model.pt")
         log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
         dist.barrier()
-    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), losses,
-                 step_times, {"zero_stage": stage, "offload": OFFLOAD})
+    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps.losses,
+                 steps.step_times, {"zero_stage": stage, "offload": OFFLOAD})
     dist.destroy_process_group()  # pitfall 19
 
 
