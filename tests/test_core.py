@@ -180,3 +180,46 @@ def test_breakdown_sums_and_zero_states_shrink_with_gpus():
     for name in ("zero1", "zero2", "zero3"):
         s, l = small.row(name).memory.peak, large.row(name).memory.peak
         assert l.optimizer_states < s.optimizer_states
+
+
+# --- hardware probing, registry, --compare --------------------------------------------------------------
+def test_parse_nvidia_smi_topo():
+    from advisor.hardware import parse_topo_matrix
+
+    nvlink = ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV12\t0-31\nGPU1\tNV12\t X \t0-31\n\nLegend:\n  X = Self\n")
+    pcie = "\tGPU0\tGPU1\nGPU0\t X \tPHB\nGPU1\tPHB\t X \n"
+    assert parse_topo_matrix(nvlink) == "nvlink"
+    assert parse_topo_matrix(pcie) == "pcie"
+    assert parse_topo_matrix("No devices were found") is None
+
+
+def test_hardware_sources_and_default_preset():
+    from advisor.hardware import resolve_hardware
+
+    hw = resolve_hardware(gpus=4, detect=False)
+    assert hw.gpu_name == "A100-80GB" and hw.gpu_memory_bytes == 81920 * 2**20
+    assert hw.sources["gpu_memory_bytes"] == "default preset A100-80GB"
+    assert any("no GPU detected" in w for w in hw.warnings)
+    hw = resolve_hardware(gpu="rtx4090", gpus=2, gpu_mem_gib=20, detect=False)
+    assert hw.gpu_memory_bytes == 20 * 2**30 and hw.sources["gpu_memory_bytes"] == "flag --gpu-mem"
+    assert hw.interconnect == "pcie" and hw.sources["interconnect"] == "preset RTX4090"
+
+
+def test_cli_strategy_choices_match_registry():
+    from advisor.cli import build_parser
+    from strategies import STRATEGIES, STRATEGY_NAMES
+
+    help_text = " ".join(build_parser().format_help().split())
+    for name in STRATEGY_NAMES:
+        assert name in help_text
+    assert len(set(STRATEGY_NAMES)) == len(STRATEGIES) == 8
+
+
+def test_compare_shows_deepspeed_estimators():
+    """DeepSpeed's non-printing estimators: ZeRO-2 = 2P + 18P/N (stage_1_and_2.py), ZeRO-3 adds the
+    largest layer; we pass the same parameter count and world size."""
+    p = _plan("gpt2", gpus=4, compare=True)
+    n = p.profile.stats.num_params
+    assert p.row("zero2").deepspeed_estimate["gpu_bytes"] == 2 * n + int(18 * n / 4)
+    assert p.row("zero3").deepspeed_estimate["gpu_bytes"] >= int(18 * n / 4)
+    assert p.row("ddp").deepspeed_estimate is None
