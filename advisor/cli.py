@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from typing import Sequence
 
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--model-factory", metavar="MOD:FN", help="import MOD and call FN() -> nn.Module (your code)")
     src.add_argument("--seq-len", type=_positive_int, help="tokens per sample (default min(model max, 2048))")
     src.add_argument("--image-size", type=_positive_int, help="image side in pixels (default 224)")
+    src.add_argument("--input-shape", metavar="C,H,W", help="per-sample input shape of a --model-factory model "
+                     "(default 3,224,224; float inputs, loss = mean square of the output)")
     src.add_argument("--list-models", action="store_true", help="list the known model names and exit")
     tr = p.add_argument_group("training")
     tr.add_argument("--micro-batch-size", type=_positive_int,
@@ -117,9 +120,24 @@ def _inputs(args: argparse.Namespace):
         attention=args.attention, tp_degree=args.tp_degree, safety_factor=args.safety_factor,
         base_lr=args.base_lr, base_batch_size=args.base_batch_size)
     return PlanInputs(model=args.model, config_path=args.config, model_factory=args.model_factory,
+                      input_shape=_shape(args.input_shape, args.model_factory),
                       seq_len=args.seq_len, image_size=args.image_size, training=training, gpu=args.gpu,
                       gpu_mem_gib=args.gpu_mem, gpus=args.gpus, nodes=args.nodes, interconnect=args.interconnect,
                       network=args.network, host_mem_gib=args.host_mem, compare=args.compare)
+
+
+def _shape(text: str | None, factory: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    if not factory:
+        raise AdvisorError("--input-shape applies to --model-factory models only")
+    try:
+        dims = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise AdvisorError(f"--input-shape must be comma-separated integers like 3,224,224, got {text[:40]!r}")
+    if not dims or len(dims) > 5 or any(not 1 <= d <= 65536 for d in dims):
+        raise AdvisorError(f"--input-shape needs 1-5 dimensions between 1 and 65536, got {text[:40]!r}")
+    return dims
 
 
 def _g(n: int | None) -> str:
@@ -201,6 +219,12 @@ def _check_strategy_flags(args: argparse.Namespace) -> None:
         raise AdvisorError("--strategy chooses what --emit/--verify produce: add --emit DIR or --verify")
     if args.force and not args.emit:
         raise AdvisorError("--force only applies to --emit DIR")
+    if args.emit is not None and not args.emit.strip():
+        raise AdvisorError("--emit needs a directory path")
+    if args.verify and args.steps > 10_000:
+        raise AdvisorError(f"--steps must be between 1 and 10000, got {args.steps}")
+    if args.verify and args.timeout > 7 * 86400:
+        raise AdvisorError(f"--timeout is in seconds, at most a week ({7 * 86400}), got {args.timeout:g}")
 
 
 def _emit(result, args: argparse.Namespace) -> None:
@@ -212,8 +236,13 @@ def _emit(result, args: argparse.Namespace) -> None:
     job = job_from_plan(result, name)
     written = write_files(render_job(job), args.emit, force=args.force)
     stream = sys.stderr if args.json else sys.stdout
+    row = result.row(name)
+    if not row.fits:
+        print(f"  ! {row.title} does not fit: {gib(row.memory.device_total):.2f} GiB per GPU estimated vs "
+              f"{gib(result.hardware.gpu_memory_bytes):.2f} GiB; the script will likely run out of memory", file=stream)
     print(f"\nWrote {', '.join(str(p) for p in written)}", file=stream)
-    print(f"Run: cd {args.emit} && {launch_command_for(job)}   (or: bash {args.emit}/launch.sh)", file=stream)
+    where = shlex.quote(args.emit)
+    print(f"Run: cd {where} && {launch_command_for(job)}   (or: bash {where}/launch.sh)", file=stream)
 
 
 def _verify(inputs, args: argparse.Namespace):

@@ -91,16 +91,25 @@ def num_layers(config: dict[str, Any]) -> int:
     return n
 
 
+def _short(value: Any) -> str:
+    """A value for an error message: never more than 40 characters (a 5000-digit integer cannot even
+    be turned into a string by default)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return "a number with more than 30 digits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _positive_int(config: dict[str, Any], key: str, limit: int) -> None:
     val = config.get(key)
     if val is None:
         return
     if isinstance(val, bool) or not isinstance(val, int):
-        raise AdvisorError(f"config field {key!r} must be a positive integer, got {val!r}: fix the config")
+        raise AdvisorError(f"config field {key!r} must be a positive integer, got {_short(val)}: fix the config")
     if val <= 0:
-        raise AdvisorError(f"config field {key!r} must be a positive integer, got {val}: fix the config")
+        raise AdvisorError(f"config field {key!r} must be a positive integer, got {_short(val)}: fix the config")
     if val > limit:
-        raise AdvisorError(f"config field {key!r} = {val} is absurd (limit {limit}): check the config")
+        raise AdvisorError(f"config field {key!r} = {_short(val)} is absurd (limit {limit}): check the config")
 
 
 def check_config_size(config: dict[str, Any]) -> int:
@@ -200,7 +209,9 @@ def spec_from_hf_config(config: dict[str, Any], name: str, source: str, seq_len:
         AdvisorError: not an object, no/unknown ``model_type``, remote code requested, absurd sizes.
     """
     if not isinstance(config, dict):
-        raise AdvisorError(f"{source}: a config must be a JSON object ({{...}}), got {type(config).__name__}")
+        kind = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true/false"}.get(
+            type(config), "null")
+        raise AdvisorError(f"{source}: a config must be a JSON object ({{...}}), got {kind}")
     if "auto_map" in config or config.get("trust_remote_code"):
         raise AdvisorError(f"{source}: this config needs remote code (auto_map), which advisor never runs: "
                            "use a config whose model_type transformers knows")
@@ -231,7 +242,7 @@ def load_config_file(path: str) -> dict[str, Any]:
     try:
         if p.stat().st_size > MAX_CONFIG_FILE_BYTES:
             raise AdvisorError(f"config file {path!r} is over 1 MiB: pass the model's config.json, not weights")
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # tolerate a UTF-8 byte-order mark
     except (OSError, UnicodeDecodeError) as err:
         raise AdvisorError(f"cannot read config file {path!r} ({err.__class__.__name__}): check permissions and encoding")
     return parse_config_text(text, path)
@@ -244,11 +255,13 @@ def parse_config_text(text: str, source: str = "pasted config") -> dict[str, Any
         AdvisorError: malformed JSON (with line and column).
     """
     try:
-        return json.loads(text)
+        return json.loads(text.removeprefix("\ufeff"))
     except json.JSONDecodeError as err:
         raise AdvisorError(f"{source}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}")
     except RecursionError:
         raise AdvisorError(f"{source}: JSON nested too deeply")
+    except ValueError:  # e.g. an integer with more digits than Python converts by default
+        raise AdvisorError(f"{source}: JSON holds a number too large to be a model size: fix the config")
 
 
 def resolve_model(name: str | None, *, config_path: str | None = None, config_dict: dict | None = None,
@@ -267,16 +280,20 @@ def resolve_model(name: str | None, *, config_path: str | None = None, config_di
         shape = input_shape or (3, image_size or 224, image_size or 224)
         return ModelSpec(name=factory, family="custom", source=f"factory {factory}", factory=factory,
                          input_shape=tuple(shape))
+    if name and (config_dict is not None or config_path):
+        raise AdvisorError(f"give a model name ({name!r}) or a config file, not both")
     if config_dict is not None:
         label = name or (str(config_dict.get("model_type", "config")) if isinstance(config_dict, dict) else "config")
         return spec_from_hf_config(config_dict, label, config_source or "pasted config", seq_len)
     if config_path:
         cfg = load_config_file(config_path)
-        return spec_from_hf_config(cfg, name or Path(config_path).stem, config_path, seq_len)
+        label = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(config_path).stem)[:64] or "config"
+        return spec_from_hf_config(cfg, label, config_path, seq_len)
     if not name:
         raise AdvisorError("no model given: pass a name (e.g. resnet50, gpt2, llama-2-7b) or --config config.json")
     if not _NAME_RE.fullmatch(name):
-        raise AdvisorError(f"model name {name!r} has characters a model name cannot have: use a name like resnet50")
+        raise AdvisorError(f"model name {_short(name)} has characters a model name cannot have (or is over 128 "
+                           "characters): use a name like resnet50")
     preset = find_transformer_preset(name)
     if preset is not None:
         spec = ModelSpec(name=preset.name, family="transformer", source=preset.source,
@@ -350,11 +367,13 @@ def build_model(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 
     if spec.family == "vision":
         import torchvision.models as tvm
 
-        kwargs = {"image_size": spec.input_shape[-1]} if spec.model_type.startswith(("vit_", "swin")) else {}
+        kwargs = {"image_size": spec.input_shape[-1]} if spec.model_type.startswith("vit_") else {}
         try:
             return tvm.get_model(spec.model_type, weights=None, **kwargs)
-        except (TypeError, ValueError):
-            return tvm.get_model(spec.model_type, weights=None)
+        except Exception as err:  # torchvision asserts on sizes (e.g. ViT patch divisibility)
+            raise AdvisorError(f"torchvision cannot build {spec.model_type} at --image-size "
+                               f"{spec.input_shape[-1]} ({err.__class__.__name__}: {str(err)[:120]}): "
+                               "choose another image size")
     if spec.family == "custom":
         module_name, fn_name = spec.factory.split(":")
         try:
@@ -362,8 +381,8 @@ def build_model(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 
             model = fn()
         except AdvisorError:
             raise
-        except Exception as err:
-            raise AdvisorError(f"--model-factory {spec.factory} failed: {err.__class__.__name__}: {err}")
+        except (Exception, SystemExit) as err:  # the user's code may exit; that is still a failed factory
+            raise AdvisorError(f"--model-factory {spec.factory} failed: {err.__class__.__name__}: {str(err)[:200]}")
         if not isinstance(model, torch.nn.Module):
             raise AdvisorError(f"--model-factory {spec.factory} returned {type(model).__name__}, not an nn.Module")
         return model

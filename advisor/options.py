@@ -42,13 +42,14 @@ class TrainingOptions:
         if self.attention not in ATTENTION_CHOICES:
             raise AdvisorError(f"--attention must be one of {', '.join(ATTENTION_CHOICES)}, got {self.attention!r}")
         if self.micro_batch_size is not None and not 1 <= self.micro_batch_size <= 2**20:
-            raise AdvisorError(f"--micro-batch-size must be a positive integer, got {self.micro_batch_size}")
+            raise AdvisorError(f"--micro-batch-size must be between 1 and {2**20}, got {self.micro_batch_size}")
         if self.global_batch_size is not None and not 1 <= self.global_batch_size <= 2**30:
-            raise AdvisorError(f"--global-batch-size must be a positive integer, got {self.global_batch_size}")
+            raise AdvisorError(f"--global-batch-size must be between 1 and {2**30}, got {self.global_batch_size}")
         if self.tp_degree is not None and not 1 <= self.tp_degree <= 64:
             raise AdvisorError(f"--tp-degree must be between 1 and 64, got {self.tp_degree}")
         if not 1.0 <= self.safety_factor <= 2.0:
-            raise AdvisorError(f"--safety-factor must be between 1.0 and 2.0 (field notes 004 section 1.1), "
+            raise AdvisorError(f"--safety-factor must be between 1.0 and 2.0 (the usual range for activations "
+                               f"and overheads on top of 16 bytes/parameter), "
                                f"got {self.safety_factor}")
         if (self.base_lr is None) != (self.base_batch_size is None):
             raise AdvisorError("--base-lr and --base-batch-size go together: give both or neither")

@@ -29,6 +29,7 @@ class PlanInputs:
     config_dict: dict | None = None
     config_source: str | None = None  # where config_dict came from (an uploaded file's name), for messages
     model_factory: str | None = None
+    input_shape: tuple[int, ...] | None = None  # per-sample input of a --model-factory model
     seq_len: int | None = None
     image_size: int | None = None
     training: TrainingOptions = field(default_factory=TrainingOptions)
@@ -127,9 +128,12 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
     opts = inputs.training
     opts.validate()
     spec = resolve_model(inputs.model, config_path=inputs.config_path, config_dict=inputs.config_dict,
-                         config_source=inputs.config_source, factory=inputs.model_factory, seq_len=inputs.seq_len, image_size=inputs.image_size)
+                         config_source=inputs.config_source, factory=inputs.model_factory, seq_len=inputs.seq_len, image_size=inputs.image_size,
+                         input_shape=inputs.input_shape)
     if inputs.seq_len is not None and not spec.is_transformer:
         raise AdvisorError(f"--seq-len applies to transformer models; {spec.name} takes --image-size")
+    if inputs.image_size is not None and spec.is_transformer:
+        raise AdvisorError(f"--image-size applies to vision models; {spec.name} takes --seq-len")
     hw = hardware or resolve_hardware(gpu=inputs.gpu, gpu_mem_gib=inputs.gpu_mem_gib, gpus=inputs.gpus,
                                       nodes=inputs.nodes, interconnect=inputs.interconnect,
                                       network=inputs.network, host_mem_gib=inputs.host_mem_gib,
@@ -142,6 +146,11 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
                            f"({hw.gpus_per_node} per node x {hw.num_nodes} nodes)")
     attention = resolve_attention(opts.attention, device, hw.gpu_name, opts.precision)
     opts = replace(opts, micro_batch_size=opts.micro_batch_size or default_micro_batch(spec))
+    per_step = opts.micro_batch_size * hw.num_gpus
+    if opts.global_batch_size and opts.global_batch_size % per_step:
+        raise AdvisorError(f"--global-batch-size {opts.global_batch_size} is not a multiple of micro-batch "
+                           f"{opts.micro_batch_size} x {hw.num_gpus} GPUs = {per_step}: use a multiple of {per_step} "
+                           "or another --micro-batch-size")
     profile = build_profile(spec, attention, opts.activation_checkpointing)
     ctx = StrategyContext(profile, hw, opts, device)
     rows = [_evaluate(s, ctx, inputs.compare) for s in STRATEGIES]

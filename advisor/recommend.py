@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from .hardware import SLOW_NETWORKS
 from .options import StrategyContext
-from .units import GB, fmt_gib
+from .units import fmt_gib
 
 TINY_MODEL_PARAMS = 20_000_000  # field notes 004 section 7: tiny models gain little from distributing
 MAX_GPUS_SEARCHED = 4096
@@ -44,32 +44,43 @@ def recommend(ctx: StrategyContext, rows: list, strategies) -> "Recommendation":
         reasons.append("the model states and activations fit on one GPU, so plain data parallel (DDP) has the "
                        "least communication; ZeRO would only add sharding traffic")
     link = hw.interconnect if hw.num_nodes == 1 else f"{hw.interconnect} inside nodes, {hw.network} between"
-    reasons.append(f"gradient traffic about {best.comm_bytes_per_step / GB:.2f} GB per GPU per step over {link}")
+    reasons.append(f"gradient traffic about {fmt_gib(best.comm_bytes_per_step)} per GPU per step over {link}")
     steps = "step" if best.grad_accum_steps == 1 else "steps"
-    ga = f", {best.grad_accum_steps} accumulation {steps} reach global batch {best.global_batch_size}"
-    reasons.append(f"largest micro-batch that fits: {best.max_micro_batch_size} per GPU (data-parallel size "
-                   f"{best.dp_size}{ga})")
+    reasons.append(f"batch: micro-batch {opts.micro_batch_size} x data-parallel size {best.dp_size} x "
+                   f"{best.grad_accum_steps} accumulation {steps} = global batch {best.global_batch_size}; "
+                   f"the largest micro-batch that fits is {best.max_micro_batch_size} per GPU")
     if best.learning_rate is not None:
         reasons.append(f"learning rate {best.learning_rate:.4g} by the linear scaling rule "
                        f"({opts.base_lr:g} at batch {opts.base_batch_size} -> global {best.global_batch_size}); "
                        "reach it at the end of a linear warmup (e.g. 5 epochs), then decay")
-    if opts.global_batch_size and best.global_batch_size != opts.global_batch_size:
-        warnings.append(f"global batch {opts.global_batch_size} is not a multiple of micro-batch "
-                        f"{opts.micro_batch_size} x data-parallel size {best.dp_size}: using {best.global_batch_size}")
+    if best.name.endswith("_offload") and not opts.activation_checkpointing:
+        warnings.append(_checkpointing_hint(rows, "offload is slow"))
     if ctx.profile.spec.family == "vision" and best.name != "ddp":
         warnings.append("for CNNs prefer lower precision, activation checkpointing and gradient accumulation "
-                        "before model parallelism (field notes 004 section 7)")
+                        "before model parallelism")
     return Recommendation(strategy=best.name, reasons=reasons, warnings=warnings)
+
+
+def _checkpointing_hint(rows: list, why: str) -> str:
+    """Point at activation checkpointing when activations are a large share of the peak."""
+    sized = [r for r in rows if r.applicable and r.memory and not r.name.endswith("_offload")]
+    if not sized:
+        return f"{why}: try --activation-checkpointing or a smaller micro-batch"
+    r = min(sized, key=lambda r: r.memory.device_total)
+    act = r.memory.peak.activations + r.memory.peak.other
+    return (f"{why}: activations and temporaries are {fmt_gib(act)} of {r.title}'s {fmt_gib(r.memory.peak.total)} "
+            "peak; --activation-checkpointing or a smaller micro-batch may make a faster strategy fit")
 
 
 def _warnings(ctx: StrategyContext) -> list[str]:
     hw, stats = ctx.hardware, ctx.profile.stats
     out = []
     if hw.num_gpus == 1:
-        out.append("one GPU: nothing to distribute; the DDP script runs as plain single-GPU training")
+        out.append("one GPU: nothing to distribute across GPUs; a DDP script at world size 1 is plain "
+                   "single-GPU training")
     if hw.num_nodes > 1 and hw.network in SLOW_NETWORKS:
         out.append(f"{hw.network} between nodes is a bottleneck: communication can cost more than compute "
-                   "(field notes 004 section 7: a 2B model got 1.6x on 8 GPUs); expect poor scaling")
+                   "(a 2B model has been seen to get only 1.6x on 8 GPUs over such links); expect poor scaling")
     if stats.num_params < TINY_MODEL_PARAMS and hw.num_gpus > 1:
         out.append(f"the model is small ({stats.num_params / 1e6:.1f}M parameters): unless the data is large, "
                    "distributing may gain little (gradient sync and data loading dominate)")
@@ -116,7 +127,12 @@ def _nothing_fits(ctx: StrategyContext, rows: list, by_name: dict, warnings: lis
     off = next((r for r in rows if r.name == "zero3_offload" and r.applicable and r.memory), None)
     host = off.memory.host_bytes_per_node if off else None
     if off is not None:
+        where = hw.sources.get("host_mem_bytes", "")
+        hint = "; pass --host-mem for the target nodes' RAM" if where.startswith("detected") else ""
         reasons.append(f"ZeRO-3 + CPU offload would need {fmt_gib(host)} of host RAM per node "
-                       f"(have {fmt_gib(hw.host_mem_bytes)}) and {fmt_gib(off.memory.device_total)} per GPU")
+                       f"(have {fmt_gib(hw.host_mem_bytes)}, {where}{hint}) and {fmt_gib(off.memory.device_total)} "
+                       "per GPU")
+    if not ctx.options.activation_checkpointing and ctx.profile.spec.is_transformer:
+        warnings.append(_checkpointing_hint(rows, "nothing fits"))
     return Recommendation(strategy=None, reasons=reasons, warnings=warnings, min_gpus=min_gpus,
                           min_nodes=min_nodes, offload_host_bytes_per_node=host)

@@ -27,6 +27,7 @@ linear in the micro-batch (no op's memory depends on the batch otherwise), trace
 from __future__ import annotations
 
 import contextlib
+import logging
 import weakref
 from dataclasses import dataclass, fields, replace
 from typing import Any, Iterator
@@ -295,6 +296,8 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
+    # FakeTensorMode logs a full traceback for an op that fails on shapes; the user gets our one line.
+    logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     dtype = torch.bfloat16 if mode == "half" else torch.float32
     with fake, _default_dtype(dtype), _skip_init():
@@ -317,8 +320,9 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
     except AdvisorError:
         raise
     except Exception as err:
+        hint = (": check --input-shape" if spec.family == "custom" else "")
         raise AdvisorError(f"could not trace a training step of {spec.name} under fake tensors "
-                           f"({err.__class__.__name__}: {str(err).splitlines()[0][:160]})")
+                           f"({err.__class__.__name__}: {str(err).splitlines()[0][:160]}){hint}")
     finally:
         for h in hooks:
             h.remove()

@@ -82,6 +82,16 @@ class _MachineLock:
         self._fh.close()
 
 
+def available_memory_bytes() -> int:
+    """RAM available to new processes now (psutil), falling back to the physical total."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:
+        return host_memory_bytes()
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now (the OS picks it), so a taken default port never fails a run."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -191,8 +201,10 @@ def _failure_message(log_path: Path, rc: int | None, timed_out: bool, timeout_s:
     if timed_out:
         return (f"the run did not finish within {timeout_s:.0f} s and was stopped (all ranks killed); "
                 f"raise --timeout or lower --steps. Log: {log_path}")
-    if any(p in text for p in _OOM_PATTERNS) or rc in (-9, 137):
-        return (f"the run ran out of memory (exit code {rc}); lower --micro-batch-size or pick a sharded "
+    killed = rc in (-9, 137, 247) or "return code = -9" in text or "Signal 9 (SIGKILL)" in text
+    if any(p in text for p in _OOM_PATTERNS) or killed:
+        return (f"the run ran out of memory or a rank was killed (SIGKILL: the kernel's OOM killer, exit code "
+                f"{rc}); lower --micro-batch-size or pick a sharded "
                 f"strategy. Log: {log_path}. Cause: {tail}")
     return f"the training script failed with exit code {rc}: {tail}. Log: {log_path}"
 
@@ -246,6 +258,12 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
     run_row = run_plan.row(name)
     if not run_row.applicable:
         raise AdvisorError(f"cannot verify {name}: {run_row.reason}")
+    need = run_row.memory.peak.total * hw.num_gpus
+    if device == "cpu" and need > 0.8 * available_memory_bytes():
+        raise AdvisorError(f"verifying {name} on {hw.num_gpus} CPU ranks needs about {need / 2**30:.1f} GiB of RAM "
+                           f"(estimated peak per rank x ranks), more than this machine can spare "
+                           f"({available_memory_bytes() / 2**30:.1f} GiB available): verify a smaller model, "
+                           "sequence or micro-batch here and the full one on the GPU machine")
     if device == "cpu" and name.endswith("_offload"):
         raise AdvisorError(f"{name} offloads to host memory from a GPU; on a CPU-only machine use --emit to write "
                            "the script and verify it where a GPU is present")

@@ -36,7 +36,7 @@ class TensorParallel(Strategy):
             return (f"{kind} has no tensor-parallel plan here (only llama/mistral/qwen2 attention+MLP blocks); "
                     "prefer lower precision, activation checkpointing and ZeRO")
         if ctx.hardware.interconnect != "nvlink":
-            return "tensor parallelism needs NVLink inside the node (field notes 004 section 2); these GPUs use PCIe"
+            return "tensor parallelism all-reduces activations twice per layer and needs NVLink inside the node; these GPUs use PCIe"
         t = self.degree(ctx)
         cfg = spec.config or {}
         heads = int(cfg.get("num_attention_heads") or 0)

@@ -33,6 +33,8 @@ def files(tmp_path_factory) -> dict[str, str]:
         "string_size.json": json.dumps(tiny | {"hidden_size": "big"}),
         "negative.json": json.dumps(tiny | {"num_hidden_layers": -2}),
         "nan.json": '{"model_type": "llama", "hidden_size": NaN}',
+        "huge_int.json": '{"model_type": "llama", "num_hidden_layers": ' + "9" * 5001 + "}",
+        "huge_int_small.json": json.dumps(tiny | {"num_hidden_layers": 10**40}),
     }
     paths = {}
     for name, text in content.items():
@@ -92,6 +94,17 @@ CASES = [
     (["llama-2-7b", "--gpus", "8", "--nodes", "2", "--emit", "{dir}/tp2", "--strategy", "tp"],
      ["tp does not apply", "one node"]),
     (["--model-factory", "os.system"], ["package.module:function"]),
+    (["--config", "{huge_int.json}"], ["number too large"]),
+    (["--config", "{huge_int_small.json}"], ["num_hidden_layers", "more than 30 digits"]),
+    (["resnet50", "--config", "{huge_int_small.json}"], ["not both"]),
+    (["resnet50", "--gpus", "4", "--global-batch-size", "7"], ["--global-batch-size 7", "multiple of 128"]),
+    (["resnet50", "--micro-batch-size", "10000000"], ["--micro-batch-size", "between 1 and"]),
+    (["vit_b_16", "--image-size", "225"], ["vit_b_16", "image size"]),
+    (["gpt2", "--image-size", "224"], ["--image-size", "--seq-len"]),
+    (["resnet50", "--input-shape", "3,32,32"], ["--input-shape", "--model-factory"]),
+    (["resnet50", "--emit", ""], ["--emit", "directory"]),
+    (["resnet50", "--verify", "--steps", "20000"], ["--steps", "10000"]),
+    (["x" * 100_000], ["model name", "128"]),
     (["--model-factory", "no_such_module_xyz:build"], ["--model-factory", "failed"]),
     (["resnet50", "--base-lr", "0.1"], ["--base-lr", "--base-batch-size"]),
     (["resnet50", "--bogus-flag"], ["unrecognized arguments"]),
@@ -141,3 +154,23 @@ def test_subprocess_has_no_traceback_and_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "advisor", "--config", str(tmp_path / "missing.json")],
                        capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_config_file_name_cannot_inject_code(tmp_path):
+    """A config file name is user text: it must not end the generated docstring or escape."""
+    import ast
+
+    name = 'a"""+__import__("os").system("touch PWNED")+"""b\\N.json'
+    cfg = tmp_path / name
+    cfg.write_text(TINY.read_text())
+    out = tmp_path / "out"
+    code = main(["--config", str(cfg), "--seq-len", "32", "--gpus", "2", "--emit", str(out)])
+    assert code == 0
+    source = (out / "train.py").read_text()
+    tree = ast.parse(source)  # still valid Python, and the name stayed inside the docstring as inert text
+    doc = ast.get_docstring(tree)
+    assert '"' not in doc and "\\" not in doc
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "__import__"]
+    assert not calls
+    r = subprocess.run([sys.executable, "train.py", "--help"], cwd=out, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and not (out / "PWNED").exists() and not (tmp_path / "PWNED").exists()

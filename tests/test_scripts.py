@@ -223,3 +223,33 @@ def test_verify_reports_a_crash_cleanly(tmp_path):
     assert "RuntimeError: boom" in r.stdout
     assert "Traceback" not in r.stderr
     assert (tmp_path / "run" / "run.log").exists()
+
+
+def test_ctrl_c_during_verify_leaves_no_process(tmp_path):
+    """SIGINT to the CLI while ranks train: exit code 130, and no process of the run survives."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "advisor", "--config", TINY, "--seq-len", "32", "--gpus", "2",
+                             "--precision", "fp32", "--verify", "--strategy", "ddp", "--steps", "5000",
+                             "--emit", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # wait until the ranks are training
+        log = run_dir / "run.log"
+        if log.exists() and "step 1/" in log.read_text(errors="replace"):
+            break
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("the run never started")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-500:]
+    assert "Traceback" not in err
+    time.sleep(1)
+    leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    survivors = [line for line in ps.splitlines() if "train.py" in line and "--steps 5000" in line]
+    assert not leftover and not survivors, survivors
