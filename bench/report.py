@@ -35,8 +35,10 @@ def header(data: dict) -> list[str]:
         f"Date: {m['date']}. Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
         f"deepspeed {m['deepspeed']}.",
         "",
-        "Regenerate: `.venv/bin/python -m bench.run` (suite wall time "
-        f"{data['suite_wall_s'] / 60:.1f} min; `--smoke` runs 3 small cases).",
+        f"Regenerate: `.venv/bin/python -m bench.run` (this run: {len(data['cases'])} cases, wall time "
+        f"{data['suite_wall_s'] / 60:.1f} min, {data.get('suite_cpu_s', 0) / 60:.1f} CPU-min in the runs, 1-minute load "
+        f"average {' -> '.join(str(x) for x in data.get('load_avg_1min', []))} at start -> end; "
+        "`--smoke` runs 3 small cases).",
         "",
         "Each case renders advisor's training script for the strategy and runs it on CPU ranks "
         "(gloo; ZeRO via DeepSpeed with `DS_ACCELERATOR=cpu`) through `advisor.verify.verify`; "
@@ -44,28 +46,30 @@ def header(data: dict) -> list[str]:
         "model is built). Errors are signed, (estimate - measured) / measured. DeepSpeed's estimators "
         "(ZeRO-2/3 rows only) assume fp16 + Adam and omit activations; accelerate's `estimate-memory` "
         "training figure is for one GPU at batch 1 (fp32: 4x the model bytes; mixed: 2x), unsharded; the "
-        "rule of thumb is 16 bytes/parameter x 1.2, unsharded. Sizes in MiB (2^20 bytes).",
+        "rule of thumb is 16 bytes/parameter x 1.2, unsharded. Sizes in MiB (2^20 bytes). "
+        "What the cases are, and the causes of the largest errors: bench/README.md.",
         "",
     ]
 
 
 def case_table(data: dict) -> list[str]:
     lines = ["| # | case | strategy | ranks | measured MiB | ours MiB | ours err | DeepSpeed err | "
-             "accelerate err | 16B/p x1.2 err | run s |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "accelerate err | 16B/p x1.2 err | run s | CPU s |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(data["cases"], 1):
         if not r.get("errors"):
             lines.append(f"| {i} | {_case_label(r)} | {r['strategy']} | {r['world']} | FAILED: "
-                         f"{(r.get('message') or '')[:120]} | | | | | | {r.get('wall_s', '')} |")
+                         f"{(r.get('message') or '')[:160]} | | | | | | {r.get('wall_s', '')} | {r.get('cpu_s', '')} |")
             continue
         e = r["errors"]
         lines.append(f"| {i} | {_case_label(r)} | {r['strategy']} | {r['world']} | "
                      f"{_mib(r['measured_peak_bytes'])} | {_mib(r['estimates']['ours'])} | {_pct(e['ours'])} | "
-                     f"{_pct(e['deepspeed'])} | {_pct(e['accelerate'])} | {_pct(e['rule'])} | {r['wall_s']} |")
+                     f"{_pct(e['deepspeed'])} | {_pct(e['accelerate'])} | {_pct(e['rule'])} | {r['wall_s']} | "
+                     f"{r.get('cpu_s', '')} |")
     s = data["summary"]
     for stat, label in (("median_abs", "median \\|err\\|"), ("worst_abs", "worst \\|err\\|")):
         cells = [("n/a" if s[k][stat] is None else f"{100 * s[k][stat]:.1f}%") for k, _ in _COLUMNS]
-        lines.append(f"| | **{label}** | | | | | **{cells[0]}** | {cells[1]} | {cells[2]} | {cells[3]} | |")
+        lines.append(f"| | **{label}** | | | | | **{cells[0]}** | {cells[1]} | {cells[2]} | {cells[3]} | | |")
     return lines
 
 

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -52,18 +53,25 @@ def plan_inputs(case: Case):
                       nodes=1, interconnect="nvlink", detect_hardware=False)
 
 
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of every finished child process (and theirs), so far."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def _verify(inputs, case: Case, run_dir: Path, say):
-    """``verify`` for ``case``; (result, seconds of the attempt that ran). Waits while another
+    """``verify`` for ``case``; (result, wall seconds and CPU seconds of all its processes, for the
+    attempt that ran). Waits while another
     verification holds the machine lock (their runs would compete for the same cores)."""
     from advisor.verify import VerifyBusy, verify
 
     deadline = time.monotonic() + BUSY_WAIT_S
     while True:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _children_cpu_s()
         try:
             result = verify(inputs, case.strategy, steps=case.steps, timeout_s=CASE_TIMEOUT_S, out_dir=str(run_dir),
                             precision_explicit=case.precision != "fp32", progress=say)
-            return result, time.perf_counter() - t0
+            return result, time.perf_counter() - t0, _children_cpu_s() - cpu0
         except VerifyBusy:
             if time.monotonic() > deadline:
                 raise
@@ -95,8 +103,8 @@ def run_case(case: Case, work: Path, log) -> dict:
     run_dir = work / case.case_id
     t0 = time.perf_counter()
     try:
-        result, wall = _verify(inputs, case, run_dir, lambda msg: log(f"    {msg}"))
-        row["wall_s"] = round(wall, 1)
+        result, wall, cpu = _verify(inputs, case, run_dir, lambda msg: log(f"    {msg}"))
+        row["wall_s"], row["cpu_s"] = round(wall, 1), round(cpu, 1)
         row["ok"], row["message"], row["notes"] = result.ok, result.message, result.notes
         row["per_rank_peak_bytes"] = [r["measured_peak_bytes"] for r in result.per_rank]
         row["estimates"]["ours"] = result.estimated_peak_bytes
@@ -192,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = SMOKE if args.smoke else SUITE
     if args.only:
         cases = tuple(c for c in SUITE + SMOKE if args.only in c.case_id)
-    t0 = time.perf_counter()
+    t0, load_start = time.perf_counter(), os.getloadavg()[0]
     rows = []
     with tempfile.TemporaryDirectory(prefix="advisor-bench-runs-") as work:
         for i, case in enumerate(cases, 1):
@@ -204,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     suite_wall = time.perf_counter() - t0
     data = {"machine": machine_info(), "suite": "smoke" if args.smoke else ("partial" if args.only else "full"),
-            "suite_wall_s": round(suite_wall, 1), "cases": rows, "summary": summarize(rows),
+            "suite_wall_s": round(suite_wall, 1), "suite_cpu_s": round(sum(r.get("cpu_s", 0) for r in rows), 1),
+            "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)], "cases": rows, "summary": summarize(rows),
             "targets": {"median_abs": TARGET_MEDIAN, "worst_abs": TARGET_WORST},
             "cli": [] if args.no_cli else cli_cost()}
     write_outputs(data, out)

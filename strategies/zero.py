@@ -1,20 +1,26 @@
 """DeepSpeed ZeRO stages 1/2/3 and the CPU-offload variants: one module, one rule, parameterised
 by stage and offload (they share one generated script and differ only in ds_config).
 
-What DeepSpeed allocates per rank (deepspeed/runtime/zero/stage_1_and_2.py and stage3.py, N = data-
-parallel size, W = bytes of the model's weights: 2 for bf16/fp16, 4 for fp32, P = parameters):
+What DeepSpeed allocates per rank (deepspeed/runtime/zero/stage_1_and_2.py and stage3.py, DeepSpeed
+0.19; N = data-parallel size, W = bytes of the model's weights: 2 for bf16/fp16, 4 for fp32,
+P = parameters):
 
 * weights: W*P (stages 1-2) or W*P/N plus the small "persistent" parameters (stage 3,
-  ``stage3_param_persistence_threshold``) plus the gathered working set (prefetch bucket + the
-  largest module's parameters);
+  ``stage3_param_persistence_threshold``) plus, in forward and backward, the gathered working set
+  (prefetch bucket + the largest module's parameters, held twice while a coalesced all-gather is in
+  flight, see ``gathered_bytes``);
 * fp32 partition of the weights: 4*P/N. DeepSpeed clones it even when training in fp32
   (``single_partition_of_fp32_groups = ...clone().float()``);
 * optimizer moments: 4*k*P/N (k = 2 for Adam);
-* gradients: none in forward (released after each step); in backward stage 1 accumulates the full
-  W*P gradients, stages 2-3 a W*P/N partition; at the step an fp32 gradient partition (4*P/N) is added;
-* buffers: the contiguous-gradient reduce bucket (``reduce_bucket_size`` elements of W bytes, doubled
-  when ``overlap_comm``, which DeepSpeed turns on by default only for stage 3).
+* gradients: stages 1-2 hold none in forward; during backward stage 1 accumulates the full W*P
+  gradients and stage 2 reduces bucket by bucket into a W*P/N partition; stage 3 keeps a W*P/N
+  gradient partition from ``__init__`` on; at the step an fp32 gradient partition (4*P/N) is added;
+* buffers: one contiguous-gradient reduce bucket (``reduce_bucket_size`` elements of W bytes):
+  stages 1-2 allocate it at the first gradient of every backward and release it at its end,
+  stage 3 once in ``__init__``.
 
+The phases (which of these coexist with which activations) are in ``stage12_phases`` and
+``stage3_phases``, each sourced to the DeepSpeed function that allocates or frees.
 The ZeRO paper's idealised accounting (advisor.memory.zero_paper_model_states) omits the fp32
 gradient partition and the buckets; DeepSpeed's own estimator uses 2P + 18P/N for ZeRO-2.
 """
@@ -57,6 +63,91 @@ def bucket_elems(ctx: StrategyContext) -> dict[str, int]:
     }
 
 
+def gathered_bytes(elems: int, w: int) -> int:
+    """ZeRO-3 parameters gathered for compute. The coalesced all-gather
+    (deepspeed/runtime/zero/partition_parameters.py, ``_all_gather_dtype``) receives a bucket into
+    one flat buffer of partition x world-size elements, and ``AllGatherCoalescedHandle.wait`` then
+    builds each parameter with ``torch.cat`` of its slices: while a prefetched bucket is in flight
+    both copies are alive (measured on CPU: 94.6 MiB flat buffer + 94.6 MiB of concatenated
+    parameters for resnet50 at world size 2)."""
+    return 2 * elems * w
+
+
+def stage12_phases(s: dict[str, int], step, params: int, optim: int, stage: int, offload: bool, temp: int,
+                   bucket_fills: bool) -> list[Breakdown]:
+    """The moments of a ZeRO-1/2 step (deepspeed/runtime/zero/stage_1_and_2.py, contiguous_gradients):
+
+    * forward: weights + optimizer states + activations; no gradient buffers exist (the reduce
+      bucket is released at the end of every backward, ``independent_gradient_partition_epilogue``
+      -> ``_release_ipg_buffers``);
+    * first gradient: ``process_gradients`` -> ``setup_buckets`` allocates the bucket when the first
+      parameter gradient arrives, while the forward's activations are still alive (the temporaries
+      of that moment are not in the traced figures, so this is a lower bound);
+    * backward at the traced peak: the bucket only if a gradient exists by then (``bwd_grads`` > 0);
+      stage 2's 16-bit gradient partition (``grads_in_partition``) is allocated at the first bucket
+      reduction (``copy_grads_in_partition``), inside the backward only when the bucket is smaller
+      than the gradients; stage 1 keeps the gradients as they accumulate;
+    * end of backward: ``independent_gradient_partition_epilogue`` -> ``reduce_ipg_grads`` reduces the
+      last bucket through ``allreduce_bucket``, which flattens the bucket's gradients into a new
+      tensor (``tensor = self.flatten(bucket)``) next to the bucket; the gradient partition is
+      filled after that copy is freed (measured on CPU, resnet18 at world size 2: bucket 44.6 MiB +
+      flat copy 44.6 MiB at the peak, inside ``reduce_ipg_grads``);
+    * optimizer step (``step``): the partition is flattened and cast to fp32
+      (``flatten(...).to(fp32)``, a second copy unless the weights are fp32), the 16-bit gradients are
+      freed (``free_grad_in_param_list``), then the optimizer runs on the fp32 gradient partition.
+    """
+    bucket, g16, g32 = s["bucket"], s["grads16"], s["grads32"]
+    in_flight = max(0, step.bwd_peak - step.bwd_activations - step.bwd_grads)
+    fwd = Breakdown(params=params, optimizer_states=optim, activations=step.activations,
+                    other=max(0, step.fwd_peak - step.activations), phase="forward")
+    if offload:  # gradients go to host memory bucket by bucket
+        bwd = Breakdown(params=params, buffers=bucket, activations=step.bwd_activations, other=in_flight,
+                        phase="backward")
+        return [fwd, bwd]
+    started = step.bwd_grads > 0
+    if stage == 1:
+        bwd_grads = step.bwd_grads
+    else:
+        bwd_grads = g16 if started and bucket_fills else 0
+    first = Breakdown(params=params, optimizer_states=optim, buffers=bucket, activations=step.activations,
+                      phase="backward (first gradient)")
+    bwd = Breakdown(params=params, grads=bwd_grads, optimizer_states=optim, buffers=bucket if started else 0,
+                    activations=step.bwd_activations, other=in_flight, phase="backward")
+    reduce = Breakdown(params=params, grads=g16 if bucket_fills or stage == 1 else 0, optimizer_states=optim,
+                       buffers=bucket + s["reduce_copy"], phase="end of backward (bucket reduction)")
+    epilogue = Breakdown(params=params, grads=g16, optimizer_states=optim, buffers=bucket,
+                         phase="end of backward (gradient partition filled)")
+    cast = g16 if s["w"] == 4 else g16 + g32  # flatten copy (+ its fp32 cast)
+    flatten = Breakdown(params=params, grads=g16 + cast, optimizer_states=optim, phase="optimizer step (flatten)")
+    opt_step = Breakdown(params=params, grads=g32, optimizer_states=optim, other=temp, phase="optimizer step")
+    return [fwd, first, bwd, reduce, epilogue, flatten, opt_step]
+
+
+def stage3_phases(s: dict[str, int], step, params: int, optim: int, offload: bool, temp: int) -> list[Breakdown]:
+    """The moments of a ZeRO-3 step (deepspeed/runtime/zero/stage3.py). Resident throughout: the
+    weight partition, the reduce bucket and the gradient partition (``grad_partitions_flat_buffer``,
+    zeros allocated in ``__init__``), the optimizer states; forward and backward add the gathered
+    parameters; at the end of backward ``independent_gradient_partition_epilogue`` reduce-scatters the
+    bucket through ``reduce_scatter_coalesced`` (runtime/comm/coalesced_collectives.py), which
+    concatenates the bucket's gradients into a new flat tensor; measured on CPU (gloo, gpt2 at world
+    size 2) a second bucket-sized copy (``aten::clone``) is alive at the same moment; the step
+    releases the gathered parameters (``_partition_all_parameters``) and adds the fp32 flat gradient
+    (``_prepare_fp32_grad_for_sub_group``: ``flatten(...).to(fp32)``) and the optimizer's temporaries."""
+    grads = 0 if offload else s["grads16"]
+    resident = dict(params=params, grads=grads, optimizer_states=optim)
+    buffers = s["bucket"] + s["gathered"]
+    in_flight = max(0, step.bwd_peak - step.bwd_activations - step.bwd_grads)
+    fwd = Breakdown(**resident, buffers=buffers, activations=step.activations,
+                    other=max(0, step.fwd_peak - step.activations), phase="forward")
+    bwd = Breakdown(**resident, buffers=buffers, activations=step.bwd_activations, other=in_flight, phase="backward")
+    if offload:
+        return [fwd, bwd]
+    reduce = Breakdown(**resident, buffers=s["bucket"] + 2 * s["reduce_copy"], phase="end of backward (reduce-scatter)")
+    opt_step = Breakdown(params=params, grads=grads + s["grads32"], optimizer_states=optim, buffers=s["bucket"],
+                         other=temp, phase="optimizer step")
+    return [fwd, bwd, reduce, opt_step]
+
+
 class Zero(Strategy):
     launcher = "deepspeed"
 
@@ -77,20 +168,28 @@ class Zero(Strategy):
         p, t = stats.num_params, stats.num_trainable
         k = OPTIMIZER_STATES_PER_PARAM[ctx.options.optimizer]
         b = bucket_elems(ctx)
-        overlap = 2 if self.stage == 3 else 1
         if self.stage == 3:
             gathered = min(DS_MAX_LIVE_PARAMETERS, b["stage3_prefetch_bucket_size"] + stats.largest_module_params)
             weights = -(-(p - stats.persistent_params) * w // n) + stats.persistent_params * w
         else:
             gathered, weights = 0, p * w
+        if n == 1:
+            # One partition holds the whole parameter: ``all_gather_coalesced`` returns
+            # ``_no_gather_coalesced`` when every partition world size is 1 (partition_parameters.py).
+            gathered = 0
         return dict(
             weights=weights + stats.buffer_bytes,
-            gathered=min(gathered, p) * w,
+            gathered=gathered_bytes(min(gathered, p), w),
             master=-(-4 * t // n),
             moments=-(-4 * k * t // n),
             grads16=t * w if self.stage == 1 else -(-t * w // n),
             grads32=-(-4 * t // n),
-            bucket=b["reduce_bucket_size"] * w * overlap,
+            # One bucket: stages 1-2 add a second only with overlap_comm (off in our configs;
+            # stage_1_and_2.py setup_buckets), stage 3 allocates exactly one (stage3.py __init__, "IPG").
+            bucket=b["reduce_bucket_size"] * w,
+            partition_numel=-(-t // n),
+            reduce_copy=min(b["reduce_bucket_size"], t) * w,
+            w=w,
         )
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
@@ -101,21 +200,11 @@ class Zero(Strategy):
         params = s["weights"]
         if self.offload and self.stage == 3:
             params = ctx.profile.stats.persistent_params * (4 if ctx.options.precision == "fp32" else 2)
-        buffers = s["bucket"] + s["gathered"]
-        # Gradients during backward: stage 1 accumulates the full 16-bit gradients (the trace's
-        # accumulated gradients); stages 2-3 reduce bucket by bucket into a 1/N partition.
-        bwd_grads = step.bwd_grads if self.stage == 1 else (0 if self.offload else s["grads16"])
-        in_flight = step.bwd_peak - step.bwd_activations - step.bwd_grads
-        bwd = Breakdown(params=params, grads=bwd_grads, optimizer_states=optim, buffers=buffers,
-                        activations=step.bwd_activations, other=max(0, in_flight), phase="backward")
-        fwd = Breakdown(params=params, optimizer_states=optim, buffers=buffers, activations=step.activations,
-                        other=max(0, step.fwd_peak - step.activations), phase="forward")
-        phases = [fwd, bwd]
-        if not self.offload:
-            temp = optimizer_step_temp_bytes(ctx.options.optimizer, ctx.device,
-                                             -(-ctx.profile.stats.largest_param_numel // ctx.world_size), 4)
-            phases.append(Breakdown(params=params, grads=s["grads16"] + s["grads32"], optimizer_states=optim,
-                                    buffers=s["bucket"], other=temp, phase="optimizer step"))
+        if self.stage == 3:
+            phases = stage3_phases(s, step, params, optim, self.offload, self._step_temp(ctx, s))
+        else:
+            phases = stage12_phases(s, step, params, optim, self.stage, self.offload, self._step_temp(ctx, s),
+                                    bucket_fills=bucket_elems(ctx)["reduce_bucket_size"] < ctx.profile.stats.num_trainable)
         peak = peak_of(*phases)
         host = 0
         if self.offload:
@@ -127,6 +216,12 @@ class Zero(Strategy):
         return StrategyMemory(peak=peak, overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
                               model_state_bytes=states,
                               host_bytes_per_node=host)
+
+    def _step_temp(self, ctx: StrategyContext, s: dict[str, int]) -> int:
+        """DeepSpeed hands the torch optimizer one flat fp32 partition per parameter group
+        (``single_partition_of_fp32_groups`` in stage_1_and_2.py, ``fp32_partitioned_groups_flat``
+        in stage3.py), so the CPU Adam loop's temporaries are the size of the whole partition."""
+        return optimizer_step_temp_bytes(ctx.options.optimizer, ctx.device, s["partition_numel"], 4)
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
         p, n = ctx.profile.stats.num_params, ctx.world_size
@@ -169,6 +264,10 @@ class Zero(Strategy):
         if self.offload:
             # A torch optimizer as the client optimizer with offload: DeepSpeed's CPU Adam needs a C++ build.
             config["zero_force_ds_cpu_optimizer"] = False
+        if opts.optimizer not in ("adam", "adamw"):
+            # DeepSpeed refuses a client optimizer outside ZERO_SUPPORTED_OPTIMIZERS (zero/utils.py: Adam,
+            # AdamW, Adagrad, Lion...; engine.py ``_do_optimizer_sanity_check``) unless this is set.
+            config["zero_allow_untested_optimizer"] = True
         return config
 
     def comm_bytes_per_step(self, ctx: StrategyContext) -> int:

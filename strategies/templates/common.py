@@ -12,7 +12,8 @@ def build_model():
     if MODEL_FAMILY == "vision":
         import torchvision
 
-        return torchvision.models.get_model(MODEL_NAME, weights=None)
+        size = {"image_size": INPUT_SHAPE[-1]} if MODEL_NAME.startswith("vit_") else {}
+        return torchvision.models.get_model(MODEL_NAME, weights=None, **size)
     if MODEL_FAMILY == "custom":
         import importlib
 
