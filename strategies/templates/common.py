@@ -7,6 +7,21 @@ def log(msg: str) -> None:
         print(msg, flush=True)
 
 
+def init_torchrun():
+    """Rank, local rank, world size and device from torchrun's environment, then the process group.
+
+    LOCAL_RANK (not RANK) picks the GPU (pitfall 2); the process group exists before anything wraps
+    the model or loads a checkpoint (pitfall 1).
+    """
+    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return rank, local_rank, world_size, device
+
+
 def build_model():
     """The model this script was generated for, freshly initialised (no download)."""
     if MODEL_FAMILY == "vision":

@@ -16,14 +16,7 @@ def use_sync_batchnorm(model, micro_batch_size: int, device_type: str) -> tuple[
 
 def main() -> None:
     args = parse_args()
-    # torchrun sets RANK, LOCAL_RANK and WORLD_SIZE. LOCAL_RANK picks the GPU (pitfall 2).
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(local_rank)
-    # Pitfall 1: the process group exists before DDP wraps the model or a checkpoint is loaded.
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    rank, local_rank, world_size, device = init_torchrun()  # pitfalls 1 and 2
     torch.manual_seed(SEED)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     log(f"DDP: world size {world_size}, micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation {GRAD_ACCUM_STEPS} "
         f"-> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
@@ -43,7 +36,7 @@ def main() -> None:
         if sync_bn:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model = model.to(device)
-        ddp = DDP(model, device_ids=[local_rank] if cuda else None, gradient_as_bucket_view=True)
+        ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, gradient_as_bucket_view=True)
         # DDP's initial parameter broadcast can leave a params-sized receive buffer in a reference
         # cycle on ranks != 0 (measured with gloo); free it now rather than at a random later GC.
         gc.collect()

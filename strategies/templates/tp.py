@@ -30,12 +30,7 @@ def main() -> None:
     from torch.distributed.tensor import DTensor
 
     args = parse_args()
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(local_rank)  # pitfall 2
-    dist.init_process_group(backend="nccl" if cuda else "gloo")  # pitfall 1
+    rank, local_rank, world_size, device = init_torchrun()  # pitfalls 1 and 2
     if world_size % TP_DEGREE:
         raise SystemExit(f"world size {world_size} is not a multiple of the TP degree {TP_DEGREE}")
     dp_size = world_size // TP_DEGREE
