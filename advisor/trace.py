@@ -310,7 +310,9 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext())
     flops = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
     try:
-        with fake, _attention_kernel(attention), tracker.mode, flops:
+        # FLOPs do not depend on the kernel, but the fused stand-in computes nothing and CPU's fused
+        # op has no formula in flop_counter: count on the math path (bmm; full s x s, as sdpa_flop does).
+        with fake, _attention_kernel("math" if count_flops else attention), tracker.mode, flops:
             batch = make_batch(spec, micro_batch, dtype=dtype)
             with autocast:
                 loss = training_loss(spec, model, batch)

@@ -131,6 +131,20 @@ def test_math_attention_keeps_scores():
     assert math - flash >= 12 * 12 * 1024 * 1024 * 2
 
 
+@pytest.mark.parametrize("attention", ["flash", "math"])
+def test_flops_per_sample_is_the_matmul_count_for_every_kernel(attention):
+    """gpt2 seq 1024: forward = 2 x tokens x (linear weights incl. the tied LM head) + 4 x layers x s^2 x d
+    (QK^T and AV, full s x s as torch.utils.flop_counter's sdpa formula counts); backward = 2 x forward.
+    The fused-kernel stand-in computes nothing, so attention must still be counted (it once was not)."""
+    from advisor.trace import flops_per_sample
+
+    spec = resolve_model("gpt2", seq_len=1024)
+    s, d, layers, vocab = 1024, 768, 12, 50257
+    linear = layers * d * (3 * d + d + 4 * d + 4 * d) + d * vocab
+    forward = 2 * s * linear + 4 * layers * s * s * d
+    assert flops_per_sample(spec, "autocast", attention, False) == 3 * forward
+
+
 # --- recommendations -----------------------------------------------------------------------------------
 def test_resnet50_on_4_rtx4090_is_ddp():
     p = _plan("resnet50", gpu="RTX4090", gpus=4)
