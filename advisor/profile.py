@@ -8,7 +8,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 
 from .models import ModelSpec, build_model
-from .trace import ActivationProfile, _skip_init, flops_per_sample, profile_activations
+from .trace import ActivationProfile, _skip_init, profile_activations
 
 # DeepSpeed ZeRO-3 keeps parameters smaller than this gathered on every rank
 # (``stage3_param_persistence_threshold`` default 1e5, DeepSpeed ZeRO config docs).
@@ -71,13 +71,12 @@ class ModelProfile:
     checkpointing: bool
     _activations: dict = field(default_factory=dict, repr=False)
     _tp_stats: dict = field(default_factory=dict, repr=False)
-    _flops: dict = field(default_factory=dict, repr=False)
 
     def flops_per_sample(self, mode: str) -> int:
-        """Forward + backward FLOPs per sample under a precision trace mode (cached)."""
-        if mode not in self._flops:
-            self._flops[mode] = flops_per_sample(self.spec, mode, self.attention, self.checkpointing)
-        return self._flops[mode]
+        """Forward + backward FLOPs per sample under a precision trace mode (from the same traces as
+        the activations; see ``advisor.trace.flops_per_sample``)."""
+        prof = self.activations(mode)
+        return prof.at(2).flops - prof.at(1).flops
 
     def activations(self, mode: str, tp_degree: int = 1) -> ActivationProfile:
         """Traced activation profile for a precision trace mode ("fp32", "autocast", "half")."""

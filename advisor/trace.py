@@ -7,7 +7,10 @@ What it measures (bytes, beyond the parameters and buffers themselves):
 * ``peak``: the largest live total at any point of forward + backward, split at that moment into
   the forward-retained activations still alive, the parameter gradients accumulated so far, and
   the rest ("other": temporaries, logits, the recompute of one block under activation checkpointing).
-* FLOPs with ``torch.utils.flop_counter.FlopCounterMode`` (2 FLOPs per multiply-add).
+* FLOPs with ``torch.utils.flop_counter``'s per-op formulas (``flop_registry``, 2 FLOPs per multiply-add),
+  counted in the same pass. Not ``FlopCounterMode`` itself: it keeps references to tensors (measured:
+  +8% backward peak on gpt2) and sees nothing inside the fused-attention stand-in, which therefore
+  counts itself with the library's ``sdpa_flop_count`` / ``sdpa_backward_flop_count``.
 
 Live bytes are tracked per storage with a dispatch mode and weak references, the approach of
 ``torch.distributed._tools.mem_tracker.MemTracker``. We do not use MemTracker itself: it attributes
@@ -30,7 +33,7 @@ import contextlib
 import logging
 import weakref
 from dataclasses import dataclass, fields, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .checkpointing import enable_activation_checkpointing
 from .errors import AdvisorError
@@ -150,13 +153,18 @@ class _LiveBytes:
 
     def __init__(self, exclude: list) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils.flop_counter import flop_registry
 
         tracker = self
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
                 tracker._on_output(out)
+                formula = flop_registry.get(func._overloadpacket)
+                if formula is not None:  # called as FlopCounterMode._count_flops calls it
+                    tracker.flops += int(formula(*args, **kwargs, out_val=out))
                 return out
 
         self.mode = _Mode()
@@ -167,6 +175,7 @@ class _LiveBytes:
         self.cur = 0
         self.retained_cur = 0
         self.grads_cur = 0
+        self.flops = 0
         self.events: list[tuple[int, int, int]] = []
         self.fwd_events: list[tuple[int, int, int]] = []
 
@@ -198,14 +207,21 @@ class _LiveBytes:
         self.retained_cur = self.cur
         self.fwd_events, self.events = self.events, [(self.cur, self.cur, 0)]
 
+    def add_flops(self, n: int) -> None:
+        self.flops += int(n)
+
     def on_grad(self, param) -> None:
         self.grads_cur += param.grad.untyped_storage().nbytes()
 
 
 @contextlib.contextmanager
-def _attention_kernel(kernel: str) -> Iterator[None]:
+def _attention_kernel(kernel: str, add_flops: Callable[[int], None]) -> Iterator[None]:
+    """Swap ``F.scaled_dot_product_attention`` for the stand-in of a fused kernel (which reports its
+    FLOPs to ``add_flops`` with flop_counter's SDPA formulas: the backward recomputes the scores) or
+    force the math backend."""
     import torch
     import torch.nn.functional as F
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     original = F.scaled_dot_product_attention
 
@@ -215,11 +231,13 @@ def _attention_kernel(kernel: str) -> Iterator[None]:
             out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
             lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
             ctx.save_for_backward(q, k, v, out, lse)
+            add_flops(sdpa_flop_count(q.shape, k.shape, v.shape))
             return out
 
         @staticmethod
         def backward(ctx, grad_out):
             q, k, v, _, _ = ctx.saved_tensors
+            add_flops(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape))
             return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -274,7 +292,7 @@ def _attn_label(model, kernel: str) -> str:
 
 
 def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, checkpointing: bool,
-               layers: int | None = None, tp_degree: int = 1, count_flops: bool = False) -> tuple[Timeline, str, int]:
+               layers: int | None = None, tp_degree: int = 1) -> tuple[Timeline, str, int]:
     """Trace one fwd+bwd of ``spec`` at ``micro_batch`` under fake tensors.
 
     Args:
@@ -283,8 +301,6 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
         attention: one of ``ATTENTION_KERNELS``.
         layers: build only this many blocks (per stack) instead of the config's.
         tp_degree: build one tensor-parallel rank's shard (heads and MLP width divided).
-        count_flops: count FLOPs instead of trusting the memory figures: ``FlopCounterMode`` keeps
-            references to tensors (measured: +8% backward peak on gpt2), so memory traces run without it.
 
     Returns:
         (trace, attention kernel label, number of checkpointed blocks).
@@ -294,7 +310,6 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
 
     # FakeTensorMode logs a full traceback for an op that fails on shapes; the user gets our one line.
     logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
@@ -308,11 +323,8 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
     tracker = _LiveBytes(exclude)
     hooks = [p.register_post_accumulate_grad_hook(tracker.on_grad) for p in model.parameters() if p.requires_grad]
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext())
-    flops = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
     try:
-        # FLOPs do not depend on the kernel, but the fused stand-in computes nothing and CPU's fused
-        # op has no formula in flop_counter: count on the math path (bmm; full s x s, as sdpa_flop does).
-        with fake, _attention_kernel("math" if count_flops else attention), tracker.mode, flops:
+        with fake, _attention_kernel(attention, tracker.add_flops), tracker.mode:
             batch = make_batch(spec, micro_batch, dtype=dtype)
             with autocast:
                 loss = training_loss(spec, model, batch)
@@ -330,7 +342,7 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
             h.remove()
     grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None)
     trace = Timeline(fwd=tuple(tracker.fwd_events), bwd=tuple(tracker.events), activations=activations,
-                     grads=grads, flops=int(flops.get_total_flops()) if count_flops else 0)
+                     grads=grads, flops=tracker.flops)
     return trace, _attn_label(model, attention), blocks
 
 
@@ -357,15 +369,8 @@ def profile_activations(spec: ModelSpec, mode: str, attention: str, checkpointin
 
 
 def flops_per_sample(spec: ModelSpec, mode: str, attention: str, checkpointing: bool) -> int:
-    """Forward + backward FLOPs per sample (2 per multiply-add; ``torch.utils.flop_counter``),
-    including the recompute under activation checkpointing. Exactly proportional to the micro-batch,
-    so one trace at ``BASE_B`` (per traced depth) suffices."""
-    depth = num_layers(spec.config) if spec.is_transformer else 0
-    stacks = 2 if spec.is_transformer and (spec.config or {}).get("num_decoder_layers") else 1
-    per_stack = depth // stacks
-    if not spec.is_transformer or per_stack <= TRUNCATE_ABOVE_LAYERS:
-        t, _, _ = trace_step(spec, BASE_B, mode, attention, checkpointing, count_flops=True)
-        return t.flops // BASE_B
-    one, _, _ = trace_step(spec, BASE_B, mode, attention, checkpointing, layers=1, count_flops=True)
-    two, _, _ = trace_step(spec, BASE_B, mode, attention, checkpointing, layers=2, count_flops=True)
-    return (one.flops + (per_stack - 1) * (two.flops - one.flops)) // BASE_B
+    """Forward + backward FLOPs per sample (2 per multiply-add; ``torch.utils.flop_counter``'s formulas),
+    including the recompute under activation checkpointing and inside fused attention backward.
+    Exactly linear in the micro-batch: the difference of the memory traces at two sizes."""
+    prof = profile_activations(spec, mode, attention, checkpointing)
+    return prof.at(2).flops - prof.at(1).flops

@@ -94,7 +94,27 @@ def cli_table(data: dict) -> list[str]:
     for c in data["cli"]:
         lines.append(f"| `{c['command']}` | {c['wall_s']:.2f} | {c['peak_rss_bytes'] / MiB:,.0f} | "
                      f"{','.join(map(str, c['exit_codes']))} |")
-    return lines
+    return lines + [""] + cli_targets(data)
+
+
+def cli_targets(data: dict) -> list[str]:
+    """The issue's CLI targets (70B wall <= 1.5 x `import torch, transformers`, RSS < 1.5 GiB), plus the
+    same ratio against the import floor of building Llama with transformers' classes."""
+    by = {c["command"]: c for c in data["cli"]}
+    big = next((c for k, c in by.items() if "llama-2-70b" in k), None)
+    base = next((c for k, c in by.items() if k.endswith('import torch, transformers"')), None)
+    floor = next((c for k, c in by.items() if "LlamaForCausalLM" in k), None)
+    if not (big and base):
+        return []
+    t = data.get("cli_targets", {"ratio": 1.5, "rss_bytes": 1.5 * 2**30})
+    ratio = big["wall_s"] / base["wall_s"]
+    line = (f"Targets for the 70B config: wall time <= {t['ratio']}x `import torch, transformers` "
+            f"({'met' if ratio <= t['ratio'] else 'MISSED'}: {ratio:.2f}x), peak RSS < {t['rss_bytes'] / 2**30:.1f} GiB "
+            f"({'met' if big['peak_rss_bytes'] < t['rss_bytes'] else 'MISSED'}: {big['peak_rss_bytes'] / 2**30:.2f} GiB)")
+    if floor:
+        line += (f"; against the import floor of building Llama with transformers' classes "
+                 f"({floor['wall_s']:.2f} s): {big['wall_s'] / floor['wall_s']:.2f}x")
+    return [line + "."]
 
 
 def render_markdown(data: dict) -> str:
