@@ -1,9 +1,12 @@
-"""``python -m advisor MODEL [options]``: a thin argparse face over ``advisor.plan.plan``.
+"""``python -m advisor MODEL [options]``: a thin argparse face over ``advisor.plan.plan``; plus two
+subcommands with their own faces: ``check`` (advisor.check.cli) and ``doctor`` (advisor.doctor).
 
 Examples:
     python -m advisor resnet50 --gpus 4
     python -m advisor llama-2-7b --gpus 8 --gpu A100-80GB --activation-checkpointing
     python -m advisor --config my/config.json --gpus 8 --json
+    python -m advisor check train.py            # multi-GPU pitfalls in your own script
+    python -m advisor doctor --ckpt-dir ckpt/   # pre-flight checks of this machine
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from .options import ATTENTION_CHOICES, TrainingOptions
 from .units import fmt_count, gib
 
 EXIT_BAD_INPUT = 2
+VERIFY_STEPS, VERIFY_TIMEOUT_S = 6, 600.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,7 +62,11 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="advisor", description="Per-GPU memory, parallel strategy and a verified training script "
-                "for PyTorch training. Sizes are per GPU; GiB = 2**30 bytes.")
+                "for PyTorch training. Sizes are per GPU; GiB = 2**30 bytes.",
+                epilog="Subcommands: 'advisor check FILE.py ...' finds single-to-multi-GPU pitfalls in your own "
+                "training script (read as a syntax tree, never run); 'advisor doctor' runs the pre-flight "
+                "checks of this machine (GPUs, driver, NCCL/gloo, a 2-rank all-reduce, port, directories). "
+                "Each has --help.")
     p.add_argument("model", nargs="?", help="torchvision name (resnet50, vit_b_16, ...), transformer preset "
                    "(gpt2, llama-2-7b, ...) or Hugging Face repo id alias; see --list-models")
     src = p.add_argument_group("model source")
@@ -102,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "(with --verify: the run's directory; default advisor-runs/MODEL-STRATEGY-TIME)")
     run.add_argument("--force", action="store_true", help="let --emit overwrite its own files in a non-empty DIR")
     run.add_argument("--verify", action="store_true", help="run the script here and compare measured peaks")
-    run.add_argument("--steps", type=_positive_int, default=6, help="optimizer steps for --verify (default 6)")
-    run.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds before --verify gives up")
+    run.add_argument("--steps", type=_positive_int, help=f"optimizer steps for --verify (default {VERIFY_STEPS})")
+    run.add_argument("--timeout", type=_positive_float, help=f"seconds before --verify gives up (default {VERIFY_TIMEOUT_S:g})")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON document (schema in README)")
     out.add_argument("--compare", action="store_true", help="also show DeepSpeed's own model-state estimates")
@@ -220,6 +228,11 @@ def _check_strategy_flags(args: argparse.Namespace) -> None:
         raise AdvisorError("--force only applies to --emit DIR")
     if args.emit is not None and not args.emit.strip():
         raise AdvisorError("--emit needs a directory path")
+    for flag in ("steps", "timeout"):
+        if getattr(args, flag) is not None and not args.verify:
+            raise AdvisorError(f"--{flag} applies to --verify only: add --verify or drop --{flag}")
+    args.steps = VERIFY_STEPS if args.steps is None else args.steps
+    args.timeout = VERIFY_TIMEOUT_S if args.timeout is None else args.timeout
     if args.verify and args.steps > 10_000:
         raise AdvisorError(f"--steps must be between 1 and 10000, got {args.steps}")
     if args.verify and args.timeout > 7 * 86400:
@@ -270,14 +283,32 @@ def _verify(inputs, args: argparse.Namespace):
     return outcome
 
 
+SUBCOMMANDS = ("check", "doctor")
+
+
+def _subcommand(name: str, argv: list[str]) -> int:
+    if name == "check":
+        from .check.cli import main as check_main
+
+        return check_main(argv)
+    from .doctor import main as doctor_main
+
+    return doctor_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry. Returns the exit code: 0 answered (even "nothing fits"), 2 bad input."""
+    """CLI entry. Returns the exit code: 0 answered (even "nothing fits"), 2 bad input.
+    ``check`` and ``doctor`` as the first argument hand the rest to their own faces."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return _subcommand(argv[0], argv[1:])
     try:
         args = build_parser().parse_args(argv)
         if args.list_models:
             from .models import known_model_names
 
-            print("\n".join(known_model_names()))
+            names = known_model_names()
+            print(json.dumps(names, indent=2) if args.json else "\n".join(names))
             return 0
         from .plan import plan, plan_to_dict
 

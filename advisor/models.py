@@ -225,9 +225,42 @@ def spec_from_hf_config(config: dict[str, Any], name: str, source: str, seq_len:
         hint = f" (closest: {', '.join(close)})" if close else ""
         raise AdvisorError(f"{source}: unknown model_type {model_type!r}{hint}: use a model_type transformers knows")
     check_config_size(config)
-    clean = {k: v for k, v in config.items() if not k.startswith("_") and k not in ("architectures", "auto_map")}
-    spec = ModelSpec(name=name, family="transformer", source=source, model_type=model_type, config=clean)
+    clean = {k: v for k, v in config.items()
+             if not k.startswith("_") and k not in ("architectures", "auto_map", "quantization_config")}
+    spec = ModelSpec(name=name, family="transformer", source=source, model_type=model_type, config=clean,
+                     warnings=tuple(_config_warnings(config, model_type)))
     return _with_seq_len(spec, seq_len)
+
+
+def _config_warnings(config: dict[str, Any], model_type: str) -> list[str]:
+    """What in a config advisor reads past: ``quantization_config`` (the plan is for full-precision
+    weights) and an ``architectures`` entry that belongs to another model_type (model_type wins)."""
+    out = []
+    quant = config.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        out.append(f"quantization_config ({str(method)[:20]}) is ignored: advisor sizes training with "
+                   "bf16/fp16/fp32 weights; 4/8-bit (QLoRA-style) training is not modelled")
+    arch = config.get("architectures")
+    if isinstance(arch, list) and arch and isinstance(arch[0], str):
+        owners = _architecture_owners(arch[0])
+        if owners and model_type not in owners:
+            out.append(f"architectures says {arch[0][:60]} (a {' / '.join(sorted(owners)[:3])} model) but model_type "
+                       f"is {model_type!r}: advisor builds {model_type}; fix the config if that is wrong")
+    return out
+
+
+def _architecture_owners(class_name: str) -> set[str]:
+    """The model_types whose transformers auto-mappings list ``class_name`` (several share classes)."""
+    from transformers.models.auto import modeling_auto as ma
+
+    owners = set()
+    for attr in dir(ma):
+        if attr.startswith("MODEL_") and attr.endswith("_MAPPING_NAMES"):
+            for model_type, names in getattr(ma, attr).items():
+                if class_name == names or (isinstance(names, (list, tuple)) and class_name in names):
+                    owners.add(model_type)
+    return owners
 
 
 def load_config_file(path: str) -> dict[str, Any]:

@@ -175,11 +175,28 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
     warnings = list(spec.warnings) + list(hw.warnings)
     if opts.activation_checkpointing and profile.activations(_any_mode(opts.precision)).checkpointed_blocks == 0:
         warnings.append(f"{spec.name} has no repeated blocks to checkpoint: activation checkpointing changes nothing")
+    warnings += _ignored_flags(opts, profile, rows)
     from .recommend import recommend
 
     rec = recommend(ctx, rows, STRATEGIES)
     return Plan(inputs=inputs, spec=spec, profile=profile, hardware=hw, options=opts, attention=attention,
                 device=device, rows=rows, recommendation=rec, warnings=warnings)
+
+
+def _ignored_flags(opts: TrainingOptions, profile, rows: list) -> list[str]:
+    """Flags the user set that cannot change this model's answer: said, not silently dropped."""
+    out = []
+    act = profile.activations(_any_mode(opts.precision))
+    if opts.attention != "auto" and not act.uses_sdpa:
+        out.append(f"--attention {opts.attention} changes nothing: {profile.spec.name} calls no "
+                   "scaled-dot-product attention")
+    elif opts.attention != "auto" and act.attention.startswith("eager"):
+        out.append(f"--attention {opts.attention} changes nothing: {profile.spec.name} runs its own (eager) "
+                   "attention, which keeps the s x s scores")
+    tp = [r for r in rows if r.name in ("tp", "tp_dp")]
+    if opts.tp_degree and tp and not any(r.applicable for r in tp):
+        out.append(f"--tp-degree {opts.tp_degree} is not used: {tp[0].reason}")
+    return out
 
 
 def _any_mode(precision: str) -> str:

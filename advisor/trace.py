@@ -33,7 +33,7 @@ import contextlib
 import logging
 import weakref
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from .checkpointing import enable_activation_checkpointing
 from .errors import AdvisorError
@@ -87,6 +87,7 @@ class Timeline:
     activations: int
     grads: int
     flops: int
+    attention_calls: int = 0  # calls of F.scaled_dot_product_attention (0: the model has no SDPA)
 
 
 def _phase_peak(e1: tuple, e2: tuple, b: int) -> tuple[int, int, int]:
@@ -143,6 +144,11 @@ class ActivationProfile:
         return one.combine(two, 1.0 - extra, extra)
 
     @property
+    def uses_sdpa(self) -> bool:
+        """Whether the model calls ``F.scaled_dot_product_attention`` (so the kernel choice matters)."""
+        return any(t.attention_calls for _, t, _ in self.depths)
+
+    @property
     def activation_bytes_per_sample(self) -> int:
         return self.at(2).activations - self.at(1).activations
 
@@ -176,6 +182,7 @@ class _LiveBytes:
         self.retained_cur = 0
         self.grads_cur = 0
         self.flops = 0
+        self.attention_calls = 0
         self.events: list[tuple[int, int, int]] = []
         self.fwd_events: list[tuple[int, int, int]] = []
 
@@ -215,10 +222,11 @@ class _LiveBytes:
 
 
 @contextlib.contextmanager
-def _attention_kernel(kernel: str, add_flops: Callable[[int], None]) -> Iterator[None]:
+def _attention_kernel(kernel: str, counter: "_LiveBytes") -> Iterator[None]:
     """Swap ``F.scaled_dot_product_attention`` for the stand-in of a fused kernel (which reports its
-    FLOPs to ``add_flops`` with flop_counter's SDPA formulas: the backward recomputes the scores) or
-    force the math backend."""
+    FLOPs to ``counter.add_flops`` with flop_counter's SDPA formulas: the backward recomputes the
+    scores) or force the math backend; count the calls in ``counter.attention_calls``."""
+    add_flops = counter.add_flops
     import torch
     import torch.nn.functional as F
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
@@ -241,11 +249,13 @@ def _attention_kernel(kernel: str, add_flops: Callable[[int], None]) -> Iterator
             return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        counter.attention_calls += 1
         return _FusedAttention.apply(query, key, value)
 
     def math(*args, **kwargs):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
+        counter.attention_calls += 1
         with sdpa_kernel([SDPBackend.MATH]):
             return original(*args, **kwargs)
 
@@ -324,7 +334,7 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
     hooks = [p.register_post_accumulate_grad_hook(tracker.on_grad) for p in model.parameters() if p.requires_grad]
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext())
     try:
-        with fake, _attention_kernel(attention, tracker.add_flops), tracker.mode:
+        with fake, _attention_kernel(attention, tracker), tracker.mode:
             batch = make_batch(spec, micro_batch, dtype=dtype)
             with autocast:
                 loss = training_loss(spec, model, batch)
@@ -342,7 +352,7 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
             h.remove()
     grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None)
     trace = Timeline(fwd=tuple(tracker.fwd_events), bwd=tuple(tracker.events), activations=activations,
-                     grads=grads, flops=tracker.flops)
+                     grads=grads, flops=tracker.flops, attention_calls=tracker.attention_calls)
     return trace, _attn_label(model, attention), blocks
 
 

@@ -108,6 +108,8 @@ CASES = [
     (["--model-factory", "no_such_module_xyz:build"], ["--model-factory", "failed"]),
     (["resnet50", "--base-lr", "0.1"], ["--base-lr", "--base-batch-size"]),
     (["resnet50", "--bogus-flag"], ["unrecognized arguments"]),
+    (["resnet50", "--steps", "3"], ["--steps applies to --verify only"]),
+    (["resnet50", "--timeout", "30"], ["--timeout applies to --verify only"]),
     ([], ["no model given"]),
 ]
 
@@ -139,6 +141,39 @@ def test_rotary_beyond_max_positions_warns_and_answers(capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert any("beyond the 2048 positions" in w for w in out["warnings"])
+
+
+# Flags that cannot change this model's answer are said, not silently dropped (exit 0, a warning).
+IGNORED = [
+    (["resnet50", "--attention", "math"], "--attention math changes nothing: resnet50 calls no scaled-dot-product"),
+    (["resnet50", "--gpus", "4", "--tp-degree", "2"], "--tp-degree 2 is not used"),
+    (["--config", "{quant.json}", "--gpus", "2"], "quantization_config (bitsandbytes) is ignored"),
+    (["--config", "{arch.json}", "--gpus", "2"], "architectures says GPT2LMHeadModel (a gpt-sw3 / gpt2 model) but model_type is 'llama'"),
+]
+
+
+@pytest.mark.parametrize("argv, warning", IGNORED, ids=[" ".join(a)[:50] for a, _ in IGNORED])
+def test_ignored_input_is_said(argv, warning, tmp_path, capsys):
+    tiny = json.loads(TINY.read_text())
+    files = {"quant.json": tiny | {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
+             "arch.json": tiny | {"architectures": ["GPT2LMHeadModel"]}}
+    for name, doc in files.items():
+        (tmp_path / name).write_text(json.dumps(doc))
+    code = main(_fill(argv, {k: str(tmp_path / k) for k in files}) + ["--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert any(w.startswith(warning) for w in out["warnings"]), out["warnings"]
+
+
+def test_attention_flag_is_not_flagged_where_it_matters(capsys):
+    assert main(["gpt2", "--seq-len", "64", "--attention", "math", "--json"]) == 0
+    assert not any("--attention" in w for w in json.loads(capsys.readouterr().out)["warnings"])
+
+
+def test_list_models_json(capsys):
+    assert main(["--list-models", "--json"]) == 0
+    names = json.loads(capsys.readouterr().out)
+    assert {"resnet50", "llama-2-7b", "gpt2"} <= set(names)
 
 
 def test_emit_never_writes_outside_its_directory(tmp_path):
