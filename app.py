@@ -117,6 +117,24 @@ def md(text: str) -> str:
     return "".join("\\" + c if c in "\\`*_[]<>$|~#" else c for c in text)
 
 
+# The core's messages name CLI flags; on this page the same choice is a widget. Flags without a widget
+# here (--gpu-mem, --host-mem, --tp-degree, ...) stay as they are: they are CLI options.
+FLAG_WIDGETS = {"--seq-len": "Sequence length", "--image-size": "Image size (px)",
+                "--micro-batch-size": "Micro-batch size per GPU", "--global-batch-size": "Global batch size",
+                "--precision": "Precision", "--optimizer": "Optimizer",
+                "--activation-checkpointing": "Activation checkpointing", "--gpu": "GPU", "--gpus": "GPUs per node",
+                "--nodes": "Nodes", "--interconnect": "Interconnect (inside a node)",
+                "--network": "Network (between nodes)", "--config": "the config.json box",
+                "--strategy": "Strategy for the scripts and the verification run"}
+_FLAG = re.compile(r"--[a-z][a-z0-9-]*")
+
+
+def say(text: str) -> str:
+    """A core message for this page: CLI flags that have a widget here become the widget's label
+    (in quotes), then markdown-escaped."""
+    return md(_FLAG.sub(lambda m: f"'{FLAG_WIDGETS[m.group(0)]}'" if m.group(0) in FLAG_WIDGETS else m.group(0), text))
+
+
 def one_line(err: BaseException) -> str:
     """An unexpected exception as one line: its type and the first line of its message."""
     text = str(err).strip()
@@ -232,10 +250,10 @@ def show_recommendation(p: Plan) -> None:
                 f"{hw.gpus_per_node}) with ZeRO-3." if rec.min_gpus else "")
         st.error(md(f"Nothing fits: no strategy fits {p.spec.name} on {hw.num_gpus} x {hw.gpu_name} "
                     f"({hw.gpu_memory_bytes / GiB:.2f} GiB each).{need}"))
-    st.markdown("\n".join(f"- {md(r)}" for r in rec.reasons))
+    st.markdown("\n".join(f"- {say(r)}" for r in rec.reasons))
     warnings = p.warnings + rec.warnings
     if warnings:
-        st.warning("\n".join(f"- {md(w)}" for w in warnings))
+        st.warning("\n".join(f"- {say(w)}" for w in warnings))
 
 
 def memory_frame(doc: dict[str, Any]) -> pd.DataFrame:
@@ -445,7 +463,7 @@ def follow_verify(job: VerifyJob) -> dict[str, Any] | None:
         if isinstance(err, AdvisorError):
             busy = type(err).__name__ == "VerifyBusy"
             status.update(label="another verification is running" if busy else "verification failed", state="error")
-            (st.warning if busy else st.error)(md(str(err)))
+            (st.warning if busy else st.error)(say(str(err)))
             return None
         if err is not None:
             log.error("verify failed", exc_info=err)
@@ -520,7 +538,7 @@ def main() -> None:
         p = cached_plan(form.key())
         doc = plan_to_dict(p)
     except AdvisorError as err:
-        st.error(md(str(err)))
+        st.error(say(str(err)))
         return
     except Exception as err:  # a bug elsewhere: one line here, the traceback in the server log
         log.exception("planning failed")

@@ -192,6 +192,9 @@ def render_text(p) -> str:
             lines.append(f"{'':<15}DeepSpeed's estimator (model states only): {_g(de['gpu_bytes'])} GiB/GPU, "
                          f"{_g(de['host_bytes_per_node'])} GiB host/node")
     lines.append("16B/p: 16 bytes/parameter x safety factor, sharded per strategy ('!' = over the GPU memory)")
+    if o.precision in ("bf16", "fp16"):
+        lines.append(f"activ (DDP, TP): includes autocast's {o.precision} copies of the weights, saved for backward "
+                     "(about 2 bytes per parameter); ZeRO keeps 16-bit weights, so it has none")
     rec = p.recommendation
     lines.append("")
     if rec.strategy:

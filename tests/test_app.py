@@ -199,3 +199,13 @@ def test_verify_busy_and_missing_are_messages(at: AppTest, monkeypatch: pytest.M
     at.button(key="verify").click().run()
     assert not at.exception and not at.error
     assert any("verification is not available" in t for t in texts(at.info))
+
+
+def test_messages_name_the_page_widgets_not_cli_flags(at: AppTest) -> None:
+    at.number_input(key="gpus").set_value(4)
+    at.number_input(key="global_batch").set_value(7)
+    at.run()
+    errors = texts(at.error)
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("'Global batch size' 7 is not a multiple of micro-batch 1 x 4 GPUs"), errors
+    assert "another 'Micro-batch size per GPU'" in errors[0] and "--" not in errors[0], errors
