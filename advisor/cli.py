@@ -13,55 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import sys
 from typing import Sequence
 
 from .errors import AdvisorError
+from .faces import OneLineParser, finite_float, positive_float, positive_int, run_face
 from .memory import OPTIMIZERS, PRECISIONS
 from .options import ATTENTION_CHOICES, TrainingOptions
 from .units import fmt_count, gib
 
-EXIT_BAD_INPUT = 2
 VERIFY_STEPS, VERIFY_TIMEOUT_S = 6, 600.0
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
-        raise AdvisorError(f"{message} (see --help)")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def _float(text: str) -> float:
-    """A finite number (ranges are checked where the value is used)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="advisor", description="Per-GPU memory, parallel strategy and a verified training script "
+    p = OneLineParser(prog="advisor", description="Per-GPU memory, parallel strategy and a verified training script "
                 "for PyTorch training. Sizes are per GPU; GiB = 2**30 bytes.",
                 epilog="Subcommands: 'advisor check FILE.py ...' finds single-to-multi-GPU pitfalls in your own "
                 "training script (read as a syntax tree, never run); 'advisor doctor' runs the pre-flight "
@@ -72,15 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_argument_group("model source")
     src.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (parsed as JSON only)")
     src.add_argument("--model-factory", metavar="MOD:FN", help="import MOD and call FN() -> nn.Module (your code)")
-    src.add_argument("--seq-len", type=_positive_int, help="tokens per sample (default min(model max, 2048))")
-    src.add_argument("--image-size", type=_positive_int, help="image side in pixels (default 224)")
+    src.add_argument("--seq-len", type=positive_int, help="tokens per sample (default min(model max, 2048))")
+    src.add_argument("--image-size", type=positive_int, help="image side in pixels (default 224)")
     src.add_argument("--input-shape", metavar="C,H,W", help="per-sample input shape of a --model-factory model "
                      "(default 3,224,224; float inputs, loss = mean square of the output)")
     src.add_argument("--list-models", action="store_true", help="list the known model names and exit")
     tr = p.add_argument_group("training")
-    tr.add_argument("--micro-batch-size", type=_positive_int,
+    tr.add_argument("--micro-batch-size", type=positive_int,
                     help="samples per GPU per step (default 1 for transformers, 32 for vision)")
-    tr.add_argument("--global-batch-size", type=_positive_int,
+    tr.add_argument("--global-batch-size", type=positive_int,
                     help="micro-batch x data-parallel size x accumulation steps (default: no accumulation)")
     tr.add_argument("--precision", choices=PRECISIONS, default=None,
                     help="bf16/fp16: mixed precision; fp32; pure-bf16 (default bf16; --verify on CPU: fp32)")
@@ -88,18 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
     tr.add_argument("--attention", choices=ATTENTION_CHOICES, default="auto",
                     help="attention kernel to model (auto: what the target GPU runs)")
-    tr.add_argument("--tp-degree", type=_positive_int, help="tensor-parallel degree (default: GPUs per node)")
-    tr.add_argument("--safety-factor", type=_float, default=1.2,
+    tr.add_argument("--tp-degree", type=positive_int, help="tensor-parallel degree (default: GPUs per node)")
+    tr.add_argument("--safety-factor", type=finite_float, default=1.2,
                     help="multiplier for the 16-bytes-per-parameter rule of thumb, 1.0-2.0 (default 1.2)")
-    tr.add_argument("--base-lr", type=_positive_float, help="learning rate tuned at --base-batch-size")
-    tr.add_argument("--base-batch-size", type=_positive_int, help="global batch the base LR was tuned at")
+    tr.add_argument("--base-lr", type=positive_float, help="learning rate tuned at --base-batch-size")
+    tr.add_argument("--base-batch-size", type=positive_int, help="global batch the base LR was tuned at")
     hw = p.add_argument_group("hardware (default: detected GPUs, else the A100-80GB preset)")
-    hw.add_argument("--gpus", type=_positive_int, help="GPUs per node")
-    hw.add_argument("--nodes", type=_positive_int, default=1, help="number of nodes (default 1)")
+    hw.add_argument("--gpus", type=positive_int, help="GPUs per node")
+    hw.add_argument("--nodes", type=positive_int, default=1, help="number of nodes (default 1)")
     hw.add_argument("--gpu", metavar="PRESET", help="GPU preset: A100-40GB, A100-80GB, H100-80GB, H200-141GB, "
                     "V100-16GB, V100-32GB, A10G-24GB, L4-24GB, RTX3090, RTX4090, T4-16GB")
-    hw.add_argument("--gpu-mem", type=_positive_float, metavar="GIB", help="usable GPU memory, GiB (nvidia-smi MiB/1024)")
-    hw.add_argument("--host-mem", type=_positive_float, metavar="GIB", help="host RAM per node, GiB (default: detected)")
+    hw.add_argument("--gpu-mem", type=positive_float, metavar="GIB", help="usable GPU memory, GiB (nvidia-smi MiB/1024)")
+    hw.add_argument("--host-mem", type=positive_float, metavar="GIB", help="host RAM per node, GiB (default: detected)")
     hw.add_argument("--interconnect", choices=("nvlink", "pcie"), help="link between GPUs in a node")
     hw.add_argument("--network", help="link between nodes: ib-ndr, ib-hdr, ib-edr, 400gbe, 200gbe, 100gbe, 25gbe, "
                     "10gbe, 1gbe")
@@ -110,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "(with --verify: the run's directory; default advisor-runs/MODEL-STRATEGY-TIME)")
     run.add_argument("--force", action="store_true", help="let --emit overwrite its own files in a non-empty DIR")
     run.add_argument("--verify", action="store_true", help="run the script here and compare measured peaks")
-    run.add_argument("--steps", type=_positive_int, help=f"optimizer steps for --verify (default {VERIFY_STEPS})")
-    run.add_argument("--timeout", type=_positive_float, help=f"seconds before --verify gives up (default {VERIFY_TIMEOUT_S:g})")
+    run.add_argument("--steps", type=positive_int, help=f"optimizer steps for --verify (default {VERIFY_STEPS})")
+    run.add_argument("--timeout", type=positive_float, help=f"seconds before --verify gives up (default {VERIFY_TIMEOUT_S:g})")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON document (schema in README)")
     out.add_argument("--compare", action="store_true", help="also show DeepSpeed's own model-state estimates")
@@ -299,45 +265,43 @@ def _subcommand(name: str, argv: list[str]) -> int:
     return doctor_main(argv)
 
 
+def _plan_face(argv: list[str]) -> int:
+    """Plan, print, and --emit / --verify as asked; raises AdvisorError on bad input."""
+    args = build_parser().parse_args(argv)
+    if args.list_models:
+        from .models import known_model_names
+
+        names = known_model_names()
+        print(json.dumps(names, indent=2) if args.json else "\n".join(names))
+        return 0
+    from .plan import plan, plan_to_dict
+
+    _check_strategy_flags(args)
+    inputs = _inputs(args)
+    result = plan(inputs)
+    doc = plan_to_dict(result) if args.json else None
+    if not args.json:
+        print(render_text(result))
+    code = 0
+    if args.emit and not args.verify:  # --verify writes into --emit DIR itself
+        _emit(result, args)
+    if args.verify:
+        outcome = _verify(inputs, args)
+        code = 0 if outcome.ok else 1
+        if doc is not None:
+            doc["verify"] = outcome.to_dict()
+    if doc is not None:
+        print(json.dumps(doc, indent=2))
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry. Returns the exit code: 0 answered (even "nothing fits"), 2 bad input.
     ``check`` and ``doctor`` as the first argument hand the rest to their own faces."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         return _subcommand(argv[0], argv[1:])
-    try:
-        args = build_parser().parse_args(argv)
-        if args.list_models:
-            from .models import known_model_names
-
-            names = known_model_names()
-            print(json.dumps(names, indent=2) if args.json else "\n".join(names))
-            return 0
-        from .plan import plan, plan_to_dict
-
-        _check_strategy_flags(args)
-        inputs = _inputs(args)
-        result = plan(inputs)
-        doc = plan_to_dict(result) if args.json else None
-        if not args.json:
-            print(render_text(result))
-        code = 0
-        if args.emit and not args.verify:  # --verify writes into --emit DIR itself
-            _emit(result, args)
-        if args.verify:
-            outcome = _verify(inputs, args)
-            code = 0 if outcome.ok else 1
-            if doc is not None:
-                doc["verify"] = outcome.to_dict()
-        if doc is not None:
-            print(json.dumps(doc, indent=2))
-        return code
-    except AdvisorError as err:
-        print(f"advisor: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("advisor: interrupted", file=sys.stderr)
-        return 130
+    return run_face(lambda: _plan_face(argv))
 
 
 if __name__ == "__main__":

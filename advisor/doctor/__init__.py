@@ -27,7 +27,7 @@ import os
 import sys
 from typing import Sequence
 
-from ..errors import AdvisorError
+from ..faces import OneLineParser, finite_float, positive_int, run_face
 from .checks import (FAIL, PASS, TORCHRUN_DEFAULT_PORT, WARN, Check, DoctorOptions, Host, NvmlFacts,
                      check_backend, check_port, collect_versions, compare_cuda_versions, compare_gpu_counts,
                      read_nvml, torch_gpu_count, visible_count)
@@ -41,7 +41,7 @@ __all__ = ["Check", "DoctorOptions", "Host", "NvmlFacts", "PASS", "WARN", "FAIL"
            "node_commands", "parse_nodes_file", "read_nvml", "render_json", "render_text", "torch_gpu_count",
            "visible_count"]
 
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAIL = 0, 1
 MAX_TIMEOUT_S = 3600.0
 
 
@@ -74,9 +74,7 @@ def exit_code(checks: Sequence[Check]) -> int:
 
 def _port(text: str) -> int:
     """A TCP port, 1-65535 (integer parsing and its messages are the CLI's)."""
-    from ..cli import _positive_int
-
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"must be a TCP port between 1 and 65535, got {value}")
     return value
@@ -84,9 +82,7 @@ def _port(text: str) -> int:
 
 def _timeout(text: str) -> float:
     """Seconds, more than 0 and at most an hour."""
-    from ..cli import _float
-
-    value = _float(text)
+    value = finite_float(text)
     if not 0 < value <= MAX_TIMEOUT_S:
         raise argparse.ArgumentTypeError(f"must be seconds between 0 and {MAX_TIMEOUT_S:g}, got {text}")
     return value
@@ -100,11 +96,8 @@ def _path(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``advisor doctor`` flags; errors are one line, exit 2 (the CLI's parser, imported here because the CLI
-    imports this package)."""
-    from ..cli import _Parser
-
-    p = _Parser(prog="advisor doctor", description="Pre-flight checklist for distributed training on this node: "
+    """The ``advisor doctor`` flags; errors are one line, exit 2."""
+    p = OneLineParser(prog="advisor doctor", description="Pre-flight checklist for distributed training on this node: "
                 "GPUs, driver vs torch CUDA, backend, a 2-rank all-reduce through torchrun, master port, data "
                 "and checkpoint paths, versions. Exit 1 if any check fails.")
     p.add_argument("--nodes-file", metavar="HOSTS", type=_path,
@@ -129,18 +122,15 @@ def parse_args(argv: Sequence[str] | None) -> DoctorOptions:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``advisor doctor`` entry: 0 all checks pass or warn, 1 a check failed, 2 bad input, 130 interrupted."""
-    try:
-        options = parse_args(sys.argv[1:] if argv is None else argv)
-        nvml = read_nvml()
-        checks = run_checks(options, nvml)
-        versions = collect_versions(nvml)
-        code = exit_code(checks)
-        text = render_json(checks, versions, options, code) if options.json else render_text(checks, versions, options)
-        print(text)
-        return code
-    except AdvisorError as err:
-        print(f"advisor: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("advisor: interrupted", file=sys.stderr)
-        return 130
+    return run_face(lambda: _doctor(sys.argv[1:] if argv is None else argv))
+
+
+def _doctor(argv: Sequence[str]) -> int:
+    options = parse_args(argv)
+    nvml = read_nvml()
+    checks = run_checks(options, nvml)
+    versions = collect_versions(nvml)
+    code = exit_code(checks)
+    text = render_json(checks, versions, options, code) if options.json else render_text(checks, versions, options)
+    print(text)
+    return code

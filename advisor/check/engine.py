@@ -1,0 +1,136 @@
+"""Run the rules over source text or files: parse (never import or run), apply the rules, drop
+what ``# advisor: ignore[...]`` comments silence, sort."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+import warnings
+from pathlib import Path
+from typing import Iterable
+
+from .findings import CheckError, Finding
+from .rules import RULES
+from .scope import Context
+
+MAX_BYTES = 10 * 2**20
+_IGNORE = re.compile(r"#\s*advisor:\s*ignore\b(?:\[([^\]]*)\])?", re.IGNORECASE)
+
+
+def _refuse_nul(data: str | bytes, path: str) -> None:
+    """A NUL byte means a binary file: say so, with its line."""
+    nul, newline = ("\x00", "\n") if isinstance(data, str) else (b"\x00", b"\n")
+    if nul in data:
+        line = data.count(newline, 0, data.index(nul)) + 1
+        raise CheckError(f"{path}:{line}: cannot parse: NUL byte (a binary file, not Python source)", path, line)
+
+
+def _parse(text: str, path: str) -> ast.Module:
+    _refuse_nul(text, path)
+    try:
+        with warnings.catch_warnings():  # "invalid escape sequence" and the like are not ours to report
+            warnings.simplefilter("ignore")
+            return ast.parse(text, filename=path)
+    except SyntaxError as err:
+        line = err.lineno or 1
+        raise CheckError(f"{path}:{line}: cannot parse: {err.msg}", path, line) from None
+    except (RecursionError, MemoryError):
+        raise CheckError(f"{path}:1: cannot parse: nested too deeply", path, 1) from None
+
+
+def suppressions(text: str) -> dict[int, frozenset[str] | None]:
+    """Line -> rule ids silenced there by ``# advisor: ignore[MG002,MG003]`` (None: every rule,
+    from a bare ``# advisor: ignore``)."""
+    found: dict[int, frozenset[str] | None] = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            lists = [m.group(1) for m in _IGNORE.finditer(tok.string)] if tok.type == tokenize.COMMENT else []
+            if lists:
+                found[tok.start[0]] = None if None in lists else frozenset(
+                    i.strip().upper() for ids in lists for i in ids.split(",") if i.strip())
+    except (tokenize.TokenError, SyntaxError):
+        pass  # the file parsed, so this does not happen; keep what was read
+    return found
+
+
+def _silenced(finding: Finding, silenced: dict[int, frozenset[str] | None]) -> bool:
+    if finding.line not in silenced:
+        return False
+    ids = silenced[finding.line]
+    return ids is None or finding.rule in ids
+
+
+def _rule_ids(select: Iterable[str] | None, ignore: Iterable[str] | None) -> list[str]:
+    chosen = list(RULES) if select is None else [r for r in RULES if r in set(select)]
+    skipped = set(ignore or ())
+    return [r for r in chosen if r not in skipped]
+
+
+def check_source(text: str, path: str = "<string>", *, select: Iterable[str] | None = None,
+                 ignore: Iterable[str] | None = None) -> list[Finding]:
+    """Findings for Python source ``text`` (reported under ``path``), sorted by line. ``select`` /
+    ``ignore`` restrict the rule ids (unknown ids are simply not run). The text is parsed with
+    ``ast`` only: nothing is imported or executed.
+
+    Raises:
+        CheckError: the text is not Python (the message names the line).
+    """
+    tree = _parse(text, path)
+    silenced = suppressions(text)
+    findings: set[Finding] = set()
+    try:
+        ctx = Context(tree, path)
+        for rule_id in _rule_ids(select, ignore):
+            rule = RULES[rule_id]
+            for hit in rule.check(ctx):
+                finding = Finding(path, getattr(hit.node, "lineno", 1), getattr(hit.node, "col_offset", 0) + 1,
+                                  rule.id, hit.severity or rule.severity, hit.message, hit.fix or rule.fix,
+                                  rule.field_note)
+                if not _silenced(finding, silenced):
+                    findings.add(finding)
+    except RecursionError:
+        raise CheckError(f"{path}:1: cannot parse: nested too deeply to check", path, 1) from None
+    return sorted(findings, key=lambda f: (f.line, f.col, f.rule))
+
+
+def read_source(path: str | Path) -> str:
+    """The text of a Python file, decoded as Python does (PEP 263 coding cookie, UTF-8 default).
+
+    Raises:
+        CheckError: missing, a directory, unreadable, too large, or not text.
+    """
+    name = str(path)
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise CheckError(f"{name}: cannot read: is a directory (pass the .py files in it)", name)
+        if p.stat().st_size > MAX_BYTES:
+            raise CheckError(f"{name}: cannot read: larger than {MAX_BYTES >> 20} MiB, not a training script", name)
+        data = p.read_bytes()
+    except OSError as err:
+        raise CheckError(f"{name}: cannot read: {err.strerror or err}", name) from None
+    _refuse_nul(data, name)
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return data.decode(encoding)
+    except SyntaxError as err:  # a bad coding cookie, or undecodable first lines
+        raise CheckError(f"{name}:1: cannot parse: {err.msg} (not UTF-8 text: a binary file?)", name, 1) from None
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise CheckError(f"{name}:{line}: cannot parse: not {err.encoding} text (byte {data[err.start]:#04x}; "
+                         "a binary file?)", name, line) from None
+
+
+def check_paths(paths: Iterable[str | Path], *, select: Iterable[str] | None = None,
+                ignore: Iterable[str] | None = None) -> list[Finding]:
+    """Findings for each file in ``paths``, in the order given.
+
+    Raises:
+        CheckError: the first file that cannot be read or parsed.
+    """
+    findings: list[Finding] = []
+    for path in paths:
+        findings += check_source(read_source(path), str(path), select=select, ignore=ignore)
+    return findings

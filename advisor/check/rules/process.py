@@ -1,0 +1,133 @@
+"""Process-group and device rules: MG001 (DataParallel), MG004 (RANK picks the GPU), MG005 (DDP
+before init_process_group), MG013 (no destroy_process_group)."""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterator
+
+from ..names import DATA_PARALLEL, DDP, INITS
+from ..ranks import is_global_rank
+from ..registry import Hit, rule
+from ..scope import FUNCTIONS, Context, argument, pos, text
+
+
+@rule("MG001", "error", (), "nn.DataParallel",
+      "wrap the model in DistributedDataParallel, one process per GPU launched with torchrun")
+def data_parallel(ctx: Context) -> Iterator[Hit]:
+    """Catches a call of ``nn.DataParallel`` / ``torch.nn.DataParallel`` (any import alias): the
+    strategy rules say DDP, never DP (one process, GPU 0 gathers everything).
+
+    Field notes: strategy decision rules. Blind spots: DataParallel reached through ``getattr`` or a
+    variable holding the class; ``isinstance(m, nn.DataParallel)`` is not a use and stays quiet.
+    """
+    for call in ctx.calls_to(DATA_PARALLEL):
+        yield Hit(call, "nn.DataParallel runs one process that scatters inputs and gathers outputs on GPU 0: "
+                        "slower than DDP, and GPU 0 runs out of memory first")
+
+
+def _elements(expr: ast.AST) -> list[ast.AST]:
+    """Items of ``[a, b]`` / ``(a,)``, also inside ``[x] if c else None``."""
+    if isinstance(expr, (ast.List, ast.Tuple)):
+        return list(expr.elts)
+    if isinstance(expr, ast.IfExp):
+        return _elements(expr.body) + _elements(expr.orelse)
+    return []
+
+
+def _call_sinks(ctx: Context, call: ast.Call) -> Iterator[tuple[ast.AST, str]]:
+    """(device index value, what uses it) for one call."""
+    name = ctx.call_name(call)
+    if name in ("torch.cuda.set_device", "torch.cuda.device") and call.args:
+        yield call.args[0], name
+    elif name == "torch.device":
+        index = argument(call, 1, "index")
+        if index is None and len(call.args) == 1:  # torch.device(3) is cuda:3
+            index = call.args[0]
+        if index is not None:
+            yield index, "torch.device"
+    for kw in call.keywords:
+        if kw.arg == "device_ids":
+            yield from ((e, "device_ids") for e in _elements(kw.value))
+        elif kw.arg == "output_device":
+            yield kw.value, "output_device"
+    if isinstance(call.func, ast.Attribute) and call.func.attr in ("cuda", "to") and len(call.args) == 1:
+        yield call.args[0], f".{call.func.attr}()"
+
+
+def _string_sink(node: ast.AST) -> ast.AST | None:
+    """The ``x`` of ``f"cuda:{x}"``, ``"cuda:" + str(x)``, ``"cuda:%d" % x`` or ``"cuda:{}".format(x)``."""
+    if isinstance(node, ast.JoinedStr) and len(node.values) == 2:
+        head, value = node.values
+        if isinstance(head, ast.Constant) and head.value == "cuda:" and isinstance(value, ast.FormattedValue):
+            return value.value
+    if isinstance(node, ast.BinOp) and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
+        if (isinstance(node.op, ast.Add) and node.left.value == "cuda:") or (
+                isinstance(node.op, ast.Mod) and node.left.value in ("cuda:%d", "cuda:%s")):
+            return node.right
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format"
+            and isinstance(node.func.value, ast.Constant) and node.func.value.value == "cuda:{}" and node.args):
+        return node.args[0]
+    return None
+
+
+@rule("MG004", "error", (2,), "global RANK used as the GPU index",
+      "index the GPU with int(os.environ['LOCAL_RANK']) (torch.cuda.set_device(local_rank), device_ids=[local_rank])")
+def rank_as_device(ctx: Context) -> Iterator[Hit]:
+    """Catches a GPU index taken from the global rank: ``torch.cuda.set_device(x)``,
+    ``torch.cuda.device(x)``, ``torch.device("cuda", x)``, ``torch.device(x)``, ``device_ids=[x]``, ``output_device=x``,
+    ``.cuda(x)``, ``.to(x)`` and the strings ``f"cuda:{x}"``, ``"cuda:" + str(x)``, ``"cuda:%d" % x``,
+    ``"cuda:{}".format(x)``, where ``x`` is traced (through ``int()``/``str()`` and plain assignments)
+    to ``os.environ["RANK"]`` / ``os.environ.get("RANK")`` / ``os.getenv("RANK")`` or an argument-less
+    ``dist.get_rank()``. On a second node the global rank exceeds the local GPU count.
+
+    Field notes: pitfall 2. Quiet for LOCAL_RANK, for ``rank % torch.cuda.device_count()`` and for
+    anything not traced: function parameters (``mp.spawn`` passes the local index as ``rank``),
+    ``args.rank``, values read from attributes or returned by functions.
+    """
+    seen: set[tuple[int, int]] = set()
+    for node in ast.walk(ctx.tree):
+        pairs = list(_call_sinks(ctx, node)) if isinstance(node, ast.Call) else []
+        value = _string_sink(node)
+        if value is not None:
+            pairs.append((value, "a 'cuda:N' device string"))
+        for value, what in pairs:
+            if is_global_rank(ctx, value) and pos(node) not in seen:
+                seen.add(pos(node))
+                yield Hit(node, f"{what} gets `{text(value)}`, which comes from the global RANK, not LOCAL_RANK: "
+                                "on more than one node it names a GPU that does not exist")
+
+
+@rule("MG005", "error", (1,), "DDP before init_process_group",
+      "call dist.init_process_group(...) before wrapping the model in DistributedDataParallel")
+def ddp_before_init(ctx: Context) -> Iterator[Hit]:
+    """Catches ``DistributedDataParallel(...)`` written before the first ``init_process_group(...)``
+    (or ``deepspeed.init_distributed()``) of the same function, or at module level before a
+    module-level init: DDP raises "Default process group has not been initialized".
+
+    Field notes: pitfall 1. Order is text order, not control flow. Quiet when the function has no
+    init call at all (it may be initialised by a caller or a helper such as ``setup()``).
+    """
+    scopes = [ctx.tree, *(n for n in ast.walk(ctx.tree) if isinstance(n, FUNCTIONS))]
+    for scope in scopes:
+        calls = sorted((n for n in ctx.in_scope(scope) if isinstance(n, ast.Call)), key=pos)
+        inits = [pos(c) for c in calls if ctx.call_name(c) in INITS]
+        for call in calls:
+            if inits and pos(call) < inits[0] and ctx.call_name(call) == DDP:
+                yield Hit(call, f"DistributedDataParallel is built before init_process_group (line {inits[0][0]}): "
+                                "it fails with 'Default process group has not been initialized'")
+
+
+@rule("MG013", "warning", (19,), "no destroy_process_group",
+      "call dist.destroy_process_group() at the end of training (after the last collective)")
+def no_destroy(ctx: Context) -> Iterator[Hit]:
+    """Catches a file that calls ``init_process_group`` (or ``deepspeed.init_distributed``) and never
+    mentions ``destroy_process_group``: NCCL may hang or warn at exit, and a later group in the same
+    process fails.
+
+    Field notes: pitfall 19. Blind spots: a destroy in another file (then suppress it with
+    ``# advisor: ignore[MG013]`` on the init line); any mention of the name counts as a call.
+    """
+    inits = ctx.calls_to(*INITS)
+    if inits and not ctx.mentions("destroy_process_group"):
+        yield Hit(inits[0], "the process group is initialised but never destroyed")

@@ -1,0 +1,64 @@
+"""What the command-line faces (``advisor``, ``advisor check``, ``advisor doctor``) share: an argparse
+parser whose errors are one line, the number types of their flags, and the exit-code convention
+(bad input: one line on stderr and exit 2, Ctrl-C: 130, never a traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Callable
+
+from .errors import AdvisorError
+
+EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse`` that raises ``AdvisorError`` (one line) instead of printing usage and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise AdvisorError(f"{message} (see --help)")
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """A finite number (argparse type; ranges are checked where the value is used)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (argparse type)."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def run_face(body: Callable[[], int]) -> int:
+    """Run a face's ``body`` and return its exit code; ``AdvisorError`` -> its one line on stderr and
+    exit 2, Ctrl-C -> exit 130."""
+    try:
+        return body()
+    except AdvisorError as err:
+        print(f"advisor: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("advisor: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

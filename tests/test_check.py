@@ -1,0 +1,374 @@
+"""``advisor check``: the multi-GPU pitfall linter. A bad/good script pair per rule (exact findings),
+the scripts this project generates (no findings, and findings once a safeguard is removed), edge
+cases of guards, aliases and tracing, and the CLI's exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from advisor.check import RULES, CheckError, Finding, check_paths, check_source
+from advisor.check.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "check"
+TINY = str(ROOT / "tests" / "data" / "tiny_llama.json")
+
+# rule -> the exact (rule, line) findings of tests/data/check/<rule>_bad.py
+EXPECTED = {
+    "MG001": [("MG001", 13)],
+    "MG002": [("MG002", 18), ("MG002", 20)],
+    "MG003": [("MG003", 19)],
+    "MG004": [("MG004", 14), ("MG004", 21), ("MG004", 25)],
+    "MG005": [("MG005", 22)],
+    "MG006": [("MG006", 30), ("MG006", 32)],
+    "MG007": [("MG007", 29), ("MG007", 32)],
+    "MG008": [("MG008", 22), ("MG008", 26)],
+    "MG009": [("MG009", 13), ("MG009", 22), ("MG009", 29), ("MG009", 32)],
+    "MG010": [("MG010", 14)],
+    "MG011": [("MG011", 24)],
+    "MG012": [("MG012", 11), ("MG012", 27)],
+    "MG013": [("MG013", 9)],
+    "MG014": [("MG014", 28)],
+}
+
+
+def _pairs(findings: list[Finding]) -> list[tuple[str, int]]:
+    return [(f.rule, f.line) for f in findings]
+
+
+def _check(path: Path) -> list[Finding]:
+    return check_source(path.read_text(), str(path))
+
+
+# --- one bad/good pair per rule ----------------------------------------------------------------
+def test_every_rule_has_a_pair_and_documentation():
+    assert list(RULES) == sorted(EXPECTED) == [f"MG{i:03d}" for i in range(1, 15)]
+    for rule_id, rule in RULES.items():
+        assert (DATA / f"{rule_id.lower()}_bad.py").is_file() and (DATA / f"{rule_id.lower()}_good.py").is_file()
+        assert rule.severity in ("error", "warning", "info")
+        assert "Field notes:" in rule.doc and rule.fix and rule.title, rule_id
+        note = rule.field_note
+        assert note == "strategy decision rules" if rule_id == "MG001" else note.startswith("pitfall")
+
+
+@pytest.mark.parametrize("rule_id", sorted(EXPECTED))
+def test_bad_script_gives_exactly_its_findings(rule_id):
+    findings = _check(DATA / f"{rule_id.lower()}_bad.py")
+    assert _pairs(findings) == EXPECTED[rule_id]
+    rule = RULES[rule_id]
+    for f in findings:
+        assert f.field_note == rule.field_note and f.col >= 1
+        # the rule's fix, except print/log lines, which need no barrier (their own one-sentence fix)
+        assert f.fix == rule.fix if f.severity != "info" or rule_id != "MG009" else "print per-rank lines" in f.fix
+        assert f.format().startswith(f"{f.path}:{f.line}: {rule_id} ") and "; fix: " in f.format()
+
+
+@pytest.mark.parametrize("rule_id", sorted(EXPECTED))
+def test_good_twin_is_clean(rule_id):
+    assert _check(DATA / f"{rule_id.lower()}_good.py") == []
+
+
+def test_print_and_log_findings_are_info():
+    severities = {f.line: f.severity for f in _check(DATA / "mg009_bad.py")}
+    assert severities == {13: "warning", 22: "info", 29: "info", 32: "warning"}
+
+
+# --- the generator and the checker agree ----------------------------------------------------------
+GENERATED = [("llama", s) for s in ("ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "tp")] + [
+    ("llama4", "tp_dp")] + [("resnet18", s) for s in ("ddp", "zero2", "zero3")]
+
+
+@pytest.fixture(scope="module")
+def generated() -> dict[tuple[str, str], str]:
+    """train.py for each (model, strategy) in GENERATED; three plans, built once."""
+    from advisor.options import TrainingOptions
+    from advisor.plan import PlanInputs, plan
+    from strategies.render import render_files
+
+    def tiny(gpus: int, **training) -> PlanInputs:
+        return PlanInputs(config_path=TINY, seq_len=32, gpus=gpus, interconnect="nvlink", detect_hardware=False,
+                          training=TrainingOptions(precision="fp32", micro_batch_size=2, **training))
+
+    plans = {"llama": plan(tiny(2)), "llama4": plan(tiny(4, tp_degree=2)),
+             "resnet18": plan(PlanInputs(model="resnet18", gpus=2, detect_hardware=False, interconnect="nvlink"))}
+    return {(m, s): render_files(plans[m], s)["train.py"] for m, s in GENERATED}
+
+
+@pytest.mark.parametrize("model,strategy", GENERATED)
+def test_generated_scripts_are_clean(generated, model, strategy):
+    assert check_source(generated[(model, strategy)], f"{model}-{strategy}/train.py") == []
+
+
+# Remove one safeguard from a generated script: the rule guarding it must fire (so "clean" above is
+# not clean by blindness). (model, strategy, text in the script, replacement, expected rule)
+MUTATIONS = [
+    ("llama", "ddp", "if rank == 0:\n            torch.save(", "if 1:\n            torch.save(", "MG009"),
+    ("llama", "ddp", "torch.save(ddp.module.state_dict()", "torch.save(ddp.state_dict()", "MG007"),
+    ("llama", "ddp", "torch.save(ddp.module.state_dict()", "torch.save(ddp", "MG006"),
+    ("llama", "ddp", "    dist.destroy_process_group()  # pitfall 19", "    pass", "MG013"),
+    ("llama", "ddp", 'if int(os.environ.get("RANK", "0")) == 0:\n        print', "if True:\n        print", "MG009"),
+    ("llama", "ddp", "torch.cuda.set_device(local_rank)", "torch.cuda.set_device(rank)", "MG004"),
+    ("llama", "ddp", "sampler=sampler, num_workers", "sampler=sampler, shuffle=True, num_workers", "MG002"),
+    ("resnet18", "ddp", "            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)",
+     "            model = torch.nn.Sequential(model, torch.nn.BatchNorm1d(8))", "MG010"),
+    ("llama", "tp", "                        g.div_(dp_size)", "                        pass", "MG012"),
+    ("llama", "zero3", "deepspeed.init_distributed(", "print(", "MG009"),
+]
+
+
+@pytest.mark.parametrize("model,strategy,old,new,rule_id", MUTATIONS)
+def test_removing_a_safeguard_from_a_generated_script_is_found(generated, model, strategy, old, new, rule_id):
+    script = generated[(model, strategy)]
+    assert script.count(old) == 1
+    assert [f.rule for f in check_source(script.replace(old, new))] == [rule_id]
+
+
+# --- edge cases: aliases, guards, tracing (source, expected (rule, line) list) -----------------------
+DIST = "import os\nimport torch\nimport torch.distributed as dist\n"  # 3 lines
+SAVE = 'torch.save(model.module.state_dict(), "m.pt")'
+SNIPPETS = {
+    "dp via torch.nn": ("import torch\nm = torch.nn.DataParallel(net)\n", [("MG001", 2)]),
+    "dp via module path": ("from torch.nn.parallel.data_parallel import DataParallel as DP\nDP(net)\n", [("MG001", 2)]),
+    "isinstance is not a use": ("from torch import nn\nok = isinstance(m, nn.DataParallel)\n", []),
+    "ddp alias by assignment": (DIST + "Wrap = torch.nn.parallel.DistributedDataParallel\ndef main():\n"
+                                "    m = Wrap(net)\n"
+                                "    dist.init_process_group('nccl')\n    dist.destroy_process_group()\n",
+                                [("MG005", 6)]),
+    "no init in function": (DIST + "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                            "def wrap(m):\n    return DDP(m)\n", []),
+    "guard get_rank": (DIST + f"if dist.get_rank() == 0:\n    {SAVE}\n", []),
+    "guard local_rank in": (DIST + f"if args.local_rank in (-1, 0):\n    {SAVE}\n", []),
+    "guard not rank": (DIST + f"if not rank:\n    {SAVE}\n", []),
+    "guard env": (DIST + f'if int(os.environ["RANK"]) == 0:\n    {SAVE}\n', []),
+    "guard main flag": (DIST + f"if accelerator.is_main_process and epoch > 3:\n    {SAVE}\n", []),
+    "guard else of nonzero": (DIST + f"if rank != 0:\n    pass\nelse:\n    {SAVE}\n", []),
+    "guard and": (DIST + f"rank == 0 and {SAVE}\n", []),
+    "guard early return": (DIST + f"def save(model):\n    if dist.get_rank() != 0:\n        return\n    {SAVE}\n"
+                           "save(model)\n", []),
+    "guard continue": (DIST + f"for model in models:\n    if rank > 0:\n        continue\n    {SAVE}\n", []),
+    "guard decorator": (DIST + f"@rank_zero_only\ndef save(model):\n    {SAVE}\nsave(model)\n", []),
+    "guard caller": (DIST + f"def save(model):\n    {SAVE}\nif rank == 0:\n    save(model)\n", []),
+    "never called": (DIST + f"def save(model):\n    {SAVE}\n", []),
+    "unguarded caller": (DIST + f"def save(model):\n    {SAVE}\nsave(model)\n", [("MG009", 5)]),
+    "spawned": (DIST + f"def train(model):\n    {SAVE}\nmp.spawn(train, nprocs=4)\n", [("MG009", 5)]),
+    "not a guard": (DIST + f"if epoch % 10 == 0:\n    {SAVE}\nif rank != 1:\n    {SAVE}\n",
+                    [("MG009", 5), ("MG009", 7)]),
+    "not distributed": (f"import torch\n{SAVE}\nprint('done')\n", []),
+    "stderr print": (DIST + "import sys\nprint('oops', file=sys.stderr)\n", []),
+    "local rank device": (DIST + 'lr = int(os.environ["LOCAL_RANK"])\ntorch.cuda.set_device(lr)\n', []),
+    "getenv rank": (DIST + 'rank = int(os.getenv("RANK", "0"))\nmodel.cuda(rank)\n', [("MG004", 5)]),
+    "spawn parameter": (DIST + "def main(rank, world):\n    torch.cuda.set_device(rank)\n", []),
+    "get_rank device": (DIST + 'r = dist.get_rank()\nd = torch.device("cuda", r)\n', [("MG004", 5)]),
+    "modulo is fine": (DIST + "torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())\n", []),
+    "from os import environ": ("from os import environ\nrank = int(environ['RANK'])\nx = t.to(f'cuda:{rank}')\n",
+                               [("MG004", 3)]),
+    "sampler returned": ("from torch.utils.data import DataLoader, DistributedSampler\ndef make(ds):\n"
+                         "    s = DistributedSampler(ds)\n    return DataLoader(ds, sampler=s), s\n", []),
+    "sampler at module level": ("from torch.utils.data import DataLoader, DistributedSampler\n"
+                                "s = DistributedSampler(ds)\ndef epoch(e):\n    s.set_epoch(e)\n", []),
+    "sampler via loader": ("from torch.utils.data import DataLoader, DistributedSampler\n"
+                           "s = DistributedSampler(ds)\nl = DataLoader(ds, sampler=s)\nfor e in range(3):\n"
+                           "    l.sampler.set_epoch(e)\n", []),
+    "loader returned": ("from torch.utils.data import DataLoader, DistributedSampler\ndef make(ds):\n"
+                        "    s = DistributedSampler(ds)\n    loader = DataLoader(ds, sampler=s)\n"
+                        "    return loader\n", []),
+    "loader kept": ("from torch.utils.data import DataLoader, DistributedSampler\ndef train(ds):\n"
+                    "    s = DistributedSampler(ds)\n    loader = DataLoader(ds, sampler=s)\n"
+                    "    for epoch in range(3):\n        for i, b in enumerate(tqdm(loader)):\n            step(b)\n",
+                    [("MG003", 3)]),
+    "set_epoch once": ("from torch.utils.data import DistributedSampler\ns = DistributedSampler(ds)\ns.set_epoch(0)\n",
+                       [("MG003", 2)]),
+    "load map_location positional": (DIST + "sd = torch.load(path, 'cpu')\nsd = torch.load(path, **kw)\n", []),
+    "load outside distributed": ("import torch\nsd = torch.load(path)\n", []),
+    "allreduce of a metric": (DIST + "dist.all_reduce(loss)\n", []),
+    "allreduce avg": (DIST + "for p in ps:\n    dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)\n", []),
+    "allreduce divided later": (DIST + "def sync(ps):\n    for p in ps:\n        dist.all_reduce(p.grad)\n"
+                                "        p.grad.div_(dist.get_world_size())\n", []),
+    "bn layer": (DIST + "from torch import nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+                 "net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))\nm = DDP(net)\n", [("MG010", 6)]),
+    "bn get_model": (DIST + "import torchvision\nm = torch.nn.parallel.DistributedDataParallel("
+                     "torchvision.models.get_model('resnet50'))\n", [("MG010", 5)]),
+    "bn without ddp": ("from torch import nn\nnet = nn.BatchNorm2d(8)\n", []),
+    "streaming dataset": ("from datasets import load_dataset\nfrom torch.utils.data import DistributedSampler\n"
+                          "ds = load_dataset('c4', streaming=True)\ns = DistributedSampler(ds, shuffle=False)\n",
+                          [("MG014", 4)]),
+    "per-node guard": (DIST + "if not args.mp or (args.mp and args.rank % ngpus_per_node == 0):\n"
+                       f"    {SAVE}\n", []),
+    "device from int": (DIST + "r = dist.get_rank()\nx = torch.randn(2, device=torch.device(r))\n", [("MG004", 5)]),
+    "grad count is no gradient": (DIST + "num_grad_none = torch.tensor(sum(p.grad is None for p in ps))\n"
+                                  "dist.all_reduce(num_grad_none)\n", []),
+    "grad buffer": (DIST + "flat_grads = torch.cat([g.flatten() for g in gs])\ndist.all_reduce(flat_grads)\n",
+                    [("MG012", 5)]),
+    "nanogpt sync flag": (DIST + "from torch.nn.parallel import DistributedDataParallel as DDP\nm = DDP(net)\n"
+                          "for i, b in enumerate(data):\n    m.require_backward_grad_sync = (i + 1) % 4 == 0\n"
+                          "    m(b).sum().backward()\n    if (i + 1) % 4 == 0:\n        opt.step()\n", []),
+    "accumulation without no_sync": (DIST + "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                                     "m = DDP(net)\nfor i, b in enumerate(data):\n    m(b).sum().backward()\n"
+                                     "    if i % 4:\n        continue\n    optimizer.step()\n", [("MG011", 7)]),
+    "nested syntax ok": ("x = " + "(" * 50 + "1" + ")" * 50 + "\n", []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SNIPPETS))
+def test_snippet(name):
+    source, expected = SNIPPETS[name]
+    assert _pairs(check_source(source)) == expected
+
+
+def test_select_and_ignore_in_the_api():
+    path = DATA / "mg009_bad.py"
+    text = path.read_text()
+    assert _pairs(check_source(text, select=["MG009"], ignore=["MG009"])) == []
+    assert len(check_source(text, ignore=["MG009"])) == 0
+    assert check_paths([path, DATA / "mg013_bad.py"]) == _check(path) + _check(DATA / "mg013_bad.py")
+
+
+def test_inline_ignore_comments():
+    lines = (DATA / "mg002_bad.py").read_text().splitlines()
+    lines[17] += "  # advisor: ignore[MG003, mg002]"
+    assert _pairs(check_source("\n".join(lines))) == [("MG002", 20)]
+    lines[19] += "  # advisor: ignore[MG001]"
+    assert _pairs(check_source("\n".join(lines))) == [("MG002", 20)]
+    lines[19] += "  # Advisor: ignore"
+    assert check_source("\n".join(lines)) == []
+    quoted = "from torch import nn\nx = nn.DataParallel(m, name='# advisor: ignore')\n"
+    assert _pairs(check_source(quoted)) == [("MG001", 2)]
+
+
+def test_parse_errors_name_the_line():
+    with pytest.raises(CheckError) as err:
+        check_source("import torch\n\ndef main(:\n    pass\n", "train.py")
+    assert str(err.value).startswith("train.py:3: cannot parse: ") and err.value.line == 3
+    with pytest.raises(CheckError, match=r"^x.py:2: cannot parse: NUL byte"):
+        check_source("a = 1\nb = '\x00'\n", "x.py")
+
+
+def test_pathological_sources():
+    huge = "import torch.distributed as dist\nfor p in ps:\n    dist.all_reduce(p.grad[0x" + "F" * 5000 + "])\n"
+    assert _pairs(check_source(huge)) == [("MG012", 3)]  # the message cannot print the literal: no crash
+    with pytest.raises(CheckError, match=r"^<string>:1: cannot parse: "):
+        check_source("x = " + "9" * 5000 + "\n")
+    deep = "import torch\nx = " + "-" * 5000 + "1\ntorch.save(model, 'm.pt')\n"
+    try:
+        assert _pairs(check_source(deep)) == [("MG006", 3)]
+    except CheckError as err:
+        assert "cannot parse" in str(err)
+
+
+def test_python_warnings_in_the_checked_file_stay_quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_source('import re\nnumber = re.compile("\\d+")\nx = 1if number else 2\n') == []
+
+
+def test_finding_is_frozen_and_serialisable():
+    finding = _check(DATA / "mg001_bad.py")[0]
+    with pytest.raises(AttributeError):
+        finding.line = 1
+    assert set(finding.to_dict()) == {"path", "line", "col", "rule", "severity", "message", "fix", "field_note"}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted((DATA).glob("*.py"))), st.integers(0, 200), st.integers(1, 30),
+       st.text(alphabet="()[]{}:=.,'\"\n #\\ \tifdelsx0123", max_size=20))
+def test_mangled_scripts_never_crash(path, start, length, junk):
+    """Any cut or splice of a real script: findings or a CheckError, never another exception."""
+    lines = path.read_text().splitlines(keepends=True)
+    text = "".join(lines[:start]) + junk + "".join(lines[start + length:])
+    try:
+        findings = check_source(text, "x.py")
+    except CheckError as err:
+        assert str(err).startswith("x.py:") and "\n" not in str(err)
+    else:
+        assert all(f.rule in RULES for f in findings)
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def junk(tmp_path_factory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("junk")
+    (d / "broken.py").write_text("import torch\n\nfor x in range(3)\n    pass\n")
+    (d / "binary.py").write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\xff\xfe")
+    (d / "latin.py").write_bytes(b"x = 1\ny = '\xe9'\n")
+    (d / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    return {"broken": str(d / "broken.py"), "binary": str(d / "binary.py"), "latin": str(d / "latin.py"),
+            "png": str(d / "image.png"), "dir": str(d)}
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def test_cli_exit_codes(capsys):
+    code, out, err = _run(capsys, str(DATA / "mg001_good.py"), str(DATA / "mg013_good.py"))
+    assert (code, out) == (0, "") and "no findings" in err
+    code, out, _ = _run(capsys, str(DATA / "mg002_bad.py"))
+    assert code == 1
+    assert out.splitlines()[0] == (
+        f"{DATA / 'mg002_bad.py'}:18: MG002 DistributedSampler and shuffle=True are exclusive: the DataLoader "
+        "refuses both (field notes pitfall 3); fix: drop shuffle=True from the DataLoader (DistributedSampler "
+        "shuffles) and call sampler.set_epoch(epoch) each epoch")
+    code, out, _ = _run(capsys, str(DATA / "mg010_bad.py"))  # info only: printed, exit 0
+    assert code == 0 and " MG010 " in out
+    code, _, _ = _run(capsys, str(DATA / "mg009_bad.py"), "--select", "MG009")
+    assert code == 1
+
+
+def test_cli_json(capsys):
+    code, out, err = _run(capsys, "--json", str(DATA / "mg007_bad.py"), str(DATA / "mg007_good.py"))
+    doc = json.loads(out)
+    assert code == 1 and err == ""
+    assert [(d["rule"], d["line"], d["severity"]) for d in doc] == [("MG007", 29, "warning"), ("MG007", 32, "warning")]
+    assert doc[0]["field_note"] == "pitfall 7" and doc[0]["path"].endswith("mg007_bad.py")
+    code, out, _ = _run(capsys, "--json", str(DATA / "mg007_good.py"))
+    assert (code, json.loads(out)) == (0, [])
+
+
+def test_cli_select_ignore_and_rules(capsys):
+    bad = str(DATA / "mg009_bad.py")
+    assert _run(capsys, bad, "--ignore", "MG009")[0] == 0
+    assert _run(capsys, bad, "--select", "mg001,MG002")[0] == 0
+    code, out, _ = _run(capsys, "--list-rules")
+    assert code == 0 and len(out.splitlines()) == len(RULES) and out.startswith("MG001")
+    code, out, _ = _run(capsys, "--list-rules", "--json")
+    assert [r["id"] for r in json.loads(out)] == list(RULES)
+
+
+@pytest.mark.parametrize("argv,needles", [
+    ([], ["no files to check"]),
+    (["{broken}"], ["{broken}:3: cannot parse: "]),
+    (["{binary}"], ["{binary}:1: cannot parse: NUL byte"]),
+    (["{latin}"], ["{latin}:2: cannot parse: not utf-8 text"]),
+    (["{png}"], ["{png}:", "cannot parse"]),
+    (["{dir}"], ["is a directory"]),
+    (["/nonexistent/train.py"], ["/nonexistent/train.py: cannot read: No such file"]),
+    (["--select", "MG099", "x.py"], ["unknown rule id 'MG099'", "MG001, MG002"]),
+    (["--ignore", "", "x.py"], ["--ignore", "valid ids"]),
+    (["--bogus"], ["unrecognized arguments", "--help"]),
+])
+def test_cli_bad_input_is_one_line_exit_2(capsys, junk, argv, needles):
+    code, out, err = _run(capsys, *(a.format(**junk) for a in argv))
+    assert code == 2 and out == ""
+    assert err.startswith("advisor: error: ") and err.count("\n") == 1
+    for needle in needles:
+        assert needle.format(**junk) in err
+
+
+def test_cli_as_a_module(junk):
+    env_python = [sys.executable, "-m", "advisor.check.cli"]
+    ok = subprocess.run([*env_python, str(DATA / "mg001_bad.py")], cwd=ROOT, capture_output=True, text=True)
+    assert ok.returncode == 1 and ":13: MG001 " in ok.stdout
+    bad = subprocess.run([*env_python, junk["broken"]], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip() == f"advisor: error: {junk['broken']}:3: cannot parse: " \
+                                                         "expected ':'" and "Traceback" not in bad.stderr
