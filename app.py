@@ -528,11 +528,80 @@ def show_verify(form: Form, strategy: str) -> None:
         show_verify_result(saved[1])
 
 
+# ------------------------------------------------------------------------------------ check a script
+MAX_SCRIPT_BYTES = 1 << 20
+
+
+def _script_text() -> tuple[str | None, str]:
+    """Uploaded .py file, else pasted text, else None. Returns (text, file name for the findings)."""
+    pasted = st.text_area("Paste your training script", key="check_text", height=260,
+                          placeholder="import torch.distributed as dist\n...")
+    upload = st.file_uploader("or upload a .py file", type=["py"], key="check_file")
+    if upload is not None:
+        data = upload.getvalue()
+        if len(data) > MAX_SCRIPT_BYTES:
+            raise AdvisorError(f"{upload.name} is over 1 MiB: upload the training script itself")
+        try:
+            return data.decode("utf-8"), upload.name
+        except UnicodeDecodeError:
+            raise AdvisorError(f"{upload.name} is not UTF-8 text: upload a Python source file")
+    if pasted and pasted.strip():
+        if len(pasted.encode("utf-8")) > MAX_SCRIPT_BYTES:
+            raise AdvisorError("the pasted text is over 1 MiB: paste the training script itself")
+        return pasted, "train.py"
+    return None, "train.py"
+
+
+def findings_frame(findings: list) -> pd.DataFrame:
+    """One row per finding: line, rule, severity, message, fix, field note."""
+    return pd.DataFrame([{"line": f.line, "rule": f.rule, "severity": f.severity, "message": f.message,
+                          "fix": f.fix, "field notes": f.field_note} for f in findings],
+                        columns=["line", "rule", "severity", "message", "fix", "field notes"])
+
+
+def show_check() -> None:
+    """The 'Check my script' tab: the single-to-multi-GPU pitfalls in a pasted or uploaded script
+    (``advisor.check``: the file is parsed as a syntax tree, never run)."""
+    from advisor.check import FAILING, RULES, check_source
+
+    st.caption(md(f"Finds the pitfalls of moving a one-GPU script to many ({len(RULES)} rules from the field "
+                  "notes: samplers, ranks, DDP order, checkpoints, accumulation...). The script is parsed, never "
+                  "run. Same as `python -m advisor check train.py`."))
+    try:
+        text, name = _script_text()
+        if text is None:
+            return
+        findings = check_source(text, name)
+    except AdvisorError as err:
+        st.error(say(str(err)))
+        return
+    if not findings:
+        st.success(f"No findings: none of the {len(RULES)} rules fired on {name}")
+        return
+    failing = sum(f.severity in FAILING for f in findings)
+    (st.error if failing else st.info)(md(f"{len(findings)} finding(s) in {name}: {failing} error(s)/warning(s), "
+                                          f"{len(findings) - failing} info"))
+    st.dataframe(findings_frame(findings), hide_index=True, width="stretch")
+    for rule_id in dict.fromkeys(f.rule for f in findings):
+        with st.expander(f"{rule_id}: {RULES[rule_id].title}"):
+            st.text(RULES[rule_id].doc)
+
+
 # -------------------------------------------------------------------------------------------- page
 def main() -> None:
-    """The page: inputs in the sidebar; summary, recommendation, memory, scripts and verification."""
+    """The page: inputs in the sidebar; summary, recommendation, memory, scripts and verification in
+    the first tab; the script checker in the second."""
     st.set_page_config(page_title="advisor: GPU memory for training", layout="wide")
     st.title("How much GPU memory will training need?")
+    plan_tab, check_tab = st.tabs(["Memory and strategy", "Check my training script"])
+    with check_tab:
+        show_check()
+    with plan_tab:
+        show_plan()
+
+
+def show_plan() -> None:
+    """Plan from the sidebar's inputs: summary, recommendation, memory, scripts and verification."""
     try:
         form = read_form()
         p = cached_plan(form.key())

@@ -209,3 +209,37 @@ def test_messages_name_the_page_widgets_not_cli_flags(at: AppTest) -> None:
     assert len(errors) == 1, errors
     assert errors[0].startswith("'Global batch size' 7 is not a multiple of micro-batch 1 x 4 GPUs"), errors
     assert "another 'Micro-batch size per GPU'" in errors[0] and "--" not in errors[0], errors
+
+
+# --- the "Check my training script" tab ---------------------------------------------------------------
+CHECK_DATA = Path(__file__).parent / "data" / "check"
+
+
+def test_check_tab_lists_findings_of_a_pasted_script(at: AppTest) -> None:
+    from advisor.check import check_source
+
+    bad = (CHECK_DATA / "mg002_bad.py").read_text()
+    at.text_area(key="check_text").input(bad).run()
+    assert not at.exception, texts(at.exception)
+    frame = next(d.value for d in at.dataframe if "rule" in d.value.columns)
+    expected = [(f.line, f.rule) for f in check_source(bad, "train.py")]
+    assert list(zip(frame["line"], frame["rule"])) == expected and expected
+    assert any(e.startswith(f"{len(expected)} finding(s) in train.py") for e in texts(at.error)), texts(at.error)
+    assert any("Recommendation: " in t for t in texts(at.success))  # the plan tab still renders
+
+
+def test_check_tab_clean_script_and_syntax_error(at: AppTest) -> None:
+    at.text_area(key="check_text").input((CHECK_DATA / "mg002_good.py").read_text()).run()
+    assert any(t.startswith("No findings") for t in texts(at.success)), texts(at.success)
+    at.text_area(key="check_text").input("def broken(:\n    pass\n").run()
+    assert not at.exception, texts(at.exception)
+    errors = texts(at.error)
+    assert len(errors) == 1 and "train.py:1: cannot parse" in errors[0], errors
+
+
+def test_check_tab_uploaded_file(at: AppTest) -> None:
+    at.file_uploader(key="check_file").upload("my_train.py", (CHECK_DATA / "mg013_bad.py").read_bytes(), "text/x-python")
+    at.run()
+    assert not at.exception, texts(at.exception)
+    frame = next(d.value for d in at.dataframe if "rule" in d.value.columns)
+    assert list(frame["rule"]) == ["MG013"]
