@@ -54,6 +54,12 @@ class StepTrace:
     ``fwd_peak``: the peak inside forward (activations so far + temporaries such as fp32 logits).
     ``bwd_peak``: the peak inside backward, split into forward-retained activations still alive
     (``bwd_activations``), gradients accumulated so far (``bwd_grads``) and the rest (temporaries).
+    ``bwd_net_peak``: the largest live total *minus* the gradients accumulated so far, at the event
+    where that is largest, and the activations and gradients alive there (``bwd_net_activations``,
+    ``bwd_net_grads``). This is the
+    peak that matters when gradients live in preallocated buffers for the whole step (DDP's buckets):
+    those are counted once, as resident, and the peak of everything else may come earlier in backward
+    than the peak of the sum (resnet18: at layer4's first convolution, not at the end).
     """
 
     activations: int
@@ -63,6 +69,9 @@ class StepTrace:
     bwd_grads: int
     grads: int
     flops: int
+    bwd_net_peak: int = 0
+    bwd_net_activations: int = 0
+    bwd_net_grads: int = 0  # gradients accumulated by that event (0: it precedes the first gradient)
 
     @property
     def peak(self) -> int:
@@ -90,9 +99,10 @@ class Timeline:
     attention_calls: int = 0  # calls of F.scaled_dot_product_attention (0: the model has no SDPA)
 
 
-def _phase_peak(e1: tuple, e2: tuple, b: int) -> tuple[int, int, int]:
+def _phase_peak(e1: tuple, e2: tuple, b: int, net: bool = False) -> tuple[int, int, int]:
     """Peak over the events of one phase at micro-batch ``b``, each event linear in b between the
-    traces at ``BASE_B`` and ``BASE_B + 1`` (same op sequence); returns (live, retained, grads) there."""
+    traces at ``BASE_B`` and ``BASE_B + 1`` (same op sequence); returns (live, retained, grads) at
+    the event with the largest live total, or with ``net`` the largest live total minus gradients."""
     if not e1:
         return (0, 0, 0)
     if len(e1) != len(e2):  # a few ops differ between the sizes: align events proportionally
@@ -101,11 +111,12 @@ def _phase_peak(e1: tuple, e2: tuple, b: int) -> tuple[int, int, int]:
             e1 = tuple(e1[i * n1 // n2] for i in range(n2))
         else:
             e2 = tuple(e2[i * n2 // n1] for i in range(n1))
-    best = None
+    best, best_key = None, None
     for x, y in zip(e1, e2):
-        live = x[0] + (b - BASE_B) * (y[0] - x[0])
-        if best is None or live > best[0]:
-            best = (live, x[1] + (b - BASE_B) * (y[1] - x[1]), x[2] + (b - BASE_B) * (y[2] - x[2]))
+        event = tuple(x[i] + (b - BASE_B) * (y[i] - x[i]) for i in range(3))
+        key = event[0] - event[2] if net else event[0]
+        if best_key is None or key > best_key:
+            best, best_key = event, key
     return best
 
 
@@ -113,10 +124,12 @@ def evaluate(t1: Timeline, t2: Timeline, b: int) -> StepTrace:
     """The step at micro-batch ``b`` from traces at ``BASE_B`` (``t1``) and ``BASE_B + 1`` (``t2``)."""
     fwd = _phase_peak(t1.fwd, t2.fwd, b)
     bwd = _phase_peak(t1.bwd, t2.bwd, b)
+    net = _phase_peak(t1.bwd, t2.bwd, b, net=True)
     lin = lambda x, y: int(x + (b - BASE_B) * (y - x))  # noqa: E731
     return StepTrace(activations=lin(t1.activations, t2.activations), fwd_peak=fwd[0], bwd_peak=bwd[0],
                      bwd_activations=bwd[1], bwd_grads=bwd[2], grads=lin(t1.grads, t2.grads),
-                     flops=lin(t1.flops, t2.flops))
+                     flops=lin(t1.flops, t2.flops), bwd_net_peak=net[0] - net[2], bwd_net_activations=net[1],
+                     bwd_net_grads=net[2])
 
 
 @dataclass(frozen=True)

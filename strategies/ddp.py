@@ -62,19 +62,20 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
     dp = ctx.world_size // tp_degree if dp_size is None else dp_size
     accumulating = grad_accum_steps(ctx, dp) > 1
     step = ctx.profile.activations(trace_mode(opts.precision), tp_degree).at(micro_batch)
-    in_flight = step.bwd_peak - step.bwd_activations - step.bwd_grads
-    if ddp:
+    if ddp:  # gradients resident in the buckets: the backward peak is the traced peak net of gradients
         buckets = 0 if opts.gradient_as_bucket_view else full_grads
         resident = full_grads * (2 if accumulating else 1)
         fwd_grads, bwd_grads = resident, resident
+        bwd_act, in_flight = step.bwd_net_activations, step.bwd_net_peak - step.bwd_net_activations
     else:
         buckets = 0
         fwd_grads = full_grads if accumulating else 0
         bwd_grads = full_grads if accumulating else step.bwd_grads
+        bwd_act, in_flight = step.bwd_activations, step.bwd_peak - step.bwd_activations - step.bwd_grads
     fwd = Breakdown(params=params, grads=fwd_grads, optimizer_states=optim, buffers=buckets,
                     activations=step.activations, other=max(0, step.fwd_peak - step.activations), phase="forward")
     bwd = Breakdown(params=params, grads=bwd_grads, optimizer_states=optim, buffers=buckets,
-                    activations=step.bwd_activations, other=max(0, in_flight), phase="backward")
+                    activations=bwd_act, other=max(0, in_flight), phase="backward")
     temp = optimizer_step_temp_bytes(opts.optimizer, ctx.device, stats.largest_param_numel, w)
     opt_step = Breakdown(params=params, grads=full_grads, optimizer_states=optim, buffers=buckets, other=temp,
                          phase="optimizer step")

@@ -83,7 +83,8 @@ def stage12_phases(s: dict[str, int], step, params: int, optim: int, stage: int,
     * first gradient: ``process_gradients`` -> ``setup_buckets`` allocates the bucket when the first
       parameter gradient arrives, while the forward's activations are still alive (the temporaries
       of that moment are not in the traced figures, so this is a lower bound);
-    * backward at the traced peak: the bucket only if a gradient exists by then (``bwd_grads`` > 0);
+    * backward at the traced peak (stage 2: net of gradients, which are copied into the bucket and
+      freed): the bucket only if a gradient exists by then;
       stage 2's 16-bit gradient partition (``grads_in_partition``) is allocated at the first bucket
       reduction (``copy_grads_in_partition``), inside the backward only when the bucket is smaller
       than the gradients; stage 1 keeps the gradients as they accumulate;
@@ -97,22 +98,23 @@ def stage12_phases(s: dict[str, int], step, params: int, optim: int, stage: int,
       freed (``free_grad_in_param_list``), then the optimizer runs on the fp32 gradient partition.
     """
     bucket, g16, g32 = s["bucket"], s["grads16"], s["grads32"]
-    in_flight = max(0, step.bwd_peak - step.bwd_activations - step.bwd_grads)
+    if stage == 1:  # gradients accumulate as autograd makes them: the traced peak of the sum
+        act, grads_so_far = step.bwd_activations, step.bwd_grads
+        in_flight = max(0, step.bwd_peak - act - grads_so_far)
+    else:  # each gradient is copied into the bucket and freed: the traced peak net of gradients
+        act, grads_so_far = step.bwd_net_activations, step.bwd_net_grads
+        in_flight = max(0, step.bwd_net_peak - act)
     fwd = Breakdown(params=params, optimizer_states=optim, activations=step.activations,
                     other=max(0, step.fwd_peak - step.activations), phase="forward")
     if offload:  # gradients go to host memory bucket by bucket
-        bwd = Breakdown(params=params, buffers=bucket, activations=step.bwd_activations, other=in_flight,
-                        phase="backward")
+        bwd = Breakdown(params=params, buffers=bucket, activations=act, other=in_flight, phase="backward")
         return [fwd, bwd]
-    started = step.bwd_grads > 0
-    if stage == 1:
-        bwd_grads = step.bwd_grads
-    else:
-        bwd_grads = g16 if started and bucket_fills else 0
+    started = grads_so_far > 0
+    bwd_grads = grads_so_far if stage == 1 else (g16 if started and bucket_fills else 0)
     first = Breakdown(params=params, optimizer_states=optim, buffers=bucket, activations=step.activations,
                       phase="backward (first gradient)")
     bwd = Breakdown(params=params, grads=bwd_grads, optimizer_states=optim, buffers=bucket if started else 0,
-                    activations=step.bwd_activations, other=in_flight, phase="backward")
+                    activations=act, other=in_flight, phase="backward")
     reduce = Breakdown(params=params, grads=g16 if bucket_fills or stage == 1 else 0, optimizer_states=optim,
                        buffers=bucket + s["reduce_copy"], phase="end of backward (bucket reduction)")
     epilogue = Breakdown(params=params, grads=g16, optimizer_states=optim, buffers=bucket,
@@ -136,10 +138,10 @@ def stage3_phases(s: dict[str, int], step, params: int, optim: int, offload: boo
     grads = 0 if offload else s["grads16"]
     resident = dict(params=params, grads=grads, optimizer_states=optim)
     buffers = s["bucket"] + s["gathered"]
-    in_flight = max(0, step.bwd_peak - step.bwd_activations - step.bwd_grads)
+    in_flight = max(0, step.bwd_net_peak - step.bwd_net_activations)
     fwd = Breakdown(**resident, buffers=buffers, activations=step.activations,
                     other=max(0, step.fwd_peak - step.activations), phase="forward")
-    bwd = Breakdown(**resident, buffers=buffers, activations=step.bwd_activations, other=in_flight, phase="backward")
+    bwd = Breakdown(**resident, buffers=buffers, activations=step.bwd_net_activations, other=in_flight, phase="backward")
     if offload:
         return [fwd, bwd]
     reduce = Breakdown(**resident, buffers=s["bucket"] + 2 * s["reduce_copy"], phase="end of backward (reduce-scatter)")

@@ -111,6 +111,18 @@ def test_activations_linear_in_micro_batch_and_checkpointing_saves():
     assert ckpt.bwd_peak < prof.at(8).bwd_peak
 
 
+def test_backward_peak_net_of_gradients():
+    """DDP keeps gradients in buckets for the whole step, so its backward peak is the event with the
+    largest live total net of gradients: for resnet18 that is mid-backward (layer4's first convolution),
+    with more activations alive than at the end of backward, where the gross peak sits."""
+    from advisor.trace import profile_activations
+
+    step = profile_activations(resolve_model("resnet18", image_size=64), "fp32", "flash", False).at(16)
+    assert step.bwd_peak - step.bwd_grads <= step.bwd_net_peak <= step.bwd_peak
+    assert step.bwd_net_activations > step.bwd_activations
+    assert 0 < step.bwd_net_grads < step.grads
+
+
 def test_depth_extrapolation_matches_full_trace():
     from advisor.trace import ActivationProfile, profile_activations, trace_step
 
