@@ -141,7 +141,7 @@ def render_text(p) -> str:
         "fragmentation)",
     ]
     head = (f"{'strategy':<15}{'params':>8}{'grads':>8}{'optim':>8}{'activ':>8}{'buffers':>8}{'other':>8}"
-            f"{'peak':>8}{'device':>8}  {'fits':<5}{'16B/p':>8}{'max mb':>7}{'GA':>4}  host/node")
+            f"{'peak':>8}{'device':>8}  {'fits':<5}{'16B/p':>8}{'max mb':>7}{'GA':>4}  {'peak in':<10}host/node")
     lines += [head, "-" * len(head)]
     for r in p.rows:
         if not r.applicable:
@@ -152,15 +152,19 @@ def render_text(p) -> str:
         lines.append(f"{r.name:<15}{_g(b.params):>8}{_g(b.grads):>8}{_g(b.optimizer_states):>8}"
                      f"{_g(b.activations):>8}{_g(b.buffers):>8}{_g(b.other):>8}{_g(b.total):>8}"
                      f"{_g(m.device_total):>8}  {'yes' if r.fits else 'NO':<5}{rule:>8}{r.max_micro_batch_size:>7}"
-                     f"{r.grad_accum_steps:>4}  {_g(m.host_bytes_per_node) if m.host_bytes_per_node else '-'}")
+                     f"{r.grad_accum_steps:>4}  {_short_phase(b.phase):<10}"
+                     f"{_g(m.host_bytes_per_node) if m.host_bytes_per_node else '-'}")
         if r.deepspeed_estimate:
             de = r.deepspeed_estimate
             lines.append(f"{'':<15}DeepSpeed's estimator (model states only): {_g(de['gpu_bytes'])} GiB/GPU, "
                          f"{_g(de['host_bytes_per_node'])} GiB host/node")
     lines.append("16B/p: 16 bytes/parameter x safety factor, sharded per strategy ('!' = over the GPU memory)")
+    lines.append("peak in: the moment of the step with the largest total (fwd, bwd, bwd-end: gradient reduction, "
+                 "step; step-flat: DeepSpeed flattening the gradients for the optimizer)")
     if o.precision in ("bf16", "fp16"):
-        lines.append(f"activ (DDP, TP): includes autocast's {o.precision} copies of the weights, saved for backward "
-                     "(about 2 bytes per parameter); ZeRO keeps 16-bit weights, so it has none")
+        lines.append(f"DDP/TP activ or other include autocast's {o.precision} copies of the weights (cached until the "
+                     "forward ends, kept for backward; about 2 bytes per parameter); ZeRO keeps 16-bit weights, so "
+                     "it has none")
     rec = p.recommendation
     lines.append("")
     if rec.strategy:
@@ -174,6 +178,16 @@ def render_text(p) -> str:
     if launch:
         lines += ["", f"Launch: {launch}"]
     return "\n".join(lines)
+
+
+_PHASES = {"forward": "fwd", "backward": "bwd", "backward (first gradient)": "bwd",
+           "end of backward (bucket reduction)": "bwd-end", "end of backward (gradient partition filled)": "bwd-end",
+           "end of backward (reduce-scatter)": "bwd-end", "optimizer step (flatten)": "step-flat",
+           "optimizer step": "step"}
+
+
+def _short_phase(phase: str) -> str:
+    return _PHASES.get(phase, phase[:9])
 
 
 def _launch_line(p) -> str | None:
@@ -197,6 +211,10 @@ def _check_strategy_flags(args: argparse.Namespace) -> None:
         raise AdvisorError("--force only applies to --emit DIR")
     if args.emit is not None and not args.emit.strip():
         raise AdvisorError("--emit needs a directory path")
+    if args.emit:  # before minutes of planning, not after
+        from strategies.render import check_emit_dir
+
+        check_emit_dir(args.emit, args.force)
     for flag in ("steps", "timeout"):
         if getattr(args, flag) is not None and not args.verify:
             raise AdvisorError(f"--{flag} applies to --verify only: add --verify or drop --{flag}")
@@ -222,7 +240,7 @@ def _emit(result, args: argparse.Namespace) -> None:
         print(f"  ! {row.title} does not fit: {gib(row.memory.device_total):.2f} GiB per GPU estimated vs "
               f"{gib(result.hardware.gpu_memory_bytes):.2f} GiB; the script will likely run out of memory", file=stream)
     print(f"\nWrote {', '.join(str(p) for p in written)}", file=stream)
-    where = shlex.quote(args.emit)
+    where = shlex.quote(args.emit.rstrip("/") or "/")
     print(f"Run: cd {where} && {launch_command_for(job)}   (or: bash {where}/launch.sh)", file=stream)
 
 

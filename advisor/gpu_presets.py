@@ -68,6 +68,7 @@ def get_gpu_preset(name: str) -> GpuPreset:
     if key in GPU_PRESETS:
         return GPU_PRESETS[key]
     names = [p.name for p in GPU_PRESETS.values()]
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.3)
+    contains = [n for n in names if key and key in n.lower()]  # "h100" -> H100-80GB first
+    close = (contains + [n for n in difflib.get_close_matches(name, names, n=3, cutoff=0.3) if n not in contains])[:3]
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise AdvisorError(f"unknown GPU preset {name!r}: {hint}known presets: {', '.join(names)}")

@@ -284,6 +284,24 @@ def launch_command(plan, strategy: str) -> str | None:
         return None
 
 
+OWN_FILES = ("train.py", "launch.sh", "ds_config.json", "hostfile")
+
+
+def check_emit_dir(out_dir: str | Path, force: bool, names: list[str] | tuple[str, ...] = OWN_FILES) -> Path:
+    """Refuse, before any work, a path that is not a directory, or a non-empty directory without ``force``.
+
+    Raises:
+        AdvisorError: as said, naming the files --force would overwrite.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise AdvisorError(f"--emit {out_dir}: exists and is not a directory: choose another path")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise AdvisorError(f"--emit {out_dir}: directory is not empty; choose an empty one or pass --force "
+                           f"(which overwrites only {', '.join(names)})")
+    return out
+
+
 def write_files(files: dict[str, str], out_dir: str | Path, force: bool = False) -> list[Path]:
     """Write ``files`` into ``out_dir`` (created if missing). Refuses a non-empty directory unless
     ``force``; even then only our own file names are written, nothing else is touched or deleted.
@@ -291,12 +309,7 @@ def write_files(files: dict[str, str], out_dir: str | Path, force: bool = False)
     Raises:
         AdvisorError: non-empty directory without force, a path that is not a directory, or an OS error.
     """
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise AdvisorError(f"--emit {out_dir}: exists and is not a directory: choose another path")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise AdvisorError(f"--emit {out_dir}: directory is not empty; choose an empty one or pass --force "
-                           f"(which overwrites only {', '.join(sorted(files))})")
+    out = check_emit_dir(out_dir, force, sorted(files))
     written = []
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -93,9 +93,11 @@ def stage12_phases(s: dict[str, int], step, params: int, optim: int, stage: int,
       tensor (``tensor = self.flatten(bucket)``) next to the bucket; the gradient partition is
       filled after that copy is freed (measured on CPU, resnet18 at world size 2: bucket 44.6 MiB +
       flat copy 44.6 MiB at the peak, inside ``reduce_ipg_grads``);
-    * optimizer step (``step``): the partition is flattened and cast to fp32
-      (``flatten(...).to(fp32)``, a second copy unless the weights are fp32), the 16-bit gradients are
-      freed (``free_grad_in_param_list``), then the optimizer runs on the fp32 gradient partition.
+    * optimizer step (``step``): the gradients of parameters outside the partition are freed first
+      (``free_grad_in_param_list(params_not_in_partition)``; stage 1 kept them all until here), the
+      partition is flattened and cast to fp32 (``flatten(...).to(fp32)``, a second copy unless the
+      weights are fp32), the partition's 16-bit gradients are freed, then the optimizer runs on the
+      fp32 gradient partition.
     """
     bucket, g16, g32 = s["bucket"], s["grads16"], s["grads32"]
     if stage == 1:  # gradients accumulate as autograd makes them: the traced peak of the sum
@@ -119,8 +121,11 @@ def stage12_phases(s: dict[str, int], step, params: int, optim: int, stage: int,
                        buffers=bucket + s["reduce_copy"], phase="end of backward (bucket reduction)")
     epilogue = Breakdown(params=params, grads=g16, optimizer_states=optim, buffers=bucket,
                          phase="end of backward (gradient partition filled)")
-    cast = g16 if s["w"] == 4 else g16 + g32  # flatten copy (+ its fp32 cast)
-    flatten = Breakdown(params=params, grads=g16 + cast, optimizer_states=optim, phase="optimizer step (flatten)")
+    # The step first frees the gradients of parameters outside this rank's partition (stage 1 kept them
+    # all), then flattens the partition's and casts that to fp32 (a second copy unless already fp32).
+    part = s["grads16_partition"]
+    cast = part if s["w"] == 4 else part + g32
+    flatten = Breakdown(params=params, grads=part + cast, optimizer_states=optim, phase="optimizer step (flatten)")
     opt_step = Breakdown(params=params, grads=g32, optimizer_states=optim, other=temp, phase="optimizer step")
     return [fwd, first, bwd, reduce, epilogue, flatten, opt_step]
 
@@ -185,6 +190,7 @@ class Zero(Strategy):
             master=-(-4 * t // n),
             moments=-(-4 * k * t // n),
             grads16=t * w if self.stage == 1 else -(-t * w // n),
+            grads16_partition=-(-t * w // n),
             grads32=-(-4 * t // n),
             # One bucket: stages 1-2 add a second only with overlap_comm (off in our configs;
             # stage_1_and_2.py setup_buckets), stage 3 allocates exactly one (stage3.py __init__, "IPG").
