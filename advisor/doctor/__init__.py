@@ -84,7 +84,7 @@ def _timeout(text: str) -> float:
     """Seconds, more than 0 and at most an hour."""
     value = finite_float(text)
     if not 0 < value <= MAX_TIMEOUT_S:
-        raise argparse.ArgumentTypeError(f"must be seconds between 0 and {MAX_TIMEOUT_S:g}, got {text}")
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds, got {text}")
     return value
 
 

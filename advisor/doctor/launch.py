@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -12,7 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .checks import FAIL, PASS, WARN, Check
 
@@ -35,7 +36,7 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
     script, log_path = work / "allreduce.py", work / "run.log"
     shutil.copyfile(_WORKER, script)
     try:
-        with _MachineLock():
+        with _wait_for_lock(_MachineLock, VerifyBusy, timeout_s):
             port = free_port()
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
                    "--master_addr=127.0.0.1", f"--master_port={port}", str(script), backend, f"{timeout_s:g}"]
@@ -45,15 +46,20 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
             elapsed = time.monotonic() - start
     except VerifyBusy:
         shutil.rmtree(work, ignore_errors=True)
-        return Check("allreduce", WARN, "skipped: an advisor verification is running on this machine",
-                     "rerun advisor doctor when it has finished (the two ranks would compete for the same cores)")
+        return Check("allreduce", WARN, f"skipped: an advisor verification kept this machine busy for "
+                     f"{timeout_s:g} s", "rerun advisor doctor when it has finished (the two ranks would compete "
+                     "for the same cores), or raise --timeout to wait longer")
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
     ok_ranks = set(re.findall(rf"{_MARK} rank=(\d+) allreduce=\S+ expected=2 ok=True", text))
     if rc == 0 and ok_ranks == {"0", "1"}:
         shutil.rmtree(work, ignore_errors=True)
         return Check("allreduce", PASS, f"2 ranks over {how} via torchrun on 127.0.0.1:{port}: all_reduce(ones) "
                      f"= 2 on both ranks, 2 DDP steps kept the weights equal, {elapsed:.1f} s")
-    rerun = f"script and log kept in {work}; rerun by hand: {shlex.join(cmd)}"
+    if not text.strip():  # nothing to read there: do not leave an empty directory behind
+        shutil.rmtree(work, ignore_errors=True)
+        rerun = f"the ranks printed nothing; rerun by hand: {shlex.join(cmd[:-2])} <script> {backend} {timeout_s:g}"
+    else:
+        rerun = f"script and log kept in {work}; rerun by hand: {shlex.join(cmd)}"
     if timed_out:
         return Check("allreduce", FAIL, f"2 ranks over {backend} did not finish within {timeout_s:g} s "
                      "(launcher and ranks killed)", "a hang means a rank cannot reach the other (firewall, "
@@ -69,6 +75,26 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
     fix = ("another process took the port: rerun" if "Address already in use" in text else
            "fix the cause above (a broken torch/NCCL install, or run with NCCL_DEBUG=INFO for NCCL)")
     return Check("allreduce", FAIL, f"2 ranks over {backend} failed (exit code {rc}): {cause}", f"{fix}; {rerun}")
+
+
+@contextlib.contextmanager
+def _wait_for_lock(lock_cls, busy_cls, timeout_s: float) -> Iterator[None]:
+    """Hold verify's machine lock, waiting up to ``timeout_s`` for a running verification to finish;
+    raises ``busy_cls`` after that."""
+    deadline = time.monotonic() + timeout_s
+    lock = lock_cls()
+    while True:
+        try:
+            lock.__enter__()
+            break
+        except busy_cls:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def _run_group(cmd: list[str], cwd: Path, log_path: Path, env: dict[str, str], timeout_s: float,

@@ -108,8 +108,10 @@ def render_text(checks: Sequence[Check], versions: dict[str, str | None], option
         lines.append(f"{c.status}  {c.name}: {c.detail}")
         if c.fix and c.status != PASS:
             lines.append(f"      fix: {c.fix}")
-    if options.data is None or options.ckpt_dir is None:
-        lines.append("      (pass --data DIR and --ckpt-dir DIR to check those paths too)")
+    unchecked = [flag for flag, value in (("--data DIR", options.data), ("--ckpt-dir DIR", options.ckpt_dir))
+                 if value is None]
+    if unchecked:
+        lines.append(f"      (pass {' and '.join(unchecked)} to check {'those paths' if len(unchecked) > 1 else 'that path'} too)")
     width = max(len(label) for label in _LABELS.values())
     lines += ["", "Versions (every node needs the same Python, torch, CUDA: field notes pitfall 18):"]
     for key, value in versions.items():
