@@ -89,9 +89,16 @@ def test_ddp_runs_and_matches_estimate(ddp_run):
     _check_run(ddp_run[0], 2)
 
 
+def _deepspeed_shm() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*")}
+
+
 @pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3"])
 def test_zero_runs_and_matches_estimate(tmp_path_factory, strategy):
+    before = _deepspeed_shm()
     result, out = _run(tmp_path_factory, strategy)
+    # DeepSpeed's CPU ranks leave a ~66 MiB /dev/shm buffer each; verify removes its run's
+    assert _deepspeed_shm() <= before
     # ZeRO-3 on gloo keeps between 1 and 4 bucket-sized copies alive during the end-of-backward
     # reduce-scatter, varying run to run (bench/README.md, finding 4); ZeRO-2 ranks sometimes hold one
     # or two more weights-sized allocations at the start of backward (measured here: 1 run in 3,
