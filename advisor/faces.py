@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Callable
 
 from .errors import AdvisorError
 
-EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
+EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -53,7 +54,7 @@ def positive_float(text: str) -> float:
 
 def run_face(body: Callable[[], int]) -> int:
     """Run a face's ``body`` and return its exit code; ``AdvisorError`` -> its one line on stderr and
-    exit 2, Ctrl-C -> exit 130."""
+    exit 2, Ctrl-C -> exit 130, a closed pipe on stdout -> exit 141 quietly."""
     try:
         return body()
     except AdvisorError as err:
@@ -62,3 +63,6 @@ def run_face(body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("advisor: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `advisor ... | head`: the reader left; say nothing more (Python docs, signal)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE

@@ -4,6 +4,7 @@ cases of guards, aliases and tracing, and the CLI's exit codes and one-line erro
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from advisor.check import RULES, CheckError, Finding, check_paths, check_source
+from advisor.check import RULES, CheckError, Finding, check_files, check_paths, check_source
 from advisor.check.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +158,9 @@ SNIPPETS = {
     "guard decorator": (DIST + f"@rank_zero_only\ndef save(model):\n    {SAVE}\nsave(model)\n", []),
     "guard caller": (DIST + f"def save(model):\n    {SAVE}\nif rank == 0:\n    save(model)\n", []),
     "never called": (DIST + f"def save(model):\n    {SAVE}\n", []),
+    "per-rank shard file": (DIST + 'torch.save(model.state_dict(), f"shard_rank{dist.get_rank()}.pt")\n'
+                            'torch.save(model.state_dict(), f=f"opt_{rank}.pt")\n', []),
+    "shared file is not": (DIST + 'torch.save(model.state_dict(), f"model_{epoch}.pt")\n', [("MG009", 4)]),
     "unguarded caller": (DIST + f"def save(model):\n    {SAVE}\nsave(model)\n", [("MG009", 5)]),
     "spawned": (DIST + f"def train(model):\n    {SAVE}\nmp.spawn(train, nprocs=4)\n", [("MG009", 5)]),
     "not a guard": (DIST + f"if epoch % 10 == 0:\n    {SAVE}\nif rank != 1:\n    {SAVE}\n",
@@ -215,6 +219,128 @@ SNIPPETS = {
                                      "    if i % 4:\n        continue\n    optimizer.step()\n", [("MG011", 7)]),
     "nested syntax ok": ("x = " + "(" * 50 + "1" + ")" * 50 + "\n", []),
 }
+
+# Regressions from a user's report: (source, expected (rule, line) list). Each failed before its fix.
+DDP_IMPORT = DIST + "from torch.nn.parallel import DistributedDataParallel as DDP\n"  # 4 lines
+REPORTED = {
+    # MG007: the PyTorch DDP tutorial saves ddp_model.state_dict() and loads it back into ddp_model
+    "ddp tutorial checkpoint": (DDP_IMPORT + "def demo(rank):\n    ddp_model = DDP(net.to(rank), device_ids=[rank])\n"
+                                "    if rank == 0:\n        torch.save(ddp_model.state_dict(), 'ckpt.pt')\n"
+                                "    dist.barrier()\n    ddp_model.load_state_dict(torch.load('ckpt.pt', "
+                                "map_location={'cuda:0': f'cuda:{rank}'}))\n", []),
+    "ddp loaded into another ddp name": (DDP_IMPORT + "a = DDP(net)\nif rank == 0:\n"
+                                         "    torch.save(a.state_dict(), 'c.pt')\nb = DDP(net2)\n"
+                                         "b.load_state_dict(torch.load('c.pt', map_location='cpu'))\n", []),
+    "ddp saved, loaded into the plain model": (DDP_IMPORT + "a = DDP(net)\nif rank == 0:\n"
+                                               "    torch.save(a.state_dict(), 'c.pt')\n"
+                                               "net.load_state_dict(torch.load('c.pt', map_location='cpu'))\n",
+                                               [("MG007", 7)]),
+    # MG008: CPU-side state (scheduler, scaler, RNG) needs no map_location; models and optimizers do
+    "load scheduler state": (DIST + "sched.load_state_dict(torch.load('scheduler.pt', weights_only=True))\n", []),
+    "load trainer cpu states": (DIST + "checkpoint_rng_state = torch.load(rng_file, weights_only=True)\n"
+                                "self.lr_scheduler.load_state_dict(\n    torch.load(os.path.join(checkpoint, "
+                                "SCHEDULER_NAME), weights_only=True))\n"
+                                "self.accelerator.scaler.load_state_dict(torch.load(os.path.join(checkpoint, "
+                                "SCALER_NAME)))\nrng = torch.load(f'rng_state_{rank}.pth')\n"
+                                "epoch = torch.load('epoch.pt')\nsampler.load_state_dict(torch.load(p))\n", []),
+    "load model, optimizer, checkpoint": (DIST + "model.load_state_dict(torch.load('model.pt'))\n"
+                                          "optimizer.load_state_dict(torch.load('optimizer.pt', weights_only=True))\n"
+                                          "ckpt = torch.load('checkpoint_epoch_5.pt')\n"
+                                          "state = torch.load(args.resume)\n"
+                                          "sched.load_state_dict(torch.load(args.resume)['scheduler'])\n"
+                                          "model_rng = torch.load(p)\n",
+                                          [("MG008", 4), ("MG008", 5), ("MG008", 6), ("MG008", 7), ("MG008", 8),
+                                           ("MG008", 9)]),
+    # MG013: teardown under an alias, in a helper from another file; DeepSpeed's init; no call, no teardown
+    "destroy under an alias": ("import torch.distributed as dist\n"
+                               "from torch.distributed import destroy_process_group as cleanup\n"
+                               "dist.init_process_group('nccl')\ncleanup()\n", []),
+    "destroy by assignment alias": ("import torch.distributed as dist\nbye = dist.destroy_process_group\n"
+                                    "dist.init_process_group('nccl')\nbye()\n", []),
+    "destroy at exit": ("import atexit\nimport torch.distributed as dist\ndist.init_process_group('nccl')\n"
+                        "atexit.register(dist.destroy_process_group)\n", []),
+    "teardown helper elsewhere": ("import torch.distributed as dist\nimport utils\n"
+                                  "dist.init_process_group('nccl')\nutils.cleanup_distributed()\n", []),
+    "teardown helper imported": ("import torch.distributed as dist\nfrom common import teardown\n"
+                                 "dist.init_process_group('nccl')\nteardown()\n", []),
+    "deepspeed init": ("import deepspeed\ndeepspeed.init_distributed()\n", []),
+    "destroy without parentheses": ("import torch.distributed as dist\ndist.init_process_group('nccl')\n"
+                                    "dist.destroy_process_group\n", [("MG013", 2)]),
+    "in-file cleanup that does not destroy": ("import torch.distributed as dist\ndef cleanup():\n    pass\n"
+                                              "dist.init_process_group('nccl')\ncleanup()\n", [("MG013", 4)]),
+    # MG009: per-rank lines with the rank in them are what the fix recommends
+    "prints with the rank": ("import logging\n" + DIST + "rank = dist.get_rank()\nprint(f'[rank {rank}] starting')\n"
+                             "print('[rank {}] up'.format(dist.get_rank()))\n"
+                             "print('local %s' % os.environ['LOCAL_RANK'])\n"
+                             "print('device', device_id)\nprint(f'{args.local_rank}: ready')\n"
+                             "logging.info('rank %d ready', rank)\nprint('done')\n", [("MG009", 12)]),
+    "torchrun tutorial print": (DIST + "class Trainer:\n    def __init__(self, gpu_id):\n        self.gpu_id = gpu_id\n"
+                                "    def _run_epoch(self, epoch):\n        print(f'[GPU{self.gpu_id}] Epoch {epoch}')\n"
+                                "    def train(self):\n        self._run_epoch(0)\n        print(f'epoch done')\n"
+                                "Trainer(0).train()\n", [("MG009", 11)]),
+    # MG003: a sampler made inside the DataLoader call, looped over epochs, never set_epoch'd
+    "inline sampler": ("from torch.utils.data import DataLoader, DistributedSampler\ndef train(ds, model):\n"
+                       "    loader = DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds))\n"
+                       "    for epoch in range(10):\n        for i, x in enumerate(loader):\n            model(x)\n",
+                       [("MG003", 3)]),
+    "inline sampler with loader.sampler.set_epoch": (
+        "from torch.utils.data import DataLoader, DistributedSampler\n"
+        "loader = DataLoader(ds, sampler=DistributedSampler(ds))\nfor epoch in range(10):\n"
+        "    loader.sampler.set_epoch(epoch)\n    for x in loader:\n        model(x)\n", []),
+    "inline sampler, one loader per dataset": (
+        "from torch.utils.data import DataLoader, DistributedSampler\nfor ds in datasets:\n"
+        "    loader = DataLoader(ds, sampler=DistributedSampler(ds))\n    for x in loader:\n        model(x)\n", []),
+    "inline sampler, no shuffle or handed away": (
+        "from torch.utils.data import DataLoader, DistributedSampler\n"
+        "a = DataLoader(ds, sampler=DistributedSampler(ds, shuffle=False))\n"
+        "b = DataLoader(ds, sampler=DistributedSampler(ds))\nfor epoch in range(10):\n"
+        "    for x in a:\n        model(x)\n    run_epoch(b)\n", []),
+    # MG011: no_sync in one function does not excuse another
+    "no_sync in another function": (DDP_IMPORT + "def good(net, data, opt):\n    m = DDP(net)\n"
+                                    "    for i, b in enumerate(data):\n        with m.no_sync():\n"
+                                    "            m(b).sum().backward()\n        if (i + 1) % 4 == 0:\n"
+                                    "            opt.step()\ndef bad(net, data, opt):\n    m = DDP(net)\n"
+                                    "    for i, b in enumerate(data):\n        m(b).sum().backward()\n"
+                                    "        if (i + 1) % 4 == 0:\n            opt.step()\n", [("MG011", 15)]),
+    "no_sync through a helper": (DDP_IMPORT + "import contextlib\nclass T:\n    def __init__(self, net):\n"
+                                 "        self.m = DDP(net)\n        self.sync = self.m.no_sync\n"
+                                 "    def ctx(self, i):\n        return contextlib.nullcontext() if i % 4 == 3 "
+                                 "else self.m.no_sync()\n    def fit(self, data, opt):\n"
+                                 "        for i, b in enumerate(data):\n            with self.ctx(i):\n"
+                                 "                self.m(b).sum().backward()\n            if i % 4 == 3:\n"
+                                 "                opt.step()\n    def fit2(self, data, opt):\n"
+                                 "        for i, b in enumerate(data):\n            with self.sync():\n"
+                                 "                self.m(b).sum().backward()\n            if i % 4 == 3:\n"
+                                 "                opt.step()\n", []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPORTED))
+def test_reported_case(name):
+    source, expected = REPORTED[name]
+    assert _pairs(check_source(source)) == expected
+
+
+def test_set_epoch_once_says_it_is_not_in_the_epoch_loop():
+    source, _ = SNIPPETS["set_epoch once"]
+    message = check_source(source)[0].message
+    assert "`s.set_epoch(...)` is called, but not inside the epoch loop" in message and "only once" not in message
+    never = check_source(SNIPPETS["loader kept"][0])[0].message
+    assert "`s.set_epoch(epoch)` is never called" in never
+
+
+def test_cost_grows_linearly_with_module_level_code(monkeypatch):
+    """The rank-0 guard search used to rescan every earlier statement of a block for each print or
+    save in it: quadratic in a flat script (16 s at 20k lines). Count the guard tests it makes."""
+    from advisor.check import guards
+    calls = []
+    real = guards._holds
+    monkeypatch.setattr(guards, "_holds", lambda *a: calls.append(1) or real(*a))
+    for n in (500, 2000):
+        calls.clear()
+        body = "".join(f"if step == {i}:\n    step += 1\nprint('step', step)  # advisor: ignore\n" for i in range(n))
+        check_source(DIST + "dist.init_process_group('nccl')\n" + body + "dist.destroy_process_group()\n")
+        assert len(calls) < 8 * n, (n, len(calls))
 
 
 @pytest.mark.parametrize("name", sorted(SNIPPETS))
@@ -355,6 +481,8 @@ def test_cli_select_ignore_and_rules(capsys):
     (["/nonexistent/train.py"], ["/nonexistent/train.py: cannot read: No such file"]),
     (["--select", "MG099", "x.py"], ["unknown rule id 'MG099'", "MG001, MG002"]),
     (["--ignore", "", "x.py"], ["--ignore", "valid ids"]),
+    (["--select", "", "x.py"], ["--select needs at least one rule id", "valid ids"]),
+    (["--select", " , ", "x.py"], ["--select needs at least one rule id"]),
     (["--bogus"], ["unrecognized arguments", "--help"]),
 ])
 def test_cli_bad_input_is_one_line_exit_2(capsys, junk, argv, needles):
@@ -365,6 +493,52 @@ def test_cli_bad_input_is_one_line_exit_2(capsys, junk, argv, needles):
         assert needle.format(**junk) in err
 
 
+def test_cli_bad_file_does_not_hide_the_others(capsys, junk):
+    bad, good = str(DATA / "mg001_bad.py"), str(DATA / "mg013_good.py")
+    code, out, err = _run(capsys, junk["broken"], bad, junk["binary"], good)
+    assert code == 2 and [line.split(": ")[0] for line in out.splitlines()] == [f"{bad}:13"]
+    lines = err.splitlines()
+    assert lines[:2] == [f"advisor: error: {junk['broken']}:3: cannot parse: expected ':'",
+                         f"advisor: error: {junk['binary']}:1: cannot parse: NUL byte (a binary file, not Python "
+                         "source)"]
+    assert len(lines) == 4 and "2 file(s)" in lines[2] and "2 more could not be checked" in lines[2]
+    assert lines[3].startswith(f"advisor check: {bad} use(s) no torch.distributed")  # DataParallel: one process
+    code, out, err = _run(capsys, "--json", junk["broken"], bad, "/nonexistent/train.py")
+    assert code == 2 and [(d["rule"], d["line"]) for d in json.loads(out)] == [("MG001", 13)]
+    assert err.splitlines() == [f"advisor: error: {junk['broken']}:3: cannot parse: expected ':'",
+                                "advisor: error: /nonexistent/train.py: cannot read: No such file or directory"]
+    code, out, _ = _run(capsys, "--json", junk["broken"])
+    assert (code, json.loads(out)) == (2, [])
+    findings, errors = check_files([junk["latin"], bad])
+    assert _pairs(findings) == [("MG001", 13)] and [e.line for e in errors] == [2]
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the 3.12 grammar parses it")
+@pytest.mark.parametrize("source", ["def f[T](x: T):\n    return x\n", "class Box[T]:\n    pass\n",
+                                    "type Vector = list[float]\n", "x = 1\nasync def g[T](): pass\n"])
+def test_python_312_syntax_gets_a_hint(source):
+    with pytest.raises(CheckError) as err:
+        check_source(source, "new.py")
+    here = f"Python {sys.version_info.major}.{sys.version_info.minor}"
+    assert str(err.value).startswith("new.py:") and "Python 3.12 syntax" in str(err.value) and here in str(err.value)
+    with pytest.raises(CheckError) as err:
+        check_source("def f(:\n    pass\n", "old.py")
+    assert "3.12" not in str(err.value)
+
+
+def test_cli_reads_stdin(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((DATA / "mg001_bad.py").read_bytes())))
+    code, out, err = _run(capsys, "-", str(DATA / "mg013_good.py"))
+    assert code == 1 and out.startswith("<stdin>:13: MG001 ") and "2 file(s)" in err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"def broken(:\n")))
+    code, out, err = _run(capsys, "--json", "-")
+    assert (code, json.loads(out)) == (2, []) and err.startswith("advisor: error: <stdin>:1: cannot parse: ")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("from torch import nn\nnn.DataParallel(m)\n"))  # no byte buffer
+    assert _run(capsys, "-")[1].startswith("<stdin>:2: MG001 ")
+    from advisor.check.cli import build_parser
+    assert "reads one from stdin" in build_parser().format_help()
+
+
 def test_cli_as_a_module(junk):
     env_python = [sys.executable, "-m", "advisor.check.cli"]
     ok = subprocess.run([*env_python, str(DATA / "mg001_bad.py")], cwd=ROOT, capture_output=True, text=True)
@@ -372,3 +546,16 @@ def test_cli_as_a_module(junk):
     bad = subprocess.run([*env_python, junk["broken"]], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip() == f"advisor: error: {junk['broken']}:3: cannot parse: " \
                                                          "expected ':'" and "Traceback" not in bad.stderr
+    piped = subprocess.run([*env_python, "-"], cwd=ROOT, capture_output=True, text=True,
+                           input=(DATA / "mg001_bad.py").read_text())
+    assert piped.returncode == 1 and piped.stdout.startswith("<stdin>:13: MG001 ")
+
+
+def test_single_process_script_gets_a_pointer(tmp_path, capsys):
+    script = tmp_path / "single.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(2, 2)\nprint(model)\n")
+    assert main([str(script)]) == 0
+    err = capsys.readouterr().err
+    assert f"{script} use(s) no torch.distributed" in err and "--emit DIR" in err
+    assert main([str(DATA / "mg002_good.py")]) == 0
+    assert "use(s) no torch.distributed" not in capsys.readouterr().err

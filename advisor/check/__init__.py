@@ -9,9 +9,10 @@ line, the rule, what is wrong and the fix in one sentence.
         print(finding.format())
 """
 
-from .engine import check_paths, check_source
+from .engine import check_files, check_paths, check_source
 from .findings import FAILING, SEVERITIES, CheckError, Finding
 from .registry import Rule
 from .rules import RULES
 
-__all__ = ["FAILING", "RULES", "SEVERITIES", "CheckError", "Finding", "Rule", "check_paths", "check_source"]
+__all__ = ["FAILING", "RULES", "SEVERITIES", "CheckError", "Finding", "Rule", "check_files", "check_paths",
+           "check_source"]

@@ -109,16 +109,27 @@ def exits(block: list[ast.stmt]) -> bool:
                                         and isinstance(last.value, ast.Call))
 
 
+def _first_early_exit(ctx: Context, parent: ast.AST, field: str, block: list[ast.stmt]) -> tuple[dict, int | None]:
+    """For one block: statement -> its index, and the index of the first ``if R != 0: return`` (or
+    ``if R == 0: ... else: return``) in it (None: none). Computed once per block."""
+    key = ("early-exit", parent, field)
+    if key not in ctx.memo:
+        first = next((i for i, stmt in enumerate(block) if isinstance(stmt, ast.If) and (
+            (nonzero_test(ctx, stmt.test) and exits(stmt.body)) or (zero_test(ctx, stmt.test) and exits(stmt.orelse)))),
+            None)
+        ctx.memo[key] = ({stmt: i for i, stmt in enumerate(block)}, first)
+    return ctx.memo[key]  # type: ignore[return-value]
+
+
 def _after_early_exit(ctx: Context, parent: ast.AST, child: ast.AST) -> bool:
     """An earlier sibling ``if R != 0: return`` (or ``if R == 0: ... else: return``) in ``child``'s block."""
     for field in ("body", "orelse", "finalbody"):
         block = getattr(parent, field, None)
-        if not isinstance(block, list) or child not in block:
+        if not isinstance(block, list):
             continue
-        for stmt in block[:block.index(child)]:
-            if isinstance(stmt, ast.If) and ((nonzero_test(ctx, stmt.test) and exits(stmt.body))
-                                             or (zero_test(ctx, stmt.test) and exits(stmt.orelse))):
-                return True
+        index, first = _first_early_exit(ctx, parent, field, block)
+        if child in index:
+            return first is not None and first < index[child]
     return False
 
 
@@ -164,5 +175,9 @@ def rank_zero_only(ctx: Context, node: ast.AST, _seen: frozenset = frozenset()) 
         return False
     if isinstance(fn, ast.Lambda) or fn in _seen or fn.name.startswith("__"):
         return True  # unknown callers: leave it to them
-    sites = _references(ctx, fn)
-    return all(rank_zero_only(ctx, site, _seen | {fn}) for site in sites)
+    if _seen:  # inside a chain of callers: the answer depends on the chain, not cached
+        return all(rank_zero_only(ctx, site, _seen | {fn}) for site in _references(ctx, fn))
+    key = ("callers-guarded", fn)
+    if key not in ctx.memo:
+        ctx.memo[key] = all(rank_zero_only(ctx, site, frozenset({fn})) for site in _references(ctx, fn))
+    return bool(ctx.memo[key])

@@ -16,6 +16,7 @@ import), relative imports and ``import *`` are not followed.
 from __future__ import annotations
 
 import ast
+from typing import Iterable
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
 DATA_PARALLEL = "torch.nn.parallel.DataParallel"
@@ -50,12 +51,13 @@ def canonical(name: str) -> str:
 
 
 class Imports:
-    """Local name -> qualified dotted name, from every import statement in ``tree``."""
+    """Local name -> qualified dotted name, from every import statement in ``tree`` (``nodes``: the
+    tree's nodes in ``ast.walk`` order, when the caller has them already)."""
 
-    def __init__(self, tree: ast.AST) -> None:
+    def __init__(self, tree: ast.AST, nodes: Iterable[ast.AST] | None = None) -> None:
         self.table: dict[str, str] = {}
         self.modules: set[str] = set()
-        for node in ast.walk(tree):
+        for node in ast.walk(tree) if nodes is None else nodes:
             if isinstance(node, ast.Import):
                 self._add_import(node)
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:

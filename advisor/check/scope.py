@@ -8,12 +8,16 @@ Blind spots: values are followed through plain assignments only (``a = b``, ``a,
 ``a: T = x``, ``a := x``); anything else that binds a name (parameters, ``for`` targets, ``with``
 targets, ``a += x``, unpacking a call's result) makes the value unknown. Branches are not
 reasoned about: "before" means earlier in the text. Attributes (``self.model``) are not followed.
+
+Cost: one pass over the tree builds the indexes (parents, scopes, loops, bindings, calls by target)
+and ``memo`` keeps what rules derive from them, so a check stays linear in the file's size.
 """
 
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
+from bisect import bisect_right
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -49,20 +53,44 @@ class Context:
 
     def __init__(self, tree: ast.Module, path: str) -> None:
         self.tree, self.path = tree, path
-        self.imports = Imports(tree)
+        self.memo: dict[object, object] = {}  # per-file results rules and helpers compute once
         self.parents: dict[ast.AST, ast.AST] = {}
-        for parent in ast.walk(tree):
-            for child in ast.iter_child_nodes(parent):
-                self.parents[child] = parent
-        nodes = list(ast.walk(tree))
+        self._scopes: dict[ast.AST, ast.AST] = {}  # node -> innermost function, lambda, class or module
+        nodes: list[ast.AST] = []
+        self._loops: dict[ast.AST, ast.AST] = {}  # node -> the loop_of it, where there is one
+        self._inner_scopes: dict[ast.AST, list[ast.AST]] = defaultdict(list)  # scope -> scopes directly in it
+        queue: deque[tuple[ast.AST, ast.AST, ast.AST | None]] = deque([(tree, tree, None)])  # ast.walk's order
+        while queue:
+            node, scope, loop = queue.popleft()
+            nodes.append(node)
+            if isinstance(node, SCOPES):
+                self._inner_scopes[scope].append(node)
+                inner, loop = node, None
+            else:
+                inner = scope
+            heads = (getattr(node, "iter", None), getattr(node, "test", None), getattr(node, "target", None)) \
+                if isinstance(node, LOOPS) else ()
+            for child in ast.iter_child_nodes(node):
+                self.parents[child] = node
+                self._scopes[child] = inner
+                child_loop = node if heads and child not in heads else loop
+                if child_loop is not None:
+                    self._loops[child] = child_loop
+                queue.append((child, inner, child_loop))
+        self.nodes = nodes
+        self.imports = Imports(tree, nodes)
         self.calls = sorted((n for n in nodes if isinstance(n, ast.Call)), key=pos)
         self.identifiers = {n.id for n in nodes if isinstance(n, ast.Name)} | {
             n.attr for n in nodes if isinstance(n, ast.Attribute)}
         self.classes = {n.name: n for n in nodes if isinstance(n, ast.ClassDef)}
+        functions: dict[str, list[ast.AST]] = defaultdict(list)
         self.uses: dict[str, list[ast.AST]] = defaultdict(list)  # identifier -> loads of it (names, attributes)
         for n in nodes:
             if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
                 self.uses[n.id if isinstance(n, ast.Name) else n.attr].append(n)
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions[n.name].append(n)
+        self.functions = dict(functions)  # name -> the functions and methods defined under it
         self._bindings: dict[tuple[ast.AST, str], list[Binding]] = defaultdict(list)
         self._globals: dict[ast.AST, set[str]] = defaultdict(set)
         for node in nodes:
@@ -70,8 +98,12 @@ class Context:
                 self._globals[self.scope_of(node)].update(node.names)
         for node in nodes:
             self._collect(node)
-        for items in self._bindings.values():
+        self._starts: dict[tuple[ast.AST, str], list[Pos]] = {}
+        for key, items in self._bindings.items():
             items.sort(key=lambda b: b.at)
+            self._starts[key] = [b.at for b in items]
+        self._qualnames: dict[ast.AST, str | None] = {}
+        self._by_name: dict[str | None, list[ast.Call]] | None = None
 
     # --- structure --------------------------------------------------------------------------
     def ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
@@ -82,7 +114,7 @@ class Context:
 
     def scope_of(self, node: ast.AST) -> ast.AST:
         """The innermost function, lambda, class or module holding ``node``."""
-        return next((a for a in self.ancestors(node) if isinstance(a, SCOPES)), self.tree)
+        return self._scopes.get(node, self.tree)
 
     def function_of(self, node: ast.AST) -> ast.AST | None:
         """The innermost function or lambda holding ``node``; None at module or class level."""
@@ -100,15 +132,44 @@ class Context:
 
     def loop_of(self, node: ast.AST) -> ast.AST | None:
         """The innermost loop whose body (or else block) runs ``node``, within its function."""
-        child = node
-        for parent in self.ancestors(node):
-            if isinstance(parent, SCOPES):
-                return None
-            if isinstance(parent, LOOPS) and child not in (getattr(parent, "iter", None), getattr(parent, "test", None),
-                                                           getattr(parent, "target", None)):
-                return parent
-            child = parent
-        return None
+        return self._loops.get(node)
+
+    def loop_body(self, loop: ast.AST) -> list[ast.AST]:
+        """Nodes that ``loop`` itself runs (``loop_of(n) is loop``): not those of loops nested in it,
+        of nested functions, nor its own ``iter``/``test``/``target``. Indexed once per file."""
+        if "loop-bodies" not in self.memo:
+            bodies: dict[ast.AST, list[ast.AST]] = defaultdict(list)
+            for node, owner in self._loops.items():
+                bodies[owner].append(node)
+            self.memo["loop-bodies"] = bodies
+        return self.memo["loop-bodies"].get(loop, [])  # type: ignore[attr-defined]
+
+    def scope_calls(self, scope: ast.AST) -> list[ast.Call]:
+        """Calls in ``scope``'s own code (``in_scope``), in source order. Indexed once per file."""
+        if "scope-calls" not in self.memo:
+            by_scope: dict[ast.AST, list[ast.Call]] = defaultdict(list)
+            for call in self.calls:
+                by_scope[self.scope_of(call)].append(call)
+            self.memo["scope-calls"] = by_scope
+        return self.memo["scope-calls"].get(scope, [])  # type: ignore[attr-defined]
+
+    def loads(self, scope: ast.AST, name: str) -> list[ast.Name]:
+        """Loads of the variable ``name`` in ``scope``'s code and in the functions nested in it that
+        do not bind ``name`` themselves (where it is the same variable)."""
+        if "loads" not in self.memo:
+            index: dict[tuple[ast.AST, str], list[ast.Name]] = defaultdict(list)
+            for uses in self.uses.values():
+                for use in uses:
+                    if isinstance(use, ast.Name):
+                        index[(self.scope_of(use), use.id)].append(use)
+            self.memo["loads"] = index
+        index = self.memo["loads"]  # type: ignore[assignment]
+        found, stack = [], [scope]
+        while stack:
+            inner = stack.pop()
+            found += index.get((inner, name), [])
+            stack += (s for s in self._inner_scopes.get(inner, ()) if not self.binds(s, name))
+        return found
 
     def mentions(self, *words: str) -> bool:
         """Whether any name or attribute in the file is one of ``words``."""
@@ -117,6 +178,11 @@ class Context:
     # --- names --------------------------------------------------------------------------------
     def qualname(self, expr: ast.AST) -> str | None:
         """The canonical dotted name ``expr`` refers to (through imports and ``X = a.b`` aliases)."""
+        if expr not in self._qualnames:
+            self._qualnames[expr] = self._qualname(expr)
+        return self._qualnames[expr]
+
+    def _qualname(self, expr: ast.AST) -> str | None:
         for _ in range(_HOPS):
             dotted = self.imports.dotted(expr)
             if dotted is not None or not isinstance(expr, ast.Name):
@@ -133,8 +199,13 @@ class Context:
 
     def calls_to(self, *names: str) -> list[ast.Call]:
         """Calls of any of the qualified ``names``, in source order."""
-        wanted = set(names)
-        return [c for c in self.calls if self.call_name(c) in wanted]
+        if self._by_name is None:  # index every call by its target once (rules ask many times)
+            self._by_name = defaultdict(list)
+            for call in self.calls:
+                self._by_name[self.call_name(call)].append(call)
+        if len(names) == 1:
+            return list(self._by_name.get(names[0], ()))
+        return sorted((c for n in set(names) for c in self._by_name.get(n, ())), key=pos)
 
     def lookup(self, name: ast.Name) -> ast.expr | None:
         """The value ``name`` holds where it is used, or None when it is not followable."""
@@ -146,8 +217,8 @@ class Context:
             if found:
                 if not first:  # an enclosing scope: its code ran before this function is called
                     return found[-1].value
-                before = [b for b in found if b.at <= pos(name)]
-                return before[-1].value if before else None
+                index = bisect_right(self._starts[(scope, name.id)], pos(name))
+                return found[index - 1].value if index else None
             if isinstance(scope, ast.Module):
                 return None
             scope, first = self._outer_scope(scope), False

@@ -8,7 +8,7 @@ from typing import Iterator
 
 from ..names import DATALOADER, ITERABLE_DATASET, SAMPLER, last_name
 from ..registry import Hit, rule
-from ..scope import SCOPES, Context, argument, is_const, text
+from ..scope import Context, argument, is_const, text
 
 _HARMLESS = {"len", "print", "isinstance", "type", "str", "repr", "id", "hasattr"}
 _LOADER_USES = {"enumerate", "iter", "next", "len", "zip", "tqdm", "print"}
@@ -41,7 +41,7 @@ def sampler_and_shuffle(ctx: Context) -> Iterator[Hit]:
 
 def _named_samplers(ctx: Context) -> Iterator[tuple[ast.stmt, str]]:
     """``name = DistributedSampler(...)`` statements whose sampler shuffles (set_epoch matters)."""
-    for node in ast.walk(ctx.tree):
+    for node in ctx.nodes:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
@@ -55,15 +55,7 @@ def _named_samplers(ctx: Context) -> Iterator[tuple[ast.stmt, str]]:
 
 def _visible_loads(ctx: Context, scope: ast.AST, name: str) -> list[ast.Name]:
     """Loads of ``name`` in ``scope`` and in nested functions that do not bind ``name`` themselves."""
-    found, stack = [], list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, SCOPES) and ctx.binds(node, name):
-            continue
-        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
-            found.append(node)
-        stack.extend(ast.iter_child_nodes(node))
-    return found
+    return ctx.loads(scope, name)
 
 
 def _loader_escapes(ctx: Context, call: ast.Call) -> bool:
@@ -109,12 +101,55 @@ def _use_kind(ctx: Context, use: ast.Name) -> str:
     return "escape"
 
 
+def _iterated(ctx: Context, use: ast.AST) -> ast.AST | None:
+    """The ``for`` statement that iterates ``use`` (directly or through enumerate/iter/zip/tqdm)."""
+    while True:
+        parent = ctx.parents.get(use)
+        if isinstance(parent, (ast.For, ast.AsyncFor)) and parent.iter is use:
+            return parent
+        if not (isinstance(parent, ast.Call) and use is not parent.func and last_name(parent.func) in _LOADER_USES):
+            return None
+        use = parent
+
+
+def _reused_across_epochs(ctx: Context, call: ast.Call) -> bool:
+    """Whether the DataLoader built by ``call`` is kept in a name that a ``for`` iterates inside an
+    outer loop the DataLoader was built outside of: the same loader, and sampler, every epoch."""
+    assign = ctx.parents.get(call)
+    if not isinstance(assign, ast.Assign) or _loader_escapes(ctx, call):
+        return False
+    built_in = set(ctx.ancestors(assign))
+    for target in assign.targets:
+        for use in _visible_loads(ctx, ctx.scope_of(assign), target.id):
+            loop = _iterated(ctx, use)
+            epochs = ctx.loop_of(loop) if loop is not None else None
+            if epochs is not None and epochs not in built_in:
+                return True
+    return False
+
+
+def _inline_samplers(ctx: Context) -> Iterator[ast.Call]:
+    """``loader = DataLoader(ds, sampler=DistributedSampler(ds))`` (shuffling) looped over epochs
+    in a file that never mentions ``set_epoch``."""
+    if ctx.mentions("set_epoch"):
+        return
+    for call in ctx.calls_to(DATALOADER):
+        sampler = argument(call, 3, "sampler")
+        inner = _sampler_call(ctx, sampler) if sampler is not None else None
+        shuffles = inner is not None and not is_const(argument(inner, 3, "shuffle"), False)
+        if shuffles and _reused_across_epochs(ctx, call):
+            yield call
+
+
 @rule("MG003", "warning", (4,), "DistributedSampler without set_epoch",
       "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
 def no_set_epoch(ctx: Context) -> Iterator[Hit]:
     """Catches ``name = DistributedSampler(...)`` (shuffling, the default) whose ``name.set_epoch(...)``
     is never called, or only with a literal outside any loop: every epoch then sees the same order.
-    Reported on the assignment.
+    Reported on the assignment. Also catches a sampler made inline,
+    ``loader = DataLoader(ds, sampler=DistributedSampler(ds))``, when a ``for`` iterates ``loader``
+    (directly or through enumerate/tqdm) inside an outer loop that the DataLoader was built outside
+    of, and the file never mentions ``set_epoch`` at all. Reported on the DataLoader.
 
     Field notes: pitfall 4. Quiet (precision over recall) when the sampler escapes where it cannot be
     followed: passed to any call but DataLoader/len/print/isinstance, returned, yielded, stored in a
@@ -122,17 +157,26 @@ def no_set_epoch(ctx: Context) -> Iterator[Hit]:
     handed to a function other than enumerate/iter/len/zip/tqdm (its ``.sampler`` may get
     ``set_epoch`` there); when any ``X.sampler.set_epoch(...)``-style call (receiver not a
     plain name) appears in the file; for ``shuffle=False`` samplers; for samplers stored only in
-    attributes (``self.sampler = ...``) or created inline inside a DataLoader call.
+    attributes (``self.sampler = ...``). An inline sampler is quiet when its DataLoader is built
+    inside the loop that iterates it (a loader per dataset is not a loader per epoch), iterated in
+    another function, or escapes as above.
     """
+    for call in _inline_samplers(ctx):
+        yield Hit(call, "this DataLoader's DistributedSampler never gets set_epoch(epoch): every epoch sees the "
+                        "same order", fix="keep the sampler in a variable (or use loader.sampler) and call "
+                                          "sampler.set_epoch(epoch) at the start of every epoch")
     if any(isinstance(c.func, ast.Attribute) and c.func.attr == "set_epoch" and not isinstance(c.func.value, ast.Name)
            for c in ctx.calls):
         return
     for stmt, name in _named_samplers(ctx):
         kinds = {_use_kind(ctx, u) for u in _visible_loads(ctx, ctx.scope_of(stmt), name)}
         if not kinds & {"epoch", "escape"}:
-            how = "only once, with a constant" if "once" in kinds else "never"
-            yield Hit(stmt, f"`{name}` is a DistributedSampler but `{name}.set_epoch(epoch)` is {how} called: "
-                            "every epoch sees the same order")
+            if "once" in kinds:
+                yield Hit(stmt, f"`{name}` is a DistributedSampler and `{name}.set_epoch(...)` is called, but not "
+                                "inside the epoch loop (once, with a constant): every epoch sees the same order")
+            else:
+                yield Hit(stmt, f"`{name}` is a DistributedSampler but `{name}.set_epoch(epoch)` is never called: "
+                                "every epoch sees the same order")
 
 
 def _iterable_class(ctx: Context, name: str, seen: frozenset[str] = frozenset()) -> bool:

@@ -4,9 +4,10 @@ before init_process_group), MG013 (no destroy_process_group)."""
 from __future__ import annotations
 
 import ast
+import re
 from typing import Iterator
 
-from ..names import DATA_PARALLEL, DDP, INITS
+from ..names import DATA_PARALLEL, DDP, INIT_PG, INITS, last_name
 from ..ranks import is_global_rank
 from ..registry import Hit, rule
 from ..scope import FUNCTIONS, Context, argument, pos, text
@@ -86,7 +87,7 @@ def rank_as_device(ctx: Context) -> Iterator[Hit]:
     ``args.rank``, values read from attributes or returned by functions.
     """
     seen: set[tuple[int, int]] = set()
-    for node in ast.walk(ctx.tree):
+    for node in ctx.nodes:
         pairs = list(_call_sinks(ctx, node)) if isinstance(node, ast.Call) else []
         value = _string_sink(node)
         if value is not None:
@@ -108,9 +109,9 @@ def ddp_before_init(ctx: Context) -> Iterator[Hit]:
     Field notes: pitfall 1. Order is text order, not control flow. Quiet when the function has no
     init call at all (it may be initialised by a caller or a helper such as ``setup()``).
     """
-    scopes = [ctx.tree, *(n for n in ast.walk(ctx.tree) if isinstance(n, FUNCTIONS))]
+    scopes = [ctx.tree, *(n for n in ctx.nodes if isinstance(n, FUNCTIONS))]
     for scope in scopes:
-        calls = sorted((n for n in ctx.in_scope(scope) if isinstance(n, ast.Call)), key=pos)
+        calls = ctx.scope_calls(scope)
         inits = [pos(c) for c in calls if ctx.call_name(c) in INITS]
         for call in calls:
             if inits and pos(call) < inits[0] and ctx.call_name(call) == DDP:
@@ -118,16 +119,54 @@ def ddp_before_init(ctx: Context) -> Iterator[Hit]:
                                 "it fails with 'Default process group has not been initialized'")
 
 
+_TEARDOWN = re.compile(r"cleanup|clean_up|destroy|teardown|tear_down|shutdown|finali[sz]e", re.IGNORECASE)
+
+
+def _names_destroy(ctx: Context, expr: ast.AST) -> bool:
+    """``expr`` names ``destroy_process_group`` (through imports, aliases and assignments)."""
+    name = (ctx.qualname(expr) if isinstance(expr, (ast.Name, ast.Attribute)) else None) or last_name(expr)
+    return (name or "").rsplit(".", 1)[-1] == "destroy_process_group"
+
+
+def _destroys(ctx: Context) -> bool:
+    """Whether the file tears its process group down: a call of ``destroy_process_group`` (under any
+    import alias or ``X = dist.destroy_process_group`` name), the function handed to another call
+    (``atexit.register(dist.destroy_process_group)``), or a call of a function not defined in this
+    file (nor torch's: ``rpc.shutdown()``) whose name says teardown (``utils.cleanup_distributed()``:
+    its body is out of sight)."""
+    for call in ctx.calls:
+        if _names_destroy(ctx, call.func):
+            return True
+        short = last_name(call.func) or ""
+        if (_TEARDOWN.search(short) and short not in ctx.functions
+                and not (ctx.call_name(call) or "").startswith("torch.")):
+            return True
+        handed = [*call.args, *(k.value for k in call.keywords)]
+        if any(not isinstance(a, ast.Call) and _names_destroy(ctx, a) for a in handed):
+            return True
+    return False
+
+
 @rule("MG013", "warning", (19,), "no destroy_process_group",
       "call dist.destroy_process_group() at the end of training (after the last collective)")
 def no_destroy(ctx: Context) -> Iterator[Hit]:
-    """Catches a file that calls ``init_process_group`` (or ``deepspeed.init_distributed``) and never
-    mentions ``destroy_process_group``: NCCL may hang or warn at exit, and a later group in the same
+    """Catches a file that calls ``torch.distributed.init_process_group`` (any import alias) and never
+    calls ``destroy_process_group``: NCCL may hang or warn at exit, and a later group in the same
     process fails.
 
-    Field notes: pitfall 19. Blind spots: a destroy in another file (then suppress it with
-    ``# advisor: ignore[MG013]`` on the init line); any mention of the name counts as a call.
+    Counts as a teardown: ``dist.destroy_process_group()`` under any alias (``from torch.distributed
+    import destroy_process_group as cleanup``; ``cleanup()``), the function passed to a call
+    (``atexit.register(dist.destroy_process_group)``), and a call of a function defined in another
+    file whose name contains cleanup, destroy, teardown, shutdown or finalize
+    (``utils.cleanup_distributed()``; torch's own, such as ``rpc.shutdown()``, do not count). Not a
+    teardown: the name written without ``()`` (``dist.destroy_process_group`` alone does nothing).
+    ``deepspeed.init_distributed()`` is not checked: DeepSpeed's own examples never destroy the group
+    it makes.
+
+    Field notes: pitfall 19. Blind spots: a destroy in another file reached through a helper with a
+    neutral name (suppress it with ``# advisor: ignore[MG013]`` on the init line); an in-file
+    helper is judged by its body, so a ``cleanup()`` defined here that does not destroy still fires.
     """
-    inits = ctx.calls_to(*INITS)
-    if inits and not ctx.mentions("destroy_process_group"):
+    inits = ctx.calls_to(INIT_PG)
+    if inits and not _destroys(ctx):
         yield Hit(inits[0], "the process group is initialised but never destroyed")

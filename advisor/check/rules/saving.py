@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import Iterator
 
 from ..guards import rank_zero_only
-from ..names import DATA_PARALLEL, DDP, INITS, SAMPLER
+from ..names import DATA_PARALLEL, DDP, INITS, SAMPLER, last_name
+from ..ranks import is_rank_like
 from ..registry import Hit, rule
-from ..scope import Context, argument, text
+from ..scope import Context, argument, source, text
 
 _CONVENTIONAL = {"model", "net", "ddp_model", "network"}
 _PASSTHROUGH = {"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "train", "eval", "requires_grad_"}
@@ -21,10 +23,13 @@ _LOG_LEVELS = {"info", "debug"}
 def is_distributed(ctx: Context) -> bool:
     """Whether the file is a distributed script: it imports or uses ``torch.distributed``,
     ``deepspeed``, DistributedDataParallel or DistributedSampler, or calls an init."""
-    markers = ("torch.distributed", "deepspeed")
-    names = set(ctx.imports.modules) | set(ctx.imports.table.values())
-    names |= {q for n in ast.walk(ctx.tree) if isinstance(n, ast.Attribute) and (q := ctx.imports.dotted(n))}
-    return any(n.startswith(markers) or n in (DDP, SAMPLER) for n in names) or bool(ctx.calls_to(DDP, *INITS))
+    if "distributed" not in ctx.memo:
+        markers = ("torch.distributed", "deepspeed")
+        names = set(ctx.imports.modules) | set(ctx.imports.table.values())
+        names |= {q for n in ctx.nodes if isinstance(n, ast.Attribute) and (q := ctx.imports.dotted(n))}
+        ctx.memo["distributed"] = any(n.startswith(markers) or n in (DDP, SAMPLER) for n in names) or bool(
+            ctx.calls_to(DDP, *INITS))
+    return bool(ctx.memo["distributed"])
 
 
 def _nn_module_class(ctx: Context, name: str, seen: frozenset[str] = frozenset()) -> bool:
@@ -131,6 +136,18 @@ def _ddp_state_dict(ctx: Context, obj: ast.AST) -> str | None:
     return text(value.func.value) if owner is not None and ctx.call_name(owner) in (DDP, DATA_PARALLEL) else None
 
 
+def _loads_into_ddp(ctx: Context) -> bool:
+    """Whether the file loads a state dict back into a DDP/DataParallel-bound name
+    (``ddp_model.load_state_dict(...)``): its checkpoints are meant for the wrapped model, prefix and all."""
+    for call in ctx.calls:
+        func = call.func
+        if isinstance(func, ast.Attribute) and func.attr == "load_state_dict":
+            owner = module_construction(ctx, func.value)
+            if owner is not None and ctx.call_name(owner) in (DDP, DATA_PARALLEL):
+                return True
+    return False
+
+
 @rule("MG007", "warning", (7,), "DDP state_dict saved with the module. prefix",
       "save ddp_model.module.state_dict() so the keys load into the plain model")
 def ddp_prefix(ctx: Context) -> Iterator[Hit]:
@@ -140,16 +157,66 @@ def ddp_prefix(ctx: Context) -> Iterator[Hit]:
 
     Field notes: pitfall 7. Quiet for ``X.module.state_dict()``, for dict comprehensions that rewrite
     the keys, when the state dict is passed to any other call before saving (e.g.
-    ``consume_prefix_in_state_dict_if_present``) or the file mentions that function, and when ``X``
-    comes from a parameter or attribute (unknown wrapper).
+    ``consume_prefix_in_state_dict_if_present``) or the file mentions that function, when ``X``
+    comes from a parameter or attribute (unknown wrapper), and when the same file loads a state dict
+    back into a DDP-bound name (``ddp_model.load_state_dict(torch.load(...))``, the PyTorch DDP
+    tutorial's checkpointing): the prefixed keys are what that load expects. Blind spot: such a file
+    that also hands the checkpoint to single-GPU code elsewhere is not flagged.
     """
-    if ctx.mentions("consume_prefix_in_state_dict_if_present"):
+    if ctx.mentions("consume_prefix_in_state_dict_if_present") or _loads_into_ddp(ctx):
         return
     for call in ctx.calls_to("torch.save"):
         for obj in _saved_objects(call):
             owner = _ddp_state_dict(ctx, obj)
             if owner:
                 yield Hit(obj, f"`{owner}` is DistributedDataParallel: its state_dict keys start with 'module.'")
+
+
+# Words that say a torch.load holds small CPU-side state (scheduler, scaler, RNG, sampler/dataloader
+# position, step/epoch counters) or a model/optimizer checkpoint; matched in lower-case text.
+_CPU_STATE = re.compile(r"sched|scaler|rng|random|sampler|data|step|epoch")
+_MODEL_STATE = re.compile(r"model|net|ckpt|checkpoint|optim|weight|param|module|best|pretrained")
+
+
+def _load_target(ctx: Context, call: ast.Call) -> tuple[ast.AST | None, ast.AST | None]:
+    """(the receiver of ``R.load_state_dict(torch.load(...))``, the target of ``T = torch.load(...)``);
+    None where there is none. ``torch.load(f)["scheduler"]`` has neither: the whole file is loaded,
+    whatever part is kept."""
+    node: ast.AST = call
+    parent = ctx.parents.get(node)
+    if isinstance(parent, ast.keyword):
+        parent = ctx.parents.get(parent)
+    if (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute)
+            and parent.func.attr == "load_state_dict" and node is not parent.func):
+        return parent.func.value, None
+    if isinstance(parent, (ast.Assign, ast.AnnAssign)) and parent.value is node:
+        targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+        return None, targets[0] if len(targets) == 1 else None
+    return None, None
+
+
+def _state_words(expr: ast.AST) -> tuple[bool, bool]:
+    """Whether the text of ``expr`` names (CPU-side state, a model/optimizer/checkpoint)."""
+    words = source(expr).lower()
+    return bool(_CPU_STATE.search(words)), bool(_MODEL_STATE.search(words))
+
+
+def _cpu_state_load(ctx: Context, call: ast.Call) -> bool:
+    """Whether a ``torch.load`` visibly reads CPU-side state: the first of (the receiver of its
+    ``load_state_dict``, the name it is assigned to, its path) that says something names only
+    scheduler/scaler/RNG/sampler/data/step/epoch state. A receiver or name that names both kinds
+    (``checkpoint_rng_state``) leaves it to the next; a path that names both is a checkpoint."""
+    receiver, target = _load_target(ctx, call)
+    path = argument(call, 0, "f")
+    for expr in (receiver, target, path):
+        if expr is None:
+            continue
+        cpu, model = _state_words(expr)
+        if cpu and not model:
+            return True
+        if model and (not cpu or expr is path):
+            return False
+    return False
 
 
 @rule("MG008", "warning", (7, 14), "torch.load without map_location",
@@ -159,13 +226,26 @@ def load_without_map_location(ctx: Context) -> Iterator[Hit]:
     file (imports/uses torch.distributed, deepspeed, DDP or DistributedSampler): tensors saved from
     cuda:0 load onto cuda:0 on every rank, so GPU 0 fills up (rank-0 memory imbalance).
 
-    Field notes: pitfalls 7 and 14. Quiet when ``**kwargs`` are passed. Blind spots: other loaders
-    (``safetensors``, ``load_state_dict_from_url``).
+    Quiet when ``**kwargs`` are passed, and when the load visibly holds small CPU-side state, judged
+    by words in, first, the receiver of ``R.load_state_dict(torch.load(...))``, then the name of
+    ``T = torch.load(...)``, then the path expression's text: ``sched`` (``lr_scheduler``), ``scaler``,
+    ``rng``, ``random``, ``sampler``, ``data`` (``dataloader``), ``step``, ``epoch``. It keeps firing
+    when the first of those that says anything names a model, network, checkpoint/``ckpt``,
+    optimizer, weights, parameters, module or ``best``/``pretrained`` (a receiver or name with both
+    kinds of word, ``checkpoint_rng_state``, defers to the next; a path with both, ``ckpt_epoch3.pt``,
+    is a checkpoint), when none says anything (``state = torch.load(args.resume)``), and when the
+    load is subscripted (``sched.load_state_dict(torch.load(f)["scheduler"])`` loads the whole file).
+
+    Field notes: pitfalls 7 and 14. Blind spots: the words are a guess: a full checkpoint saved
+    under a CPU-state name (``torch.load(f"step_{n}.pt")``, ``data = torch.load(path)``) is missed,
+    a GPU-saved scheduler under a neutral name still fires; other loaders (``safetensors``,
+    ``load_state_dict_from_url``) are not checked.
     """
     if not is_distributed(ctx):
         return
     for call in ctx.calls_to("torch.load"):
-        if argument(call, 1, "map_location") is None and not any(k.arg is None for k in call.keywords):
+        if (argument(call, 1, "map_location") is None and not any(k.arg is None for k in call.keywords)
+                and not _cpu_state_load(ctx, call)):
             yield Hit(call, "torch.load without map_location puts every rank's copy on the GPU it was saved from "
                             "(usually cuda:0)")
 
@@ -188,6 +268,27 @@ def _output_kind(ctx: Context, call: ast.Call) -> str | None:
     return None
 
 
+_RANK_TAGS = {"device_id", "device_index"}  # besides what ranks.is_rank_like accepts
+_NOT_MESSAGE = {"file", "sep", "end", "flush", "exc_info", "stack_info", "stacklevel", "extra"}
+
+
+def _tags_rank(ctx: Context, call: ast.Call) -> bool:
+    """Whether a print/log line carries a rank-like value (``f"[rank {rank}] ..."``,
+    ``"[GPU{}]".format(self.gpu_id)``, ``"%d" % dist.get_rank()``, ``logger.info("rank %d", rank)``):
+    a per-rank line, which is what the fix recommends for output every rank should give."""
+    args = [*call.args, *(k.value for k in call.keywords if k.arg not in _NOT_MESSAGE)]
+    return any(isinstance(n, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
+               and (is_rank_like(ctx, n) or last_name(n) in _RANK_TAGS) for arg in args for n in ast.walk(arg))
+
+
+def _per_rank_file(ctx: Context, call: ast.Call) -> bool:
+    """Whether ``torch.save(obj, path)`` names its file by rank (``f"shard_rank{rank}.pt"``): every rank
+    writes its own file (sharded checkpoints), which is correct."""
+    path = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "f"), None)
+    return path is not None and any(isinstance(n, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
+                                    and is_rank_like(ctx, n) for n in ast.walk(path))
+
+
 _PRINT_FIX = "do it on rank 0 only: `if dist.get_rank() == 0:` (or print per-rank lines with the rank in them)"
 _OUTPUT = {
     "save": ("warning", "torch.save runs on every rank: all processes write the same file", None),
@@ -206,7 +307,12 @@ def output_on_every_rank(ctx: Context) -> Iterator[Hit]:
     ``master_process``), an earlier ``if R != 0: return``, ``@rank_zero_only``, ``and``/``or`` with
     one of those, callers that are all guarded; code in functions this file never calls or
     references is left alone. Not guards: ``if R != 1``, ``if epoch % 10 == 0``, ``if __name__ ==
-    "__main__"``, a rank test saved under a neutral name (``ok = rank == 0``).
+    "__main__"``, a rank test saved under a neutral name (``ok = rank == 0``). A print or log line
+    whose arguments carry a rank-like value (``f"[rank {rank}] ..."``, ``f"[GPU{self.gpu_id}]"``,
+    ``"{}".format(dist.get_rank())``, ``os.environ["LOCAL_RANK"]``, ``device_id``: any name with
+    "rank" in it and the other spellings of ``advisor.check.ranks.is_rank_like``) is a per-rank
+    line, as the fix recommends, and stays quiet; so does a ``torch.save`` whose file name carries the
+    rank (``f"shard_rank{rank}.pt"``: each rank writes its own file).
 
     Field notes: pitfall 12. Blind spots: ``print(..., file=sys.stderr)`` and warning/error logs are
     left alone (every rank may report its own failure); guards in other files; writes through other
@@ -216,6 +322,7 @@ def output_on_every_rank(ctx: Context) -> Iterator[Hit]:
         return
     for call in ctx.calls:
         kind = _output_kind(ctx, call)
-        if kind and not rank_zero_only(ctx, call):
+        per_rank = _per_rank_file(ctx, call) if kind == "save" else _tags_rank(ctx, call)
+        if kind and not per_rank and not rank_zero_only(ctx, call):
             severity, message, fix = _OUTPUT[kind]
             yield Hit(call, message, severity, fix)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from ..guards import exits
 from ..names import DDP, last_name
 from ..registry import Hit, rule
-from ..scope import LOOPS, Context, argument, source, text
+from ..scope import FUNCTIONS, LOOPS, Context, argument, pos, source, text
 
 _BN_CLASSES = {f"torch.nn.{lazy}BatchNorm{d}d" for lazy in ("", "Lazy") for d in (1, 2, 3)}
 _BN_MODELS = re.compile(r"^(resnet\d+|resnext\w+|wide_resnet\w+|densenet\d+|vgg\d+_bn|mobilenet_v[23]\w*|"
@@ -60,7 +60,7 @@ def batchnorm_not_synced(ctx: Context) -> Iterator[Hit]:
 
 def _within(ctx: Context, loop: ast.AST) -> Iterator[ast.AST]:
     """Nodes run by ``loop`` itself (not by a loop nested in it, nor by nested functions)."""
-    return (n for n in ctx.in_scope(loop) if ctx.loop_of(n) is loop)
+    return iter(ctx.loop_body(loop))
 
 
 def _optimizer_step(node: ast.AST) -> bool:
@@ -89,26 +89,70 @@ def _conditional_step(ctx: Context, loop: ast.AST) -> bool:
     return False
 
 
+_SYNC_WORDS = ("no_sync", "require_backward_grad_sync")
+
+
+def _names(nodes: Iterable[ast.AST]) -> set[str]:
+    """Identifiers (names and attributes) among ``nodes``."""
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in nodes if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def _sync_helpers(ctx: Context) -> set[str]:
+    """Names that stand for ``no_sync`` in this file: functions whose body mentions it (also through
+    other such functions) and names or attributes assigned an expression that mentions it
+    (``self.sync_context = model.no_sync``)."""
+    if "sync-helpers" not in ctx.memo:
+        helpers: set[str] = set()
+        bodies = {fn: _names(ast.walk(fn)) for fns in ctx.functions.values() for fn in fns}
+        assigned = [(_names(ast.walk(n.value)), n.targets) for n in ctx.nodes if isinstance(n, ast.Assign)]
+        while True:
+            known = helpers | set(_SYNC_WORDS)
+            grown = {fn.name for fn, names in bodies.items() if names & known}
+            grown |= {t.id if isinstance(t, ast.Name) else t.attr for names, targets in assigned if names & known
+                      for t in targets if isinstance(t, (ast.Name, ast.Attribute))}
+            if grown <= helpers:
+                break
+            helpers |= grown
+        ctx.memo["sync-helpers"] = helpers
+    return ctx.memo["sync-helpers"]  # type: ignore[return-value]
+
+
+def _skips_sync(ctx: Context, loop: ast.AST) -> bool:
+    """Whether the code around an accumulating loop may skip the all-reduce: its outermost enclosing
+    function (the module's own code at top level) mentions ``no_sync`` or
+    ``require_backward_grad_sync``, or a name that stands for them (``_sync_helpers``)."""
+    region = next((a for a in reversed(list(ctx.ancestors(loop))) if isinstance(a, FUNCTIONS)), ctx.tree)
+    key = ("region-names", region)
+    if key not in ctx.memo:
+        ctx.memo[key] = _names(ast.walk(region) if region is not ctx.tree else ctx.in_scope(ctx.tree))
+    return bool(ctx.memo[key] & (set(_SYNC_WORDS) | _sync_helpers(ctx)))  # type: ignore[operator]
+
+
 @rule("MG011", "warning", (16,), "gradient accumulation without no_sync",
       "wrap the non-final micro-steps in `with ddp_model.no_sync():` so only the last one all-reduces")
 def accumulation_without_no_sync(ctx: Context) -> Iterator[Hit]:
     """Catches a loop that calls ``.backward()`` and steps the optimizer only under an ``if`` whose
     test uses ``%`` (``if (i + 1) % accum == 0: optimizer.step()``, or ``if i % accum: continue``
-    before the step), in a file that builds a DistributedDataParallel and never mentions
-    ``no_sync``: every micro-step all-reduces gradients, N-1 of them for nothing. Reported on the
-    ``backward()``.
+    before the step), in a file that builds a DistributedDataParallel, when the function holding the
+    loop does not mention ``no_sync``: every micro-step all-reduces gradients, N-1 of them for
+    nothing. Reported on the ``backward()``.
+
+    Quiet when the outermost function around the loop (for top-level loops, the module's own code)
+    mentions ``no_sync`` or nanoGPT's ``require_backward_grad_sync``, or a name that stands for them
+    in this file: a function whose body mentions them (``with self.sync_context(i):``) or a name or
+    attribute assigned from an expression that does (``self.maybe_sync = model.no_sync``). Another
+    function of the same file that uses ``no_sync`` does not silence this one.
 
     Field notes: pitfall 16. Blind spots: accumulation tests without ``%`` (counters compared with
     ``==``), optimizer steps through helpers not named like ``optimizer_step``, DDP built in
-    another file. Any mention of ``no_sync`` (or nanoGPT's ``require_backward_grad_sync``) in the
-    file silences it.
+    another file, a no_sync context made by a helper in another file under a neutral name.
     """
-    if not ctx.calls_to(DDP) or ctx.mentions("no_sync", "require_backward_grad_sync"):
+    if not ctx.calls_to(DDP):
         return
-    for loop in (n for n in ast.walk(ctx.tree) if isinstance(n, LOOPS)):
-        backward = next((n for n in _within(ctx, loop) if isinstance(n, ast.Call)
-                         and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"), None)
-        if backward is not None and _conditional_step(ctx, loop):
+    for loop in (n for n in ctx.nodes if isinstance(n, LOOPS)):
+        backward = min((n for n in _within(ctx, loop) if isinstance(n, ast.Call)
+                        and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"), key=pos, default=None)
+        if backward is not None and _conditional_step(ctx, loop) and not _skips_sync(ctx, loop):
             yield Hit(backward, "gradient accumulation under DDP all-reduces on every backward(), "
                                 "not just before optimizer.step()")
 
@@ -154,14 +198,14 @@ def _divisions(node: ast.AST) -> Iterator[tuple[ast.AST | None, ast.AST]]:
         yield node.func.value, node.args[0]
 
 
-def _divided(region: ast.AST, key: str) -> bool:
+def _divided(ctx: Context, region: ast.AST, key: str) -> bool:
     """Whether ``region`` divides the tensor ``key`` by anything, or anything by a world-size-like value."""
-    for node in ast.walk(region):
-        for divided, divisor in _divisions(node):
-            world = any(_WORLD.search(last_name(n) or "") for n in ast.walk(divisor))
-            if world or (divided is not None and _key(divided) == key):
-                return True
-    return False
+    memo = ("divisions", region)
+    if memo not in ctx.memo:  # (what is divided, by a world size?) for each division, once per region
+        ctx.memo[memo] = [(None if divided is None else _key(divided),
+                           any(_WORLD.search(last_name(n) or "") for n in ast.walk(divisor)))
+                          for node in ast.walk(region) for divided, divisor in _divisions(node)]
+    return any(world or divided == key for divided, world in ctx.memo[memo])  # type: ignore[attr-defined]
 
 
 @rule("MG012", "error", (6,), "gradient all_reduce without division by world size",
@@ -184,6 +228,6 @@ def allreduce_without_average(ctx: Context) -> Iterator[Hit]:
             continue
         if op is not None and ("AVG" in source(op) or "SUM" not in source(op)):
             continue
-        if not _divided(ctx.function_of(call) or ctx.tree, _key(tensor)):
+        if not _divided(ctx, ctx.function_of(call) or ctx.tree, _key(tensor)):
             yield Hit(call, f"all_reduce sums `{text(tensor)}` over ranks and nothing divides it by the world size: "
                             "the gradient is world-size times too large")

@@ -19,7 +19,7 @@ def main() -> None:
     torch.cuda.set_device(local_rank)
     model = DDP(torch.nn.Linear(512, 512).cuda(local_rank), device_ids=[local_rank])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    print(f"rank {rank}: starting")
+    print("starting training")  # every rank prints the same line
     for step in range(1000):
         loss = model(torch.randn(64, 512, device="cuda")).square().mean()
         optimizer.zero_grad()
