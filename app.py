@@ -160,19 +160,29 @@ def _config_text() -> tuple[str | None, str]:
     pasted = st.text_area("Paste a config.json", key="config_text", height=150,
                           placeholder='{"model_type": "llama", "hidden_size": 4096, ...}')
     upload = st.file_uploader("or upload a config.json", type=["json"], key="config_file")
+    text, name = _upload_or_paste(upload, pasted, MAX_CONFIG_FILE_BYTES, "the model's config.json, not weights")
+    return text, name or "pasted config"
+
+
+def _upload_or_paste(upload: Any, pasted: str | None, limit: int, what: str) -> tuple[str | None, str | None]:
+    """The uploaded file's text (it wins), else the pasted text, else None; with the upload's name.
+
+    Raises:
+        AdvisorError: over ``limit`` bytes or not UTF-8 (``what`` says what to give instead).
+    """
     if upload is not None:
         data = upload.getvalue()
-        if len(data) > MAX_CONFIG_FILE_BYTES:
-            raise AdvisorError(f"{upload.name} is over 1 MiB: upload the model's config.json, not weights")
+        if len(data) > limit:
+            raise AdvisorError(f"{upload.name} is over {limit // 2**20} MiB: upload {what}")
         try:
             return data.decode("utf-8"), upload.name
         except UnicodeDecodeError:
-            raise AdvisorError(f"{upload.name} is not UTF-8 text: upload the model's config.json")
+            raise AdvisorError(f"{upload.name} is not UTF-8 text: upload {what}")
     if pasted and pasted.strip():
-        if len(pasted.encode("utf-8")) > MAX_CONFIG_FILE_BYTES:
-            raise AdvisorError("the pasted text is over 1 MiB: paste the model's config.json, not weights")
-        return pasted, "pasted config"
-    return None, "pasted config"
+        if len(pasted.encode("utf-8")) > limit:
+            raise AdvisorError(f"the pasted text is over {limit // 2**20} MiB: paste {what}")
+        return pasted, None
+    return None, None
 
 
 def read_form() -> Form:
@@ -537,19 +547,8 @@ def _script_text() -> tuple[str | None, str]:
     pasted = st.text_area("Paste your training script", key="check_text", height=260,
                           placeholder="import torch.distributed as dist\n...")
     upload = st.file_uploader("or upload a .py file", type=["py"], key="check_file")
-    if upload is not None:
-        data = upload.getvalue()
-        if len(data) > MAX_SCRIPT_BYTES:
-            raise AdvisorError(f"{upload.name} is over 1 MiB: upload the training script itself")
-        try:
-            return data.decode("utf-8"), upload.name
-        except UnicodeDecodeError:
-            raise AdvisorError(f"{upload.name} is not UTF-8 text: upload a Python source file")
-    if pasted and pasted.strip():
-        if len(pasted.encode("utf-8")) > MAX_SCRIPT_BYTES:
-            raise AdvisorError("the pasted text is over 1 MiB: paste the training script itself")
-        return pasted, "train.py"
-    return None, "train.py"
+    text, name = _upload_or_paste(upload, pasted, MAX_SCRIPT_BYTES, "the training script itself (Python source)")
+    return text, name or "train.py"
 
 
 def findings_frame(findings: list) -> pd.DataFrame:
