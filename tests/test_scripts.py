@@ -100,11 +100,12 @@ def test_zero_runs_and_matches_estimate(tmp_path_factory, strategy):
     # DeepSpeed's CPU ranks leave a ~66 MiB /dev/shm buffer each; verify removes its run's
     assert _deepspeed_shm() <= before
     # ZeRO-3 on gloo keeps between 1 and 4 bucket-sized copies alive during the end-of-backward
-    # reduce-scatter, varying run to run (bench/README.md, finding 4); ZeRO-2 ranks sometimes hold one
-    # or two more weights-sized allocations at the start of backward (measured here: 1 run in 3,
-    # +8.8 MiB on rank 0 and +17.6 MiB on rank 1, -31% against an estimate that the other runs match
-    # to 0.1%; bench/README.md). On a model this small either is a third of the peak: tolerance 40%.
-    _check_run(result, 2, 0.40 if strategy in ("zero2", "zero3") else TOLERANCE)
+    # reduce-scatter, varying run to run (bench/README.md, finding 4); ZeRO-1/2 ranks (one code path,
+    # stage_1_and_2.py) sometimes hold one or two more weights-sized allocations at the start of backward
+    # (measured here: ZeRO-2 1 run in 3, +8.8 MiB on rank 0 and +17.6 MiB on rank 1, -31% against an
+    # estimate that the other runs match to 0.1%; ZeRO-1 in a CI run, 62.7/67.0 MiB vs 49.0 estimated,
+    # -27%; bench/README.md). On a model this small either is a third of the peak: tolerance 40%.
+    _check_run(result, 2, 0.40)
     assert (out / "out" / "model.pt").exists()
     state = torch.load(out / "out" / "model.pt", map_location="cpu")
     assert not any(k.startswith("module.") for k in state)
