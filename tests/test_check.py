@@ -559,3 +559,11 @@ def test_single_process_script_gets_a_pointer(tmp_path, capsys):
     assert f"{script} use(s) no torch.distributed" in err and "--emit DIR" in err
     assert main([str(DATA / "mg002_good.py")]) == 0
     assert "use(s) no torch.distributed" not in capsys.readouterr().err
+
+
+def test_mg013_only_for_scripts():
+    """A library module that only defines setup() leaves the teardown to its caller; a script must destroy."""
+    module = "import torch.distributed as dist\ndef setup():\n    dist.init_process_group('nccl')\n"
+    assert _pairs(check_source(module)) == []
+    assert _pairs(check_source(module + "if __name__ == '__main__':\n    setup()\n")) == [("MG013", 3)]
+    assert _pairs(check_source(module + "setup()\n")) == [("MG013", 3)]

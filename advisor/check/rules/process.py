@@ -166,7 +166,22 @@ def no_destroy(ctx: Context) -> Iterator[Hit]:
     Field notes: pitfall 19. Blind spots: a destroy in another file reached through a helper with a
     neutral name (suppress it with ``# advisor: ignore[MG013]`` on the init line); an in-file
     helper is judged by its body, so a ``cleanup()`` defined here that does not destroy still fires.
+    Only scripts are checked (an ``if __name__ == "__main__":`` block or calls at module level): a
+    library module that defines ``setup()`` leaves the teardown to its caller.
     """
     inits = ctx.calls_to(INIT_PG)
-    if inits and not _destroys(ctx):
+    if inits and _is_entry_point(ctx) and not _destroys(ctx):
         yield Hit(inits[0], "the process group is initialised but never destroyed")
+
+
+def _is_entry_point(ctx: Context) -> bool:
+    """Whether the file runs as a script: an ``if __name__ == "__main__":`` block, or statements at
+    module level that call something (beyond imports, definitions and assignments of constants). A
+    module that only defines a ``setup()`` helper leaves the teardown to the script that imports it."""
+    for stmt in ctx.tree.body:
+        if isinstance(stmt, ast.If) and "__name__" in text(stmt.test) and "__main__" in text(stmt.test):
+            return True
+        if isinstance(stmt, (ast.Expr, ast.For, ast.While, ast.With)) and any(
+                isinstance(n, ast.Call) for n in ast.walk(stmt)):
+            return True
+    return False
