@@ -145,3 +145,33 @@ def test_paste_config_in_browser(browser: webdriver.Chrome, server: str, tmp_pat
     docs = ROOT / "docs"
     docs.mkdir(exist_ok=True)
     shutil.copyfile(shot, docs / "streamlit.png")
+
+
+@pytest.mark.slow
+def test_check_tab_in_browser(browser: webdriver.Chrome, server: str, tmp_path: Path) -> None:
+    """Paste a script with pitfalls into the second tab: the findings table appears (docs/streamlit_check.png)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from advisor.check import check_source
+
+    script = (ROOT / "tests" / "data" / "check" / "mg002_bad.py").read_text()
+    expected = len(check_source(script, "train.py"))
+    wait = WebDriverWait(browser, PAGE_WAIT_S)
+    browser.get(server)
+    tab = wait.until(ec.element_to_be_clickable(
+        (By.XPATH, "//button[@role='tab'][contains(., 'Check my training script')]")))
+    tab.click()
+    area = wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "textarea[aria-label='Paste your training script']")))
+    area.click()
+    area.send_keys(script)
+    area.send_keys(Keys.CONTROL, Keys.ENTER)
+    wait.until(ec.visibility_of_element_located(
+        (By.XPATH, f"//*[contains(text(), '{expected} finding(s) in train.py')]")))
+    wait.until(_run_finished)
+    assert not browser.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")
+    shot = tmp_path / "streamlit_check.png"
+    assert browser.save_screenshot(str(shot))
+    shutil.copyfile(shot, ROOT / "docs" / "streamlit_check.png")

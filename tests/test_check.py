@@ -567,3 +567,35 @@ def test_mg013_only_for_scripts():
     assert _pairs(check_source(module)) == []
     assert _pairs(check_source(module + "if __name__ == '__main__':\n    setup()\n")) == [("MG013", 3)]
     assert _pairs(check_source(module + "setup()\n")) == [("MG013", 3)]
+
+
+SINGLE_BRANCH = {
+    "else of if ddp (nanoGPT)": ("import os, torch\nimport torch.distributed as dist\n"
+                                 "ddp = int(os.environ.get('RANK', -1)) != -1\nif ddp:\n"
+                                 "    dist.init_process_group('nccl')\nelse:\n    torch.save({}, 'm.pt')\n", []),
+    "if not ddp": ("import os, torch\nimport torch.distributed as dist\nddp = 'RANK' in os.environ\nif ddp:\n"
+                   "    dist.init_process_group('nccl')\nif not ddp:\n    torch.save({}, 'm.pt')\n", []),
+    "timm else log": ("import logging, torch\n_logger = logging.getLogger('train')\nif args.distributed:\n"
+                      "    torch.distributed.init_process_group(backend='nccl')\nelse:\n"
+                      "    _logger.info('Training with a single process on 1 device.')\n", []),
+    "torchvision print silencer": ("import torch\nimport utils\nutils.init_distributed_mode(args)\nprint(args)\n"
+                                   "model = torch.nn.parallel.DistributedDataParallel(model)\n", []),
+    "silencer does not cover saves": ("import torch\nimport utils\nutils.init_distributed_mode(args)\n"
+                                      "model = torch.nn.parallel.DistributedDataParallel(model)\n"
+                                      "torch.save(model.module.state_dict(), 'm.pt')\n", [("MG009", 5)]),
+    "else of an unrelated if": ("import torch\nimport torch.distributed as dist\ndist.init_process_group('nccl')\n"
+                                "if epoch > 3:\n    pass\nelse:\n    torch.save({}, 'm.pt')\n", [("MG009", 7)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SINGLE_BRANCH))
+def test_single_process_branches_and_print_silencers(name):
+    source, expected = SINGLE_BRANCH[name]
+    assert _pairs(check_source(source, select=["MG009"])) == expected
+
+
+def test_framework_scripts_are_not_called_single_process(tmp_path, capsys):
+    script = tmp_path / "clm.py"
+    script.write_text("from accelerate import Accelerator\naccelerator = Accelerator()\n")
+    assert main([str(script)]) == 0
+    assert "use(s) no torch.distributed" not in capsys.readouterr().err

@@ -119,8 +119,9 @@ def _check(text: str, path: str, select: Iterable[str] | None, ignore: Iterable[
     findings: set[Finding] = set()
     try:
         ctx = Context(tree, path)
-        if facts is not None:
-            facts["distributed"] = is_distributed(ctx)
+        if facts is not None:  # launchers that wrap DDP themselves count as distributed too
+            facts["distributed"] = is_distributed(ctx) or any(
+                m.split(".")[0] in _FRAMEWORKS for m in ctx.imports.modules)
         for rule_id in _rule_ids(select, ignore):
             rule = RULES[rule_id]
             for hit in rule.check(ctx):
@@ -134,6 +135,7 @@ def _check(text: str, path: str, select: Iterable[str] | None, ignore: Iterable[
     return sorted(findings, key=lambda f: (f.line, f.col, f.rule))
 
 
+_FRAMEWORKS = {"accelerate", "lightning", "pytorch_lightning", "deepspeed"}
 STDIN = "-"  # the file name that reads the script from standard input
 STDIN_PATH = "<stdin>"  # how findings and errors name it
 

@@ -11,6 +11,8 @@ Counts as a guard (``R`` is anything ``ranks.is_rank_like`` accepts):
 - an earlier ``if R != 0: return`` (or ``continue``, ``break``, ``raise``, ``sys.exit()``) in the
   same block or an enclosing one, and ``if R == 0: ... else: return``;
 - ``X if R == 0 else Y`` and ``R == 0 and f()``;
+- the single-process branch of a script that starts the process group conditionally: the ``else`` of
+  ``if ddp: dist.init_process_group(...)`` and the body of ``if not ddp:`` (nanoGPT, timm);
 - a function decorated with ``@rank_zero_only`` (or a decorator naming main_process/master);
 - code in a function whose every caller or reference in this file is guarded, and code in a
   function this file never calls or references (the caller, elsewhere, decides).
@@ -25,7 +27,7 @@ from __future__ import annotations
 import ast
 import re
 
-from .names import last_name
+from .names import INITS, last_name
 from .ranks import is_main_flag, is_rank_like
 from .scope import FUNCTIONS, Context
 
@@ -133,11 +135,36 @@ def _after_early_exit(ctx: Context, parent: ast.AST, child: ast.AST) -> bool:
     return False
 
 
+def _inits(ctx: Context, stmts: list[ast.stmt]) -> bool:
+    """Whether ``stmts`` start a process group (torch's init_process_group or deepspeed's)."""
+    return any(isinstance(n, ast.Call) and ctx.call_name(n) in INITS for s in stmts for n in ast.walk(s))
+
+
+def _distributed_flags(ctx: Context) -> set[str]:
+    """Texts of ``if X:`` tests whose body starts the process group (``if ddp:``, ``if args.distributed:``):
+    ``not X`` then means one process."""
+    if "distributed-flags" not in ctx.memo:
+        ctx.memo["distributed-flags"] = {ast.unparse(n.test) for n in ctx.nodes
+                                         if isinstance(n, ast.If) and _inits(ctx, n.body)}
+    return ctx.memo["distributed-flags"]
+
+
+def _single_process_branch(ctx: Context, parent: ast.If, child: ast.AST) -> bool:
+    """The ``else`` of ``if ddp: init_process_group(...)``, or the body of ``if not ddp:``: one process."""
+    if child in parent.orelse and _inits(ctx, parent.body):
+        return True
+    test = parent.test
+    return (child in parent.body and isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+            and ast.unparse(test.operand) in _distributed_flags(ctx))
+
+
 def _branch_guard(ctx: Context, parent: ast.AST, child: ast.AST) -> bool:
-    """``child`` is the rank-0 branch of an ``if``, a conditional expression or an ``and``."""
+    """``child`` is the rank-0 branch of an ``if``, a conditional expression or an ``and``, or the
+    single-process branch of an ``if`` that starts the process group."""
     if isinstance(parent, ast.If):
         return ((child in parent.body and zero_test(ctx, parent.test))
-                or (child in parent.orelse and nonzero_test(ctx, parent.test)))
+                or (child in parent.orelse and nonzero_test(ctx, parent.test))
+                or _single_process_branch(ctx, parent, child))
     if isinstance(parent, ast.IfExp):
         return ((child is parent.body and zero_test(ctx, parent.test))
                 or (child is parent.orelse and nonzero_test(ctx, parent.test)))

@@ -281,6 +281,15 @@ def _tags_rank(ctx: Context, call: ast.Call) -> bool:
                and (is_rank_like(ctx, n) or last_name(n) in _RANK_TAGS) for arg in args for n in ast.walk(arg))
 
 
+_PRINT_SILENCERS = {"init_distributed_mode", "setup_for_distributed"}
+
+
+def _silences_print(ctx: Context) -> bool:
+    """Whether the file calls the torchvision/DETR/DeiT helper that replaces ``print`` with a no-op on
+    ranks other than 0 (``utils.init_distributed_mode`` -> ``setup_for_distributed``)."""
+    return any(last_name(call.func) in _PRINT_SILENCERS for call in ctx.calls)
+
+
 def _per_rank_file(ctx: Context, call: ast.Call) -> bool:
     """Whether ``torch.save(obj, path)`` names its file by rank (``f"shard_rank{rank}.pt"``): every rank
     writes its own file (sharded checkpoints), which is correct."""
@@ -312,7 +321,9 @@ def output_on_every_rank(ctx: Context) -> Iterator[Hit]:
     ``"{}".format(dist.get_rank())``, ``os.environ["LOCAL_RANK"]``, ``device_id``: any name with
     "rank" in it and the other spellings of ``advisor.check.ranks.is_rank_like``) is a per-rank
     line, as the fix recommends, and stays quiet; so does a ``torch.save`` whose file name carries the
-    rank (``f"shard_rank{rank}.pt"``: each rank writes its own file).
+    rank (``f"shard_rank{rank}.pt"``: each rank writes its own file). Prints and logs are not checked
+    in a file that calls torchvision's ``init_distributed_mode`` / ``setup_for_distributed``, which
+    silence ``print`` on ranks other than 0 (the helper lives in another file; saves are still checked).
 
     Field notes: pitfall 12. Blind spots: ``print(..., file=sys.stderr)`` and warning/error logs are
     left alone (every rank may report its own failure); guards in other files; writes through other
@@ -320,8 +331,11 @@ def output_on_every_rank(ctx: Context) -> Iterator[Hit]:
     """
     if not is_distributed(ctx):
         return
+    quiet_print = _silences_print(ctx)
     for call in ctx.calls:
         kind = _output_kind(ctx, call)
+        if kind in ("print", "log") and quiet_print:
+            continue
         per_rank = _per_rank_file(ctx, call) if kind == "save" else _tags_rank(ctx, call)
         if kind and not per_rank and not rank_zero_only(ctx, call):
             severity, message, fix = _OUTPUT[kind]
