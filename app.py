@@ -563,9 +563,9 @@ def show_check() -> None:
     (``advisor.check``: the file is parsed as a syntax tree, never run)."""
     from advisor.check import FAILING, RULES, check_source
 
-    st.caption(md(f"Finds the pitfalls of moving a one-GPU script to many ({len(RULES)} rules from the field "
-                  "notes: samplers, ranks, DDP order, checkpoints, accumulation...). The script is parsed, never "
-                  "run. Same as `python -m advisor check train.py`."))
+    st.caption(f"Finds the pitfalls of moving a one-GPU script to many ({len(RULES)} rules from the field "
+               "notes: samplers, ranks, DDP order, checkpoints, accumulation...). The script is parsed, never "
+               "run. Same as `python -m advisor check train.py`.")  # static text: markdown on purpose
     try:
         text, name = _script_text()
         if text is None:

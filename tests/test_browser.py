@@ -162,7 +162,7 @@ def test_check_tab_in_browser(browser: webdriver.Chrome, server: str, tmp_path: 
     wait = WebDriverWait(browser, PAGE_WAIT_S)
     browser.get(server)
     tab = wait.until(ec.element_to_be_clickable(
-        (By.XPATH, "//button[@role='tab'][contains(., 'Check my training script')]")))
+        (By.XPATH, "//*[@role='tab'][contains(., 'Check my training script')]")))
     tab.click()
     area = wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "textarea[aria-label='Paste your training script']")))
     area.click()
