@@ -74,9 +74,8 @@ class ModelProfile:
 
     def flops_per_sample(self, mode: str) -> int:
         """Forward + backward FLOPs per sample under a precision trace mode (from the same traces as
-        the activations; see ``advisor.trace.flops_per_sample``)."""
-        prof = self.activations(mode)
-        return prof.at(2).flops - prof.at(1).flops
+        the activations; ``ActivationProfile.flops_per_sample``)."""
+        return self.activations(mode).flops_per_sample
 
     def activations(self, mode: str, tp_degree: int = 1) -> ActivationProfile:
         """Traced activation profile for a precision trace mode ("fp32", "autocast", "half")."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any, Iterator
 
 from .checkpointing import enable_activation_checkpointing
@@ -99,32 +99,32 @@ class Timeline:
     attention_calls: int = 0  # calls of F.scaled_dot_product_attention (0: the model has no SDPA)
 
 
-def _phase_peak(e1: tuple, e2: tuple, b: int, net: bool = False) -> tuple[int, int, int]:
-    """Peak over the events of one phase at micro-batch ``b``, each event linear in b between the
-    traces at ``BASE_B`` and ``BASE_B + 1`` (same op sequence); returns (live, retained, grads) at
-    the event with the largest live total, or with ``net`` the largest live total minus gradients."""
+def _phase_peaks(e1: tuple, e2: tuple, b: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Peaks over the events of one phase at micro-batch ``b``, each event linear in b between the
+    traces at ``BASE_B`` and ``BASE_B + 1`` (same op sequence). Returns (live, retained, grads) at the
+    event with the largest live total, and at the event with the largest live total minus gradients."""
     if not e1:
-        return (0, 0, 0)
+        return (0, 0, 0), (0, 0, 0)
     if len(e1) != len(e2):  # a few ops differ between the sizes: align events proportionally
         n1, n2 = len(e1), len(e2)
         if n1 < n2:
             e1 = tuple(e1[i * n1 // n2] for i in range(n2))
         else:
             e2 = tuple(e2[i * n2 // n1] for i in range(n1))
-    best, best_key = None, None
+    gross = net = None
     for x, y in zip(e1, e2):
         event = tuple(x[i] + (b - BASE_B) * (y[i] - x[i]) for i in range(3))
-        key = event[0] - event[2] if net else event[0]
-        if best_key is None or key > best_key:
-            best, best_key = event, key
-    return best
+        if gross is None or event[0] > gross[0]:
+            gross = event
+        if net is None or event[0] - event[2] > net[0] - net[2]:
+            net = event
+    return gross, net
 
 
 def evaluate(t1: Timeline, t2: Timeline, b: int) -> StepTrace:
     """The step at micro-batch ``b`` from traces at ``BASE_B`` (``t1``) and ``BASE_B + 1`` (``t2``)."""
-    fwd = _phase_peak(t1.fwd, t2.fwd, b)
-    bwd = _phase_peak(t1.bwd, t2.bwd, b)
-    net = _phase_peak(t1.bwd, t2.bwd, b, net=True)
+    fwd, _ = _phase_peaks(t1.fwd, t2.fwd, b)
+    bwd, net = _phase_peaks(t1.bwd, t2.bwd, b)
     lin = lambda x, y: int(x + (b - BASE_B) * (y - x))  # noqa: E731
     return StepTrace(activations=lin(t1.activations, t2.activations), fwd_peak=fwd[0], bwd_peak=bwd[0],
                      bwd_activations=bwd[1], bwd_grads=bwd[2], grads=lin(t1.grads, t2.grads),
@@ -160,6 +160,13 @@ class ActivationProfile:
     def uses_sdpa(self) -> bool:
         """Whether the model calls ``F.scaled_dot_product_attention`` (so the kernel choice matters)."""
         return any(t.attention_calls for _, t, _ in self.depths)
+
+    @property
+    def flops_per_sample(self) -> int:
+        """Forward + backward FLOPs per sample (2 per multiply-add; ``torch.utils.flop_counter``'s
+        formulas), including the recompute under activation checkpointing and inside fused attention
+        backward. Exactly linear in the micro-batch: the difference of two evaluations."""
+        return self.at(2).flops - self.at(1).flops
 
     @property
     def activation_bytes_per_sample(self) -> int:
@@ -389,11 +396,3 @@ def profile_activations(spec: ModelSpec, mode: str, attention: str, checkpointin
     if spec.is_transformer:
         blocks = depth if checkpointing else 0
     return ActivationProfile(depths=tuple(entries), full_depth=per_stack, attention=label, checkpointed_blocks=blocks)
-
-
-def flops_per_sample(spec: ModelSpec, mode: str, attention: str, checkpointing: bool) -> int:
-    """Forward + backward FLOPs per sample (2 per multiply-add; ``torch.utils.flop_counter``'s formulas),
-    including the recompute under activation checkpointing and inside fused attention backward.
-    Exactly linear in the micro-batch: the difference of the memory traces at two sizes."""
-    prof = profile_activations(spec, mode, attention, checkpointing)
-    return prof.at(2).flops - prof.at(1).flops

@@ -149,14 +149,14 @@ def test_flops_per_sample_is_the_matmul_count(attention):
     (QK^T and AV, full s x s as torch.utils.flop_counter's sdpa formulas count); backward = 2 x forward,
     plus, for a fused kernel, the scores' recompute in backward (2 x s^2 x d per layer,
     flop_counter.sdpa_backward_flop_count). The fused stand-in computes nothing, so it must count itself."""
-    from advisor.trace import flops_per_sample
+    from advisor.trace import profile_activations
 
     spec = resolve_model("gpt2", seq_len=1024)
     s, d, layers, vocab = 1024, 768, 12, 50257
     linear = layers * d * (3 * d + d + 4 * d + 4 * d) + d * vocab
     forward = 2 * s * linear + 4 * layers * s * s * d
     recompute = 2 * layers * s * s * d if attention == "flash" else 0
-    assert flops_per_sample(spec, "autocast", attention, False) == 3 * forward + recompute
+    assert profile_activations(spec, "autocast", attention, False).flops_per_sample == 3 * forward + recompute
 
 
 # --- recommendations -----------------------------------------------------------------------------------
