@@ -180,14 +180,13 @@ def render_text(p) -> str:
     return "\n".join(lines)
 
 
-_PHASES = {"forward": "fwd", "backward": "bwd", "backward (first gradient)": "bwd",
-           "end of backward (bucket reduction)": "bwd-end", "end of backward (gradient partition filled)": "bwd-end",
-           "end of backward (reduce-scatter)": "bwd-end", "optimizer step (flatten)": "step-flat",
-           "optimizer step": "step"}
-
-
 def _short_phase(phase: str) -> str:
-    return _PHASES.get(phase, phase[:9])
+    """A strategy's phase label (``Breakdown.phase``) in the table's few characters."""
+    for prefix, short in (("forward", "fwd"), ("backward", "bwd"), ("end of backward", "bwd-end"),
+                          ("optimizer step (flatten)", "step-flat"), ("optimizer step", "step")):
+        if phase.startswith(prefix):
+            return short
+    return phase[:9]
 
 
 def _launch_line(p) -> str | None:
@@ -200,7 +199,8 @@ def _launch_line(p) -> str | None:
     return launch_command(p, p.recommendation.strategy)
 
 
-def _check_strategy_flags(args: argparse.Namespace) -> None:
+def _check_run_flags(args: argparse.Namespace) -> None:
+    """--strategy/--emit/--force/--verify/--steps/--timeout: together or refused; fills the verify defaults."""
     from strategies import STRATEGY_NAMES
 
     if args.strategy is not None and args.strategy not in STRATEGY_NAMES:
@@ -220,9 +220,9 @@ def _check_strategy_flags(args: argparse.Namespace) -> None:
             raise AdvisorError(f"--{flag} applies to --verify only: add --verify or drop --{flag}")
     args.steps = VERIFY_STEPS if args.steps is None else args.steps
     args.timeout = VERIFY_TIMEOUT_S if args.timeout is None else args.timeout
-    if args.verify and args.steps > 10_000:
+    if args.steps > 10_000:
         raise AdvisorError(f"--steps must be between 1 and 10000, got {args.steps}")
-    if args.verify and args.timeout > 7 * 86400:
+    if args.timeout > 7 * 86400:
         raise AdvisorError(f"--timeout is in seconds, at most a week ({7 * 86400}), got {args.timeout:g}")
 
 
@@ -294,7 +294,7 @@ def _plan_face(argv: list[str]) -> int:
         return 0
     from .plan import plan, plan_to_dict
 
-    _check_strategy_flags(args)
+    _check_run_flags(args)
     inputs = _inputs(args)
     result = plan(inputs)
     doc = plan_to_dict(result) if args.json else None
