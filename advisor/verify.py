@@ -65,17 +65,27 @@ class VerifyResult:
 
 
 class _MachineLock:
-    def __init__(self) -> None:
+    """One verification (or doctor's 2-rank run) per machine: an exclusive ``flock`` on a lock file.
+    ``wait_s``: how long to wait for a running one to finish before raising ``VerifyBusy``."""
+
+    def __init__(self, wait_s: float = 0.0) -> None:
         self._fh = None
+        self._wait_s = wait_s
 
     def __enter__(self) -> "_MachineLock":
+        deadline = time.monotonic() + self._wait_s
         self._fh = open(_lock_path(), "a+")
-        try:
-            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._fh.close()
-            raise VerifyBusy("another verification is running on this machine: wait for it to finish and retry")
-        return self
+        while True:
+            try:
+                fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._fh.close()
+                    raise VerifyBusy("another verification is running on this machine: wait for it to finish "
+                                     "and retry")
+                time.sleep(min(2.0, max(0.1, left)))
 
     def __exit__(self, *exc) -> None:
         fcntl.flock(self._fh, fcntl.LOCK_UN)

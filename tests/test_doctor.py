@@ -339,6 +339,7 @@ def test_allreduce_timeout_fails_and_kills(monkeypatch):
         shutil.rmtree(kept.group(1))
     else:  # nothing to read: no empty directory left behind
         assert "the ranks printed nothing" in c.fix
+        assert f"{launch._WORKER} gloo 0.5" in c.fix  # the rerun line names a script that still exists
 
 
 def test_allreduce_failure_names_the_root_cause(tmp_path, monkeypatch):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
@@ -13,7 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from .checks import FAIL, PASS, WARN, Check
 
@@ -25,7 +24,7 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
     """Check 4: two ranks on this machine through the real launcher (``python -m torch.distributed.run
     --nproc_per_node 2 --master_addr 127.0.0.1 --master_port <free port>``): all-reduce a tensor of ones (must
     equal the world size) and run 2 DDP steps (weights must stay equal). nccl with >= 2 GPUs, else gloo.
-    Takes verify's machine lock; on timeout kills the launcher's process group and the ranks it started.
+    Takes verify's machine lock (waiting up to ``timeout_s`` for a running verification); on timeout kills the launcher's process group and the ranks it started.
     The script and its log live in a temp dir, removed on success and kept (and named) on failure."""
     from ..verify import VerifyBusy, _kill_group, _MachineLock, _root_cause, free_port
 
@@ -36,7 +35,7 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
     script, log_path = work / "allreduce.py", work / "run.log"
     shutil.copyfile(_WORKER, script)
     try:
-        with _wait_for_lock(_MachineLock, VerifyBusy, timeout_s):
+        with _MachineLock(wait_s=timeout_s):
             port = free_port()
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
                    "--master_addr=127.0.0.1", f"--master_port={port}", str(script), backend, f"{timeout_s:g}"]
@@ -57,7 +56,7 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
                      f"= 2 on both ranks, 2 DDP steps kept the weights equal, {elapsed:.1f} s")
     if not text.strip():  # nothing to read there: do not leave an empty directory behind
         shutil.rmtree(work, ignore_errors=True)
-        rerun = f"the ranks printed nothing; rerun by hand: {shlex.join(cmd[:-2])} <script> {backend} {timeout_s:g}"
+        rerun = f"the ranks printed nothing; rerun by hand: {shlex.join(cmd[:-3] + [str(_WORKER)] + cmd[-2:])}"
     else:
         rerun = f"script and log kept in {work}; rerun by hand: {shlex.join(cmd)}"
     if timed_out:
@@ -75,26 +74,6 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
     fix = ("another process took the port: rerun" if "Address already in use" in text else
            "fix the cause above (a broken torch/NCCL install, or run with NCCL_DEBUG=INFO for NCCL)")
     return Check("allreduce", FAIL, f"2 ranks over {backend} failed (exit code {rc}): {cause}", f"{fix}; {rerun}")
-
-
-@contextlib.contextmanager
-def _wait_for_lock(lock_cls, busy_cls, timeout_s: float) -> Iterator[None]:
-    """Hold verify's machine lock, waiting up to ``timeout_s`` for a running verification to finish;
-    raises ``busy_cls`` after that."""
-    deadline = time.monotonic() + timeout_s
-    lock = lock_cls()
-    while True:
-        try:
-            lock.__enter__()
-            break
-        except busy_cls:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
-    try:
-        yield
-    finally:
-        lock.__exit__(None, None, None)
 
 
 def _run_group(cmd: list[str], cwd: Path, log_path: Path, env: dict[str, str], timeout_s: float,
