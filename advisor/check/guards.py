@@ -135,9 +135,14 @@ def _after_early_exit(ctx: Context, parent: ast.AST, child: ast.AST) -> bool:
     return False
 
 
-def _inits(ctx: Context, stmts: list[ast.stmt]) -> bool:
-    """Whether ``stmts`` start a process group (torch's init_process_group or deepspeed's)."""
-    return any(isinstance(n, ast.Call) and ctx.call_name(n) in INITS for s in stmts for n in ast.walk(s))
+def _inits(ctx: Context, node: ast.If) -> bool:
+    """Whether the body of ``node`` starts a process group (torch's init_process_group or deepspeed's);
+    memoised per ``if``, since every statement of its ``else`` asks."""
+    key = ("inits", node)
+    if key not in ctx.memo:
+        ctx.memo[key] = any(isinstance(n, ast.Call) and ctx.call_name(n) in INITS
+                            for s in node.body for n in ast.walk(s))
+    return ctx.memo[key]
 
 
 def _distributed_flags(ctx: Context) -> set[str]:
@@ -145,13 +150,13 @@ def _distributed_flags(ctx: Context) -> set[str]:
     ``not X`` then means one process."""
     if "distributed-flags" not in ctx.memo:
         ctx.memo["distributed-flags"] = {ast.unparse(n.test) for n in ctx.nodes
-                                         if isinstance(n, ast.If) and _inits(ctx, n.body)}
+                                         if isinstance(n, ast.If) and _inits(ctx, n)}
     return ctx.memo["distributed-flags"]
 
 
 def _single_process_branch(ctx: Context, parent: ast.If, child: ast.AST) -> bool:
     """The ``else`` of ``if ddp: init_process_group(...)``, or the body of ``if not ddp:``: one process."""
-    if child in parent.orelse and _inits(ctx, parent.body):
+    if child in parent.orelse and _inits(ctx, parent):
         return True
     test = parent.test
     return (child in parent.body and isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
