@@ -154,12 +154,21 @@ def _distributed_flags(ctx: Context) -> set[str]:
     return ctx.memo["distributed-flags"]
 
 
-def _single_process_branch(ctx: Context, parent: ast.If, child: ast.AST) -> bool:
+def _in_else(ctx: Context, parent: ast.If, child: ast.AST) -> bool:
+    """Whether ``child`` (a statement directly under ``parent``) is in its ``else`` rather than its body;
+    a set per ``if``, so that a block of many statements is not scanned once per statement."""
+    key = ("orelse", parent)
+    if key not in ctx.memo:
+        ctx.memo[key] = set(map(id, parent.orelse))
+    return id(child) in ctx.memo[key]
+
+
+def _single_process_branch(ctx: Context, parent: ast.If, in_else: bool) -> bool:
     """The ``else`` of ``if ddp: init_process_group(...)``, or the body of ``if not ddp:``: one process."""
-    if child in parent.orelse and _inits(ctx, parent):
-        return True
+    if in_else:
+        return _inits(ctx, parent)
     test = parent.test
-    return (child in parent.body and isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+    return (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
             and ast.unparse(test.operand) in _distributed_flags(ctx))
 
 
@@ -167,9 +176,11 @@ def _branch_guard(ctx: Context, parent: ast.AST, child: ast.AST) -> bool:
     """``child`` is the rank-0 branch of an ``if``, a conditional expression or an ``and``, or the
     single-process branch of an ``if`` that starts the process group."""
     if isinstance(parent, ast.If):
-        return ((child in parent.body and zero_test(ctx, parent.test))
-                or (child in parent.orelse and nonzero_test(ctx, parent.test))
-                or _single_process_branch(ctx, parent, child))
+        if child is parent.test:
+            return False
+        in_else = _in_else(ctx, parent, child)
+        return ((nonzero_test(ctx, parent.test) if in_else else zero_test(ctx, parent.test))
+                or _single_process_branch(ctx, parent, in_else))
     if isinstance(parent, ast.IfExp):
         return ((child is parent.body and zero_test(ctx, parent.test))
                 or (child is parent.orelse and nonzero_test(ctx, parent.test)))
