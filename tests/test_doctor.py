@@ -344,7 +344,10 @@ def test_allreduce_timeout_fails_and_kills(monkeypatch):
 
 def test_allreduce_failure_names_the_root_cause(tmp_path, monkeypatch):
     worker = tmp_path / "worker.py"
-    worker.write_text("raise RuntimeError('simulated: connection refused by rank 1')\n")
+    # One rank fails, as when a peer is unreachable. (When both raise at once, their tracebacks can
+    # interleave in the shared launcher log: a CI run read "RuntimeErrorRuntimeError: : ...".)
+    worker.write_text("import os\nif os.environ['RANK'] == '1':\n"
+                      "    raise RuntimeError('simulated: connection refused by rank 1')\n")
     monkeypatch.setattr(launch, "_WORKER", worker)
     c = doctor.check_allreduce(0, 60.0)
     assert c.status == FAIL, c
