@@ -28,14 +28,13 @@ import pandas as pd
 import streamlit as st
 
 from advisor.errors import AdvisorError
-from advisor.gpu_presets import DEFAULT_GPU_PRESET, GPU_PRESETS
-from advisor.hardware import INTERCONNECTS, NETWORKS
-from advisor.memory import OPTIMIZERS, PRECISIONS
+from advisor.gpu_presets import DEFAULT_GPU_PRESET
 from advisor.model_presets import find_transformer_preset
 from advisor.models import MAX_CONFIG_FILE_BYTES, known_model_names, parse_config_text
-from advisor.options import TrainingOptions
-from advisor.plan import Plan, PlanInputs, plan, plan_to_dict
+from advisor.plan import Plan, plan, plan_to_dict
+from advisor.schema import Field, PlanInputs, field_labels, fields_for, get_field, inputs_from_values
 from advisor.units import GiB, fmt_count
+from strategies import strategy_names
 
 log = logging.getLogger("advisor.app")
 
@@ -52,52 +51,47 @@ NO_SCRIPTS = "script generation not available"
 _DONE_OF_TOTAL = re.compile(r"\b(\d+)\s*/\s*(\d+)\b")
 
 
+# Widgets on the page that are not schema inputs (the schema's page fields are keyed by their names).
+CONTROLS = ("config_file", "zoom", "verify", "check_text", "check_file")
+SIDEBAR_GROUPS = {"model": "Model", "training": "Training", "cluster": "Hardware"}
+
+
 @dataclass(frozen=True)
 class Form:
-    """What the user chose, as plain JSON-able values: the cache key of the plan."""
+    """What the user chose, as plain JSON-able values: the cache key of the plan. ``values`` are schema
+    field values by name (unset fields omitted); a pasted or uploaded config stays text until planning."""
 
-    model: str
-    config_text: str | None  # pasted or uploaded config.json; wins over ``model`` when given
-    config_source: str
-    seq_len: int | None
-    image_size: int | None
-    micro_batch_size: int | None
-    global_batch_size: int | None
-    precision: str
-    optimizer: str
-    activation_checkpointing: bool
-    gpu: str | None  # preset name; None: the detected GPUs (else the default preset)
-    gpus: int | None
-    nodes: int
-    interconnect: str | None
-    network: str | None
+    values: dict[str, Any]
+    config_text: str | None = None  # pasted or uploaded config.json; wins over the catalog model when given
+    config_source: str = "pasted config"
 
     def key(self) -> str:
-        """Canonical JSON: the cache key (config text included, so a pasted config is keyed by text)."""
-        return json.dumps(asdict(self), sort_keys=True)
+        """Canonical JSON: the cache key (config text included, so a pasted config is keyed by text), with
+        the registered strategies (a plan has one row per strategy)."""
+        return json.dumps({"values": self.values, "config_text": self.config_text,
+                           "config_source": self.config_source, "strategies": strategy_names()}, sort_keys=True)
 
     @classmethod
     def from_key(cls, key: str) -> Form:
-        return cls(**json.loads(key))
+        doc = json.loads(key)
+        return cls(values=doc["values"], config_text=doc["config_text"], config_source=doc["config_source"])
 
     def to_inputs(self) -> PlanInputs:
-        """The ``PlanInputs`` the CLI would build. Config text is parsed as JSON only.
+        """The ``PlanInputs`` the CLI would build (``advisor.schema.inputs_from_values``). Config text is
+        parsed as JSON only.
 
         Raises:
-            AdvisorError: malformed JSON, or JSON that is not an object.
+            AdvisorError: malformed JSON, JSON that is not an object, or a value the schema refuses.
         """
-        config = None
+        values = dict(self.values)
         if self.config_text is not None:
             config = parse_config_text(self.config_text, self.config_source)
             if not isinstance(config, dict):  # resolve_model calls .get() before it checks the type
                 raise AdvisorError(f"{self.config_source}: a config must be a JSON object ({{...}}), "
                                    f"got {type(config).__name__}")
-        training = TrainingOptions(precision=self.precision, optimizer=self.optimizer,
-                                   micro_batch_size=self.micro_batch_size, global_batch_size=self.global_batch_size,
-                                   activation_checkpointing=self.activation_checkpointing)
-        return PlanInputs(model=None if config is not None else self.model, config_dict=config,
-                          seq_len=self.seq_len, image_size=self.image_size, training=training, gpu=self.gpu,
-                          gpus=self.gpus, nodes=self.nodes, interconnect=self.interconnect, network=self.network)
+            values.pop("model", None)
+            values.update(config_dict=config, config_source=self.config_source)
+        return inputs_from_values(values)[0]
 
 
 @st.cache_resource(show_spinner=False)
@@ -117,15 +111,9 @@ def md(text: str) -> str:
     return "".join("\\" + c if c in "\\`*_[]<>$|~#" else c for c in text)
 
 
-# The core's messages name CLI flags; on this page the same choice is a widget. Flags without a widget
-# here (--gpu-mem, --host-mem, --tp-degree, ...) stay as they are: they are CLI options.
-FLAG_WIDGETS = {"--seq-len": "Sequence length", "--image-size": "Image size (px)",
-                "--micro-batch-size": "Micro-batch size per GPU", "--global-batch-size": "Global batch size",
-                "--precision": "Precision", "--optimizer": "Optimizer",
-                "--activation-checkpointing": "Activation checkpointing", "--gpu": "GPU", "--gpus": "GPUs per node",
-                "--nodes": "Nodes", "--interconnect": "Interconnect (inside a node)",
-                "--network": "Network (between nodes)", "--config": "the config.json box",
-                "--strategy": "Strategy for the scripts and the verification run"}
+# The core's messages name CLI flags; on this page the same choice is a widget (the schema gives both).
+# Flags without a widget here (--tp-degree, --attention, ...) stay as they are: they are CLI options.
+FLAG_WIDGETS = field_labels() | {"--config": "the config.json box"}
 _FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 
 
@@ -147,17 +135,37 @@ def gib(n_bytes: int | None) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------ inputs
-def _optional_int(label: str, key: str, placeholder: str, help: str | None = None) -> int | None:
-    """A positive-integer input that may be left empty (None: advisor's default)."""
-    value = st.number_input(label, min_value=1, value=None, step=1, key=key, placeholder=placeholder, help=help)
-    return None if value is None else int(value)
+def _optional_number(f: Field, help: str | None = None) -> int | float | None:
+    """A number input that may be left empty (None: advisor's default, shown as the placeholder)."""
+    integer = f.kind == "int"
+    low = f.opt.low if f.opt.low is not None and (integer or f.opt.low > 0) else (1 if integer else None)
+    value = st.number_input(f.opt.label, min_value=low, value=None, step=1 if integer else 1.0, key=f.name,
+                            placeholder=f.opt.none or "", help=help or f.opt.help)
+    return None if value is None else (int(value) if integer else float(value))
+
+
+def _widget(f: Field) -> Any:
+    """The widget of one schema field, keyed by the field's name: a selectbox for choices (with the
+    default first when the field may be empty), a checkbox for switches, a number input otherwise."""
+    if f.kind == "bool":
+        return st.checkbox(f.opt.label, key=f.name, value=bool(f.default), help=f.opt.help)
+    if f.opt.choices:
+        options = tuple(f.opt.choices)
+        if f.optional:
+            options = (DEFAULT, *options)
+        chosen = st.selectbox(f.opt.label, options, key=f.name, help=f.opt.help,
+                              format_func=lambda v: f"default ({f.opt.none})" if v == DEFAULT else str(v))
+        return None if chosen == DEFAULT else chosen
+    if f.optional:
+        return _optional_number(f)
+    return st.number_input(f.opt.label, min_value=f.opt.low, value=f.default, step=1, key=f.name, help=f.opt.help)
 
 
 def _config_text() -> tuple[str | None, str]:
     """Uploaded file, else pasted text, else None. Returns (text, source name for messages)."""
     st.caption("A pasted or uploaded Hugging Face config.json replaces the catalog model (an upload wins over "
                "pasted text). It is read as JSON only; no code runs and nothing is downloaded.")
-    pasted = st.text_area("Paste a config.json", key="config_text", height=150,
+    pasted = st.text_area(get_field("config_dict").opt.label, key="config_dict", height=150,
                           placeholder='{"model_type": "llama", "hidden_size": 4096, ...}')
     upload = st.file_uploader("or upload a config.json", type=["json"], key="config_file")
     text, name = _upload_or_paste(upload, pasted, MAX_CONFIG_FILE_BYTES, "the model's config.json, not weights")
@@ -186,49 +194,37 @@ def _upload_or_paste(upload: Any, pasted: str | None, limit: int, what: str) -> 
 
 
 def read_form() -> Form:
-    """Draw the sidebar widgets and collect their values.
+    """Draw the sidebar: the schema's page fields of the model, training and cluster groups, in order.
 
     Raises:
         AdvisorError: an unreadable upload.
     """
-    sb = st.sidebar
-    with sb:
-        st.header("Model")
-        names = model_names()
-        model = st.selectbox("Catalog model", names, index=names.index(DEFAULT_MODEL), key="model",
-                             help="transformer presets (Hugging Face configs) and torchvision classifiers")
-        text, source = _config_text()
-        transformer = text is not None or find_transformer_preset(model) is not None
-        seq_len = image_size = None
-        if transformer:
-            seq_len = _optional_int("Sequence length", "seq_len", "auto", help="tokens per sample; "
-                                    "auto: min(model maximum, 2048)")
-        else:
-            image_size = _optional_int("Image size (px)", "image_size", "224", help="image side in pixels")
-        st.header("Training")
-        micro = _optional_int("Micro-batch size per GPU", "micro_batch", "auto",
-                              help="samples per GPU per step; auto: 1 for transformers, 32 for vision models")
-        global_batch = _optional_int("Global batch size", "global_batch", "no accumulation",
-                                     help="micro-batch x data-parallel size x gradient-accumulation steps")
-        precision = st.selectbox("Precision", PRECISIONS, key="precision",
-                                 help="bf16/fp16: mixed precision (autocast); pure-bf16: everything in bf16")
-        optimizer = st.selectbox("Optimizer", OPTIMIZERS, key="optimizer")
-        ckpt = st.checkbox("Activation checkpointing", key="act_ckpt", help="recompute blocks in backward")
-        st.header("Hardware")
-        gpu = st.selectbox("GPU", (DETECTED, *(p.name for p in GPU_PRESETS.values())), key="gpu",
-                           format_func=lambda g: f"detected GPUs (else {DEFAULT_GPU_PRESET})" if g == DETECTED else g)
-        gpus = _optional_int("GPUs per node", "gpus", "detected, else 1", help="empty: the GPUs detected on "
-                             "this machine (1 when there are none)")
-        nodes = int(st.number_input("Nodes", min_value=1, value=1, step=1, key="nodes"))
-        interconnect = st.selectbox("Interconnect (inside a node)", (DEFAULT, *INTERCONNECTS), key="interconnect",
-                                    format_func=lambda v: "GPU's default" if v == DEFAULT else v)
-        network = st.selectbox("Network (between nodes)", (DEFAULT, *NETWORKS), key="network",
-                               format_func=lambda v: "default (100gbe when nodes > 1)" if v == DEFAULT else v)
-    return Form(model=model, config_text=text, config_source=source, seq_len=seq_len, image_size=image_size,
-                micro_batch_size=micro, global_batch_size=global_batch, precision=precision, optimizer=optimizer,
-                activation_checkpointing=ckpt, gpu=None if gpu == DETECTED else gpu, gpus=gpus, nodes=nodes,
-                interconnect=None if interconnect == DEFAULT else interconnect,
-                network=None if network == DEFAULT else network)
+    values: dict[str, Any] = {}
+    text, source = None, "pasted config"
+    with st.sidebar:
+        for group, title in SIDEBAR_GROUPS.items():
+            st.header(title)
+            for f in (f for f in fields_for("page") if f.group == group):
+                if f.name == "model":
+                    names = model_names()
+                    values["model"] = st.selectbox(f.opt.label, names, index=names.index(DEFAULT_MODEL), key="model",
+                                                   help="transformer presets (Hugging Face configs) and torchvision "
+                                                        "classifiers")
+                elif f.name == "config_dict":
+                    text, source = _config_text()
+                elif f.name in ("seq_len", "image_size"):
+                    transformer = text is not None or find_transformer_preset(values["model"]) is not None
+                    if transformer == (f.name == "seq_len"):
+                        values[f.name] = _optional_number(f)
+                elif f.name == "gpu":
+                    gpu = st.selectbox(f.opt.label, (DETECTED, *f.opt.choices), key="gpu", help=f.opt.help,
+                                       format_func=lambda g: f"detected GPUs (else {DEFAULT_GPU_PRESET})"
+                                       if g == DETECTED else g)
+                    values["gpu"] = None if gpu == DETECTED else gpu
+                else:
+                    values[f.name] = _widget(f)
+    return Form(values={k: v for k, v in values.items() if v is not None}, config_text=text,
+                config_source=source)
 
 
 # ----------------------------------------------------------------------------------------- outputs
@@ -320,7 +316,7 @@ def strategy_table(doc: dict[str, Any]) -> pd.DataFrame:
                      "grad. accumulation steps": s["gradient_accumulation_steps"],
                      "global batch": s["global_batch_size"],
                      "host RAM / node (GiB)": gib(s["host_bytes_per_node"]) if s["host_bytes_per_node"] else None,
-                     "note": f"peak in the {s['peak_phase']}"})
+                     "note": f"peak in the {s['peak_phase']}" + (f"; short of {s['short_of']}" if s["short_of"] else "")})
     return pd.DataFrame(rows)
 
 
@@ -350,7 +346,7 @@ def choose_strategy(p: Plan) -> str | None:
         return None
     titles = {r.name: r.title for r in p.rows}
     rec = p.recommendation.strategy
-    return st.selectbox("Strategy for the scripts and the verification run", names,
+    return st.selectbox(get_field("strategy").opt.label, names, key="strategy",
                         index=names.index(rec) if rec in names else 0,
                         format_func=lambda n: f"{titles[n]} ({n})" + (" - recommended" if n == rec else ""))
 
@@ -514,8 +510,11 @@ def show_verify(form: Form, strategy: str) -> None:
     st.caption("Runs the chosen strategy's training for a few steps on this machine's devices and compares "
                "the measured peak memory per rank with the estimate.")
     c1, c2 = st.columns(2)
-    steps = int(c1.number_input("Steps", min_value=1, max_value=1000, value=6, key="verify_steps"))
-    timeout_s = int(c2.number_input("Timeout (s)", min_value=10, max_value=7200, value=600, key="verify_timeout"))
+    sf, tf = get_field("steps"), get_field("timeout")
+    steps = int(c1.number_input(sf.opt.label, min_value=int(sf.opt.low), max_value=int(sf.opt.high), value=6,
+                                key="steps", help=sf.opt.help))
+    timeout_s = int(c2.number_input(tf.opt.label, min_value=1, max_value=int(tf.opt.high), value=600, key="timeout",
+                                    help=tf.opt.help))
     run_key = f"{form.key()}|{strategy}"
     job: VerifyJob | None = st.session_state.get("verify_job")
     if st.button("Verify on this machine", key="verify"):

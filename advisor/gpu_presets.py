@@ -1,4 +1,4 @@
-"""GPU presets as data, for planning on a machine without the target GPU.
+"""GPU presets and the networks between nodes, as data, for planning on a machine without the target GPU.
 
 ``memory_mib`` is the total that ``nvidia-smi`` reports (MiB), not the marketing name: the usable
 figure the plan is checked against. TFLOP/s are dense (no sparsity) bf16/fp16 tensor-core peaks;
@@ -56,6 +56,12 @@ GPU_PRESETS: dict[str, GpuPreset] = {
 }
 
 DEFAULT_GPU_PRESET = "A100-80GB"
+
+INTERCONNECTS = ("nvlink", "pcie")  # between the GPUs of one node
+# Inter-node networks, GB/s per node one direction (InfiniBand spec rates; Ethernet line rates).
+NETWORKS = {"ib-ndr": 50.0, "ib-hdr": 25.0, "ib-edr": 12.5, "400gbe": 50.0, "200gbe": 25.0, "100gbe": 12.5,
+            "25gbe": 3.125, "10gbe": 1.25, "1gbe": 0.125}
+SLOW_NETWORKS = ("10gbe", "1gbe")  # field notes 004 section 3.1: 1 GbE is a bottleneck
 
 
 def get_gpu_preset(name: str) -> GpuPreset:

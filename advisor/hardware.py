@@ -11,13 +11,12 @@ import subprocess
 from dataclasses import dataclass, field
 
 from .errors import AdvisorError
-from .gpu_presets import DEFAULT_GPU_PRESET, GpuPreset, get_gpu_preset
+from .gpu_presets import DEFAULT_GPU_PRESET, INTERCONNECTS, NETWORKS, GpuPreset, get_gpu_preset
+from .schema import ClusterSpec
 
-INTERCONNECTS = ("nvlink", "pcie")
-# Inter-node networks, GB/s per node one direction (InfiniBand spec rates; Ethernet line rates).
-NETWORKS = {"ib-ndr": 50.0, "ib-hdr": 25.0, "ib-edr": 12.5, "400gbe": 50.0, "200gbe": 25.0, "100gbe": 12.5,
-            "25gbe": 3.125, "10gbe": 1.25, "1gbe": 0.125}
-SLOW_NETWORKS = ("10gbe", "1gbe")  # field notes 004 section 3.1: 1 GbE is a bottleneck
+# Where the host RAM figure comes from: this machine's (planning for its own GPUs), the user's
+# (--host-mem / the page's field), or nobody's (planning for a preset GPU elsewhere).
+HOST_DETECTED, HOST_GIVEN, HOST_UNKNOWN = "detected", "given", "unknown"
 
 
 @dataclass(frozen=True)
@@ -41,9 +40,10 @@ class Hardware:
     network: str | None  # between nodes; None for one node
     bf16_tflops: float
     link_gbps: float
-    host_mem_bytes: int  # per node
+    host_mem_bytes: int | None  # per node; None when unknown (``host_mem_state``)
     sources: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    host_mem_state: str = HOST_GIVEN  # HOST_DETECTED | HOST_GIVEN | HOST_UNKNOWN
 
     @property
     def num_gpus(self) -> int:
@@ -123,32 +123,20 @@ def host_memory_bytes() -> int:
         return 0
 
 
-def resolve_hardware(*, gpu: str | None = None, gpu_mem_gib: float | None = None, gpus: int | None = None,
-                     nodes: int = 1, interconnect: str | None = None, network: str | None = None,
-                     host_mem_gib: float | None = None, detect: bool = True) -> Hardware:
-    """Combine detection, a preset and flags (flags win, then the preset, then detection).
+def resolve_hardware(cluster: ClusterSpec) -> Hardware:
+    """Combine detection, a preset and flags (flags win, then the preset, then detection). The fields
+    were checked by ``advisor.schema.validate``.
 
-    Without a detected GPU and without ``gpu``, plans for ``DEFAULT_GPU_PRESET`` and says so.
+    Without a detected GPU and without ``cluster.gpu``, plans for ``DEFAULT_GPU_PRESET`` and says so.
+    Host RAM: this machine's when planning for its own (detected) GPUs, ``--host-mem`` when given, else
+    unknown (a preset is a machine elsewhere).
 
     Raises:
-        AdvisorError: unknown preset/interconnect/network, non-positive counts or sizes.
+        AdvisorError: unknown preset.
     """
-    if gpus is not None and gpus < 1:
-        raise AdvisorError(f"--gpus must be at least 1 (GPUs per node), got {gpus}")
-    if nodes < 1:
-        raise AdvisorError(f"--nodes must be at least 1, got {nodes}")
-    if gpus is not None and gpus > 64:
-        raise AdvisorError(f"--gpus is GPUs per node; {gpus} is more than any node has: use --nodes for more")
-    if nodes > 100_000:
-        raise AdvisorError(f"--nodes {nodes} is absurd: check the value")
-    if gpu_mem_gib is not None and not 0 < gpu_mem_gib <= 4096:
-        raise AdvisorError(f"--gpu-mem must be a positive number of GiB (at most 4096), got {gpu_mem_gib}")
-    if host_mem_gib is not None and not 0 < host_mem_gib <= 2**20:
-        raise AdvisorError(f"--host-mem must be a positive number of GiB, got {host_mem_gib}")
-    if interconnect is not None and interconnect not in INTERCONNECTS:
-        raise AdvisorError(f"--interconnect must be one of {', '.join(INTERCONNECTS)}, got {interconnect!r}")
-    if network is not None and network not in NETWORKS:
-        raise AdvisorError(f"--network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    gpu, gpu_mem_gib, gpus, nodes = cluster.gpu, cluster.gpu_mem_gib, cluster.gpus, cluster.nodes
+    interconnect, network, host_mem_gib = cluster.interconnect, cluster.network, cluster.host_mem_gib
+    detect = cluster.detect_hardware
     preset: GpuPreset | None = get_gpu_preset(gpu) if gpu else None
     found = detect_gpus() if detect and preset is None else None
     sources: dict[str, str] = {}
@@ -180,9 +168,11 @@ def resolve_hardware(*, gpu: str | None = None, gpu_mem_gib: float | None = None
     else:
         per_node, sources["gpus_per_node"] = 1, "default (1; use --gpus)"
     if host_mem_gib is not None:
-        host, sources["host_mem_bytes"] = int(host_mem_gib * 2**30), "flag --host-mem"
+        host, state, sources["host_mem_bytes"] = int(host_mem_gib * 2**30), HOST_GIVEN, "flag --host-mem"
+    elif preset is None:
+        host, state, sources["host_mem_bytes"] = host_memory_bytes(), HOST_DETECTED, "detected (this machine)"
     else:
-        host, sources["host_mem_bytes"] = host_memory_bytes(), "detected (this machine)"
+        host, state, sources["host_mem_bytes"] = None, HOST_UNKNOWN, "unknown (a preset GPU: give --host-mem)"
     if nodes > 1 and network is None:
         warnings.append("--nodes > 1 without --network: assuming 100gbe between nodes")
         network, sources["network"] = "100gbe", "default (100gbe)"
@@ -191,4 +181,5 @@ def resolve_hardware(*, gpu: str | None = None, gpu_mem_gib: float | None = None
     sources["num_nodes"] = "flag --nodes" if nodes > 1 else "default (1)"
     return Hardware(gpu_name=name, gpu_memory_bytes=memory, gpus_per_node=per_node, num_nodes=nodes,
                     interconnect=link, network=network if nodes > 1 else network, bf16_tflops=tflops,
-                    link_gbps=link_gbps, host_mem_bytes=host, sources=sources, warnings=tuple(warnings))
+                    link_gbps=link_gbps, host_mem_bytes=host, sources=sources, warnings=tuple(warnings),
+                    host_mem_state=state)

@@ -10,9 +10,6 @@ from dataclasses import asdict, dataclass, field
 
 from .units import MiB
 
-PRECISIONS = ("bf16", "fp16", "fp32", "pure-bf16")
-OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
-
 # Optimizer state tensors per parameter (torch.optim docs: Adam/AdamW keep exp_avg and exp_avg_sq;
 # SGD with momentum keeps momentum_buffer; plain SGD keeps nothing).
 OPTIMIZER_STATES_PER_PARAM = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
@@ -65,6 +62,18 @@ class Breakdown:
 def peak_of(*phases: Breakdown) -> Breakdown:
     """The phase with the largest total (peak allocated is a maximum over phases, not a sum)."""
     return max(phases, key=lambda b: b.total)
+
+
+def trace_mode(precision: str, casts_weights: bool) -> str:
+    """Which traced step a precision runs, the one place this mapping lives: ``fp32``; ``autocast``
+    (fp32 weights under bf16/fp16 autocast: PyTorch AMP, what DDP/TP/single-GPU scripts do); ``half``
+    (16-bit weights: pure bf16, and mixed precision in a framework that casts the module itself,
+    ``casts_weights``, as DeepSpeed's bf16/fp16 modes do with ``module.half()``/``bfloat16()``)."""
+    if precision == "fp32":
+        return "fp32"
+    if precision == "pure-bf16" or casts_weights:
+        return "half"
+    return "autocast"
 
 
 def bytes_per_element(precision: str, role: str) -> int:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .hardware import SLOW_NETWORKS
-from .options import StrategyContext
+from .context import StrategyContext
+from .gpu_presets import SLOW_NETWORKS
+from .rows import Recommendation, StrategyRow, fits
 from .units import fmt_gib
 
 TINY_MODEL_PARAMS = 20_000_000  # field notes 004 section 7: tiny models gain little from distributing
@@ -20,16 +21,17 @@ def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "?"
 
 
-def recommend(ctx: StrategyContext, rows: list, strategies) -> "Recommendation":  # noqa: F821
-    from .plan import Recommendation
+def recommend(ctx: StrategyContext, rows: list[StrategyRow]) -> Recommendation:
+    """The strategy to use among ``rows`` (each carries its ``Strategy``), with reasons and warnings.
 
-    hw, opts, stats = ctx.hardware, ctx.options, ctx.profile.stats
-    by_name = {s.name: s for s in strategies}
-    fitting = [r for r in rows if r.applicable and r.fits]
+    Order: the strategies' own ``comm_order`` (least communication first), ties by lower device total.
+    """
+    hw, opts = ctx.hardware, ctx.options
+    fitting = [r for r in rows if r.applicable and r.fits is True]
     warnings = _warnings(ctx)
     if not fitting:
-        return _nothing_fits(ctx, rows, by_name, warnings)
-    order = {s.name: s.comm_order for s in strategies}
+        return _nothing_fits(ctx, rows, warnings)
+    order = {r.name: r.strategy.comm_order for r in rows}
     best = min(fitting, key=lambda r: (order[r.name], r.memory.device_total))
     cap = hw.gpu_memory_bytes
     reasons = [f"{best.title} fits: {fmt_gib(best.memory.device_total)} of {fmt_gib(cap)} per GPU "
@@ -40,9 +42,9 @@ def recommend(ctx: StrategyContext, rows: list, strategies) -> "Recommendation":
         worst = min(cheaper, key=lambda r: order[r.name])
         reasons.append(f"{worst.title} would need {fmt_gib(worst.memory.device_total)} per GPU, over the "
                        f"{fmt_gib(cap)} available; {best.title} shards what {worst.title} replicates")
-    elif best.name == "ddp":
-        reasons.append("the model states and activations fit on one GPU, so plain data parallel (DDP) has the "
-                       "least communication; ZeRO would only add sharding traffic")
+    elif order[best.name] == min(order.values()):
+        reasons.append(f"the model states and activations fit on one GPU, so plain data parallel ({best.title}) has "
+                       "the least communication; ZeRO would only add sharding traffic")
     link = hw.interconnect if hw.num_nodes == 1 else f"{hw.interconnect} inside nodes, {hw.network} between"
     reasons.append(f"gradient traffic about {fmt_gib(best.comm_bytes_per_step)} per GPU per step over {link}")
     steps = "step" if best.grad_accum_steps == 1 else "steps"
@@ -53,9 +55,9 @@ def recommend(ctx: StrategyContext, rows: list, strategies) -> "Recommendation":
         reasons.append(f"learning rate {best.learning_rate:.4g} by the linear scaling rule "
                        f"({opts.base_lr:g} at batch {opts.base_batch_size} -> global {best.global_batch_size}); "
                        "reach it at the end of a linear warmup (e.g. 5 epochs), then decay")
-    if best.name.endswith("_offload") and not opts.activation_checkpointing:
+    if best.strategy.offload and not opts.activation_checkpointing:
         warnings.append(_checkpointing_hint(rows, "offload is slow"))
-    if ctx.profile.spec.family == "vision" and best.name != "ddp":
+    if ctx.profile.spec.family == "vision" and order[best.name] > min(order.values()):
         warnings.append("for CNNs prefer lower precision, activation checkpointing and gradient accumulation "
                         "before model parallelism")
     return Recommendation(strategy=best.name, reasons=reasons, warnings=warnings)
@@ -63,7 +65,7 @@ def recommend(ctx: StrategyContext, rows: list, strategies) -> "Recommendation":
 
 def _checkpointing_hint(rows: list, why: str) -> str:
     """Point at activation checkpointing when activations are a large share of the peak."""
-    sized = [r for r in rows if r.applicable and r.memory and not r.name.endswith("_offload")]
+    sized = [r for r in rows if r.applicable and r.memory and not r.strategy.offload]
     if not sized:
         return f"{why}: try --activation-checkpointing or a smaller micro-batch"
     r = min(sized, key=lambda r: r.memory.device_total)
@@ -90,12 +92,11 @@ def _warnings(ctx: StrategyContext) -> list[str]:
     return out
 
 
-def _nothing_fits(ctx: StrategyContext, rows: list, by_name: dict, warnings: list[str]):
-    from .plan import Recommendation, fits
-
+def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[str]) -> Recommendation:
     hw = ctx.hardware
-    zero3 = by_name["zero3"]
-    need = next((r for r in rows if r.name == "zero3" and r.applicable), None)
+    # The scale-out answer: the strategy that shards everything without offload (ZeRO-3).
+    need = next((r for r in rows if r.applicable and r.strategy.shards_everything and not r.strategy.offload), None)
+    zero3 = need.strategy if need is not None else None
     reasons = ["no strategy fits: " + "; ".join(
         f"{r.title} {fmt_gib(r.memory.device_total)}" for r in rows if r.applicable and r.memory)
         + f" per GPU vs {fmt_gib(hw.gpu_memory_bytes)} available"]
@@ -116,7 +117,8 @@ def _nothing_fits(ctx: StrategyContext, rows: list, by_name: dict, warnings: lis
                     min_gpus, min_nodes = n * hw.gpus_per_node, n
                     break
     if min_gpus is not None:
-        reasons.append(f"ZeRO-3 would fit on {min_gpus} x {hw.gpu_name} ({min_nodes} node(s) of {hw.gpus_per_node})")
+        reasons.append(f"{need.title} would fit on {min_gpus} x {hw.gpu_name} ({min_nodes} node(s) of "
+                       f"{hw.gpus_per_node})")
         if min_nodes > 1:
             reasons.append("across nodes the field's answer for models this large is data parallel x ZeRO x "
                            "pipeline parallelism; pipeline parallelism is out of scope for this tool")
@@ -124,14 +126,16 @@ def _nothing_fits(ctx: StrategyContext, rows: list, by_name: dict, warnings: lis
         reasons.append(f"even {MAX_GPUS_SEARCHED} GPUs with ZeRO-3 do not fit at micro-batch "
                        f"{ctx.options.micro_batch_size}: activations alone exceed one GPU; turn on activation "
                        "checkpointing or shorten the sequence")
-    off = next((r for r in rows if r.name == "zero3_offload" and r.applicable and r.memory), None)
+    off = next((r for r in rows if r.applicable and r.memory and r.strategy.shards_everything and r.strategy.offload),
+               None)
     host = off.memory.host_bytes_per_node if off else None
     if off is not None:
         where = hw.sources.get("host_mem_bytes", "")
-        hint = "; pass --host-mem for the target nodes' RAM" if where.startswith("detected") else ""
-        reasons.append(f"ZeRO-3 + CPU offload would need {fmt_gib(host)} of host RAM per node "
-                       f"(have {fmt_gib(hw.host_mem_bytes)}, {where}{hint}) and {fmt_gib(off.memory.device_total)} "
-                       "per GPU")
+        have = ("host RAM unknown: give --host-mem" if hw.host_mem_bytes is None else
+                f"have {fmt_gib(hw.host_mem_bytes)}, {where}"
+                + ("; pass --host-mem for the target nodes' RAM" if where.startswith("detected") else ""))
+        reasons.append(f"{off.title} would need {fmt_gib(host)} of host RAM per node ({have}) and "
+                       f"{fmt_gib(off.memory.device_total)} per GPU")
     if not ctx.options.activation_checkpointing and ctx.profile.spec.is_transformer:
         warnings.append(_checkpointing_hint(rows, "nothing fits"))
     return Recommendation(strategy=None, reasons=reasons, warnings=warnings, min_gpus=min_gpus,

@@ -9,35 +9,31 @@ One verification runs at a time per machine (a file lock); runs compete for the 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from strategies import get_strategy, strategy_names
+from strategies.render import job_from_plan, render_job, write_files
+
 from .errors import AdvisorError
-from .hardware import Hardware, host_memory_bytes
+from .hardware import HOST_DETECTED, Hardware, host_memory_bytes
+from .plan import plan
+from .processes import MachineLock, VerifyBusy, free_port, kill_group, lock_path, root_cause
+
+__all__ = ["MAX_CPU_RANKS", "TOLERANCE", "MachineLock", "VerifyBusy", "VerifyResult", "free_port", "lock_path",
+           "verify"]
 
 MAX_CPU_RANKS = 4
 TOLERANCE = 0.25  # |estimate - measured| / measured; the benchmark's worst-case target (bench/README)
-def _lock_path() -> Path:
-    """Machine-wide lock file (ADVISOR_VERIFY_LOCK overrides it, e.g. for isolated test runs)."""
-    return Path(os.environ.get("ADVISOR_VERIFY_LOCK") or Path(tempfile.gettempdir()) / "advisor-verify.lock")
 _STEP_RE = re.compile(r"step (\d+)/(\d+) loss ([-\d.naninf]+)")
 _OOM_PATTERNS = ("out of memory", "OutOfMemoryError", "Cannot allocate memory", "std::bad_alloc")
-
-
-class VerifyBusy(AdvisorError):
-    """Another verification is running on this machine."""
 
 
 @dataclass
@@ -62,34 +58,6 @@ class VerifyResult:
                 "tolerance": TOLERANCE, "within_tolerance": self.within_tolerance, "log_dir": self.log_dir,
                 "ok": self.ok, "message": self.message, "losses": self.losses, "notes": self.notes,
                 "estimated_peak_bytes": self.estimated_peak_bytes}
-
-
-class _MachineLock:
-    """One verification (or doctor's 2-rank run) per machine: an exclusive ``flock`` on a lock file.
-    ``wait_s``: how long to wait for a running one to finish before raising ``VerifyBusy``."""
-
-    def __init__(self, wait_s: float = 0.0) -> None:
-        self._fh = None
-        self._wait_s = wait_s
-
-    def __enter__(self) -> "_MachineLock":
-        deadline = time.monotonic() + self._wait_s
-        self._fh = open(_lock_path(), "a+")
-        while True:
-            try:
-                fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._fh.close()
-                    raise VerifyBusy("another verification is running on this machine: wait for it to finish "
-                                     "and retry")
-                time.sleep(min(2.0, max(0.1, left)))
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self._fh, fcntl.LOCK_UN)
-        self._fh.close()
 
 
 def available_memory_bytes() -> int:
@@ -118,13 +86,6 @@ def remove_deepspeed_shm(port: int, shm_dir: Path = Path("/dev/shm")) -> int:
     return freed
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on now (the OS picks it), so a taken default port never fails a run."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_hardware(requested: int, device: str, notes: list[str]) -> Hardware:
     """The hardware a verification really runs on, with capping noted."""
     if device == "cuda":
@@ -137,42 +98,15 @@ def run_hardware(requested: int, device: str, notes: list[str]) -> Hardware:
         props = torch.cuda.get_device_properties(0)
         return Hardware(gpu_name=props.name, gpu_memory_bytes=int(props.total_memory), gpus_per_node=world,
                         num_nodes=1, interconnect="nvlink", network=None, bf16_tflops=0.0, link_gbps=0.0,
-                        host_mem_bytes=host_memory_bytes(), sources={"gpu_name": "detected"})
+                        host_mem_bytes=host_memory_bytes(), sources={"gpu_name": "detected"},
+                        host_mem_state=HOST_DETECTED)
     world = min(requested, MAX_CPU_RANKS)
     if world < requested:
         notes.append(f"{requested} ranks requested; CPU runs are capped at {MAX_CPU_RANKS}: verifying at {world}")
     host = host_memory_bytes()
     return Hardware(gpu_name="CPU", gpu_memory_bytes=host // max(1, world), gpus_per_node=world, num_nodes=1,
                     interconnect="nvlink", network=None, bf16_tflops=0.0, link_gbps=0.0, host_mem_bytes=host,
-                    sources={"gpu_name": "this machine's CPU (gloo)"})
-
-
-def _command(strategy: str, world: int, port: int, steps: int) -> list[str]:
-    args = ["train.py", "--steps", str(steps), "--out", "out"]
-    if strategy.startswith("zero"):
-        launcher = Path(sys.executable).parent / "deepspeed"
-        exe = [str(launcher)] if launcher.exists() else [sys.executable, "-m", "deepspeed.launcher.runner"]
-        return exe + ["--num_gpus", str(world), "--master_port", str(port)] + args + [
-            "--deepspeed_config", "ds_config.json"]
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={world}",
-            "--master_addr=127.0.0.1", f"--master_port={port}"] + args
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the launcher's whole process group, then SIGKILL whatever is left after 5 s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            proc.poll()  # reap the leader so it does not linger as a zombie
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
+                    sources={"gpu_name": "this machine's CPU (gloo)"}, host_mem_state=HOST_DETECTED)
 
 
 def _launch(cmd: list[str], cwd: Path, env: dict, timeout_s: float, total_steps: int,
@@ -200,30 +134,17 @@ def _launch(cmd: list[str], cwd: Path, env: dict, timeout_s: float, total_steps:
         except subprocess.TimeoutExpired:
             timed_out = True
         except BaseException:  # Ctrl-C: stop every child before re-raising
-            _kill_group(proc)
+            kill_group(proc)
             raise
         finally:
-            _kill_group(proc)
+            kill_group(proc)
             reader.join(timeout=5)
     return (None if timed_out else proc.returncode), timed_out
 
 
-_ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_.]*(?:Error|Exception|Interrupt)\b.*)$")
-
-
-def _root_cause(text: str) -> str:
-    """The first exception line the ranks printed (the launcher's own summary comes later)."""
-    for line in text.splitlines():
-        m = _ERROR_LINE.match(line)
-        if m and "ChildFailedError" not in line and "elastic" not in line:
-            return m.group(1).strip()[:300]
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return " | ".join(lines[-3:])[-300:]
-
-
 def _failure_message(log_path: Path, rc: int | None, timed_out: bool, timeout_s: float) -> str:
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    tail = _root_cause(text)
+    tail = root_cause(text)
     if timed_out:
         return (f"the run did not finish within {timeout_s:.0f} s and was stopped (all ranks killed); "
                 f"raise --timeout or lower --steps. Log: {log_path}")
@@ -247,10 +168,6 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
         AdvisorError: bad input, nothing to verify (no strategy fits and none was named).
         VerifyBusy: another verification holds this machine's lock.
     """
-    from strategies.render import job_from_plan, render_job, write_files
-
-    from .plan import plan
-
     say = progress or (lambda _msg: None)
     if steps < 1 or steps > 10_000:
         raise AdvisorError(f"--steps must be between 1 and 10000, got {steps}")
@@ -270,16 +187,11 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
         notes.append(f"CPU run: {opts.precision} is emulated and slow on CPUs without native bf16, so this "
                      "verification runs fp32 (pass --precision explicitly to force it)")
         opts = replace(opts, precision="fp32")
-    row = target.row(name)
+    if name not in strategy_names():
+        raise AdvisorError(f"--strategy must be one of {', '.join(strategy_names())}, got {name!r}")
+    strategy = get_strategy(name)
     hw = run_hardware(target.hardware.num_gpus, device, notes)
-    if name.startswith("tp"):
-        t = row.tp_degree if row.applicable else 2
-        t = t if hw.num_gpus % t == 0 and t <= hw.num_gpus else 2
-        if name == "tp":
-            hw = replace(hw, gpus_per_node=t)
-        elif hw.num_gpus // t < 2:
-            raise AdvisorError(f"tp_dp needs at least {2 * t} ranks to verify; this machine runs {hw.num_gpus}")
-        opts = replace(opts, tp_degree=t)
+    hw, opts = strategy.verify_cluster(hw, opts, target.row(name))
     run_plan = plan(replace(inputs, training=opts), device=device, hardware=hw)
     run_row = run_plan.row(name)
     if not run_row.applicable:
@@ -290,17 +202,17 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
                            f"(estimated peak per rank x ranks), more than this machine can spare "
                            f"({available_memory_bytes() / 2**30:.1f} GiB available): verify a smaller model, "
                            "sequence or micro-batch here and the full one on the GPU machine")
-    if device == "cpu" and name.endswith("_offload"):
-        raise AdvisorError(f"{name} offloads to host memory from a GPU; on a CPU-only machine use --emit to write "
-                           "the script and verify it where a GPU is present")
+    blocker = strategy.verify_blocker(device)
+    if blocker:
+        raise AdvisorError(blocker)
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run_plan.spec.name)
     run_dir = Path(out_dir) if out_dir else Path("advisor-runs") / f"{safe}-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     world = hw.num_gpus
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")])))
     if device == "cpu":
-        env["DS_ACCELERATOR"] = "cpu"
-    with _MachineLock():  # before writing anything: a busy machine leaves no empty run directory
+        env.update(strategy.launcher.cpu_env)
+    with MachineLock():  # before writing anything: a busy machine leaves no empty run directory
         port = free_port()
         job = job_from_plan(run_plan, name, steps=steps, master_port=port)
         write_files(render_job(job), run_dir, force=force)
@@ -308,7 +220,8 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
                               notes=notes, estimated_peak_bytes=run_row.memory.peak.total)
         say(f"launching {name} on {world} {device} rank(s) in {run_dir}")
         try:
-            rc, timed_out = _launch(_command(name, world, port, steps), run_dir, env, timeout_s, steps, say)
+            cmd = strategy.launcher.verify_argv(world, port, ["--steps", str(steps), "--out", "out"])
+            rc, timed_out = _launch(cmd, run_dir, env, timeout_s, steps, say)
         finally:
             remove_deepspeed_shm(port)
     report = run_dir / "out" / "report.json"

@@ -165,6 +165,7 @@ def render_case(case, run_dir: Path):
     """Write the files ``verify`` would write for ``case`` (same plan, hardware and precision)."""
     from advisor.plan import plan
     from advisor.verify import free_port, run_hardware
+    from strategies import get_strategy
     from strategies.render import job_from_plan, render_job, write_files
 
     from .run import plan_inputs
@@ -173,8 +174,7 @@ def render_case(case, run_dir: Path):
     target = plan(inputs)
     hw = run_hardware(case.world, "cpu", [])
     opts = replace(target.options, global_batch_size=None)
-    if case.strategy == "tp":
-        hw, opts = replace(hw, gpus_per_node=case.world), replace(opts, tp_degree=case.world)
+    hw, opts = get_strategy(case.strategy).verify_cluster(hw, opts, target.row(case.strategy))
     run_plan = plan(replace(inputs, training=opts), device="cpu", hardware=hw)
     port = free_port()
     write_files(render_job(job_from_plan(run_plan, case.strategy, steps=case.steps, master_port=port)), run_dir)
@@ -183,7 +183,7 @@ def render_case(case, run_dir: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from advisor.verify import _command
+    from strategies import get_strategy
 
     args = list(argv if argv is not None else sys.argv[1:])
     categories = "--categories" in args
@@ -192,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="advisor-diag-") as tmp:
         run_dir = Path(tmp)
         peak, port = render_case(case, run_dir)
-        cmd = [("diag_wrap.py" if a == "train.py" else a) for a in _command(case.strategy, case.world, port, case.steps)]
+        argv = get_strategy(case.strategy).launcher.verify_argv(case.world, port, ["--steps", str(case.steps),
+                                                                                   "--out", "out"])
+        cmd = [("diag_wrap.py" if a == "train.py" else a) for a in argv]
         env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=os.getcwd(),
                    DIAG_CATEGORIES="1" if categories else "0")
         proc = subprocess.run(cmd + ([] if "--save" in args else ["--no-save"]), cwd=run_dir, env=env, capture_output=True, text=True)

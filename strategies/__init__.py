@@ -1,13 +1,22 @@
-"""Strategy registry: the CLI's ``--strategy`` choices and the plan's rows come from here."""
+"""The strategy registry: the plan's rows, the CLI's and the page's ``--strategy`` choices and every
+face's list of strategies come from here. A new strategy is one module plus one line in ``_BUILTIN``.
+
+``REGISTRY.added(strategy)`` registers one more for the duration of a ``with`` block (tests use it to
+check that a strategy defined in one module reaches the CLI, the page and the plan).
+"""
 
 from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator
 
 from .base import Strategy
 from .ddp import DDP
 from .tp import TensorParallel
 from .zero import Zero
 
-STRATEGIES: tuple[Strategy, ...] = (
+_BUILTIN: tuple[Strategy, ...] = (
     DDP(),
     Zero(1),
     Zero(2),
@@ -17,11 +26,55 @@ STRATEGIES: tuple[Strategy, ...] = (
     TensorParallel(with_dp=False),
     TensorParallel(with_dp=True),
 )
-STRATEGY_NAMES: tuple[str, ...] = tuple(s.name for s in STRATEGIES)
+
+
+class Registry:
+    """The ordered, immutable-by-default tuple of strategies; reads are lock-free snapshots."""
+
+    def __init__(self, strategies: tuple[Strategy, ...]) -> None:
+        self._strategies = strategies
+        self._lock = threading.Lock()
+
+    def all(self) -> tuple[Strategy, ...]:
+        return self._strategies
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self._strategies)
+
+    def get(self, name: str) -> Strategy:
+        """Raises KeyError for an unknown name."""
+        for s in self._strategies:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @contextlib.contextmanager
+    def added(self, strategy: Strategy) -> Iterator[Strategy]:
+        with self._lock:
+            if strategy.name in self.names():
+                raise ValueError(f"a strategy named {strategy.name!r} is registered already")
+            self._strategies = self._strategies + (strategy,)
+        try:
+            yield strategy
+        finally:
+            with self._lock:
+                self._strategies = tuple(s for s in self._strategies if s is not strategy)
+
+
+REGISTRY = Registry(_BUILTIN)
+
+
+def all_strategies() -> tuple[Strategy, ...]:
+    return REGISTRY.all()
+
+
+def strategy_names() -> tuple[str, ...]:
+    return REGISTRY.names()
 
 
 def get_strategy(name: str) -> Strategy:
-    for s in STRATEGIES:
-        if s.name == name:
-            return s
-    raise KeyError(name)
+    """Raises KeyError for an unknown name."""
+    return REGISTRY.get(name)
+
+
+__all__ = ["REGISTRY", "Strategy", "all_strategies", "get_strategy", "strategy_names"]

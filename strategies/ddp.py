@@ -8,6 +8,7 @@ resident for the whole run; without it the buckets are a second copy ("buffers")
 
 from __future__ import annotations
 
+from advisor.context import StrategyContext
 from advisor.memory import (
     RULE_OF_THUMB_BYTES_PER_PARAM,
     Breakdown,
@@ -17,16 +18,11 @@ from advisor.memory import (
     optimizer_state_bytes,
     optimizer_step_temp_bytes,
     peak_of,
+    trace_mode,
 )
-from advisor.options import StrategyContext
 from advisor.profile import ParamStats
 
 from .base import Strategy
-
-
-def trace_mode(precision: str) -> str:
-    """Which traced step DDP/TP run: autocast over fp32 weights for mixed precision."""
-    return {"fp32": "fp32", "bf16": "autocast", "fp16": "autocast", "pure-bf16": "half"}[precision]
 
 
 def grad_accum_steps(ctx: StrategyContext, dp_size: int) -> int:
@@ -61,7 +57,7 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
     optim = optimizer_state_bytes(opts.optimizer, trainable, w)
     dp = ctx.world_size // tp_degree if dp_size is None else dp_size
     accumulating = grad_accum_steps(ctx, dp) > 1
-    step = ctx.profile.activations(trace_mode(opts.precision), tp_degree).at(micro_batch)
+    step = ctx.profile.activations(trace_mode(opts.precision, casts_weights=False), tp_degree).at(micro_batch)
     if ddp:  # gradients resident in the buckets: the backward peak is the traced peak net of gradients
         buckets = 0 if opts.gradient_as_bucket_view else full_grads
         resident = full_grads * (2 if accumulating else 1)
@@ -87,8 +83,14 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
 class DDP(Strategy):
     name = "ddp"
     title = "DDP"
-    launcher = "torchrun"
     comm_order = 0
+    comm_pattern = "all-reduce of the gradients in buckets, overlapped with backward"
+    script_imports = ("from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook",
+                      "from torch.nn.parallel import DistributedDataParallel as DDP")
+
+    def script_constants(self, job, family) -> dict:
+        # SyncBatchNorm below this per-GPU batch (field notes pitfall 8: small batches need global statistics).
+        return {"SYNC_BN_MAX_MICRO_BATCH": 32}
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         return replicated_memory(ctx, micro_batch, ctx.profile.stats, dp_size=ctx.world_size)

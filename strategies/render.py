@@ -11,7 +11,6 @@ the strategy's own template.
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -19,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
-from advisor.models import ModelSpec, _hf_model_class, hf_config
+from advisor.models import ModelSpec, family_of
+
+from . import get_strategy, strategy_names
 
 TEMPLATES = Path(__file__).parent / "templates"
 DEFAULT_STEPS = 100
 MASTER_PORT = 29500
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
-_SAFE_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class Job:
     lr: float
     activation_checkpointing: bool
     estimate: dict[str, Any]
-    zero: dict[str, Any] | None = None
+    ds_config: dict[str, Any] | None = None
     steps: int = DEFAULT_STEPS
     master_port: int = MASTER_PORT
 
@@ -57,6 +56,11 @@ class Job:
     def global_batch_size(self) -> int:
         return self.micro_batch_size * self.dp_size * self.grad_accum_steps
 
+    @property
+    def strategy_unit(self):
+        """The registered ``Strategy`` this job runs."""
+        return get_strategy(self.strategy)
+
 
 def job_from_plan(plan, strategy: str, steps: int = DEFAULT_STEPS, master_port: int = MASTER_PORT) -> Job:
     """The job for ``strategy`` as sized in ``plan``.
@@ -64,10 +68,8 @@ def job_from_plan(plan, strategy: str, steps: int = DEFAULT_STEPS, master_port: 
     Raises:
         AdvisorError: unknown or not-applicable strategy.
     """
-    from strategies import STRATEGY_NAMES, get_strategy
-
-    if strategy not in STRATEGY_NAMES:
-        raise AdvisorError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}")
+    if strategy not in strategy_names():
+        raise AdvisorError(f"unknown strategy {strategy!r}: choose one of {', '.join(strategy_names())}")
     row = plan.row(strategy)
     if not row.applicable:
         raise AdvisorError(f"{strategy} does not apply here: {row.reason}")
@@ -84,8 +86,7 @@ def job_from_plan(plan, strategy: str, steps: int = DEFAULT_STEPS, master_port: 
                micro_batch_size=opts.micro_batch_size, grad_accum_steps=row.grad_accum_steps,
                gpus_per_node=hw.gpus_per_node, num_nodes=hw.num_nodes, dp_size=row.dp_size,
                tp_degree=row.tp_degree, lr=lr, activation_checkpointing=opts.activation_checkpointing,
-               estimate=estimate, zero=strat.ds_config(ctx, row) if hasattr(strat, "ds_config") else None,
-               steps=steps, master_port=master_port)
+               estimate=estimate, ds_config=strat.ds_config(ctx, row), steps=steps, master_port=master_port)
 
 
 def default_lr(spec: ModelSpec) -> float:
@@ -111,31 +112,18 @@ def _check_literal(value: Any, where: str) -> None:
 
 
 def _constants(job: Job) -> dict[str, Any]:
-    spec = job.spec
-    if spec.family == "vision" and not _SAFE_NAME.fullmatch(spec.model_type or ""):
-        raise AdvisorError(f"model name {spec.model_type!r} cannot go into a script")
-    if spec.factory and not _SAFE_FACTORY.fullmatch(spec.factory):
-        raise AdvisorError(f"--model-factory {spec.factory!r} cannot go into a script")
-    hf_class, attn = None, "sdpa"
-    if spec.is_transformer:
-        config = hf_config(spec)
-        cls = _hf_model_class(config)
-        hf_class = cls.__name__
-        attn = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
-    config_dict = dict(spec.config or {})
-    _check_literal(config_dict, "config")
+    """The script's constants: the job's, then the model family's (``ModelFamily.script_constants``).
+
+    Raises:
+        AdvisorError: a value that cannot be written into a script safely.
+    """
+    spec, strategy = job.spec, job.strategy_unit
+    family = family_of(spec)
     warmup = max(1, job.steps // 10)
     consts: dict[str, Any] = {
         "STRATEGY": job.strategy,
-        "MODEL_NAME": spec.model_type if spec.family == "vision" else spec.name,
-        "MODEL_FAMILY": spec.family,
-        "MODEL_FACTORY": spec.factory,
-        "HF_CONFIG": config_dict,
-        "HF_MODEL_CLASS": hf_class,
-        "ATTN_IMPLEMENTATION": attn,
-        "SEQ_LEN": spec.seq_len,
-        "VOCAB_SIZE": int(config_dict.get("vocab_size") or 0),
-        "INPUT_SHAPE": tuple(spec.input_shape) if spec.input_shape else None,
+        "MODEL": spec.name,
+        **family.script_constants(spec),
         "PRECISION": job.precision,
         "OPTIMIZER": job.optimizer,
         "MICRO_BATCH_SIZE": job.micro_batch_size,
@@ -150,12 +138,9 @@ def _constants(job: Job) -> dict[str, Any]:
         # A small fixed synthetic set, revisited every epoch (4 optimizer steps per epoch).
         "NUM_SAMPLES": job.global_batch_size * 4,
         "ACTIVATION_CHECKPOINTING": job.activation_checkpointing,
-        "SYNC_BN_MAX_MICRO_BATCH": 32,
-        "TP_DEGREE": job.tp_degree,
-        "OFFLOAD": bool(job.zero and job.strategy.endswith("_offload")),
-        "DS_CONFIG_FILE": "ds_config.json",
-        "ESTIMATE": job.estimate,
     }
+    consts.update(strategy.script_constants(job, family))
+    consts["ESTIMATE"] = job.estimate
     for k, v in consts.items():
         _check_literal(v, k)
     return consts
@@ -176,7 +161,7 @@ def _docstring(job: Job, launch: str) -> str:
 
 Launch (this node has {job.gpus_per_node} GPU(s)):
     {launch}
-{_multi_node_doc(job)}
+{job.strategy_unit.launcher.multi_node_doc(job.gpus_per_node, job.master_port)}
 Batch arithmetic:
     global batch = micro-batch {job.micro_batch_size} per GPU x data-parallel size {job.dp_size}
                    x gradient accumulation steps {job.grad_accum_steps} = {job.global_batch_size}
@@ -189,32 +174,9 @@ A JSON report with the measured per-rank peak is written to --out/--report at th
 """'''
 
 
-def _multi_node_doc(job: Job) -> str:
-    n = job.gpus_per_node
-    if job.strategy.startswith("zero"):
-        return (f"Several nodes (a hostfile lists each node as 'HOST slots={n}'):\n"
-                f"    deepspeed --hostfile hostfile --num_nodes NNODES --num_gpus {n} --master_addr HOST0 "
-                f"--master_port {job.master_port} train.py --deepspeed_config ds_config.json\n"
-                "On a machine without GPUs, export DS_ACCELERATOR=cpu first (gloo backend).")
-    return (f"Several nodes (run on every node, NODE_RANK = 0 .. NNODES-1):\n"
-            f"    torchrun --nnodes=NNODES --node_rank=$NODE_RANK --nproc_per_node={n} --master_addr=HOST0 "
-            f"--master_port={job.master_port} train.py\n"
-            "    (or a rendezvous endpoint: --rdzv_backend=c10d --rdzv_endpoint=HOST0:29400 --rdzv_id=JOB)")
-
-
 def launch_command_for(job: Job) -> str:
-    """The single-node launch line for ``job`` (multi-node forms are in the script's docstring)."""
-    n = job.gpus_per_node
-    if job.strategy.startswith("zero"):
-        base = f"deepspeed --num_gpus {n} --master_port {job.master_port} train.py --deepspeed_config ds_config.json"
-        if job.num_nodes > 1:
-            base = (f"deepspeed --hostfile hostfile --num_nodes {job.num_nodes} --num_gpus {n} --master_addr HOST0 "
-                    f"--master_port {job.master_port} train.py --deepspeed_config ds_config.json")
-        return base
-    if job.num_nodes > 1:
-        return (f"torchrun --nnodes={job.num_nodes} --node_rank=$NODE_RANK --nproc_per_node={n} "
-                f"--master_addr=HOST0 --master_port={job.master_port} train.py")
-    return f"torchrun --nnodes=1 --nproc_per_node={n} --master_addr=127.0.0.1 --master_port={job.master_port} train.py"
+    """The launch line for ``job`` (its strategy's launcher; multi-node forms are in the docstring)."""
+    return job.strategy_unit.launcher.command(job.gpus_per_node, job.num_nodes, job.master_port)
 
 
 def _helpers_source() -> str:
@@ -228,31 +190,25 @@ def _helpers_source() -> str:
 def render_train_py(job: Job) -> str:
     consts = _constants(job)
     launch = launch_command_for(job)
-    template = "zero.py" if job.strategy.startswith("zero") else "tp.py" if job.strategy.startswith("tp") else "ddp.py"
+    strategy = job.strategy_unit
     lines = [_docstring(job, launch), "",
              "import argparse", "import contextlib", "import gc", "import json", "import math", "import os", "import time", "",
-             "import torch", "import torch.distributed as dist",
-             "from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook",
-             "from torch.nn.parallel import DistributedDataParallel as DDP", "",
+             "import torch", "import torch.distributed as dist", *strategy.script_imports, "",
              "# --- constants written by advisor (edit freely) ---"]
     lines += [f"{k} = {v!r}" for k, v in consts.items()]
     lines += ["NUM_WORKERS = (min(8, (os.cpu_count() or 1) // max(1, int(os.environ.get('LOCAL_WORLD_SIZE', '1'))))",
               "               if torch.cuda.is_available() else 0)  # pitfall 13: about CPU cores / GPUs",
               "", "", "# --- helpers copied from advisor (activation checkpointing, CPU peak memory) ---",
-              _helpers_source(), "", (TEMPLATES / "common.py").read_text(), (TEMPLATES / template).read_text()]
+              _helpers_source(), "", (TEMPLATES / "common.py").read_text(), family_of(job.spec).script_fragment(),
+              "", (TEMPLATES / strategy.template).read_text()]
     return "\n".join(lines)
-
-
-def render_ds_config(job: Job) -> str:
-    return json.dumps(job.zero, indent=2) + "\n"
 
 
 def render_launch_sh(job: Job) -> str:
     cmd = launch_command_for(job)
-    ds = job.strategy.startswith("zero")
+    exports = "".join(f"  export {k}={v}\n" for k, v in job.strategy_unit.launcher.cpu_env)
     cpu_fallback = ('if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then\n'
-                    '  echo "no CUDA GPU: running on CPU with the gloo backend"\n'
-                    + ("  export DS_ACCELERATOR=cpu\n" if ds else "") + "fi\n")
+                    '  echo "no CUDA GPU: running on CPU with the gloo backend"\n' + exports + "fi\n")
     return ("#!/usr/bin/env bash\n# Generated by advisor. Usage: bash launch.sh [train.py options, e.g. --steps 20]\n"
             "set -euo pipefail\ncd \"$(dirname \"$0\")\"\n" + cpu_fallback + f'{cmd} "$@"\n')
 
@@ -260,10 +216,7 @@ def render_launch_sh(job: Job) -> str:
 def render_job(job: Job) -> dict[str, str]:
     """File name -> text for ``job``."""
     files = {"train.py": render_train_py(job), "launch.sh": render_launch_sh(job)}
-    if job.zero is not None:
-        files["ds_config.json"] = render_ds_config(job)
-        if job.num_nodes > 1:
-            files["hostfile"] = "".join(f"node-{i} slots={job.gpus_per_node}\n" for i in range(job.num_nodes))
+    files.update(job.strategy_unit.extra_files(job))
     return files
 
 
@@ -277,11 +230,12 @@ def render_files(plan, strategy: str, steps: int = DEFAULT_STEPS) -> dict[str, s
 
 
 def launch_command(plan, strategy: str) -> str | None:
-    """The launch line for ``strategy`` in ``plan`` (None when it does not apply)."""
-    try:
-        return launch_command_for(job_from_plan(plan, strategy))
-    except AdvisorError:
+    """The launch line for ``strategy`` in ``plan`` (None when it does not apply). Renders nothing:
+    the text output prints it, and it must not need the model's classes."""
+    if strategy not in strategy_names() or not plan.row(strategy).applicable:
         return None
+    hw = plan.hardware
+    return get_strategy(strategy).launcher.command(hw.gpus_per_node, hw.num_nodes, MASTER_PORT)
 
 
 OWN_FILES = ("train.py", "launch.sh", "ds_config.json", "hostfile")

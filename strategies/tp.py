@@ -10,16 +10,24 @@ the shard. The generated script all-reduces gradients across TP groups by hand (
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from advisor.context import StrategyContext
+from advisor.errors import AdvisorError
+from advisor.hardware import Hardware
 from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory
-from advisor.options import StrategyContext
+from advisor.schema import TrainingOptions
 
 from .base import Strategy
 from .ddp import replicated_memory
 
 
 class TensorParallel(Strategy):
-    launcher = "torchrun"
     comm_order = 3
+    template = "tp.py"
+    uses_tp_degree = True
+    comm_pattern = ("all-reduce of the activations twice per block in forward and in backward (tensor parallel), "
+                    "plus a gradient all-reduce across the data-parallel groups")
 
     def __init__(self, with_dp: bool) -> None:
         self.with_dp = with_dp
@@ -58,6 +66,27 @@ class TensorParallel(Strategy):
 
     def dp_size(self, ctx: StrategyContext) -> int:
         return ctx.world_size // self.degree(ctx) if self.with_dp else 1
+
+    def tp_size(self, ctx: StrategyContext) -> int:
+        return self.degree(ctx)
+
+    def script_constants(self, job, family) -> dict:
+        return {"TP_DEGREE": job.tp_degree}
+
+    def verify_cluster(self, hw: Hardware, options: TrainingOptions, row) -> tuple[Hardware, TrainingOptions]:
+        """Keep the planned TP degree when this machine's ranks divide it, else 2; pure TP runs on
+        exactly one TP group, TP x DP needs at least two.
+
+        Raises:
+            AdvisorError: too few ranks here for TP x DP.
+        """
+        t = row.tp_degree if row.applicable else 2
+        t = t if hw.num_gpus % t == 0 and t <= hw.num_gpus else 2
+        if not self.with_dp:
+            hw = replace(hw, gpus_per_node=t)
+        elif hw.num_gpus // t < 2:
+            raise AdvisorError(f"tp_dp needs at least {2 * t} ranks to verify; this machine runs {hw.num_gpus}")
+        return hw, replace(options, tp_degree=t)
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         t = self.degree(ctx)

@@ -27,6 +27,10 @@ gradient partition and the buckets; DeepSpeed's own estimator uses 2P + 18P/N fo
 
 from __future__ import annotations
 
+import json
+import os
+
+from advisor.context import StrategyContext
 from advisor.memory import (
     OPTIMIZER_STATES_PER_PARAM,
     RULE_OF_THUMB_BYTES_PER_PARAM,
@@ -36,19 +40,15 @@ from advisor.memory import (
     optimizer_step_temp_bytes,
     peak_of,
 )
-from advisor.options import (
-    DS_MAX_LIVE_PARAMETERS,
-    DS_PREFETCH_BUCKET_ELEMS,
-    DS_REDUCE_BUCKET_ELEMS,
-    StrategyContext,
-)
 
 from .base import Strategy
+from .launchers import DEEPSPEED
 
-
-def zero_trace_mode(precision: str) -> str:
-    """DeepSpeed's bf16/fp16 modes cast the whole module to 16 bits (no autocast)."""
-    return "fp32" if precision == "fp32" else "half"
+# DeepSpeed defaults (deepspeed/runtime/zero/config.py) and what generated ds_configs use.
+DS_REDUCE_BUCKET_ELEMS = 500_000_000
+DS_ALLGATHER_BUCKET_ELEMS = 500_000_000
+DS_PREFETCH_BUCKET_ELEMS = 50_000_000
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000
 
 
 def bucket_elems(ctx: StrategyContext) -> dict[str, int]:
@@ -156,13 +156,21 @@ def stage3_phases(s: dict[str, int], step, params: int, optim: int, offload: boo
 
 
 class Zero(Strategy):
-    launcher = "deepspeed"
+    framework = "deepspeed"
+    launcher = DEEPSPEED
+    template = "zero.py"
+    casts_weights = True  # DeepSpeed's bf16/fp16 modes cast the whole module to 16 bits (no autocast)
 
     def __init__(self, stage: int, offload: bool = False) -> None:
         self.stage, self.offload = stage, offload
         self.name = f"zero{stage}" + ("_offload" if offload else "")
         self.title = f"ZeRO-{stage}" + (" + CPU offload" if offload else "")
         self.comm_order = 4 if offload else (2 if stage == 3 else 1)
+        self.shards_everything = stage == 3
+        self.comm_pattern = ("all-gather of the parameters in forward and in backward, reduce-scatter of the "
+                             "gradients" if stage == 3 else "reduce-scatter of the gradients (all-reduce in "
+                             "buckets), all-gather of the updated parameters") + (
+                                 "; gradients and optimizer states over PCIe to host RAM" if offload else "")
 
     def not_applicable(self, ctx: StrategyContext) -> str | None:
         if ctx.options.precision == "pure-bf16":
@@ -202,7 +210,7 @@ class Zero(Strategy):
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         s = self._sizes(ctx)
-        step = ctx.profile.activations(zero_trace_mode(ctx.options.precision)).at(micro_batch)
+        step = ctx.profile.activations(self.trace_mode(ctx.options.precision)).at(micro_batch)
         optim = 0 if self.offload else s["master"] + s["moments"]
         # Offloaded ZeRO-3 keeps only the persistent small parameters resident on the GPU.
         params = s["weights"]
@@ -281,3 +289,37 @@ class Zero(Strategy):
     def comm_bytes_per_step(self, ctx: StrategyContext) -> int:
         base = super().comm_bytes_per_step(ctx)
         return base * 3 // 2 if self.stage == 3 else base  # ZeRO paper section 7.2.2: 1.5x for P_os+g+p
+
+    def script_constants(self, job, family) -> dict:
+        return {"OFFLOAD": self.offload, "DS_CONFIG_FILE": "ds_config.json",
+                # Partition parameters as they are created (deepspeed.zero.Init) where the family allows it.
+                "ZERO_INIT": self.stage == 3 and family.zero_init}
+
+    def extra_files(self, job) -> dict[str, str]:
+        """ds_config.json (what the estimate assumed), and a hostfile for several nodes."""
+        files = {"ds_config.json": json.dumps(job.ds_config, indent=2) + "\n"}
+        if job.num_nodes > 1:
+            files["hostfile"] = "".join(f"node-{i} slots={job.gpus_per_node}\n" for i in range(job.num_nodes))
+        return files
+
+    def deepspeed_estimate(self, ctx: StrategyContext) -> dict[str, int] | None:
+        """DeepSpeed's own model-state estimators (non-printing functions), for comparison:
+        ``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``; they assume
+        fp16/bf16 + Adam and ignore activations and buffers. None for ZeRO-1 (DeepSpeed has none)."""
+        if self.stage == 1:
+            return None
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        stats, hw = ctx.profile.stats, ctx.hardware
+        if self.stage == 2:
+            from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+            cpu, gpu = estimate_zero2_model_states_mem_needs(stats.num_params, hw.gpus_per_node, hw.num_nodes,
+                                                             cpu_offload=self.offload)
+        else:
+            from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+            cpu, gpu, _ = estimate_zero3_model_states_mem_needs(stats.num_params, stats.largest_module_params,
+                                                                hw.gpus_per_node, hw.num_nodes,
+                                                                cpu_offload=self.offload,
+                                                                cpu_offload_params=self.offload)
+        return {"gpu_bytes": int(gpu), "host_bytes_per_node": int(cpu)}

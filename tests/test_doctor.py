@@ -16,7 +16,7 @@ import pytest
 
 import advisor.doctor as doctor
 from advisor.doctor import FAIL, PASS, WARN, Check, NvmlFacts, launch
-from advisor.verify import _MachineLock, free_port
+from advisor.processes import MachineLock, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 STUB = Check("allreduce", PASS, "stubbed in this test")
@@ -310,7 +310,7 @@ def test_visible_count():
 
 def test_allreduce_waits_for_a_verification_then_skips():
     start = time.monotonic()
-    with _MachineLock():
+    with MachineLock():
         c = doctor.check_allreduce(0, 1.5)
     assert time.monotonic() - start >= 1.5  # it waited for the lock before giving up
     assert c.status == WARN and "verification kept this machine busy for 1.5 s" in c.detail, c
@@ -320,7 +320,7 @@ def test_allreduce_waits_for_a_verification_then_skips():
 def test_allreduce_runs_once_the_verification_ends():
     import threading
 
-    lock = _MachineLock().__enter__()
+    lock = MachineLock().__enter__()
     threading.Timer(1.0, lambda: lock.__exit__(None, None, None)).start()
     c = doctor.check_allreduce(0, 60.0)
     assert c.status == PASS, c
@@ -363,11 +363,11 @@ def test_ranks_in_their_own_session_are_killed(tmp_path):
     rank = "import os, sys, time; print('DOCTOR_PID', os.getpid(), flush=True); time.sleep(120)"
     launcher = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}, {str(tmp_path)!r}], "
                 "start_new_session=True); time.sleep(120)")
-    from advisor.verify import _kill_group
+    from advisor.processes import kill_group
 
     log = tmp_path / "run.log"
     rc, timed_out = launch._run_group([sys.executable, "-c", launcher], tmp_path, log, dict(os.environ), 3.0,
-                                      _kill_group)
+                                      kill_group)
     assert (rc, timed_out) == (None, True)
     pids = re.findall(r"^DOCTOR_PID (\d+)$", log.read_text(), re.M)
     assert pids, log.read_text()

@@ -226,7 +226,7 @@ def check_backend(gpu_count: int) -> Check:
 def check_port(port: int) -> Check:
     """Check 5: ``port`` can be bound on 0.0.0.0, as torchrun's rendezvous store on the master will
     (SO_REUSEADDR, like the store, so sockets in TIME_WAIT do not count as taken)."""
-    from ..verify import free_port
+    from ..processes import free_port
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -26,7 +26,7 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
     equal the world size) and run 2 DDP steps (weights must stay equal). nccl with >= 2 GPUs, else gloo.
     Takes verify's machine lock (waiting up to ``timeout_s`` for a running verification); on timeout kills the launcher's process group and the ranks it started.
     The script and its log live in a temp dir, removed on success and kept (and named) on failure."""
-    from ..verify import VerifyBusy, _kill_group, _MachineLock, _root_cause, free_port
+    from ..processes import MachineLock, VerifyBusy, free_port, kill_group, root_cause
 
     backend = "nccl" if gpu_count >= 2 else "gloo"
     how = {0: "gloo (CPU)", 1: "gloo (1 GPU: NCCL needs a GPU per rank, so the 2 ranks run on CPU)"}.get(
@@ -35,13 +35,13 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
     script, log_path = work / "allreduce.py", work / "run.log"
     shutil.copyfile(_WORKER, script)
     try:
-        with _MachineLock(wait_s=timeout_s):
+        with MachineLock(wait_s=timeout_s):
             port = free_port()
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
                    "--master_addr=127.0.0.1", f"--master_port={port}", str(script), backend, f"{timeout_s:g}"]
             env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
             start = time.monotonic()
-            rc, timed_out = _run_group(cmd, work, log_path, env, timeout_s, _kill_group)
+            rc, timed_out = _run_group(cmd, work, log_path, env, timeout_s, kill_group)
             elapsed = time.monotonic() - start
     except VerifyBusy:
         shutil.rmtree(work, ignore_errors=True)
@@ -70,7 +70,7 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
     if rc == 0:
         return Check("allreduce", FAIL, f"torchrun exited 0 but ranks {sorted(ok_ranks) or 'none'} of 0, 1 "
                      "reported success", f"read the log; {rerun}")
-    cause = _root_cause(text) or f"exit code {rc}"
+    cause = root_cause(text) or f"exit code {rc}"
     fix = ("another process took the port: rerun" if "Address already in use" in text else
            "fix the cause above (a broken torch/NCCL install, or run with NCCL_DEBUG=INFO for NCCL)")
     return Check("allreduce", FAIL, f"2 ranks over {backend} failed (exit code {rc}): {cause}", f"{fix}; {rerun}")

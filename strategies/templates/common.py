@@ -22,27 +22,6 @@ def init_torchrun():
     return rank, local_rank, world_size, device
 
 
-def build_model():
-    """The model this script was generated for, freshly initialised (no download)."""
-    if MODEL_FAMILY == "vision":
-        import torchvision
-
-        size = {"image_size": INPUT_SHAPE[-1]} if MODEL_NAME.startswith("vit_") else {}
-        return torchvision.models.get_model(MODEL_NAME, weights=None, **size)
-    if MODEL_FAMILY == "custom":
-        import importlib
-
-        module_name, fn_name = MODEL_FACTORY.split(":")
-        return getattr(importlib.import_module(module_name), fn_name)()
-    import transformers
-
-    cfg = dict(HF_CONFIG)
-    model_type = cfg.pop("model_type")
-    config = transformers.AutoConfig.for_model(model_type, **cfg)
-    config._attn_implementation = ATTN_IMPLEMENTATION
-    return getattr(transformers, HF_MODEL_CLASS)(config)
-
-
 class SyntheticDataset(torch.utils.data.Dataset):
     """NUM_SAMPLES fixed random samples of the right shape; sample i is the same on every rank.
 
@@ -57,14 +36,7 @@ class SyntheticDataset(torch.utils.data.Dataset):
         return self.num_samples
 
     def __getitem__(self, index: int) -> dict:
-        g = torch.Generator().manual_seed(DATA_SEED + index)
-        if MODEL_FAMILY == "transformer":
-            ids = torch.randint(0, VOCAB_SIZE, (SEQ_LEN,), generator=g)
-            return {"input_ids": ids, "labels": ids, "index": index}
-        x = torch.randn(INPUT_SHAPE, generator=g)
-        if MODEL_FAMILY == "vision":
-            return {"x": x, "target": torch.randint(0, 1000, (), generator=g), "index": index}
-        return {"x": x, "index": index}
+        return make_sample(torch.Generator().manual_seed(DATA_SEED + index), index)
 
 
 def load_real_dataset(path: str):
@@ -83,21 +55,6 @@ def make_loader(dataset, num_replicas: int, rank: int):
         dataset, batch_size=MICRO_BATCH_SIZE, sampler=sampler, num_workers=workers,
         pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0, drop_last=True)
     return sampler, loader
-
-
-def compute_loss(model, batch: dict, device, dtype=None):
-    """Forward pass and per-rank mean loss (pitfall 9: a mean per rank; DDP averages gradients)."""
-    if MODEL_FAMILY == "transformer":
-        ids = batch["input_ids"].to(device, non_blocking=True)
-        return model(input_ids=ids, labels=batch["labels"].to(device, non_blocking=True)).loss
-    x = batch["x"].to(device, non_blocking=True)
-    if dtype is not None:
-        x = x.to(dtype)
-    out = model(x)
-    if MODEL_FAMILY == "vision":
-        return torch.nn.functional.cross_entropy(out.float(), batch["target"].to(device, non_blocking=True))
-    out = out if not isinstance(out, (tuple, list)) else out[0]
-    return out.float().pow(2).mean()
 
 
 def lr_at(step: int) -> float:

@@ -23,11 +23,10 @@ def main() -> None:
         f"{ds_config['train_batch_size']}; lr {LR:g} (linear scaling)")
     meter = MemoryMeter(device)
     with meter:
-        # ZeRO-3 partitions transformers' parameters as they are created, so no rank ever holds the full
+        # ZERO_INIT: ZeRO-3 partitions the parameters as they are created, so no rank ever holds the full
         # model. torchvision models re-initialise weights after creation, which partitioned weights
         # cannot take; they are small enough to build whole and partition in deepspeed.initialize.
-        partition_early = stage == 3 and MODEL_FAMILY == "transformer"
-        init = deepspeed.zero.Init(config_dict_or_path=ds_config) if partition_early else contextlib.nullcontext()
+        init = deepspeed.zero.Init(config_dict_or_path=ds_config) if ZERO_INIT else contextlib.nullcontext()
         with init:
             model = build_model()
         if ACTIVATION_CHECKPOINTING:

@@ -1,0 +1,152 @@
+"""Hugging Face config.json files as data: read (1 MiB at most), parsed as JSON only (never eval),
+validated, and turned into a ``ModelSpec`` with the sequence-length rules of its position embeddings.
+``auto_map``/remote code is refused; nothing is downloaded."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import AdvisorError
+from ..locks import MODEL_BUILD_LOCK
+from .limits import MAX_CONFIG_FILE_BYTES, POSITION_KEYS, check_config_size, config_get
+from .spec import ModelSpec
+
+_ROTARY = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox", "mixtral", "phi", "phi3", "gemma", "gemma2",
+           "falcon", "gptj", "qwen2_moe", "olmo", "starcoder2", "stablelm", "cohere", "deepseek_v3")
+_RELATIVE = ("t5", "mt5", "umt5", "longt5")
+
+
+def _position_kind(model_type: str, config: dict[str, Any]) -> tuple[str | None, int | None]:
+    maximum = config_get(config, POSITION_KEYS)
+    if model_type in _RELATIVE:
+        return "relative", int(config.get("n_positions") or 512)
+    if model_type in _ROTARY or "rope_theta" in config or "rotary_pct" in config:
+        return "rotary", int(maximum) if maximum else None
+    if maximum:
+        return "learned", int(maximum)
+    return None, None
+
+
+def with_seq_len(spec: ModelSpec, seq_len: int | None) -> ModelSpec:
+    """Apply the sequence-length default (min(model maximum, 2048)) and the position-limit rules.
+
+    Raises:
+        AdvisorError: seq_len beyond a learned position table, or not positive.
+    """
+    kind, maximum = _position_kind(spec.model_type or "", spec.config or {})
+    warnings = list(spec.warnings)
+    if seq_len is None:
+        seq_len = min(maximum, 2048) if maximum else 512
+    elif seq_len <= 0:
+        raise AdvisorError(f"--seq-len must be a positive integer, got {seq_len}")
+    elif maximum and seq_len > maximum:
+        if kind == "learned":
+            raise AdvisorError(f"--seq-len {seq_len} is beyond {spec.name}'s {maximum} learned positions: "
+                               f"use --seq-len {maximum} or less")
+        warnings.append(f"--seq-len {seq_len} is beyond the {maximum} positions {spec.name} was configured for "
+                        f"({kind} positions still run, quality is not guaranteed)")
+    if seq_len > 2**20:
+        raise AdvisorError(f"--seq-len {seq_len} is absurd (limit {2**20})")
+    return replace(spec, seq_len=seq_len, max_positions=maximum, position_kind=kind, warnings=tuple(warnings))
+
+
+def spec_from_hf_config(config: dict[str, Any], name: str, source: str, seq_len: int | None) -> ModelSpec:
+    """Validate a Hugging Face config dict (as parsed JSON) and wrap it in a ``ModelSpec``.
+
+    Raises:
+        AdvisorError: not an object, no/unknown ``model_type``, remote code requested, absurd sizes.
+    """
+    if not isinstance(config, dict):
+        kind = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true/false"}.get(
+            type(config), "null")
+        raise AdvisorError(f"{source}: a config must be a JSON object ({{...}}), got {kind}")
+    if "auto_map" in config or config.get("trust_remote_code"):
+        raise AdvisorError(f"{source}: this config needs remote code (auto_map), which advisor never runs: "
+                           "use a config whose model_type transformers knows")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise AdvisorError(f"{source}: the config has no \"model_type\" string: add one (e.g. \"llama\")")
+    with MODEL_BUILD_LOCK:  # transformers' lazy module is not safe to import from several threads
+        from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING.keys()), n=3, cutoff=0.6)
+        hint = f" (closest: {', '.join(close)})" if close else ""
+        raise AdvisorError(f"{source}: unknown model_type {model_type!r}{hint}: use a model_type transformers knows")
+    check_config_size(config)
+    clean = {k: v for k, v in config.items()
+             if not k.startswith("_") and k not in ("architectures", "auto_map", "quantization_config")}
+    spec = ModelSpec(name=name, family="transformer", source=source, model_type=model_type, config=clean,
+                     warnings=tuple(_config_warnings(config, model_type)))
+    return with_seq_len(spec, seq_len)
+
+
+def _config_warnings(config: dict[str, Any], model_type: str) -> list[str]:
+    """What in a config advisor reads past: ``quantization_config`` (the plan is for full-precision
+    weights) and an ``architectures`` entry that belongs to another model_type (model_type wins)."""
+    out = []
+    quant = config.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        out.append(f"quantization_config ({str(method)[:20]}) is ignored: advisor sizes training with "
+                   "bf16/fp16/fp32 weights; 4/8-bit (QLoRA-style) training is not modelled")
+    arch = config.get("architectures")
+    if isinstance(arch, list) and arch and isinstance(arch[0], str):
+        owners = _architecture_owners(arch[0])
+        if owners and model_type not in owners:
+            out.append(f"architectures says {arch[0][:60]} (a {' / '.join(sorted(owners)[:3])} model) but model_type "
+                       f"is {model_type!r}: advisor builds {model_type}; fix the config if that is wrong")
+    return out
+
+
+def _architecture_owners(class_name: str) -> set[str]:
+    """The model_types whose transformers auto-mappings list ``class_name`` (several share classes)."""
+    with MODEL_BUILD_LOCK:
+        from transformers.models.auto import modeling_auto as ma
+    owners = set()
+    for attr in dir(ma):
+        if attr.startswith("MODEL_") and attr.endswith("_MAPPING_NAMES"):
+            for model_type, names in getattr(ma, attr).items():
+                if class_name == names or (isinstance(names, (list, tuple)) and class_name in names):
+                    owners.add(model_type)
+    return owners
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Read and parse a config.json (at most 1 MiB).
+
+    Raises:
+        AdvisorError: missing, unreadable, too large, or not valid JSON.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise AdvisorError(f"config file {path!r} does not exist or is not a file: check the path")
+    try:
+        if p.stat().st_size > MAX_CONFIG_FILE_BYTES:
+            raise AdvisorError(f"config file {path!r} is over 1 MiB: pass the model's config.json, not weights")
+        text = p.read_text(encoding="utf-8-sig")  # tolerate a UTF-8 byte-order mark
+    except (OSError, UnicodeDecodeError) as err:
+        raise AdvisorError(f"cannot read config file {path!r} ({err.__class__.__name__}): check permissions and encoding")
+    return parse_config_text(text, path)
+
+
+def parse_config_text(text: str, source: str = "pasted config") -> dict[str, Any]:
+    """Parse pasted/uploaded text as JSON only (never eval).
+
+    Raises:
+        AdvisorError: malformed JSON (with line and column).
+    """
+    try:
+        return json.loads(text.removeprefix("\ufeff"))
+    except json.JSONDecodeError as err:
+        raise AdvisorError(f"{source}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}")
+    except RecursionError:
+        raise AdvisorError(f"{source}: JSON nested too deeply")
+    except ValueError:  # e.g. an integer with more digits than Python converts by default
+        raise AdvisorError(f"{source}: JSON holds a number too large to be a model size: fix the config")
+
+

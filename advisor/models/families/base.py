@@ -1,0 +1,55 @@
+"""The interface of a model family (transformer, vision, custom factory): each unit owns how a
+``ModelSpec`` of its family is built, what one training sample looks like, the loss, which blocks the
+trace may truncate, and the fragment of the generated script that does the same (``fragments/``)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from ..spec import ModelSpec
+
+FRAGMENTS = Path(__file__).parent / "fragments"
+
+
+class ModelFamily(ABC):
+    name: str  # ModelSpec.family
+    default_micro_batch: int  # samples per GPU when the user gives none
+    # Generated ZeRO-3 scripts build the model under deepspeed.zero.Init (partitioned as parameters are
+    # created). torchvision re-initialises weights after creation, which partitioned weights cannot take.
+    zero_init: bool = False
+
+    @abstractmethod
+    def build(self, spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> Any:
+        """``spec`` as an ``nn.Module`` under the current device / fake-tensor mode; ``layers`` blocks per
+        stack and one tensor-parallel rank's shard where the family supports them.
+
+        Raises:
+            AdvisorError: the model cannot be built.
+        """
+
+    @abstractmethod
+    def make_batch(self, spec: ModelSpec, micro_batch: int, device: Any = None, dtype: Any = None) -> dict[str, Any]:
+        """Synthetic inputs of the right shape for ``micro_batch`` samples."""
+
+    @abstractmethod
+    def loss(self, spec: ModelSpec, model: Any, batch: dict[str, Any]) -> Any:
+        """Forward pass and loss, as the generated scripts compute them."""
+
+    def block_stacks(self, spec: ModelSpec) -> tuple[int, int]:
+        """(identical blocks per stack, stacks) the trace may truncate and extrapolate in depth; (0, 1)
+        when the family has no such structure (the whole model is traced)."""
+        return 0, 1
+
+    def attention_dropout(self, spec: ModelSpec) -> float:
+        """The attention-probability dropout (it makes CPU SDPA take the math path)."""
+        return 0.0
+
+    @abstractmethod
+    def script_constants(self, spec: ModelSpec) -> dict[str, Any]:
+        """The constants the family's script fragment reads (JSON-like values only)."""
+
+    def script_fragment(self) -> str:
+        """Source of ``build_model()``, ``make_sample(g, index)`` and ``compute_loss(...)`` for scripts."""
+        return (FRAGMENTS / f"{self.name}.py").read_text()

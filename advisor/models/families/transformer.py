@@ -1,0 +1,132 @@
+"""Hugging Face transformers built from their config (``AutoConfig.for_model`` + the model class for
+causal LM, masked LM or seq2seq), token ids as inputs and labels, the model's own loss.
+
+transformers patches ``torch.nn.init`` while it initialises weights and its lazy module is not safe to
+import from several threads at once: every function here that touches transformers holds
+``advisor.locks.MODEL_BUILD_LOCK`` (a re-entrant lock) for as long as it does.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ...errors import AdvisorError
+from ...locks import MODEL_BUILD_LOCK
+from ..limits import num_layers
+from ..spec import ModelSpec
+from .base import ModelFamily
+
+_ENCODER_ONLY = ("bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
+                 "xlm-roberta", "camembert", "mpnet")
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
+DEFAULT_VOCAB = 32000  # when a config has no vocab_size (the Llama tokenizer's)
+
+
+def hf_config(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1, attn_impl: str = "sdpa"):
+    """The transformers config object for ``spec``, optionally truncated to ``layers`` blocks (per
+    stack) and/or reshaped to one tensor-parallel rank's shard (heads, kv heads and MLP width / tp).
+
+    Raises:
+        AdvisorError: transformers rejects the config.
+    """
+    cfg_dict = copy.deepcopy(spec.config or {})
+    model_type = cfg_dict.pop("model_type")
+    if layers is not None:
+        for key in _LAYER_KEYS:
+            if key in cfg_dict:
+                cfg_dict[key] = layers
+    if tp_degree > 1:
+        heads = int(cfg_dict["num_attention_heads"])
+        kv = int(cfg_dict.get("num_key_value_heads") or heads)
+        cfg_dict.setdefault("head_dim", int(cfg_dict["hidden_size"]) // heads)
+        cfg_dict["num_attention_heads"] = heads // tp_degree
+        cfg_dict["num_key_value_heads"] = kv // tp_degree
+        cfg_dict["intermediate_size"] = int(cfg_dict["intermediate_size"]) // tp_degree
+    with MODEL_BUILD_LOCK:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.for_model(model_type, **cfg_dict)
+        except Exception as err:  # transformers validates fields with many exception types
+            raise AdvisorError(f"transformers rejected the {model_type} config: {str(err).splitlines()[0][:200]}")
+    config._attn_implementation = attn_impl
+    return config
+
+
+def hf_model_class(config) -> type:
+    """The class advisor trains for ``config``: seq2seq LM for encoder-decoders, masked LM for
+    encoder-only models, else causal LM (transformers' auto mappings).
+
+    Raises:
+        AdvisorError: the model_type has none of these heads.
+    """
+    with MODEL_BUILD_LOCK:
+        import transformers
+        from transformers.models.auto import modeling_auto as ma
+
+        model_type = config.model_type
+        seq2seq = ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+        if getattr(config, "is_encoder_decoder", False) and model_type in seq2seq:
+            return getattr(transformers, seq2seq[model_type])
+        if model_type in _ENCODER_ONLY and model_type in ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+            return getattr(transformers, ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES[model_type])
+        for mapping in (ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES, seq2seq):
+            if model_type in mapping:
+                name = mapping[model_type]
+                return getattr(transformers, name if isinstance(name, str) else name[0])
+    raise AdvisorError(f"model_type {model_type!r} has no causal-LM, masked-LM or seq2seq head in transformers: "
+                       "advisor cannot make a training step for it")
+
+
+def attention_implementation(cls: type, wanted: str = "sdpa") -> str:
+    """``sdpa`` when the class supports PyTorch SDPA, else ``eager`` (its own attention)."""
+    return wanted if wanted != "sdpa" or getattr(cls, "_supports_sdpa", False) else "eager"
+
+
+class TransformerFamily(ModelFamily):
+    name = "transformer"
+    default_micro_batch = 1
+    zero_init = True
+
+    def build(self, spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> Any:
+        with MODEL_BUILD_LOCK:
+            config = hf_config(spec, layers=layers, tp_degree=tp_degree)
+            cls = hf_model_class(config)
+            config._attn_implementation = attention_implementation(cls)
+            try:
+                return cls(config)
+            except AdvisorError:
+                raise
+            except Exception as err:
+                raise AdvisorError(f"transformers could not build {spec.name}: {err.__class__.__name__}: "
+                                   f"{str(err).splitlines()[0][:200]}")
+
+    def make_batch(self, spec: ModelSpec, micro_batch: int, device: Any = None, dtype: Any = None) -> dict[str, Any]:
+        import torch
+
+        vocab = int((spec.config or {}).get("vocab_size") or DEFAULT_VOCAB)
+        ids = torch.randint(0, vocab, (micro_batch, spec.seq_len), device=device)
+        return {"input_ids": ids, "labels": ids}
+
+    def loss(self, spec: ModelSpec, model: Any, batch: dict[str, Any]) -> Any:
+        return model(**batch).loss
+
+    def block_stacks(self, spec: ModelSpec) -> tuple[int, int]:
+        depth = num_layers(spec.config or {})
+        stacks = 2 if (spec.config or {}).get("num_decoder_layers") else 1
+        return depth // stacks, stacks
+
+    def attention_dropout(self, spec: ModelSpec) -> float:
+        config = hf_config(spec)
+        for key in ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout"):
+            value = getattr(config, key, None)
+            if isinstance(value, (int, float)):
+                return float(value)
+        return 0.0
+
+    def script_constants(self, spec: ModelSpec) -> dict[str, Any]:
+        cls = hf_model_class(hf_config(spec))
+        config = dict(spec.config or {})
+        return {"HF_CONFIG": config, "HF_MODEL_CLASS": cls.__name__, "ATTN_IMPLEMENTATION": attention_implementation(cls),
+                "SEQ_LEN": spec.seq_len, "VOCAB_SIZE": int(config.get("vocab_size") or 0)}

@@ -1,0 +1,45 @@
+"""torchvision classifiers (``torchvision.models.get_model``, random weights), images + class labels."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ...errors import AdvisorError
+from ..spec import ModelSpec
+from .base import ModelFamily
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
+NUM_CLASSES = 1000  # torchvision's ImageNet heads
+
+
+class VisionFamily(ModelFamily):
+    name = "vision"
+    default_micro_batch = 32
+
+    def build(self, spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> Any:
+        import torchvision.models as tvm
+
+        kwargs = {"image_size": spec.input_shape[-1]} if spec.model_type.startswith("vit_") else {}
+        try:
+            return tvm.get_model(spec.model_type, weights=None, **kwargs)
+        except Exception as err:  # torchvision asserts on sizes (e.g. ViT patch divisibility)
+            raise AdvisorError(f"torchvision cannot build {spec.model_type} at --image-size "
+                               f"{spec.input_shape[-1]} ({err.__class__.__name__}: {str(err)[:120]}): "
+                               "choose another image size")
+
+    def make_batch(self, spec: ModelSpec, micro_batch: int, device: Any = None, dtype: Any = None) -> dict[str, Any]:
+        import torch
+
+        x = torch.randn((micro_batch, *spec.input_shape), device=device, dtype=dtype)
+        return {"x": x, "target": torch.randint(0, NUM_CLASSES, (micro_batch,), device=device)}
+
+    def loss(self, spec: ModelSpec, model: Any, batch: dict[str, Any]) -> Any:
+        import torch.nn.functional as F
+
+        return F.cross_entropy(model(batch["x"]), batch["target"])
+
+    def script_constants(self, spec: ModelSpec) -> dict[str, Any]:
+        if not _SAFE_NAME.fullmatch(spec.model_type or ""):
+            raise AdvisorError(f"model name {spec.model_type!r} cannot go into a script")
+        return {"MODEL_NAME": spec.model_type, "INPUT_SHAPE": tuple(spec.input_shape)}

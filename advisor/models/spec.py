@@ -1,0 +1,44 @@
+"""``ModelSpec``: what to build, as pure data (a JSON-able config for transformers). Every model source
+(a preset, a torchvision name, a config.json, a factory) resolves to one (``advisor.models.resolve``);
+the family unit named by ``family`` builds it (``advisor.models.families``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FAMILY_NAMES = ("transformer", "vision", "custom")
+# Architectures whose attention heads / MLP split cleanly with torch tensor parallel plans.
+TP_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to build. ``config`` is a plain JSON-able dict (transformers) or None (vision/custom)."""
+
+    name: str
+    family: str  # one of FAMILY_NAMES
+    source: str
+    model_type: str | None = None  # HF model_type, or the torchvision builder name
+    config: dict[str, Any] | None = None
+    factory: str | None = None  # "package.module:function" for family == "custom"
+    input_shape: tuple[int, ...] | None = None  # per-sample shape (vision/custom), e.g. (3, 224, 224)
+    seq_len: int | None = None
+    max_positions: int | None = None
+    position_kind: str | None = None  # "learned" | "rotary" | "relative" | None
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def is_transformer(self) -> bool:
+        return self.family == "transformer"
+
+    @property
+    def tp_capable(self) -> bool:
+        return self.family == "transformer" and self.model_type in TP_MODEL_TYPES
+
+    @property
+    def shape_text(self) -> str:
+        """``seq-len 1024`` or ``input 3x224x224``: the per-sample shape as the outputs say it."""
+        if self.seq_len is not None:
+            return f"seq-len {self.seq_len}"
+        return f"input {'x'.join(map(str, self.input_shape or ()))}"

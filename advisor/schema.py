@@ -1,0 +1,409 @@
+"""The one input schema: every choice a user can make, typed, with its default, bounds, help text and
+the faces that show it, validated in one place (``validate``).
+
+Faces are derived from it: the CLI's argparse parser (``advisor.cli.build_parser`` iterates
+``fields_for("cli")``), the Streamlit form (``app.py`` draws ``fields_for("page")``), bench's case runner
+(``inputs_from_values``) and the JSON echo of the inputs (``echo``). Choices come from the registries
+(GPU presets, networks, precisions, optimizers; the strategy names from ``strategies``, resolved by the
+faces because strategies sit above this layer), never typed twice.
+
+Groups (torchtitan-style typed config dataclasses): ``ModelSource`` (what to train), ``TrainingOptions``
+(how), ``ClusterSpec`` (on what), ``RunOptions`` (scripts, verification and output: CLI/page only, never
+part of a plan). ``PlanInputs`` holds the first three plus the plan-level switches.
+
+Nothing here imports torch or any other layer of advisor but the bottom data modules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Any, Iterator
+
+from .errors import AdvisorError
+from .gpu_presets import GPU_PRESETS, INTERCONNECTS, NETWORKS
+
+PRECISIONS = ("bf16", "fp16", "fp32", "pure-bf16")
+OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
+ATTENTION_CHOICES = ("auto", "flash", "mem-efficient", "math")
+DEVICES = ("cuda", "cpu")
+FACES = ("cli", "page", "bench")
+STRATEGY_CHOICES = "strategies"  # resolved by the faces from the strategies registry (see module doc)
+
+
+@dataclass(frozen=True)
+class Opt:
+    """How one input field is shown and checked.
+
+    ``flag``: the CLI flag (``None``: positional, or not on the CLI). ``label``: the page widget's label.
+    ``faces``: which of ``FACES`` show it. ``choices``: the allowed values, or ``STRATEGY_CHOICES``.
+    ``low``/``high``: inclusive bounds for numbers (``None``: unbounded). ``high_message``: a custom
+    message when above ``high`` (``{value}`` is filled in). ``none``: what an empty value means (help
+    text and the page's placeholder). ``metavar``: the CLI metavar. ``strict``: the value must be one of
+    ``choices`` (GPU presets are not: they match case-insensitively and by substring, with suggestions, in
+    ``get_gpu_preset``). ``positional``: the CLI takes it without a flag.
+    """
+
+    help: str
+    flag: str | None = None
+    label: str | None = None
+    faces: tuple[str, ...] = ("cli",)
+    choices: tuple[Any, ...] | str | None = None
+    low: float | None = None
+    high: float | None = None
+    high_message: str | None = None
+    none: str | None = None
+    metavar: str | None = None
+    strict: bool = True
+    positional: bool = False
+
+
+def _f(default: Any, **opt: Any) -> Any:
+    """A dataclass field carrying its ``Opt``; mutable defaults are not allowed (all inputs are frozen)."""
+    return field(default=default, metadata={"opt": Opt(**opt)})
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What to train. Exactly one source: a name, a config file, a pasted config or a factory."""
+
+    model: str | None = _f(None, positional=True, label="Catalog model", faces=("cli", "page", "bench"),
+                           help="torchvision name (resnet50, vit_b_16, ...), transformer preset (gpt2, llama-2-7b, "
+                                "...) or Hugging Face repo id alias; see --list-models")
+    config_path: str | None = _f(None, flag="--config", metavar="PATH", faces=("cli", "bench"),
+                                 help="a Hugging Face config.json (parsed as JSON only)")
+    config_dict: dict | None = _f(None, label="Paste a config.json", faces=("page",),
+                                  help="a pasted or uploaded Hugging Face config.json (parsed as JSON only)")
+    config_source: str | None = _f(None, faces=(), help="where config_dict came from (an upload's name)")
+    model_factory: str | None = _f(None, flag="--model-factory", metavar="MOD:FN",
+                                   help="import MOD and call FN() -> nn.Module (your code)")
+    input_shape: tuple[int, ...] | None = _f(None, flag="--input-shape", metavar="C,H,W",
+                                             help="per-sample input shape of a --model-factory model "
+                                                  "(default 3,224,224; float inputs, loss = mean square of the output)")
+    seq_len: int | None = _f(None, flag="--seq-len", label="Sequence length", faces=("cli", "page", "bench"),
+                             low=1, none="auto", help="tokens per sample (default min(model max, 2048))")
+    image_size: int | None = _f(None, flag="--image-size", label="Image size (px)", faces=("cli", "page", "bench"),
+                                low=1, none="224", help="image side in pixels (default 224)")
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """How to train (per GPU unless said otherwise)."""
+
+    precision: str = _f("bf16", flag="--precision", label="Precision", faces=("cli", "page", "bench"),
+                        choices=PRECISIONS, help="bf16/fp16: mixed precision; fp32; pure-bf16 (default bf16; "
+                                                 "--verify on CPU: fp32)")
+    optimizer: str = _f("adamw", flag="--optimizer", label="Optimizer", faces=("cli", "page", "bench"),
+                        choices=OPTIMIZERS, help="default adamw")
+    micro_batch_size: int | None = _f(None, flag="--micro-batch-size", label="Micro-batch size per GPU",
+                                      faces=("cli", "page", "bench"), low=1, high=2**20, none="auto",
+                                      help="samples per GPU per step (default 1 for transformers, 32 for vision)")
+    global_batch_size: int | None = _f(None, flag="--global-batch-size", label="Global batch size",
+                                       faces=("cli", "page", "bench"), low=1, high=2**30, none="no accumulation",
+                                       help="micro-batch x data-parallel size x accumulation steps "
+                                            "(default: no accumulation)")
+    activation_checkpointing: bool = _f(False, flag="--activation-checkpointing", label="Activation checkpointing",
+                                        faces=("cli", "page", "bench"), help="recompute blocks in backward")
+    attention: str = _f("auto", flag="--attention", choices=ATTENTION_CHOICES,
+                        help="attention kernel to model (auto: what the target GPU runs)")
+    tp_degree: int | None = _f(None, flag="--tp-degree", low=1, high=64,
+                               help="tensor-parallel degree (default: GPUs per node)")
+    safety_factor: float = _f(1.2, flag="--safety-factor", low=1.0, high=2.0,
+                              help="multiplier for the 16-bytes-per-parameter rule of thumb, 1.0-2.0 (default 1.2)")
+    base_lr: float | None = _f(None, flag="--base-lr", low=0.0, help="learning rate tuned at --base-batch-size")
+    base_batch_size: int | None = _f(None, flag="--base-batch-size", low=1,
+                                     help="global batch the base LR was tuned at")
+    # Generated DDP scripts set it (PyTorch DDP docs); not a user choice.
+    gradient_as_bucket_view: bool = _f(True, faces=(), help="DDP gradients as views into its buckets")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """On what: ``gpus`` x ``nodes`` GPUs of one kind. Unset fields are detected, else from the preset."""
+
+    gpu: str | None = _f(None, flag="--gpu", label="GPU", faces=("cli", "page", "bench"), metavar="PRESET",
+                         choices=tuple(p.name for p in GPU_PRESETS.values()), strict=False,
+                         none="detected, else A100-80GB", help="GPU preset (case-insensitive)")
+    gpu_mem_gib: float | None = _f(None, flag="--gpu-mem", label="Usable GPU memory (GiB)", faces=("cli", "page"),
+                                   metavar="GIB", low=0.0, high=4096, none="the GPU's",
+                                   help="usable GPU memory, GiB (nvidia-smi MiB/1024)")
+    gpus: int | None = _f(None, flag="--gpus", label="GPUs per node", faces=("cli", "page", "bench"), low=1, high=64,
+                          high_message="--gpus is GPUs per node; {value} is more than any node has: use --nodes "
+                                       "for more",
+                          none="detected, else 1", help="GPUs per node")
+    nodes: int = _f(1, flag="--nodes", label="Nodes", faces=("cli", "page", "bench"), low=1, high=100_000,
+                    high_message="--nodes {value} is absurd: check the value", help="number of nodes (default 1)")
+    interconnect: str | None = _f(None, flag="--interconnect", label="Interconnect (inside a node)",
+                                  faces=("cli", "page", "bench"), choices=INTERCONNECTS, none="the GPU's default",
+                                  help="link between GPUs in a node")
+    network: str | None = _f(None, flag="--network", label="Network (between nodes)", faces=("cli", "page"),
+                             choices=tuple(NETWORKS), none="100gbe when nodes > 1",
+                             help="link between nodes")
+    host_mem_gib: float | None = _f(None, flag="--host-mem", label="Host RAM per node (GiB)", faces=("cli", "page"),
+                                    metavar="GIB", low=0.0, high=2**20,
+                                    none="detected with the GPUs; unknown for a preset",
+                                    help="host RAM per node, GiB (for CPU offload; default: this machine's when "
+                                         "planning for its own GPUs, else unknown)")
+    detect_hardware: bool = _f(True, faces=(), help="detect this machine's GPUs when no preset is given")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Scripts, verification and output. Read by the faces; never part of a plan."""
+
+    strategy: str | None = _f(None, flag="--strategy", label="Strategy for the scripts and the verification run",
+                              faces=("cli", "page", "bench"), choices=STRATEGY_CHOICES,
+                              none="the recommended one", help="strategy for --emit/--verify")
+    emit: str | None = _f(None, flag="--emit", metavar="DIR",
+                          help="write train.py, launch.sh (and ds_config.json) into DIR (with --verify: the run's "
+                               "directory; default advisor-runs/MODEL-STRATEGY-TIME)")
+    force: bool = _f(False, flag="--force", help="let --emit overwrite its own files in a non-empty DIR")
+    verify: bool = _f(False, flag="--verify", help="run the script here and compare measured peaks")
+    steps: int | None = _f(None, flag="--steps", label="Steps", faces=("cli", "page", "bench"), low=1, high=10_000,
+                           none="6", help="optimizer steps for --verify (default 6)")
+    timeout: float | None = _f(None, flag="--timeout", label="Timeout (s)", faces=("cli", "page"), low=0.0,
+                               high=7 * 86400, none="600",
+                               high_message="--timeout is in seconds, at most a week (604800), got {value:g}",
+                               help="seconds before --verify gives up (default 600, at most a week)")
+    json: bool = _f(False, flag="--json", help="print one JSON document (schema in README)")
+    compare: bool = _f(False, flag="--compare", help="also show DeepSpeed's own model-state estimates")
+    no_cache: bool = _f(False, flag="--no-cache",
+                        help="neither read nor write the trace cache (advisor cache info shows where it is)")
+    list_models: bool = _f(False, flag="--list-models", help="list the known model names and exit")
+
+
+GROUPS: dict[str, type] = {"model": ModelSource, "training": TrainingOptions, "cluster": ClusterSpec,
+                           "run": RunOptions}
+GROUP_TITLES = {"model": "model source", "training": "training",
+                "cluster": "hardware (default: detected GPUs, else the A100-80GB preset)",
+                "run": "scripts, verification and output"}
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything a plan depends on (``plan(PlanInputs) -> Plan``)."""
+
+    source: ModelSource = field(default_factory=ModelSource)
+    training: TrainingOptions = field(default_factory=TrainingOptions)
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    compare: bool = False  # RunOptions.compare: DeepSpeed's estimators beside ours
+    use_cache: bool = True  # not RunOptions.no_cache
+
+
+@dataclass(frozen=True)
+class Field:
+    """One schema field: its group, name, type annotation (as text), default and ``Opt``."""
+
+    group: str
+    name: str
+    type: str
+    default: Any
+    opt: Opt
+
+    @property
+    def optional(self) -> bool:
+        return "None" in self.type
+
+    @property
+    def kind(self) -> str:
+        """``bool``, ``int``, ``float``, ``str``, ``shape`` (a tuple of ints) or ``dict``: the value's type
+        without ``None``."""
+        base = self.type.replace(" | None", "")
+        kinds = {"bool": "bool", "int": "int", "float": "float", "str": "str", "dict": "dict",
+                 "tuple[int, ...]": "shape"}
+        if base not in kinds:
+            raise TypeError(f"schema field {self.name} has an unsupported type {self.type}")
+        return kinds[base]
+
+    @property
+    def flag_name(self) -> str:
+        """What messages call it: the CLI flag, else the field name."""
+        return self.opt.flag or self.name
+
+
+def all_fields() -> Iterator[Field]:
+    """Every field of every group, in declaration order."""
+    for group, cls in GROUPS.items():
+        for f in fields(cls):
+            default = f.default if f.default is not MISSING else None
+            yield Field(group, f.name, str(f.type), default, f.metadata["opt"])
+
+
+def fields_for(face: str) -> list[Field]:
+    """The fields ``face`` ("cli", "page" or "bench") shows."""
+    if face not in FACES:
+        raise ValueError(f"unknown face {face!r}")
+    return [f for f in all_fields() if face in f.opt.faces]
+
+
+def get_field(name: str) -> Field:
+    for f in all_fields():
+        if f.name == name:
+            return f
+    raise KeyError(name)
+
+
+def field_labels() -> dict[str, str]:
+    """CLI flag -> page label, for the fields both faces show (the page says the label where the core's
+    messages name the flag)."""
+    return {f.opt.flag: f.opt.label for f in all_fields()
+            if f.opt.flag and f.opt.label and {"cli", "page"} <= set(f.opt.faces)}
+
+
+def resolve_choices(f: Field, strategy_names: tuple[str, ...] = ()) -> tuple[Any, ...] | None:
+    """The field's allowed values; ``STRATEGY_CHOICES`` becomes ``strategy_names`` (the faces pass
+    ``strategies.strategy_names()``)."""
+    if f.opt.choices == STRATEGY_CHOICES:
+        return tuple(strategy_names)
+    return f.opt.choices
+
+
+# ----------------------------------------------------------------------------------------- validation
+def _check_value(f: Field, value: Any, strategy_names: tuple[str, ...]) -> Any:
+    """One value against its field; returns it unchanged.
+
+    Raises:
+        AdvisorError: wrong type, outside the bounds or not among the choices (one line naming the flag).
+    """
+    if value is None:
+        if not f.optional:
+            raise AdvisorError(f"{f.flag_name} needs a value")
+        return None
+    kind, flag = f.kind, f.flag_name
+    if kind == "bool" and not isinstance(value, bool):
+        raise AdvisorError(f"{flag} is on or off, got {value!r}")
+    if kind in ("int", "float"):
+        if isinstance(value, bool) or not isinstance(value, int if kind == "int" else (int, float)):
+            raise AdvisorError(f"{flag} must be {'an integer' if kind == 'int' else 'a number'}, got {value!r}")
+        if not math.isfinite(value):
+            raise AdvisorError(f"{flag} must be a finite number, got {value}")
+        lo, hi = f.opt.low, f.opt.high
+        between = f"{flag} must be between {lo} and {hi}, got {value}"
+        if lo is not None and (value <= 0 if lo == 0.0 else value < lo):
+            raise AdvisorError(between if hi is not None else
+                               f"{flag} must be {'a positive integer' if kind == 'int' else 'a positive number'}, "
+                               f"got {value}")
+        if hi is not None and value > hi:
+            raise AdvisorError(f.opt.high_message.format(value=value) if f.opt.high_message else between)
+    if kind == "str" and not isinstance(value, str):
+        raise AdvisorError(f"{flag} must be text, got {value!r}")
+    choices = resolve_choices(f, strategy_names)
+    if choices and f.opt.strict and value not in choices:
+        raise AdvisorError(f"{flag} must be one of {', '.join(map(str, choices))}, got {value!r}")
+    return value
+
+
+def validate_group(group: Any, strategy_names: tuple[str, ...] = ()) -> None:
+    """Check every field of one group instance (``ModelSource``, ``TrainingOptions``, ...).
+
+    Raises:
+        AdvisorError: the first bad value, in one line naming the flag and the accepted range.
+    """
+    name = next(g for g, cls in GROUPS.items() if isinstance(group, cls))
+    for f in (f for f in all_fields() if f.group == name):
+        _check_value(f, getattr(group, f.name), strategy_names)
+
+
+def validate(inputs: PlanInputs) -> None:
+    """The one validation place for a plan's inputs: every field's type, bounds and choices, then the
+    rules that name several fields. Rules that need the resolved model or hardware (``--seq-len`` against
+    learned positions, ``--tp-degree`` against the GPUs per node, the global batch against micro-batch x
+    GPUs) are checked where those are resolved, in ``advisor.plan``.
+
+    Raises:
+        AdvisorError: one line saying what is wrong and what to do.
+    """
+    for group in (inputs.source, inputs.training, inputs.cluster):
+        validate_group(group)
+    t, s = inputs.training, inputs.source
+    if (t.base_lr is None) != (t.base_batch_size is None):
+        raise AdvisorError("--base-lr and --base-batch-size go together: give both or neither")
+    if s.input_shape is not None:
+        if not s.model_factory:
+            raise AdvisorError("--input-shape applies to --model-factory models only")
+        if not s.input_shape or len(s.input_shape) > 5 or any(not 1 <= d <= 65536 for d in s.input_shape):
+            raise AdvisorError(f"--input-shape needs 1-5 dimensions between 1 and 65536, got {s.input_shape}")
+
+
+def validate_run(run: RunOptions, strategy_names: tuple[str, ...]) -> None:
+    """The run/output options: each field, then the flags that only make sense together.
+
+    Raises:
+        AdvisorError: one line, as ``validate``.
+    """
+    validate_group(run, strategy_names)
+    if run.strategy and not (run.emit or run.verify):
+        raise AdvisorError("--strategy chooses what --emit/--verify produce: add --emit DIR or --verify")
+    if run.force and not run.emit:
+        raise AdvisorError("--force only applies to --emit DIR")
+    if run.emit is not None and not run.emit.strip():
+        raise AdvisorError("--emit needs a directory path")
+    for name in ("steps", "timeout"):
+        if getattr(run, name) is not None and not run.verify:
+            raise AdvisorError(f"--{name} applies to --verify only: add --verify or drop --{name}")
+
+
+# ------------------------------------------------------------------------------- building and echo
+def parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """``"3,224,224"`` -> ``(3, 224, 224)``.
+
+    Raises:
+        AdvisorError: not comma-separated integers.
+    """
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise AdvisorError(f"--input-shape must be comma-separated integers like 3,224,224, got {text[:40]!r}")
+
+
+def split_values(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Flat ``{field name: value}`` -> ``{group: {field name: value}}`` (unset names keep defaults).
+
+    Raises:
+        KeyError: a name that is no schema field.
+    """
+    by_name = {f.name: f.group for f in all_fields()}
+    out: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+    for name, value in values.items():
+        out[by_name[name]][name] = value
+    return out
+
+
+def inputs_from_values(values: dict[str, Any]) -> tuple[PlanInputs, RunOptions]:
+    """What every face does with what the user gave: flat field values -> typed, validated inputs.
+
+    Raises:
+        AdvisorError: as ``validate``.
+        KeyError: a name that is no schema field (a face's bug, not the user's).
+    """
+    g = split_values(values)
+    run = RunOptions(**g["run"])
+    inputs = PlanInputs(source=ModelSource(**g["model"]), training=TrainingOptions(**g["training"]),
+                        cluster=ClusterSpec(**g["cluster"]), compare=run.compare, use_cache=not run.no_cache)
+    validate(inputs)
+    return inputs, run
+
+
+def with_values(inputs: PlanInputs, **values: Any) -> PlanInputs:
+    """``inputs`` with some fields replaced by name (any group)."""
+    g = split_values(values)
+    return replace(inputs, source=replace(inputs.source, **g["model"]),
+                   training=replace(inputs.training, **g["training"]),
+                   cluster=replace(inputs.cluster, **g["cluster"]))
+
+
+def echo(inputs: PlanInputs) -> dict[str, Any]:
+    """The inputs as JSON: ``{group: {field: value}}`` for every field a face can set (a pasted config is
+    echoed as its source name, not its text)."""
+    out: dict[str, Any] = {}
+    for name, group in (("model", inputs.source), ("training", inputs.training), ("cluster", inputs.cluster)):
+        out[name] = {}
+        for f in (f for f in all_fields() if f.group == name and f.opt.faces):
+            value = getattr(group, f.name)
+            if f.name == "config_dict":
+                value = None if value is None else (inputs.source.config_source or "pasted config")
+            out[name][f.name] = list(value) if isinstance(value, tuple) else value
+    out["use_cache"] = inputs.use_cache
+    return out
