@@ -386,6 +386,15 @@ def inputs_from_values(values: dict[str, Any]) -> tuple[PlanInputs, RunOptions]:
     return inputs, run
 
 
+def plan_inputs(**values: Any) -> PlanInputs:
+    """``PlanInputs`` from field values by name, validated: ``plan_inputs(model="gpt2", gpus=2, seq_len=256)``.
+
+    Raises:
+        AdvisorError: as ``validate``.
+    """
+    return inputs_from_values(values)[0]
+
+
 def with_values(inputs: PlanInputs, **values: Any) -> PlanInputs:
     """``inputs`` with some fields replaced by name (any group)."""
     g = split_values(values)

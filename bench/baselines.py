@@ -15,11 +15,11 @@
 
 from __future__ import annotations
 
-import os
 
+from advisor.context import StrategyContext
 from advisor.hardware import Hardware
 from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM
-from advisor.options import StrategyContext, TrainingOptions
+from advisor.schema import TrainingOptions
 
 RULE_OF_THUMB_SAFETY = 1.2
 
@@ -30,9 +30,8 @@ def model_sizes(spec) -> tuple[int, int]:
     from accelerate.utils import calculate_maximum_sizes
 
     from advisor.models import build_model
-    from advisor.trace import _skip_init
 
-    with torch.device("meta"), _skip_init():
+    with torch.device("meta"):
         model = build_model(spec)
     total, _largest = calculate_maximum_sizes(model)
     return sum(p.numel() for p in model.parameters()), int(total)
@@ -48,18 +47,15 @@ def accelerate_training_bytes(total_size: int, precision: str) -> int:
 
 
 def deepspeed_bytes(profile, strategy_name: str, world: int) -> int | None:
-    """DeepSpeed's estimator's per-GPU bytes for a ZeRO-2/3 row at ``world`` ranks on one node;
-    ``None`` for other strategies."""
-    if not strategy_name.startswith(("zero2", "zero3")):
-        return None
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from advisor.plan import deepspeed_model_states
+    """DeepSpeed's estimator's per-GPU bytes for the strategy at ``world`` ranks on one node
+    (``Strategy.deepspeed_estimate``); ``None`` where DeepSpeed has no estimator for it."""
     from strategies import get_strategy
 
     hw = Hardware(gpu_name="CPU", gpu_memory_bytes=0, gpus_per_node=world, num_nodes=1, interconnect="nvlink",
                   network=None, bf16_tflops=0.0, link_gbps=0.0, host_mem_bytes=0)
     ctx = StrategyContext(profile, hw, TrainingOptions(), "cpu")
-    return deepspeed_model_states(get_strategy(strategy_name), ctx)["gpu_bytes"]
+    estimate = get_strategy(strategy_name).deepspeed_estimate(ctx)
+    return None if estimate is None else estimate["gpu_bytes"]
 
 
 def rule_of_thumb_bytes(num_params: int) -> int:

@@ -41,6 +41,15 @@ class Case:
     def as_dict(self) -> dict:
         return asdict(self) | {"case_id": self.case_id}
 
+    def values(self) -> dict:
+        """The case as schema field values (``advisor.schema``), as a user would type it: one node of
+        ``world`` NVLink-connected GPUs, no hardware detection."""
+        source = {"config_path": str(LLAMA_SMALL)} if self.model == "llama-small" else {"model": self.model}
+        shape = {"seq_len": self.seq_len} if self.seq_len else {"image_size": self.image_size}
+        return {**source, **shape, "precision": self.precision, "optimizer": self.optimizer,
+                "micro_batch_size": self.micro_batch, "activation_checkpointing": self.checkpointing,
+                "gpus": self.world, "nodes": 1, "interconnect": "nvlink", "detect_hardware": False}
+
 
 def _vision(model: str, size: int, strategy: str, world: int, mb: int, **kw) -> Case:
     return Case(model=model, image_size=size, strategy=strategy, world=world, micro_batch=mb, **kw)

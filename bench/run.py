@@ -48,14 +48,9 @@ COLUMNS = (("ours", "advisor (ours)"), ("deepspeed", "DeepSpeed estimator"),
 
 def plan_inputs(case: Case):
     """The PlanInputs a user would type for ``case`` (no hardware detection; one node)."""
-    from advisor.options import TrainingOptions
-    from advisor.plan import PlanInputs
+    from advisor.schema import inputs_from_values
 
-    opts = TrainingOptions(precision=case.precision, optimizer=case.optimizer, micro_batch_size=case.micro_batch,
-                           activation_checkpointing=case.checkpointing)
-    source = {"config_path": str(LLAMA_SMALL)} if case.model == "llama-small" else {"model": case.model}
-    return PlanInputs(**source, seq_len=case.seq_len, image_size=case.image_size, training=opts, gpus=case.world,
-                      nodes=1, interconnect="nvlink", detect_hardware=False)
+    return inputs_from_values(case.values())[0]
 
 
 def _children_cpu_s() -> float:
@@ -87,14 +82,13 @@ def _verify(inputs, case: Case, run_dir: Path, say):
 
 def run_case(case: Case, work: Path, log) -> dict:
     """Measure ``case`` and compute every estimate; the run directory is removed afterwards."""
-    from advisor.models import resolve_model
+    from advisor.models import resolve_source
     from advisor.profile import build_profile
 
     from . import baselines
 
     inputs = plan_inputs(case)
-    spec = resolve_model(inputs.model, config_path=inputs.config_path, seq_len=case.seq_len,
-                         image_size=case.image_size)
+    spec = resolve_source(inputs.source)
     num_params, total_size = baselines.model_sizes(spec)
     profile = build_profile(spec, "flash", False)
     row = case.as_dict() | {

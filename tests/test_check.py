@@ -90,16 +90,16 @@ GENERATED = [("llama", s) for s in ("ddp", "zero1", "zero2", "zero3", "zero2_off
 @pytest.fixture(scope="module")
 def generated() -> dict[tuple[str, str], str]:
     """train.py for each (model, strategy) in GENERATED; three plans, built once."""
-    from advisor.options import TrainingOptions
-    from advisor.plan import PlanInputs, plan
+    from advisor.plan import plan
+    from advisor.schema import PlanInputs, plan_inputs
     from strategies.render import render_files
 
     def tiny(gpus: int, **training) -> PlanInputs:
-        return PlanInputs(config_path=TINY, seq_len=32, gpus=gpus, interconnect="nvlink", detect_hardware=False,
-                          training=TrainingOptions(precision="fp32", micro_batch_size=2, **training))
+        return plan_inputs(config_path=TINY, seq_len=32, gpus=gpus, interconnect="nvlink", detect_hardware=False,
+                           precision="fp32", micro_batch_size=2, **training)
 
     plans = {"llama": plan(tiny(2)), "llama4": plan(tiny(4, tp_degree=2)),
-             "resnet18": plan(PlanInputs(model="resnet18", gpus=2, detect_hardware=False, interconnect="nvlink"))}
+             "resnet18": plan(plan_inputs(model="resnet18", gpus=2, detect_hardware=False, interconnect="nvlink"))}
     return {(m, s): render_files(plans[m], s)["train.py"] for m, s in GENERATED}
 
 

@@ -7,14 +7,13 @@ import torch
 
 from advisor.memory import zero_paper_model_states
 from advisor.models import build_model, resolve_model
-from advisor.options import TrainingOptions
-from advisor.plan import PlanInputs, plan
+from advisor.plan import plan
+from advisor.schema import plan_inputs
 from advisor.profile import param_stats
 
 
 def _plan(model: str, **kw):
-    training = TrainingOptions(**kw.pop("training", {}))
-    return plan(PlanInputs(model=model, training=training, detect_hardware=False, **kw))
+    return plan(plan_inputs(model=model, detect_hardware=False, **kw.pop("training", {}), **kw))
 
 
 # --- exact parameter counts ---------------------------------------------------------------------
@@ -222,25 +221,30 @@ def test_parse_nvidia_smi_topo():
 
 
 def test_hardware_sources_and_default_preset():
-    from advisor.hardware import resolve_hardware
+    from advisor.hardware import HOST_GIVEN, HOST_UNKNOWN, resolve_hardware
+    from advisor.schema import ClusterSpec
 
-    hw = resolve_hardware(gpus=4, detect=False)
+    hw = resolve_hardware(ClusterSpec(gpus=4, detect_hardware=False))
     assert hw.gpu_name == "A100-80GB" and hw.gpu_memory_bytes == 81920 * 2**20
     assert hw.sources["gpu_memory_bytes"] == "default preset A100-80GB"
     assert any("no GPU detected" in w for w in hw.warnings)
-    hw = resolve_hardware(gpu="rtx4090", gpus=2, gpu_mem_gib=20, detect=False)
+    hw = resolve_hardware(ClusterSpec(gpu="rtx4090", gpus=2, gpu_mem_gib=20, detect_hardware=False))
     assert hw.gpu_memory_bytes == 20 * 2**30 and hw.sources["gpu_memory_bytes"] == "flag --gpu-mem"
     assert hw.interconnect == "pcie" and hw.sources["interconnect"] == "preset RTX4090"
+    # A preset is a machine elsewhere: its host RAM is unknown unless given (issue 11, item 6).
+    assert hw.host_mem_bytes is None and hw.host_mem_state == HOST_UNKNOWN
+    hw = resolve_hardware(ClusterSpec(gpu="rtx4090", host_mem_gib=64, detect_hardware=False))
+    assert hw.host_mem_bytes == 64 * 2**30 and hw.host_mem_state == HOST_GIVEN
 
 
 def test_cli_strategy_choices_match_registry():
     from advisor.cli import build_parser
-    from strategies import STRATEGIES, STRATEGY_NAMES
+    from strategies import all_strategies, strategy_names
 
     help_text = " ".join(build_parser().format_help().split())
-    for name in STRATEGY_NAMES:
+    for name in strategy_names():
         assert name in help_text
-    assert len(set(STRATEGY_NAMES)) == len(STRATEGIES) == 8
+    assert len(set(strategy_names())) == len(all_strategies()) == 8
 
 
 def test_compare_shows_deepspeed_estimators():

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from advisor.options import TrainingOptions
-from advisor.plan import PlanInputs, plan
+from advisor.plan import plan
+from advisor.schema import plan_inputs
 
 MiB = 2**20
 
@@ -30,8 +30,8 @@ def test_gpt2_xl_ddp_does_not_fit_24gb_cards_even_at_micro_batch_1():
     counted = _count_params(GPT2Config, GPT2LMHeadModel, n_embd=1600, n_layer=48, n_head=25, vocab_size=50257,
                             n_positions=1024)
     assert counted == pytest.approx(1.5e9, rel=0.05)  # the paper's "1.5B"
-    p = plan(PlanInputs(model="gpt2-xl", seq_len=1024, gpu="RTX3090", gpus=2, detect_hardware=False,
-                        training=TrainingOptions(precision="fp16", optimizer="adamw", micro_batch_size=1)))
+    p = plan(plan_inputs(model="gpt2-xl", seq_len=1024, gpu="RTX3090", gpus=2, detect_hardware=False,
+                         precision="fp16", optimizer="adamw", micro_batch_size=1))
     row = p.row("ddp")
     peak = row.memory.peak
     states = peak.params + peak.grads + peak.optimizer_states
@@ -61,9 +61,8 @@ def test_bert_large_fp32_adamw_on_v100_16gb_matches_hf_model_memory_anatomy():
     * fragmentation: we add 10% of the peak allocated; nvidia-smi shows what the caching allocator
       reserved, which that run does not report separately.
     """
-    p = plan(PlanInputs(model="bert-large", seq_len=512, gpu="V100-16GB", gpus=1, detect_hardware=False,
-                        training=TrainingOptions(precision="fp32", optimizer="adamw", micro_batch_size=4,
-                                                 attention="math")))
+    p = plan(plan_inputs(model="bert-large", seq_len=512, gpu="V100-16GB", gpus=1, detect_hardware=False,
+                         precision="fp32", optimizer="adamw", micro_batch_size=4, attention="math"))
     assert p.attention == "math"
     row = p.row("ddp")
     measured_used = 14949 * MiB
@@ -90,10 +89,9 @@ def test_roberta_base_gradient_as_bucket_view_saves_one_gradient_copy():
     trainable = _count_params(RobertaConfig, RobertaForMaskedLM, **cfg)
 
     def ddp(bucket_view: bool):
-        opts = TrainingOptions(precision="bf16", optimizer="adamw", micro_batch_size=8,
-                               gradient_as_bucket_view=bucket_view)
-        return plan(PlanInputs(config_dict=dict(ROBERTA_BASE), seq_len=512, gpu="A100-80GB", gpus=2,
-                               detect_hardware=False, training=opts)).row("ddp").memory
+        return plan(plan_inputs(config_dict=dict(ROBERTA_BASE), seq_len=512, gpu="A100-80GB", gpus=2,
+                                detect_hardware=False, precision="bf16", optimizer="adamw", micro_batch_size=8,
+                                gradient_as_bucket_view=bucket_view)).row("ddp").memory
 
     views, copies = ddp(True), ddp(False)
     assert copies.peak.total - views.peak.total >= 4 * trainable

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from advisor.options import TrainingOptions
-from advisor.plan import PlanInputs, plan
+from advisor.plan import plan
+from advisor.schema import PlanInputs, plan_inputs
 from advisor.verify import TOLERANCE, verify
-from strategies import STRATEGY_NAMES
+from strategies import strategy_names
 from strategies.render import render_files, write_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,8 +30,7 @@ pytestmark = pytest.mark.slow
 def _inputs(gpus: int = 2, **training) -> PlanInputs:
     opts = dict(precision="fp32", micro_batch_size=2, base_lr=2e-3, base_batch_size=4 * gpus)
     opts.update(training)
-    return PlanInputs(config_path=TINY, seq_len=32, gpus=gpus, interconnect="nvlink", detect_hardware=False,
-                      training=TrainingOptions(**opts))
+    return plan_inputs(config_path=TINY, seq_len=32, gpus=gpus, interconnect="nvlink", detect_hardware=False, **opts)
 
 
 def _run(tmp_path_factory, strategy: str, gpus: int = 2, **training):
@@ -165,8 +164,8 @@ def test_ddp_accumulation_skips_allreduce(ddp_run):
 
 
 def test_sync_batchnorm_decision(tmp_path):
-    p = plan(PlanInputs(model_factory="tests.fixtures.factories:small_cnn", image_size=16, gpus=2,
-                        detect_hardware=False, training=TrainingOptions(precision="fp32", micro_batch_size=4)))
+    p = plan(plan_inputs(model_factory="tests.fixtures.factories:small_cnn", image_size=16, gpus=2,
+                         detect_hardware=False, precision="fp32", micro_batch_size=4))
     write_files(render_files(p, "ddp"), tmp_path)
     script = _load_script(tmp_path / "train.py")
     bn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
@@ -180,8 +179,8 @@ def test_sync_batchnorm_decision(tmp_path):
 # --- offload scripts: emitted, parsed, config checked ---------------------------------------------
 @pytest.mark.parametrize("strategy", ["zero2_offload", "zero3_offload"])
 def test_offload_scripts_and_config(tmp_path, strategy):
-    p = plan(PlanInputs(model="gpt2-xl", gpu="RTX3090", gpus=2, seq_len=1024, detect_hardware=False,
-                        training=TrainingOptions(precision="fp16", micro_batch_size=4)))
+    p = plan(plan_inputs(model="gpt2-xl", gpu="RTX3090", gpus=2, seq_len=1024, detect_hardware=False,
+                         precision="fp16", micro_batch_size=4))
     files = render_files(p, strategy)
     ast.parse(files["train.py"])
     cfg = json.loads(files["ds_config.json"])
@@ -196,9 +195,9 @@ def test_offload_scripts_and_config(tmp_path, strategy):
 
 
 def test_every_strategy_renders_valid_python():
-    p = plan(PlanInputs(model="llama-2-7b", gpu="A100-80GB", gpus=8, nodes=2, network="ib-hdr", seq_len=512,
+    p = plan(plan_inputs(model="llama-2-7b", gpu="A100-80GB", gpus=8, nodes=2, network="ib-hdr", seq_len=512,
                         detect_hardware=False))
-    for name in STRATEGY_NAMES:
+    for name in strategy_names():
         row = p.row(name)
         if not row.applicable:
             continue
@@ -207,7 +206,7 @@ def test_every_strategy_renders_valid_python():
         assert ast.get_docstring(tree).count("--nnodes") or "hostfile" in files
         consts = {n.targets[0].id: n.value for n in tree.body
                   if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id.isupper()}
-        for key in ("HF_CONFIG", "MICRO_BATCH_SIZE", "ESTIMATE", "MODEL_NAME"):
+        for key in ("HF_CONFIG", "MICRO_BATCH_SIZE", "ESTIMATE", "MODEL"):
             ast.literal_eval(consts[key])  # values are literals, never code
 
 
