@@ -69,7 +69,7 @@ def test_default_page_renders_recommendation(at: AppTest) -> None:
 
 def test_pasted_config_changes_parameter_count(at: AppTest) -> None:
     before = metric(at, "Parameters")
-    at.text_area(key="config_text").input(json.dumps(SMALL_LLAMA)).run()
+    at.text_area(key="config_dict").input(json.dumps(SMALL_LLAMA)).run()
     assert not at.exception, texts(at.exception)
     assert not at.error, texts(at.error)
     expected = transformers_param_count(SMALL_LLAMA)
@@ -94,7 +94,7 @@ def test_uploaded_config_is_used(at: AppTest) -> None:
     ('{"model_type": "llama", "notes": "' + "x" * 2**20 + '"}', "over 1 MiB"),
 ], ids=["malformed", "not-an-object", "unknown-model-type", "absurd", "remote-code", "too-large"])
 def test_bad_config_is_a_one_line_error(at: AppTest, text: str, message: str) -> None:
-    at.text_area(key="config_text").input(text).run()
+    at.text_area(key="config_dict").input(text).run()
     assert not at.exception, texts(at.exception)
     errors = texts(at.error)
     assert len(errors) == 1 and message in errors[0] and "\n" not in errors[0], errors
@@ -118,7 +118,7 @@ def test_absurd_cluster_size_is_an_error(at: AppTest) -> None:
 def test_sessions_do_not_share_inputs(at: AppTest) -> None:
     other = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
     other.run()
-    at.text_area(key="config_text").input(json.dumps(SMALL_LLAMA)).run()
+    at.text_area(key="config_dict").input(json.dumps(SMALL_LLAMA)).run()
     other.run()
     assert metric(at, "Model") == "llama"
     assert metric(other, "Model") == "gpt2"
@@ -166,7 +166,7 @@ def _fake_verify_module(busy: bool) -> types.ModuleType:
     def verify(inputs: Any, strategy: str, *, steps: int, timeout_s: float, progress: Any) -> Any:
         if busy:
             raise VerifyBusy("another verification is running on this machine: wait for it to finish")
-        assert inputs.model == "gpt2" and strategy == "ddp" and steps == 6
+        assert inputs.source.model == "gpt2" and strategy == "ddp" and steps == 6
         progress("building the model")
         progress(0.5)
         progress(3, 3, "step 3/3")
@@ -203,7 +203,7 @@ def test_verify_busy_and_missing_are_messages(at: AppTest, monkeypatch: pytest.M
 
 def test_messages_name_the_page_widgets_not_cli_flags(at: AppTest) -> None:
     at.number_input(key="gpus").set_value(4)
-    at.number_input(key="global_batch").set_value(7)
+    at.number_input(key="global_batch_size").set_value(7)
     at.run()
     errors = texts(at.error)
     assert len(errors) == 1, errors
