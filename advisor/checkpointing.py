@@ -27,14 +27,20 @@ def repeated_blocks(model) -> list:
     return chosen
 
 
-def enable_activation_checkpointing(model) -> int:
-    """Turn on activation checkpointing; return how many blocks are checkpointed (0: not supported)."""
+def enable_activation_checkpointing(model, checkpoint_kwargs=None) -> int:
+    """Turn on activation checkpointing; return how many blocks are checkpointed (0: not supported).
+
+    ``checkpoint_kwargs``: extra keyword arguments for ``torch.utils.checkpoint.checkpoint`` (always
+    non-reentrant); the trace passes a ``context_fn`` so that recomputation in backward sees the same
+    attention stand-in as the forward did. Generated scripts call this without it.
+    """
+    kwargs = dict(checkpoint_kwargs or {}, use_reentrant=False)
     if hasattr(model, "gradient_checkpointing_enable") and getattr(model, "supports_gradient_checkpointing", False):
         enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
         if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            enable(activation_checkpointing_kwargs=kwargs)
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False)) or 1
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
@@ -46,9 +52,10 @@ def enable_activation_checkpointing(model) -> int:
     blocks = {id(b) for b in repeated_blocks(model)}
     if not blocks:
         return 0
+    kwargs.pop("use_reentrant")  # CheckpointImpl.NO_REENTRANT sets it
     apply_activation_checkpointing(
         model,
-        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs),
         check_fn=lambda m: id(m) in blocks,
     )
     return len(blocks)

@@ -1,14 +1,25 @@
-"""Model profile: parameter statistics from a ``meta`` build plus lazily traced activation profiles."""
+"""Model profile: parameter statistics from a ``meta`` build plus lazily traced activation profiles.
+
+Thread safety (the page plans each browser session in its own thread, and plans share profiles): every
+lazily computed value (a ``ModelProfile``'s activation profiles and tensor-parallel statistics, the
+process-wide trace cache) lives in a ``OnceCache``: the first thread to ask for a key computes it while
+later askers of that key wait and get the same object; different keys compute in parallel. Values are
+immutable (frozen dataclasses of tuples). Model construction holds ``advisor.locks.MODEL_BUILD_LOCK``.
+"""
 
 from __future__ import annotations
 
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
+from .locks import MODEL_BUILD_LOCK
 from .models import ModelSpec, build_model
-from .trace import ActivationProfile, _skip_init, profile_activations
+from .trace import ActivationProfile, profile_activations
 
 # DeepSpeed ZeRO-3 keeps parameters smaller than this gathered on every rank
 # (``stage3_param_persistence_threshold`` default 1e5, DeepSpeed ZeRO config docs).
@@ -42,7 +53,9 @@ def param_stats(spec: ModelSpec, tp_degree: int = 1) -> ParamStats:
     """
     import torch
 
-    with torch.device("meta"), _skip_init():
+    # On meta, torch's init functions are no-ops and transformers skips weight initialisation: the
+    # build patches nothing. The lock serialises it with every other construction (advisor.locks).
+    with MODEL_BUILD_LOCK, torch.device("meta"):
         model = build_model(spec, tp_degree=tp_degree)
     params = list(model.parameters())
     largest_module = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
@@ -58,19 +71,76 @@ def param_stats(spec: ModelSpec, tp_degree: int = 1) -> ParamStats:
     )
 
 
+class OnceCache:
+    """``key -> value`` computed at most once at a time per key, thread-safe.
+
+    ``get(key, compute)`` returns the stored value; otherwise the first caller runs ``compute()`` (outside
+    the lock) while concurrent callers of the same key wait for it and receive the same object (or the
+    same exception; failures are not stored, so a later call tries again). ``maxsize``: keep that many
+    values, least recently used dropped first (None: all).
+    """
+
+    def __init__(self, maxsize: int | None = None) -> None:
+        self._lock = threading.Lock()
+        self._done: OrderedDict[Hashable, Any] = OrderedDict()
+        self._running: dict[Hashable, Future] = {}
+        self._maxsize = maxsize
+
+    def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in self._done:
+                self._done.move_to_end(key)
+                return self._done[key]
+            future = self._running.get(key)
+            owner = future is None
+            if owner:
+                future = self._running[key] = Future()
+        if not owner:
+            return future.result()
+        try:
+            value = compute()
+        except BaseException as err:
+            with self._lock:
+                del self._running[key]
+            future.set_exception(err)
+            raise
+        with self._lock:
+            self._done[key] = value
+            del self._running[key]
+            while self._maxsize is not None and len(self._done) > self._maxsize:
+                self._done.popitem(last=False)
+        future.set_result(value)
+        return value
+
+    def peek(self, key: Hashable, default: Any = None) -> Any:
+        """The stored value of ``key`` (no compute, no LRU update), else ``default``."""
+        with self._lock:
+            return self._done.get(key, default)
+
+    def clear(self) -> None:
+        """Drop the stored values (computations in progress still finish and store theirs)."""
+        with self._lock:
+            self._done.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._done)
+
+
 @dataclass
 class ModelProfile:
     """``spec`` + its parameter statistics + activation profiles traced on demand and cached.
 
-    ``attention`` and ``checkpointing`` are fixed per profile (they change every trace).
+    ``attention`` and ``checkpointing`` are fixed per profile (they change every trace). Safe to share
+    between threads: the lazily filled caches are ``OnceCache``s.
     """
 
     spec: ModelSpec
     stats: ParamStats
     attention: str
     checkpointing: bool
-    _activations: dict = field(default_factory=dict, repr=False)
-    _tp_stats: dict = field(default_factory=dict, repr=False)
+    _activations: OnceCache = field(default_factory=OnceCache, repr=False, compare=False)
+    _tp_stats: OnceCache = field(default_factory=OnceCache, repr=False, compare=False)
 
     def flops_per_sample(self, mode: str) -> int:
         """Forward + backward FLOPs per sample under a precision trace mode (from the same traces as
@@ -79,44 +149,35 @@ class ModelProfile:
 
     def activations(self, mode: str, tp_degree: int = 1) -> ActivationProfile:
         """Traced activation profile for a precision trace mode ("fp32", "autocast", "half")."""
-        key = (mode, tp_degree)
-        if key not in self._activations:
-            self._activations[key] = _cached_activations(_spec_key(self.spec), self.spec, mode, self.attention,
-                                                         self.checkpointing, tp_degree)
-        return self._activations[key]
+        return self._activations.get((mode, tp_degree), lambda: _cached_activations(
+            _spec_key(self.spec), self.spec, mode, self.attention, self.checkpointing, tp_degree))
 
     def tp_stats(self, tp_degree: int) -> ParamStats:
         if tp_degree == 1:
             return self.stats
-        if tp_degree not in self._tp_stats:
-            self._tp_stats[tp_degree] = param_stats(self.spec, tp_degree)
-        return self._tp_stats[tp_degree]
+        return self._tp_stats.get(tp_degree, lambda: param_stats(self.spec, tp_degree))
 
 
 def _spec_key(spec: ModelSpec) -> str:
     return json.dumps(asdict(spec), sort_keys=True, default=str)
 
 
-_TRACE_CACHE: "OrderedDict[tuple, ActivationProfile]" = OrderedDict()
 _TRACE_CACHE_SIZE = 64
-_TRACE_LOCK = threading.Lock()
+_TRACE_CACHE = OnceCache(maxsize=_TRACE_CACHE_SIZE)
 
 
 def _cached_activations(key: str, spec: ModelSpec, mode: str, attention: str, checkpointing: bool,
                         tp_degree: int) -> ActivationProfile:
     """Traces are pure functions of their inputs and immutable: keep the last few (the page and
-    repeated plans of one model re-use them)."""
+    repeated plans of one model re-use them). Threads asking for the same trace at once trace it once."""
     full_key = (key, mode, attention, checkpointing, tp_degree)
-    with _TRACE_LOCK:
-        if full_key in _TRACE_CACHE:
-            _TRACE_CACHE.move_to_end(full_key)
-            return _TRACE_CACHE[full_key]
-    result = profile_activations(spec, mode, attention, checkpointing, tp_degree=tp_degree)
-    with _TRACE_LOCK:
-        _TRACE_CACHE[full_key] = result
-        while len(_TRACE_CACHE) > _TRACE_CACHE_SIZE:
-            _TRACE_CACHE.popitem(last=False)
-    return result
+    return _TRACE_CACHE.get(full_key, lambda: profile_activations(spec, mode, attention, checkpointing,
+                                                                  tp_degree=tp_degree))
+
+
+def clear_trace_cache() -> None:
+    """Forget the in-process traces (tests that must trace again)."""
+    _TRACE_CACHE.clear()
 
 
 def build_profile(spec: ModelSpec, attention: str, checkpointing: bool) -> ModelProfile:

@@ -18,9 +18,32 @@ memory per module rather than per phase, has no notion of "retained at end of fo
 swap in the fused attention kernel's saved tensors (below), which changes the answer by 10-100x.
 
 Attention: on ``meta``/fake tensors SDPA takes the math path and keeps the s x s scores. The trace
-patches ``F.scaled_dot_product_attention`` with a stand-in that saves what the fused kernels save
-(q, k, v, output and the fp32 log-sum-exp; FlashAttention-2 paper, Dao 2023, section 3.1) for
-``flash``/``mem-efficient``, or forces the math backend for ``math``.
+routes ``F.scaled_dot_product_attention`` through a ``torch.overrides.TorchFunctionMode``
+(``_attention_mode_class``) to a stand-in that saves what the fused kernels save (q, k, v, output and
+the fp32 log-sum-exp; FlashAttention-2 paper, Dao 2023, section 3.1) for ``flash``/``mem-efficient``,
+or to the math path for ``math``: ``aten::_scaled_dot_product_attention_math`` called directly, with
+the boolean-mask conversion and autocast casts that SDPA's own kernels do first, so the ops and saved
+tensors are those of ``sdpa_kernel([SDPBackend.MATH])`` without setting its process-wide backend flags.
+A torch-function mode rather than a ``TorchDispatchMode`` on ``aten._scaled_dot_product_flash_attention_for_cpu``:
+the dispatch mode sits below autograd, so it cannot change what autograd saves (the real CPU kernel's
+formula decides), flop_counter has no formula for the CPU kernel, and SDPA picks its backend in a
+DispatchStub call no mode sees, so ``math`` would still need the global flags; the function mode
+reproduces the previous figures exactly. Torch-function modes are
+per thread, but torch neither keeps them inside a Python-level torch function it dispatches (so
+``F.multi_head_attention_forward``, which calls SDPA, runs as a private copy bound to the stand-in)
+nor carries them into backward (so checkpointed blocks recompute under a copy of the mode, passed as
+checkpoint's ``context_fn``).
+
+Construction (``build_for_trace``): on ``meta`` (torch's init functions do nothing there and
+transformers skips weight initialisation, so nothing is patched), with floating tensors in the trace
+dtype where the default dtype would apply (``BuildDtypeMode``: a per-thread stand-in for
+``torch.set_default_dtype``; BatchNorm statistics bf16, rotary ``inv_freq`` fp32, as before), then
+every parameter and buffer is re-created as a fake CPU tensor, shared ones staying shared.
+
+Threads: nothing above touches process-wide state; ``advisor.locks.MODEL_BUILD_LOCK`` is held for
+each whole trace all the same, because torch's autocast cache of weight casts is process-wide (see
+``trace_step``). Plans from several threads give the plans made one after another
+(``tests/test_concurrency.py``).
 
 Cost control: transformer stacks deeper than 4 blocks are traced at 1 and 2 blocks and extrapolated
 linearly in depth (blocks are identical); every figure is
@@ -30,13 +53,15 @@ linear in the micro-batch (no op's memory depends on the batch otherwise), trace
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import weakref
 from dataclasses import dataclass, fields
-from typing import Any, Iterator
+from typing import Any
 
 from .checkpointing import enable_activation_checkpointing
 from .errors import AdvisorError
+from .locks import MODEL_BUILD_LOCK
 from .models import ModelSpec, build_model, make_batch, num_layers, training_loss
 
 PRECISION_TRACE_MODES = ("fp32", "autocast", "half")
@@ -241,78 +266,234 @@ class _LiveBytes:
         self.grads_cur += param.grad.untyped_storage().nbytes()
 
 
-@contextlib.contextmanager
-def _attention_kernel(kernel: str, counter: "_LiveBytes") -> Iterator[None]:
-    """Swap ``F.scaled_dot_product_attention`` for the stand-in of a fused kernel (which reports its
-    FLOPs to ``counter.add_flops`` with flop_counter's SDPA formulas: the backward recomputes the
-    scores) or force the math backend; count the calls in ``counter.attention_calls``."""
-    add_flops = counter.add_flops
+_MISSING = object()
+
+
+@functools.cache
+def _attention_mode_class() -> type:
+    """The ``TorchFunctionMode`` that routes SDPA calls (made once: torch is imported lazily)."""
+    import math
+    import types
+
     import torch
     import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
-    original = F.scaled_dot_product_attention
+    sdpa = F.scaled_dot_product_attention
+    math_sdpa = torch.ops.aten._scaled_dot_product_attention_math.default
 
-    class _FusedAttention(torch.autograd.Function):
+    class FusedAttention(torch.autograd.Function):
+        """Stand-in for a fused kernel: saves q, k, v, the output and the fp32 log-sum-exp; reports its
+        FLOPs with flop_counter's SDPA formulas (the backward recomputes the scores)."""
+
         @staticmethod
-        def forward(ctx, q, k, v):
+        def forward(ctx, q, k, v, add_flops):
             out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
             lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
             ctx.save_for_backward(q, k, v, out, lse)
+            ctx.add_flops = add_flops
             add_flops(sdpa_flop_count(q.shape, k.shape, v.shape))
             return out
 
         @staticmethod
         def backward(ctx, grad_out):
             q, k, v, _, _ = ctx.saved_tensors
-            add_flops(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape))
-            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            ctx.add_flops(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape))
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
 
-    def fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        counter.attention_calls += 1
-        return _FusedAttention.apply(query, key, value)
+    def math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                       enable_gqa=False):
+        """What ``F.scaled_dot_product_attention`` does when it picks the math backend, op for op:
+        under autocast, its autocast kernel first casts the floating inputs (mask, value, key, query) to
+        the autocast dtype and runs the rest with autocast off; a boolean mask becomes an additive one
+        (``convert_boolean_attn_mask``: where(mask, 0, -inf) in the query's dtype); then the composite
+        ``aten::_scaled_dot_product_attention_math`` (so the dispatch mode sees the same
+        bmm/softmax/dropout ops, and autograd saves the same tensors, as under
+        ``sdpa_kernel([SDPBackend.MATH])``; checked op by op on fake tensors, torch 2.14)."""
+        device = query.device.type
+        autocast = torch.is_autocast_enabled(device)
+        if autocast:
+            low = torch.get_autocast_dtype(device)
 
-    def math(*args, **kwargs):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+            def cast(t):
+                eligible = t is not None and t.is_floating_point() and t.dtype not in (low, torch.float64)
+                return t.to(low) if eligible else t
 
-        counter.attention_calls += 1
-        with sdpa_kernel([SDPBackend.MATH]):
-            return original(*args, **kwargs)
+            # Last argument first: the order in which the autocast kernel's casts run (C++ evaluates
+            # the pack of casts right to left here), so the traced events come in the same order.
+            attn_mask, value, key, query = cast(attn_mask), cast(value), cast(key), cast(query)
+        with torch.autocast(device, enabled=False) if autocast else contextlib.nullcontext():
+            if attn_mask is not None and attn_mask.dtype == torch.bool:
+                attn_mask = torch.where(attn_mask, torch.scalar_tensor(0.0, dtype=query.dtype, device=attn_mask.device),
+                                        torch.scalar_tensor(-math.inf, dtype=query.dtype, device=attn_mask.device))
+            return math_sdpa(query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale,
+                             enable_gqa=enable_gqa)[0]
 
-    F.scaled_dot_product_attention = math if kernel == "math" else fused
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original
+    class AttentionMode(TorchFunctionMode):
+        """Routes ``F.scaled_dot_product_attention`` to the fused-kernel stand-in or the math path
+        and counts the calls in ``counter.attention_calls`` (FLOPs of the stand-in go to
+        ``counter.add_flops``; the math path's ops are counted by the dispatch mode).
+
+        A mode sees a Python-level torch function (``F.multi_head_attention_forward``) as one call and
+        runs it with the mode popped, so the SDPA call inside would escape: such functions (whose code
+        calls the global ``scaled_dot_product_attention``) run as a private copy whose globals bind
+        that name to ``self.attention``. Nothing shared is modified."""
+
+        def __init__(self, kernel: str, counter: _LiveBytes) -> None:
+            super().__init__()
+            self.kernel = kernel
+            self.counter = counter
+            self._copies: dict = {}
+
+        def fresh(self) -> AttentionMode:
+            """A new mode with the same kernel and counter (for checkpoint recomputation)."""
+            return type(self)(self.kernel, self.counter)
+
+        def attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                      enable_gqa=False):
+            self.counter.attention_calls += 1
+            if self.kernel == "math":
+                return math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            return FusedAttention.apply(query, key, value, self.counter.add_flops)
+
+        def _private_copy(self, func):
+            copy = self._copies.get(func, _MISSING)
+            if copy is _MISSING:
+                copy = None
+                if ("scaled_dot_product_attention" in func.__code__.co_names
+                        and func.__globals__.get("scaled_dot_product_attention") is sdpa):
+                    scope = dict(func.__globals__, scaled_dot_product_attention=self.attention)
+                    copy = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__,
+                                              func.__closure__)
+                    copy.__kwdefaults__ = func.__kwdefaults__
+                self._copies[func] = copy
+            return copy
+
+        def __torch_function__(self, func, types_, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is sdpa:
+                return self.attention(*args, **kwargs)
+            if type(func) is types.FunctionType:
+                copy = self._private_copy(func)
+                if copy is not None:
+                    return copy(*args, **kwargs)
+            return func(*args, **kwargs)
+
+    return AttentionMode
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype) -> Iterator[None]:
+def _recompute_context():
+    """``context_fn`` for ``torch.utils.checkpoint``: torch does not carry torch-function modes into
+    backward, so the recomputation of a checkpointed block runs under a fresh copy of the attention
+    mode that was active when the block ran forward (this thread's; none outside a trace)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    cls = _attention_mode_class()
+    active = [m for m in _get_current_function_mode_stack() if isinstance(m, cls)]
+    return contextlib.nullcontext(), (active[-1].fresh() if active else contextlib.nullcontext())
+
+
+@functools.cache
+def _build_dtype_mode_class() -> type:
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_leaves, tree_map_only
+
+    # Calls whose result dtype the caller chose even without a ``dtype=`` keyword.
+    explicit = frozenset({"to", "type", "float", "double", "half", "bfloat16", "view", "view_as", "type_as"})
+
+    class BuildDtypeMode(TorchFunctionMode):
+        """What ``torch.set_default_dtype(dtype)`` does to the tensors a model's construction creates,
+        on this thread only: a floating result in the process default dtype of a call that names no
+        dtype and takes no floating tensor (a factory such as ``torch.empty(shape)``, ``torch.tensor(1.0)``,
+        integer -> float promotion such as ``arange(n) / n``) is converted to ``dtype``; results that
+        follow a floating input (``x * 2``) follow it, explicit dtypes (``.float()``, ``dtype=``) stay.
+        So BatchNorm statistics become bf16 and rotary ``inv_freq`` (built with ``.float()``) stays fp32,
+        as under the default dtype (checked on every torchvision classifier and transformer preset)."""
+
+        def __init__(self, dtype) -> None:
+            super().__init__()
+            self.dtype = dtype
+            self.default = torch.get_default_dtype()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if (kwargs.get("dtype") is not None or "out" in kwargs
+                    or getattr(func, "__name__", None) in explicit):
+                return out
+            for leaf in tree_leaves((args, kwargs)):
+                if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+                    return out
+                if type(leaf).__module__ == "numpy":  # numpy data keeps numpy's dtype
+                    return out
+            return tree_map_only(torch.Tensor, lambda t: t.to(self.dtype) if t.dtype == self.default else t, out)
+
+    return BuildDtypeMode
+
+
+def _build_dtype(dtype):
+    """Context: construction creates floating tensors in ``dtype`` where the default dtype would apply
+    (``BuildDtypeMode``; thread-local, unlike ``torch.set_default_dtype``)."""
     import torch
 
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
+    if dtype == torch.get_default_dtype():
+        return contextlib.nullcontext()
+    return _build_dtype_mode_class()(dtype)
 
 
-@contextlib.contextmanager
-def _skip_init() -> Iterator[None]:
-    """Make ``torch.nn.init`` functions no-ops while building under fake tensors: values do not
-    matter for sizes, and some initialisers (trunc_normal_) read data, which fake tensors cannot."""
-    import torch.nn.init as init
+def _materialize(model, device: str = "cpu") -> None:
+    """Replace every parameter and buffer of ``model`` (built on ``meta``) by an uninitialised tensor of
+    the same shape, strides, dtype and ``requires_grad`` on ``device``: fake tensors under
+    ``FakeTensorMode``. Shared parameters and buffers stay shared (gpt2's ``lm_head.weight`` is
+    ``transformer.wte.weight``), which ``Module.to_empty`` does not guarantee."""
+    import torch
 
-    names = [n for n in dir(init) if n.endswith("_") and not n.startswith("_") and callable(getattr(init, n))]
-    saved = {n: getattr(init, n) for n in names}
-    for n in names:
-        setattr(init, n, lambda tensor, *a, **k: tensor)
-    try:
-        yield
-    finally:
-        for n, fn in saved.items():
-            setattr(init, n, fn)
+    made: dict[int, tuple] = {}  # id(old) -> (old, new); keeps old alive so ids are not reused
+
+    def fresh(t, param: bool):
+        hit = made.get(id(t))
+        if hit is None:
+            new = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
+            if param:
+                new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+            hit = made[id(t)] = (t, new)
+        return hit[1]
+
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                module._parameters[name] = fresh(p, True)
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = fresh(b, False)
+
+
+def build_for_trace(spec: ModelSpec, *, dtype, fake, layers: int | None = None, tp_degree: int = 1,
+                    checkpointing: bool = False) -> tuple[Any, int]:
+    """Build ``spec`` for a trace: on ``meta`` (no memory; transformers skips weight initialisation and
+    torch's init functions are no-ops there) with floating tensors in ``dtype`` where the default dtype
+    applies (``_build_dtype``), then as fake CPU tensors under ``fake``, in training mode, with
+    activation checkpointing when asked. Holds ``MODEL_BUILD_LOCK`` throughout (``advisor.locks``).
+
+    Returns:
+        (model, number of checkpointed blocks).
+
+    Raises:
+        AdvisorError: the model cannot be built.
+    """
+    import torch
+
+    with MODEL_BUILD_LOCK:
+        with torch.device("meta"), _build_dtype(dtype):
+            model = build_model(spec, layers=layers, tp_degree=tp_degree)
+        with fake:
+            _materialize(model, "cpu")
+            model.train()
+            blocks = (enable_activation_checkpointing(model, checkpoint_kwargs={"context_fn": _recompute_context})
+                      if checkpointing else 0)
+    return model, blocks
 
 
 def _attn_label(model, kernel: str) -> str:
@@ -338,6 +519,17 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
     Raises:
         AdvisorError: the model cannot run a step under fake tensors (e.g. data-dependent shapes).
     """
+    # The whole trace holds the lock: torch's autocast keeps its cache of weight casts in one
+    # process-wide map and clears it whenever any thread leaves its outermost autocast region (also the
+    # one checkpoint recomputation enters, autocast on or off), which frees and re-casts another trace's
+    # cached weights mid-step (measured: 10 of 24 autocast/checkpointed traces differed run from 24
+    # threads at once). Tracing is pure Python under the GIL, so parallel traces were not faster anyway.
+    with MODEL_BUILD_LOCK:
+        return _trace_step(spec, micro_batch, mode, attention, checkpointing, layers, tp_degree)
+
+
+def _trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, checkpointing: bool,
+                layers: int | None, tp_degree: int) -> tuple[Timeline, str, int]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -345,16 +537,14 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
     logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     dtype = torch.bfloat16 if mode == "half" else torch.float32
-    with fake, _default_dtype(dtype), _skip_init():
-        model = build_model(spec, layers=layers, tp_degree=tp_degree)
-        model.train()
-        blocks = enable_activation_checkpointing(model) if checkpointing else 0
+    model, blocks = build_for_trace(spec, dtype=dtype, fake=fake, layers=layers, tp_degree=tp_degree,
+                                    checkpointing=checkpointing)
     exclude = [t.untyped_storage() for t in list(model.parameters()) + list(model.buffers())]
     tracker = _LiveBytes(exclude)
     hooks = [p.register_post_accumulate_grad_hook(tracker.on_grad) for p in model.parameters() if p.requires_grad]
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext())
     try:
-        with fake, _attention_kernel(attention, tracker), tracker.mode:
+        with fake, _attention_mode_class()(attention, tracker), tracker.mode:
             batch = make_batch(spec, micro_batch, dtype=dtype)
             with autocast:
                 loss = training_loss(spec, model, batch)
