@@ -14,7 +14,7 @@ from .errors import AdvisorError
 from .hardware import Hardware, resolve_hardware
 from .memory import trace_mode
 from .models import ModelSpec, family_of, resolve_source
-from .profile import ModelProfile, build_profile
+from .profile import ModelProfile, attention_dropout, build_profile
 from .recommend import recommend
 from .rows import Recommendation, StrategyRow, evaluate_row
 from .schema import PlanInputs, TrainingOptions, echo, validate
@@ -100,9 +100,9 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
         raise AdvisorError(f"--global-batch-size {opts.global_batch_size} is not a multiple of micro-batch "
                            f"{opts.micro_batch_size} x {hw.num_gpus} GPUs = {per_step}: use a multiple of {per_step} "
                            "or another --micro-batch-size")
-    dropout = family.attention_dropout(spec) if device == "cpu" else 0.0  # TODO(cache)
+    dropout = attention_dropout(spec, cache) if device == "cpu" else 0.0
     attention = resolve_attention(opts.attention, device, hw.gpu_name, opts.precision, dropout)
-    profile = build_profile(spec, attention, opts.activation_checkpointing)  # TODO(cache)
+    profile = build_profile(spec, attention, opts.activation_checkpointing, cache=cache)
     ctx = StrategyContext(profile, hw, opts, device)
     strategies = all_strategies()
     rows = [evaluate_row(s, ctx, inputs.compare) for s in strategies]

@@ -9,17 +9,23 @@ immutable (frozen dataclasses of tuples). Model construction holds ``advisor.loc
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
+import importlib.util
 import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from .cache import NullCache, library_versions
 from .locks import MODEL_BUILD_LOCK
-from .models import ModelSpec, build_model
-from .trace import ActivationProfile, profile_activations
+from .models import ModelSpec, build_model, family_of
+from .trace import ActivationProfile, Timeline, profile_activations
 
 # DeepSpeed ZeRO-3 keeps parameters smaller than this gathered on every rank
 # (``stage3_param_persistence_threshold`` default 1e5, DeepSpeed ZeRO config docs).
@@ -139,6 +145,7 @@ class ModelProfile:
     stats: ParamStats
     attention: str
     checkpointing: bool
+    cache: Any = field(default_factory=NullCache, repr=False, compare=False)  # DiskCache | NullCache
     _activations: OnceCache = field(default_factory=OnceCache, repr=False, compare=False)
     _tp_stats: OnceCache = field(default_factory=OnceCache, repr=False, compare=False)
 
@@ -150,12 +157,12 @@ class ModelProfile:
     def activations(self, mode: str, tp_degree: int = 1) -> ActivationProfile:
         """Traced activation profile for a precision trace mode ("fp32", "autocast", "half")."""
         return self._activations.get((mode, tp_degree), lambda: _cached_activations(
-            _spec_key(self.spec), self.spec, mode, self.attention, self.checkpointing, tp_degree))
+            _spec_key(self.spec), self.spec, mode, self.attention, self.checkpointing, tp_degree, self.cache))
 
     def tp_stats(self, tp_degree: int) -> ParamStats:
         if tp_degree == 1:
             return self.stats
-        return self._tp_stats.get(tp_degree, lambda: param_stats(self.spec, tp_degree))
+        return self._tp_stats.get(tp_degree, lambda: cached_param_stats(self.spec, tp_degree, self.cache))
 
 
 def _spec_key(spec: ModelSpec) -> str:
@@ -167,18 +174,141 @@ _TRACE_CACHE = OnceCache(maxsize=_TRACE_CACHE_SIZE)
 
 
 def _cached_activations(key: str, spec: ModelSpec, mode: str, attention: str, checkpointing: bool,
-                        tp_degree: int) -> ActivationProfile:
+                        tp_degree: int, cache: Any = None) -> ActivationProfile:
     """Traces are pure functions of their inputs and immutable: keep the last few (the page and
-    repeated plans of one model re-use them). Threads asking for the same trace at once trace it once."""
-    full_key = (key, mode, attention, checkpointing, tp_degree)
-    return _TRACE_CACHE.get(full_key, lambda: profile_activations(spec, mode, attention, checkpointing,
-                                                                  tp_degree=tp_degree))
+    repeated plans of one model re-use them) and, with a ``DiskCache``, keep them on disk. Threads asking
+    for the same trace at once trace (or read) it once."""
+    # Per cache location: a process that planned with --no-cache and then with the cache still writes it.
+    full_key = (key, mode, attention, checkpointing, tp_degree, _where(cache))
+
+    def compute() -> ActivationProfile:
+        disk_key = {"model": model_key(spec), "mode": mode, "attention": attention, "checkpointing": checkpointing,
+                    "tp_degree": tp_degree}
+        stored = (cache or NullCache()).get("activations", disk_key)
+        if stored is not None:
+            try:
+                return activation_profile_from_json(stored)
+            except (KeyError, TypeError, ValueError):  # an entry of another shape: trace again, overwrite
+                pass
+        profile = profile_activations(spec, mode, attention, checkpointing, tp_degree=tp_degree)
+        (cache or NullCache()).put("activations", disk_key, to_json(profile))
+        return profile
+
+    return _TRACE_CACHE.get(full_key, compute)
 
 
 def clear_trace_cache() -> None:
-    """Forget the in-process traces (tests that must trace again)."""
+    """Forget the in-process traces and counts (tests that must trace again)."""
     _TRACE_CACHE.clear()
+    _STATS_CACHE.clear()
 
 
-def build_profile(spec: ModelSpec, attention: str, checkpointing: bool) -> ModelProfile:
-    return ModelProfile(spec=spec, stats=param_stats(spec), attention=attention, checkpointing=checkpointing)
+def build_profile(spec: ModelSpec, attention: str, checkpointing: bool, cache: Any = None) -> ModelProfile:
+    """The profile of ``spec`` for one attention kernel and checkpointing choice; ``cache`` (a
+    ``DiskCache``; default none) keeps counts and traces between runs.
+
+    Raises:
+        AdvisorError: the model cannot be built.
+    """
+    cache = cache or NullCache()
+    return ModelProfile(spec=spec, stats=cached_param_stats(spec, 1, cache), attention=attention,
+                        checkpointing=checkpointing, cache=cache)
+
+
+_STATS_CACHE = OnceCache(maxsize=_TRACE_CACHE_SIZE)
+
+
+def cached_param_stats(spec: ModelSpec, tp_degree: int, cache: Any = None) -> ParamStats:
+    """``param_stats`` kept in-process and, with a ``DiskCache``, on disk (no model is built on a hit)."""
+    def compute() -> ParamStats:
+        key = {"model": model_key(spec), "tp_degree": tp_degree}
+        stored = (cache or NullCache()).get("param_stats", key)
+        if isinstance(stored, dict) and set(stored) == {f.name for f in dataclasses.fields(ParamStats)}:
+            return ParamStats(**stored)
+        stats = param_stats(spec, tp_degree)
+        (cache or NullCache()).put("param_stats", key, dataclasses.asdict(stats))
+        return stats
+
+    return _STATS_CACHE.get((_spec_key(spec), tp_degree, _where(cache)), compute)
+
+
+def _where(cache: Any) -> str | None:
+    """The disk cache's directory (None: no disk cache), part of the in-process keys."""
+    return str(cache.directory) if cache is not None and not isinstance(cache, NullCache) else None
+
+
+def attention_dropout(spec: ModelSpec, cache: Any = None) -> float:
+    """The model's attention-probability dropout (``ModelFamily.attention_dropout``; it decides the CPU
+    attention kernel), kept on disk like the traces: reading it builds the transformers config class."""
+    key = {"model": model_key(spec)}
+    stored = (cache or NullCache()).get("facts", key)
+    if isinstance(stored, dict) and isinstance(stored.get("attention_dropout"), (int, float)):
+        return float(stored["attention_dropout"])
+    value = family_of(spec).attention_dropout(spec)
+    (cache or NullCache()).put("facts", key, {"attention_dropout": value})
+    return value
+
+
+# ------------------------------------------------------------------------------------- disk cache keys
+# A cached entry depends, besides the model, on the libraries that build and trace it and on this
+# program's own tracing code (its version string does not change with every edit).
+_CODE_FILES = ("trace.py", "profile.py", "checkpointing.py", "locks.py")
+
+
+@functools.lru_cache(maxsize=1)
+def code_hash() -> str:
+    """sha256 (16 hex digits) of the source files whose behaviour a cached trace or count depends on."""
+    here = Path(__file__).parent
+    files = [here / f for f in _CODE_FILES] + sorted(p for p in (here / "models").rglob("*.py")
+                                                     if "fragments" not in p.parts)
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.relative_to(here).as_posix().encode())
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def factory_hash(factory: str | None) -> str | None:
+    """sha256 (16 hex digits) of a ``--model-factory`` module's file; finding it imports only its parent
+    packages. None when there is no factory or its file cannot be read (then the key still has its name)."""
+    if not factory:
+        return None
+    try:
+        found = importlib.util.find_spec(factory.split(":")[0])
+        origin = found.origin if found else None
+        return hashlib.sha256(Path(origin).read_bytes()).hexdigest()[:16] if origin else None
+    except (ImportError, ValueError, OSError):
+        return None
+
+
+def model_key(spec: ModelSpec) -> dict[str, Any]:
+    """Everything about ``spec`` that changes a trace or a count (not its display name or source)."""
+    return {"family": spec.family, "model_type": spec.model_type, "config": spec.config, "seq_len": spec.seq_len,
+            "input_shape": list(spec.input_shape) if spec.input_shape else None, "factory": spec.factory,
+            "factory_hash": factory_hash(spec.factory), "versions": library_versions(), "code": code_hash()}
+
+
+def to_json(obj: Any) -> Any:
+    """A (nested) frozen dataclass of ints, strs and tuples as JSON-able lists and dicts."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (tuple, list)):
+        return [to_json(x) for x in obj]
+    return obj
+
+
+def _tuples(obj: Any) -> Any:
+    return tuple(_tuples(x) for x in obj) if isinstance(obj, list) else obj
+
+
+def activation_profile_from_json(doc: dict[str, Any]) -> ActivationProfile:
+    """The inverse of ``to_json`` for an ``ActivationProfile`` (lists back to tuples).
+
+    Raises:
+        KeyError, TypeError: the document is not of this shape.
+    """
+    def timeline(d: dict[str, Any]) -> Timeline:
+        return Timeline(**{k: _tuples(v) for k, v in d.items()})
+
+    depths = tuple((int(depth), timeline(t1), timeline(t2)) for depth, t1, t2 in doc["depths"])
+    return ActivationProfile(**(doc | {"depths": depths}))

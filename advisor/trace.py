@@ -62,7 +62,7 @@ from typing import Any
 from .checkpointing import enable_activation_checkpointing
 from .errors import AdvisorError
 from .locks import MODEL_BUILD_LOCK
-from .models import ModelSpec, build_model, make_batch, num_layers, training_loss
+from .models import ModelSpec, build_model, family_of, make_batch, training_loss
 
 PRECISION_TRACE_MODES = ("fp32", "autocast", "half")
 ATTENTION_KERNELS = ("flash", "mem-efficient", "math")
@@ -574,15 +574,13 @@ def profile_activations(spec: ModelSpec, mode: str, attention: str, checkpointin
     Raises:
         AdvisorError: as ``trace_step``.
     """
-    depth = num_layers(spec.config) if spec.is_transformer else 0
-    stacks = 2 if spec.is_transformer and (spec.config or {}).get("num_decoder_layers") else 1
-    per_stack = depth // stacks
-    traced = (1, 2) if spec.is_transformer and per_stack > TRUNCATE_ABOVE_LAYERS else (None,)
+    per_stack, stacks = family_of(spec).block_stacks(spec)  # (0, 1): no block stack to truncate
+    traced = (1, 2) if per_stack > TRUNCATE_ABOVE_LAYERS else (None,)
     entries, label, blocks = [], "", 0
     for d in traced:
         t1, label, blocks = trace_step(spec, BASE_B, mode, attention, checkpointing, layers=d, tp_degree=tp_degree)
         t2, _, _ = trace_step(spec, BASE_B + 1, mode, attention, checkpointing, layers=d, tp_degree=tp_degree)
         entries.append((d or per_stack, t1, t2))
-    if spec.is_transformer:
-        blocks = depth if checkpointing else 0
+    if per_stack:
+        blocks = family_of(spec).num_blocks(spec) if checkpointing else 0
     return ActivationProfile(depths=tuple(entries), full_depth=per_stack, attention=label, checkpointed_blocks=blocks)

@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # Tests take their own verification lock, so a developer's benchmark run does not make them busy.
 os.environ["ADVISOR_VERIFY_LOCK"] = str(ROOT / ".pytest-verify.lock")
+# Tests never write the user's trace cache (~/.cache/advisor); tests of the cache set their own directory.
+os.environ["ADVISOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="advisor-test-cache-")
 
 
 @pytest.fixture(scope="session")

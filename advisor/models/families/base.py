@@ -42,6 +42,10 @@ class ModelFamily(ABC):
         when the family has no such structure (the whole model is traced)."""
         return 0, 1
 
+    def num_blocks(self, spec: ModelSpec) -> int:
+        """Repeated blocks in all stacks (what activation checkpointing wraps); 0 when not known from the spec."""
+        return 0
+
     def attention_dropout(self, spec: ModelSpec) -> float:
         """The attention-probability dropout (it makes CPU SDPA take the math path)."""
         return 0.0

@@ -117,6 +117,9 @@ class TransformerFamily(ModelFamily):
         stacks = 2 if (spec.config or {}).get("num_decoder_layers") else 1
         return depth // stacks, stacks
 
+    def num_blocks(self, spec: ModelSpec) -> int:
+        return num_layers(spec.config or {})
+
     def attention_dropout(self, spec: ModelSpec) -> float:
         config = hf_config(spec)
         for key in ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout"):
