@@ -15,12 +15,13 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import queue
 import re
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import altair as alt
@@ -589,6 +590,8 @@ def show_check() -> None:
 def main() -> None:
     """The page: inputs in the sidebar; summary, recommendation, memory, scripts and verification in
     the first tab; the script checker in the second."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never contact a model hub (set at the entry point)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     st.set_page_config(page_title="advisor: GPU memory for training", layout="wide")
     st.title("How much GPU memory will training need?")
     plan_tab, check_tab = st.tabs(["Memory and strategy", "Check my training script"])

@@ -10,8 +10,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from .errors import AdvisorError
-from .gpu_presets import DEFAULT_GPU_PRESET, INTERCONNECTS, NETWORKS, GpuPreset, get_gpu_preset
+from .gpu_presets import DEFAULT_GPU_PRESET, GpuPreset, get_gpu_preset
 from .schema import ClusterSpec
 
 # Where the host RAM figure comes from: this machine's (planning for its own GPUs), the user's
@@ -44,6 +43,10 @@ class Hardware:
     sources: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     host_mem_state: str = HOST_GIVEN  # HOST_DETECTED | HOST_GIVEN | HOST_UNKNOWN
+    # CPU verification runs only (plan(device="cpu")); GPU plans ignore it. > 0: the intra-op threads of each
+    # rank on a CPU where oneDNN books a transient weight-gradient scratch for some convolutions (AVX2
+    # without AVX-512; ``advisor.trace.cpu_conv_scratch_bytes``); 0: no such scratch (the default).
+    cpu_conv_scratch_threads: int = 0
 
     @property
     def num_gpus(self) -> int:

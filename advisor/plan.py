@@ -102,7 +102,10 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
                            "or another --micro-batch-size")
     dropout = attention_dropout(spec, cache) if device == "cpu" else 0.0
     attention = resolve_attention(opts.attention, device, hw.gpu_name, opts.precision, dropout)
-    profile = build_profile(spec, attention, opts.activation_checkpointing, cache=cache)
+    # oneDNN's convolution scratch exists only in CPU runs (cuDNN has none of it): GPU plans ignore the field.
+    scratch_threads = hw.cpu_conv_scratch_threads if device == "cpu" else 0
+    profile = build_profile(spec, attention, opts.activation_checkpointing, cache=cache,
+                            cpu_conv_scratch_threads=scratch_threads)
     ctx = StrategyContext(profile, hw, opts, device)
     strategies = all_strategies()
     rows = [evaluate_row(s, ctx, inputs.compare) for s in strategies]

@@ -33,7 +33,7 @@ class MachineLock:
         self._fh = None
         self._wait_s = wait_s
 
-    def __enter__(self) -> "_MachineLock":
+    def __enter__(self) -> "MachineLock":
         deadline = time.monotonic() + self._wait_s
         self._fh = open(lock_path(), "a+")
         while True:

@@ -137,14 +137,17 @@ class OnceCache:
 class ModelProfile:
     """``spec`` + its parameter statistics + activation profiles traced on demand and cached.
 
-    ``attention`` and ``checkpointing`` are fixed per profile (they change every trace). Safe to share
-    between threads: the lazily filled caches are ``OnceCache``s.
+    ``attention``, ``checkpointing`` and ``cpu_conv_scratch_threads`` are fixed per profile (they change
+    every trace). ``cpu_conv_scratch_threads``: > 0 adds oneDNN's transient convolution weight-gradient
+    scratch of CPU runs with that many threads (``advisor.trace.cpu_conv_scratch_bytes``); 0 (every GPU
+    plan) none. Safe to share between threads: the lazily filled caches are ``OnceCache``s.
     """
 
     spec: ModelSpec
     stats: ParamStats
     attention: str
     checkpointing: bool
+    cpu_conv_scratch_threads: int = 0
     cache: Any = field(default_factory=NullCache, repr=False, compare=False)  # DiskCache | NullCache
     _activations: OnceCache = field(default_factory=OnceCache, repr=False, compare=False)
     _tp_stats: OnceCache = field(default_factory=OnceCache, repr=False, compare=False)
@@ -157,7 +160,8 @@ class ModelProfile:
     def activations(self, mode: str, tp_degree: int = 1) -> ActivationProfile:
         """Traced activation profile for a precision trace mode ("fp32", "autocast", "half")."""
         return self._activations.get((mode, tp_degree), lambda: _cached_activations(
-            _spec_key(self.spec), self.spec, mode, self.attention, self.checkpointing, tp_degree, self.cache))
+            _spec_key(self.spec), self.spec, mode, self.attention, self.checkpointing, tp_degree, self.cache,
+            self.cpu_conv_scratch_threads))
 
     def tp_stats(self, tp_degree: int) -> ParamStats:
         if tp_degree == 1:
@@ -174,23 +178,26 @@ _TRACE_CACHE = OnceCache(maxsize=_TRACE_CACHE_SIZE)
 
 
 def _cached_activations(key: str, spec: ModelSpec, mode: str, attention: str, checkpointing: bool,
-                        tp_degree: int, cache: Any = None) -> ActivationProfile:
+                        tp_degree: int, cache: Any = None, cpu_conv_scratch_threads: int = 0) -> ActivationProfile:
     """Traces are pure functions of their inputs and immutable: keep the last few (the page and
     repeated plans of one model re-use them) and, with a ``DiskCache``, keep them on disk. Threads asking
     for the same trace at once trace (or read) it once."""
     # Per cache location: a process that planned with --no-cache and then with the cache still writes it.
-    full_key = (key, mode, attention, checkpointing, tp_degree, _where(cache))
+    threads = int(cpu_conv_scratch_threads)
+    full_key = (key, mode, attention, checkpointing, tp_degree, threads, _where(cache))
 
     def compute() -> ActivationProfile:
         disk_key = {"model": model_key(spec), "mode": mode, "attention": attention, "checkpointing": checkpointing,
-                    "tp_degree": tp_degree}
+                    "tp_degree": tp_degree, "cpu_conv_scratch_threads": threads}
         stored = (cache or NullCache()).get("activations", disk_key)
         if stored is not None:
             try:
                 return activation_profile_from_json(stored)
             except (KeyError, TypeError, ValueError):  # an entry of another shape: trace again, overwrite
                 pass
-        profile = profile_activations(spec, mode, attention, checkpointing, tp_degree=tp_degree)
+        # The keyword only when set: the traces of GPU plans call exactly what they called before.
+        scratch = {"cpu_conv_scratch_threads": threads} if threads else {}
+        profile = profile_activations(spec, mode, attention, checkpointing, tp_degree=tp_degree, **scratch)
         (cache or NullCache()).put("activations", disk_key, to_json(profile))
         return profile
 
@@ -203,16 +210,19 @@ def clear_trace_cache() -> None:
     _STATS_CACHE.clear()
 
 
-def build_profile(spec: ModelSpec, attention: str, checkpointing: bool, cache: Any = None) -> ModelProfile:
+def build_profile(spec: ModelSpec, attention: str, checkpointing: bool, cache: Any = None,
+                  cpu_conv_scratch_threads: int = 0) -> ModelProfile:
     """The profile of ``spec`` for one attention kernel and checkpointing choice; ``cache`` (a
-    ``DiskCache``; default none) keeps counts and traces between runs.
+    ``DiskCache``; default none) keeps counts and traces between runs; ``cpu_conv_scratch_threads`` as
+    ``ModelProfile`` (0 unless estimating a CPU run).
 
     Raises:
         AdvisorError: the model cannot be built.
     """
     cache = cache or NullCache()
     return ModelProfile(spec=spec, stats=cached_param_stats(spec, 1, cache), attention=attention,
-                        checkpointing=checkpointing, cache=cache)
+                        checkpointing=checkpointing, cpu_conv_scratch_threads=int(cpu_conv_scratch_threads),
+                        cache=cache)
 
 
 _STATS_CACHE = OnceCache(maxsize=_TRACE_CACHE_SIZE)

@@ -134,14 +134,14 @@ class ClusterSpec:
     nodes: int = _f(1, flag="--nodes", label="Nodes", faces=("cli", "page", "bench"), low=1, high=100_000,
                     high_message="--nodes {value} is absurd: check the value", help="number of nodes (default 1)")
     interconnect: str | None = _f(None, flag="--interconnect", label="Interconnect (inside a node)",
-                                  faces=("cli", "page", "bench"), choices=INTERCONNECTS, none="the GPU's default",
+                                  faces=("cli", "page", "bench"), choices=INTERCONNECTS, none="the GPU's",
                                   help="link between GPUs in a node")
     network: str | None = _f(None, flag="--network", label="Network (between nodes)", faces=("cli", "page"),
                              choices=tuple(NETWORKS), none="100gbe when nodes > 1",
                              help="link between nodes")
     host_mem_gib: float | None = _f(None, flag="--host-mem", label="Host RAM per node (GiB)", faces=("cli", "page"),
                                     metavar="GIB", low=0.0, high=2**20,
-                                    none="detected with the GPUs; unknown for a preset",
+                                    none="auto",
                                     help="host RAM per node, GiB (for CPU offload; default: this machine's when "
                                          "planning for its own GPUs, else unknown)")
     detect_hardware: bool = _f(True, faces=(), help="detect this machine's GPUs when no preset is given")

@@ -45,6 +45,12 @@ each whole trace all the same, because torch's autocast cache of weight casts is
 ``trace_step``). Plans from several threads give the plans made one after another
 (``tests/test_concurrency.py``).
 
+CPU convolution scratch (``cpu_conv_scratch_threads`` > 0; only for CPU verification estimates): on CPUs
+without AVX-512, oneDNN computes some convolutions' weight gradient with its ``x64:gemm:jit`` kernel, whose
+scratch buffer comes from the c10 allocator while ``aten::convolution_backward`` runs and is freed before
+it returns, so no fake-tensor trace can see it. ``cpu_conv_scratch_bytes`` gives its size and the dispatch
+mode adds it as a transient event right after that op (see the function for the rule and its sources).
+
 Cost control: transformer stacks deeper than 4 blocks are traced at 1 and 2 blocks and extrapolated
 linearly in depth (blocks are identical); every figure is
 linear in the micro-batch (no op's memory depends on the batch otherwise), traced at 2 and 3.
@@ -199,26 +205,153 @@ class ActivationProfile:
 
 
 
-class _LiveBytes:
-    """TorchDispatchMode that tracks live storages created by ops, their total, and its peak."""
+# ------------------------------------------------------------------ oneDNN's CPU convolution scratch
+# oneDNN books every scratchpad entry with 128 bytes of alignment slack (``memory_tracking::registry_t::book``:
+# capacity = size + default_alignment); PyTorch runs oneDNN with a user scratchpad that ideep allocates from
+# the c10 CPU allocator, registry size and all.
+_ONEDNN_SCRATCH_ALIGN = 128
+_AVX2_F32_SIMD = 8  # simd_w of oneDNN's gemm convolution on AVX2: 32-byte vectors / 4-byte floats
 
-    def __init__(self, exclude: list) -> None:
+
+def onednn_gemm_bwd_weights_machine() -> bool:
+    """Whether this machine's PyTorch computes some fp32 convolution weight gradients with oneDNN's
+    ``x64:gemm:jit`` kernel (and so books ``cpu_conv_scratch_bytes``): mkldnn available and enabled, and
+    an x86 CPU with AVX2 but no AVX-512 (ATen's capability is "AVX2" and the CPU reports no AVX-512).
+    With AVX-512 (or AMX) the ``jit:avx512_common`` kernel takes every such convolution; other ISAs
+    (ARM, x86 without AVX2) take other kernels that were not measured: False for them."""
+    import torch
+
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return False
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":
+        return False
+    has_avx512 = getattr(torch.cpu, "_is_avx512_supported", None)
+    return not (has_avx512 is not None and has_avx512())
+
+
+def _onednn_avx2_bwd_weights_applies(ih: int, iw: int, kh: int, kw: int, oh: int, ow: int, stride, padding,
+                                     dilation) -> bool:
+    """oneDNN's ``jit_avx2_conv_bwd_weights_kernel_f32::init_conf`` accepts the shape (it is tried before
+    the gemm kernel, ``cpu_convolution_list.cpp``): no dilation, ``kw < 14``, ``kh <= ih`` ([bwd_w:r2];
+    [bwd_w:r1] ``kh <= t_pad + ih`` follows), ``t_pad < kh`` and every padding below the extended kernel.
+    Channels need no multiple of 8 (plain-layout channels are padded to the 8-blocked layout)."""
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    ext_kh, ext_kw = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    b_pad = max(0, (oh - 1) * sh + ext_kh - (ih + ph))
+    r_pad = max(0, (ow - 1) * sw + ext_kw - (iw + pw))
+    boundaries_ok = ph < ext_kh and b_pad < ext_kh and pw < ext_kw and r_pad < ext_kw
+    params_ok = dh == 1 and dw == 1 and kw < 14 and kh <= ih and ph < kh
+    return boundaries_ok and params_ok
+
+
+def cpu_conv_scratch_bytes(input_shape, weight_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                           threads: int = 1) -> int:
+    """Bytes that oneDNN's ``x64:gemm:jit`` weight-gradient kernel books from the c10 allocator for one
+    2-D convolution (fp32, NCHW, groups 1, not transposed) on an AVX2 CPU without AVX-512, while
+    ``aten::convolution_backward`` runs; 0 when another kernel computes it. ``threads``: the intra-op
+    threads of the run (``torch.get_num_threads()``; 1 in ``--verify``'s ranks, OMP_NUM_THREADS=1).
+
+    The rule, from oneDNN's sources (``src/cpu/gemm_convolution_utils.cpp``, ``init_conf``, branch
+    ``!is_nspc && is_bwd_w``; checked with ONEDNN_VERBOSE on torch 2.14.1 / oneDNN 3.12, AMD EPYC AVX2):
+
+    * the kernel runs when PyTorch uses mkldnn (fp32 and batch >= 2 for a kernel larger than 1x1,
+      ``ConvParams::use_mkldnn``) and the jit:avx2 kernel declines (``_onednn_avx2_bwd_weights_applies``:
+      in practice a kernel taller than its input, such as a 3x3 convolution on a 2x2 or 1x1 map);
+    * threads: ``nthr = T`` with outer threading, which needs ``os / T < 256`` (os = OH * OW, integer
+      division), batch != 1 and ``4 T W + 4 T IC KH KW 8 < limit``, where W is the weight in bytes
+      (OC IC KH KW 4) and ``limit = min(1 GiB, 15 T (src + W + dst bytes))``; otherwise ``nthr = 1``;
+    * ``book<float>(key_conv_wei_reduction, nthr * weights_d.size())``: size() is already bytes, so
+      ``4 nthr W`` bytes (most of it never written), booked even when nthr is 1;
+    * the im2col columns ``4 nthr IC KH KW OH OW`` bytes (0 for a 1x1 stride-1 kernel that keeps the map),
+      with the os-block reduction oneDNN applies when they would pass the limit;
+    * each booking plus 128 bytes of alignment; over the limit the kernel declines (the reference kernel
+      then runs, with no scratch).
+
+    So ``extra = nthr (4 W + 4 IC KH KW OH OW) + 256``. Measured (c10 allocator, profiler "Total
+    Allocated"): one 512->512 3x3 convolution on a 2x2 map, batch 4: 37,822,720 B at T = 1 and
+    75,645,184 B at T = 2, both exactly this.
+    """
+    threads = int(threads)
+    if threads <= 0:
+        return 0
+    n, ic, ih, iw = (int(x) for x in input_shape)
+    oc, _, kh, kw = (int(x) for x in weight_shape)
+    (sh, sw), (ph, pw), (dh, dw) = (tuple(int(v) for v in x) for x in (stride, padding, dilation))
+    oh = (ih + 2 * ph - ((kh - 1) * dh + 1)) // sh + 1
+    ow = (iw + 2 * pw - ((kw - 1) * dw + 1)) // sw + 1
+    if n < 2 or oh < 1 or ow < 1:  # batch 1: PyTorch takes slow_conv2d for small inputs, not oneDNN
+        return 0
+    if _onednn_avx2_bwd_weights_applies(ih, iw, kh, kw, oh, ow, (sh, sw), (ph, pw), (dh, dw)):
+        return 0
+    weights, ks, os_ = oc * ic * kh * kw * 4, kh * kw, oh * ow
+    src, dst = n * ic * ih * iw * 4, n * oc * oh * ow * 4
+    limit = min(1 << 30, 15 * threads * (src + weights + dst))
+    thr_mem_estimate = 4 * threads * weights + 4 * threads * ic * ks * _AVX2_F32_SIMD
+    nthr = threads if thr_mem_estimate < limit and os_ // threads < 256 else 1
+    booked = 4 * nthr * weights + _ONEDNN_SCRATCH_ALIGN
+    if booked > limit:
+        return 0
+    keeps_map = oh == ih and ow == iw and sh == 1 and sw == 1 and ks == 1
+    im2col = 0 if keeps_map else ic * ks * os_  # elements per thread
+    if im2col:
+        available = limit - booked
+        if available < 4 * nthr * im2col:  # oneDNN shrinks the os block to fit
+            os_block = max(_AVX2_F32_SIMD, int(available // (4 * nthr * ic * ks) * 0.05))
+            im2col = ic * ks * os_block
+        booked += 4 * nthr * im2col + _ONEDNN_SCRATCH_ALIGN
+    return booked if booked <= limit else 0
+
+
+_CONV_BACKWARD_ARGS = ("grad_output", "input", "weight", "bias_sizes", "stride", "padding", "dilation",
+                       "transposed", "output_padding", "groups", "output_mask")
+
+
+def _conv_backward_scratch(args: tuple, kwargs: dict, threads: int) -> int:
+    """``cpu_conv_scratch_bytes`` of one ``aten.convolution_backward`` call, 0 unless it is a case the
+    rule covers: weight gradient wanted, fp32, 4-D NCHW (contiguous input and weight; channels-last goes
+    oneDNN's nspc path, which books differently and was not measured), groups 1, not transposed."""
+    import torch
+
+    a = dict(zip(_CONV_BACKWARD_ARGS, args)) | kwargs
+    inp, weight, mask = a["input"], a["weight"], a["output_mask"]
+    if (a["transposed"] or a["groups"] != 1 or not mask[1] or inp.dim() != 4
+            or inp.dtype != torch.float32 or weight.dtype != torch.float32
+            or a["grad_output"].dtype != torch.float32
+            or not inp.is_contiguous() or not weight.is_contiguous()):
+        return 0
+    return cpu_conv_scratch_bytes(tuple(inp.shape), tuple(weight.shape), a["stride"], a["padding"],
+                                  a["dilation"], threads)
+
+
+class _LiveBytes:
+    """TorchDispatchMode that tracks live storages created by ops, their total, and its peak.
+
+    ``conv_scratch_threads`` > 0: after each ``aten.convolution_backward`` that oneDNN computes with its
+    gemm kernel on this CPU, an extra event with that call's transient scratch (``cpu_conv_scratch_bytes``)
+    on top of the live total with its outputs, then the usual event."""
+
+    def __init__(self, exclude: list, conv_scratch_threads: int = 0) -> None:
+        import torch
         from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils.flop_counter import flop_registry
 
         tracker = self
+        conv_backward = torch.ops.aten.convolution_backward.default
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 out = func(*args, **kwargs)
-                tracker._on_output(out)
+                scratch = (_conv_backward_scratch(args, kwargs, tracker.conv_scratch_threads)
+                           if tracker.conv_scratch_threads and func is conv_backward else 0)
+                tracker._on_output(out, scratch)
                 formula = flop_registry.get(func._overloadpacket)
                 if formula is not None:  # called as FlopCounterMode._count_flops calls it
                     tracker.flops += int(formula(*args, **kwargs, out_val=out))
                 return out
 
         self.mode = _Mode()
+        self.conv_scratch_threads = int(conv_scratch_threads)
         self._exclude = {id(st) for st in exclude}
         self._keep_excluded = exclude  # keeps their ids stable
         self._live: dict[int, tuple[weakref.ref, int]] = {}
@@ -238,7 +371,9 @@ class _LiveBytes:
             self._retained.discard(key)
             self.retained_cur -= n
 
-    def _on_output(self, out: Any) -> None:
+    def _on_output(self, out: Any, transient: int = 0) -> None:
+        """Count the new storages of ``out`` and record an event; ``transient`` > 0: first an event with
+        that many more bytes (a buffer the op allocated and freed inside itself)."""
         import torch
         from torch.utils._pytree import tree_leaves
 
@@ -252,6 +387,8 @@ class _LiveBytes:
             n = st.nbytes()
             self._live[key] = (weakref.ref(st, lambda _r, k=key: self._free(k)), n)
             self.cur += n
+        if transient:
+            self.events.append((self.cur + transient, self.retained_cur, self.grads_cur))
         self.events.append((self.cur, self.retained_cur, self.grads_cur))
 
     def mark_forward_end(self) -> None:
@@ -503,7 +640,8 @@ def _attn_label(model, kernel: str) -> str:
 
 
 def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, checkpointing: bool,
-               layers: int | None = None, tp_degree: int = 1) -> tuple[Timeline, str, int]:
+               layers: int | None = None, tp_degree: int = 1,
+               cpu_conv_scratch_threads: int = 0) -> tuple[Timeline, str, int]:
     """Trace one fwd+bwd of ``spec`` at ``micro_batch`` under fake tensors.
 
     Args:
@@ -512,6 +650,9 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
         attention: one of ``ATTENTION_KERNELS``.
         layers: build only this many blocks (per stack) instead of the config's.
         tp_degree: build one tensor-parallel rank's shard (heads and MLP width divided).
+        cpu_conv_scratch_threads: > 0: add oneDNN's transient weight-gradient scratch of the convolutions
+            it computes with its gemm kernel, for runs with that many intra-op threads
+            (``cpu_conv_scratch_bytes``; CPU estimates on CPUs without AVX-512 only). 0: none.
 
     Returns:
         (trace, attention kernel label, number of checkpointed blocks).
@@ -525,11 +666,12 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
     # cached weights mid-step (measured: 10 of 24 autocast/checkpointed traces differed run from 24
     # threads at once). Tracing is pure Python under the GIL, so parallel traces were not faster anyway.
     with MODEL_BUILD_LOCK:
-        return _trace_step(spec, micro_batch, mode, attention, checkpointing, layers, tp_degree)
+        return _trace_step(spec, micro_batch, mode, attention, checkpointing, layers, tp_degree,
+                           cpu_conv_scratch_threads)
 
 
 def _trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, checkpointing: bool,
-                layers: int | None, tp_degree: int) -> tuple[Timeline, str, int]:
+                layers: int | None, tp_degree: int, cpu_conv_scratch_threads: int = 0) -> tuple[Timeline, str, int]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -540,7 +682,7 @@ def _trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, ch
     model, blocks = build_for_trace(spec, dtype=dtype, fake=fake, layers=layers, tp_degree=tp_degree,
                                     checkpointing=checkpointing)
     exclude = [t.untyped_storage() for t in list(model.parameters()) + list(model.buffers())]
-    tracker = _LiveBytes(exclude)
+    tracker = _LiveBytes(exclude, cpu_conv_scratch_threads)
     hooks = [p.register_post_accumulate_grad_hook(tracker.on_grad) for p in model.parameters() if p.requires_grad]
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext())
     try:
@@ -567,9 +709,11 @@ def _trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, ch
 
 
 def profile_activations(spec: ModelSpec, mode: str, attention: str, checkpointing: bool,
-                        tp_degree: int = 1) -> ActivationProfile:
+                        tp_degree: int = 1, cpu_conv_scratch_threads: int = 0) -> ActivationProfile:
     """Trace at micro-batch 2 and 3 (and, for transformer stacks deeper than 4 blocks, at 1 and 2
     blocks per stack, extrapolated linearly to the real depth). See the module docstring.
+    ``cpu_conv_scratch_threads``: as ``trace_step`` (the scratch does not grow with the batch, so it is
+    the same at every micro-batch >= 2; at 1 it is extrapolated although PyTorch then skips oneDNN).
 
     Raises:
         AdvisorError: as ``trace_step``.
@@ -578,8 +722,10 @@ def profile_activations(spec: ModelSpec, mode: str, attention: str, checkpointin
     traced = (1, 2) if per_stack > TRUNCATE_ABOVE_LAYERS else (None,)
     entries, label, blocks = [], "", 0
     for d in traced:
-        t1, label, blocks = trace_step(spec, BASE_B, mode, attention, checkpointing, layers=d, tp_degree=tp_degree)
-        t2, _, _ = trace_step(spec, BASE_B + 1, mode, attention, checkpointing, layers=d, tp_degree=tp_degree)
+        t1, label, blocks = trace_step(spec, BASE_B, mode, attention, checkpointing, layers=d, tp_degree=tp_degree,
+                                       cpu_conv_scratch_threads=cpu_conv_scratch_threads)
+        t2, _, _ = trace_step(spec, BASE_B + 1, mode, attention, checkpointing, layers=d, tp_degree=tp_degree,
+                              cpu_conv_scratch_threads=cpu_conv_scratch_threads)
         entries.append((d or per_stack, t1, t2))
     if per_stack:
         blocks = family_of(spec).num_blocks(spec) if checkpointing else 0

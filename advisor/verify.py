@@ -104,9 +104,23 @@ def run_hardware(requested: int, device: str, notes: list[str]) -> Hardware:
     if world < requested:
         notes.append(f"{requested} ranks requested; CPU runs are capped at {MAX_CPU_RANKS}: verifying at {world}")
     host = host_memory_bytes()
+    # oneDNN's weight-gradient scratch of convolutions whose kernel is taller than their input (3x3 on a
+    # 2x2 map: resnet's layer4 at 64 px): on CPUs without AVX-512 its x64:gemm:jit kernel books
+    # threads x (4 x weight bytes + im2col columns) from the c10 allocator for the op's duration
+    # (oneDNN src/cpu/gemm_convolution_utils.cpp, init_conf: book<float>(key_conv_wei_reduction,
+    # nthr * weights_d.size()), size() already in bytes). Measured on AMD EPYC (AVX2), torch 2.14.1 /
+    # oneDNN 3.12: 37,822,720 B for one 512->512 3x3 convolution on a 2x2 map at 1 thread (75,645,184 B at 2);
+    # a resnet18 step at 64 px, batch 8, 2 threads: real backward peak 120,465,064 B, the trace 58,058,216 B
+    # without it. The value is the threads each rank runs with: verify() launches every rank with
+    # OMP_NUM_THREADS=1. 0 with AVX-512/AMX, without mkldnn, or on other ISAs
+    # (``advisor.trace.onednn_gemm_bwd_weights_machine``).
+    from .trace import onednn_gemm_bwd_weights_machine
+
+    scratch_threads = 1 if onednn_gemm_bwd_weights_machine() else 0
     return Hardware(gpu_name="CPU", gpu_memory_bytes=host // max(1, world), gpus_per_node=world, num_nodes=1,
                     interconnect="nvlink", network=None, bf16_tflops=0.0, link_gbps=0.0, host_mem_bytes=host,
-                    sources={"gpu_name": "this machine's CPU (gloo)"}, host_mem_state=HOST_DETECTED)
+                    sources={"gpu_name": "this machine's CPU (gloo)"}, host_mem_state=HOST_DETECTED,
+                    cpu_conv_scratch_threads=scratch_threads)
 
 
 def _launch(cmd: list[str], cwd: Path, env: dict, timeout_s: float, total_steps: int,

@@ -146,6 +146,20 @@ def test_paste_config_in_browser(browser: webdriver.Chrome, server: str, tmp_pat
     docs.mkdir(exist_ok=True)
     shutil.copyfile(shot, docs / "streamlit.png")
 
+    # A second question about the same model (another GPU count) re-uses every trace: it answers in about
+    # the time the page takes to redraw (issue 11's target: under 2 s; a re-trace of this model takes ~10 s).
+    gpus = browser.find_element(By.CSS_SELECTOR, "input[aria-label='GPUs per node']")
+    gpus.click()
+    gpus.send_keys("4", Keys.ENTER)
+    t0 = time.monotonic()
+    wait.until(ec.presence_of_element_located(
+        (By.XPATH, "//*[@data-testid='stMetricValue']//*[starts-with(normalize-space(text()), '4 x ')]")))
+    wait.until(_run_finished)
+    second_s = time.monotonic() - t0
+    print(f"second interaction (GPUs per node -> 4): {second_s:.2f} s")
+    (tmp_path / "second_interaction_s.txt").write_text(f"{second_s:.3f}\n")
+    assert second_s < 8.0, f"changing the GPU count took {second_s:.1f} s: something traced again"
+
 
 @pytest.mark.slow
 def test_check_tab_in_browser(browser: webdriver.Chrome, server: str, tmp_path: Path) -> None:

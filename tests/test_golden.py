@@ -1,0 +1,44 @@
+"""The golden plans (tests/golden/): 25 ``--json`` plans saved before the schema/strategies refactor of
+issue 11 must come out identical, except for the fields that refactor added. A change that moves an
+estimate on purpose regenerates them (``python -m tests.golden.corpus``) and says why in its commit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.golden.corpus import CASES, GOLDEN, plan_case
+
+# Fields issue 11 added (schema_version 2): the inputs echo, where host RAM came from, and what each
+# strategy declares about itself.
+ADDED_TOP = {"inputs", "schema_version"}
+ADDED_HARDWARE = {"host_mem_state"}
+ADDED_ROW = {"framework", "launcher", "short_of", "comm_pattern"}
+
+
+def _without_added(doc: dict) -> dict:
+    doc = {k: v for k, v in doc.items() if k not in ADDED_TOP}
+    doc["hardware"] = {k: v for k, v in doc["hardware"].items() if k not in ADDED_HARDWARE}
+    doc["strategies"] = [{k: v for k, v in s.items() if k not in ADDED_ROW} for s in doc["strategies"]]
+    return doc
+
+
+GOLD = json.loads(GOLDEN.read_text())
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_plan_is_unchanged(name):
+    new = _without_added(json.loads(json.dumps(plan_case(CASES[name]))))
+    old = _without_added(GOLD[name])
+    for key in old:
+        assert new.get(key) == old[key], f"{name}: {key} changed"
+    assert set(new) == set(old)
+
+
+def test_the_added_fields_are_there():
+    doc = plan_case(CASES["llama_small-4xH200-offload-host"])
+    assert doc["schema_version"] == 2 and doc["hardware"]["host_mem_state"] == "given"
+    assert {r["name"]: r.get("short_of") for r in doc["strategies"] if r["applicable"]}["zero3_offload"] in (
+        None, "host RAM", "GPU memory")
+    assert all({"framework", "launcher"} <= set(r) for r in doc["strategies"])
