@@ -108,8 +108,9 @@ def _g(n: int | None) -> str:
     return "-" if n is None else f"{gib(n):.2f}"
 
 
-def render_text(p) -> str:
-    """The human-readable report: inputs, a breakdown table (GiB), the recommendation."""
+def render_text(p, strategy: str | None = None) -> str:
+    """The human-readable report: inputs, a breakdown table (GiB), the recommendation, and the launch
+    line of ``strategy`` (default: the recommended one)."""
     spec, st, hw, o = p.spec, p.profile.stats, p.hardware, p.options
     act = p.profile.activations(p.model_mode)
     host = ("unknown (give --host-mem)" if hw.host_mem_bytes is None else f"{gib(hw.host_mem_bytes):.0f} GiB/node")
@@ -167,9 +168,9 @@ def render_text(p) -> str:
     lines += [f"  - {reason}" for reason in rec.reasons]
     for w in p.warnings + rec.warnings:
         lines.append(f"  ! {w}")
-    launch = _launch_line(p)
+    launch = _launch_line(p, strategy or rec.strategy)
     if launch:
-        lines += ["", f"Launch: {launch}"]
+        lines += ["", f"Launch{'' if strategy in (None, rec.strategy) else f' ({strategy})'}: {launch}"]
     return "\n".join(lines)
 
 
@@ -187,14 +188,12 @@ def _short_phase(phase: str) -> str:
     return phase[:9]
 
 
-def _launch_line(p) -> str | None:
-    if not p.recommendation.strategy:
+def _launch_line(p, strategy: str | None) -> str | None:
+    if not strategy:
         return None
-    try:
-        from strategies.render import launch_command
-    except ImportError:
-        return None
-    return launch_command(p, p.recommendation.strategy)
+    from strategies.render import launch_command
+
+    return launch_command(p, strategy)
 
 
 def _check_run_flags(run: RunOptions) -> RunOptions:
@@ -289,7 +288,7 @@ def _plan_face(argv: list[str]) -> int:
     result = plan(inputs)
     doc = plan_to_dict(result) if run.json else None
     if not run.json:
-        print(render_text(result))
+        print(render_text(result, run.strategy))
     code = 0
     if run.emit and not run.verify:  # --verify writes into --emit DIR itself
         _emit(result, run)

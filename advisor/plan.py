@@ -115,6 +115,10 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
         warnings.append(f"{spec.name} has no repeated blocks to checkpoint: activation checkpointing changes nothing")
     warnings += _ignored_flags(opts, profile, rows, mode)
     rec = recommend(ctx, rows)
+    if inputs.use_cache:  # what-if questions (another --gpus) then find their traces in the cache
+        for mode, tp in {t for s in strategies for t in s.what_if_traces(ctx)}:
+            profile.activations(mode, tp)
+            profile.tp_stats(tp)
     return Plan(inputs=inputs, spec=spec, profile=profile, hardware=hw, options=opts, attention=attention,
                 device=device, rows=rows, recommendation=rec, warnings=warnings)
 

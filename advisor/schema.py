@@ -107,7 +107,8 @@ class TrainingOptions:
     attention: str = _f("auto", flag="--attention", choices=ATTENTION_CHOICES,
                         help="attention kernel to model (auto: what the target GPU runs)")
     tp_degree: int | None = _f(None, flag="--tp-degree", low=1, high=64,
-                               help="tensor-parallel degree (default: GPUs per node)")
+                               help="tensor-parallel degree (default: pure TP the GPUs per node; TP x DP the "
+                                    "largest divisor of the heads and kv heads <= GPUs per node)")
     safety_factor: float = _f(1.2, flag="--safety-factor", low=1.0, high=2.0,
                               help="multiplier for the 16-bytes-per-parameter rule of thumb, 1.0-2.0 (default 1.2)")
     base_lr: float | None = _f(None, flag="--base-lr", low=0.0, help="learning rate tuned at --base-batch-size")
@@ -288,6 +289,8 @@ def _check_value(f: Field, value: Any, strategy_names: tuple[str, ...]) -> Any:
     if kind == "str" and not isinstance(value, str):
         raise AdvisorError(f"{flag} must be text, got {value!r}")
     choices = resolve_choices(f, strategy_names)
+    if choices and kind == "str" and not value.strip():
+        raise AdvisorError(f"{flag} needs a value: one of {', '.join(map(str, choices))}")
     if choices and f.opt.strict and value not in choices:
         raise AdvisorError(f"{flag} must be one of {', '.join(map(str, choices))}, got {value!r}")
     return value

@@ -65,6 +65,12 @@ class Strategy(ABC):
         grad_bytes = 2 if ctx.mixed else 4
         return 2 * ctx.profile.stats.num_trainable * grad_bytes
 
+    def what_if_traces(self, ctx: StrategyContext) -> list[tuple[str, int]]:
+        """Traces (trace mode, TP degree) this strategy would need if only the GPU count changed, beyond
+        the ones this plan used: the planner makes them while the model's classes are loaded anyway, so a
+        later what-if question reads them from the cache instead of tracing."""
+        return []
+
     def ds_config(self, ctx: StrategyContext, row: Any) -> dict | None:
         """The DeepSpeed config the script reads (None: the strategy is not DeepSpeed's)."""
         return None

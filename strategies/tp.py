@@ -67,6 +67,22 @@ class TensorParallel(Strategy):
     def dp_size(self, ctx: StrategyContext) -> int:
         return ctx.world_size // self.degree(ctx) if self.with_dp else 1
 
+    # TP degrees of the usual node sizes (GPUs per node); another --gpus asks for one of them.
+    WHAT_IF_DEGREES = (2, 4, 8)
+
+    def what_if_traces(self, ctx: StrategyContext) -> list[tuple[str, int]]:
+        """The shards another GPU count would trace: each of 2, 4 and 8 that divides the heads, the
+        key/value heads and the MLP width (none for a model without a TP plan)."""
+        spec = ctx.profile.spec
+        if not spec.tp_capable:
+            return []
+        cfg = spec.config or {}
+        heads = int(cfg.get("num_attention_heads") or 0)
+        kv = int(cfg.get("num_key_value_heads") or heads)
+        ffn = int(cfg.get("intermediate_size") or 0)
+        mode = self.trace_mode(ctx.options.precision)
+        return [(mode, t) for t in self.WHAT_IF_DEGREES if heads and not heads % t and not kv % t and not ffn % t]
+
     def tp_size(self, ctx: StrategyContext) -> int:
         return self.degree(ctx)
 

@@ -69,11 +69,27 @@ def test_every_key_component_misses(counted, change):
     assert counted["traces"], f"{change} re-used a trace made for other inputs"
 
 
-def test_the_tp_degree_misses(counted):
-    """bench/llama_small.json has 8 heads and 4 kv heads: 2 GPUs shard TP 2 ways, 4 GPUs 4 ways."""
+def test_another_gpu_count_finds_its_tp_shard_already_traced(counted):
+    """bench/llama_small.json has 8 heads and 4 kv heads: 2 GPUs shard TP 2 ways, 4 GPUs 4 ways. The TP
+    degree is in the key, so the first question also traces the shards of the usual node sizes (2 and 4
+    here; 8 does not divide the kv heads), and the question with 4 GPUs traces nothing."""
     small = dict(config_path=str(ROOT / "bench" / "llama_small.json"), seq_len=32)
     _doc(**small)
-    assert ("autocast", "flash", False, 2) in counted["traces"]
+    assert {t for t in counted["traces"] if t[3] > 1} == {("autocast", "flash", False, 2),
+                                                         ("autocast", "flash", False, 4)}
+    counted["traces"].clear()
+    doc = _doc(**small, gpus=4)
+    assert counted["traces"] == []
+    assert {r["name"]: r.get("tp_degree") for r in doc["strategies"]}["tp"] == 4
+
+
+def test_the_tp_degree_is_in_the_key(counted, monkeypatch):
+    """Without the what-if traces (as --no-cache plans: they write nothing to keep), a new TP degree traces."""
+    from strategies.tp import TensorParallel
+
+    monkeypatch.setattr(TensorParallel, "what_if_traces", lambda self, ctx: [])
+    small = dict(config_path=str(ROOT / "bench" / "llama_small.json"), seq_len=32)
+    _doc(**small)
     counted["traces"].clear()
     _doc(**small, gpus=4)
     assert counted["traces"] == [("autocast", "flash", False, 4)]  # only the TP rows' shard is new
