@@ -37,7 +37,8 @@ CLI_COMMANDS = (
     ("cold: python -m advisor llama-2-70b --gpus 8 --json --no-cache", [*_70B, "--gpus", "8", "--no-cache"], None),
     ("warm: python -m advisor llama-2-70b --gpus 8 --nodes 2 --json (after --gpus 8)",
      [*_70B, "--gpus", "8", "--nodes", "2"], [*_70B, "--gpus", "8"]),
-    ("warm: python -m advisor llama-2-70b --gpus 4 --json (after --gpus 8; TP rows traced at degree 4)",
+    ("warm: python -m advisor llama-2-70b --gpus 4 --json (after --gpus 8, whose plan also traced the TP "
+     "shards for 2 and 4 GPUs)",
      [*_70B, "--gpus", "4"], [*_70B, "--gpus", "8"]),
     ("warm: python -m advisor llama-2-70b --gpus 8 --json (the same question again)",
      [*_70B, "--gpus", "8"], [*_70B, "--gpus", "8"]),
