@@ -437,6 +437,18 @@ def build_parser() -> OneLineParser:
     return p
 
 
+def unusable_reason(directory: Path) -> str | None:
+    """Why ``directory`` cannot hold the cache (a file is in the way, it cannot be written), or None."""
+    for d in (directory, *directory.parents):
+        if d.exists():
+            if not d.is_dir():
+                return f"{d} is not a directory"
+            if not os.access(d, os.W_OK | os.X_OK):
+                return f"{d} is not writable"
+            return None
+    return None
+
+
 def _cache_face(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     cache = DiskCache()
@@ -453,6 +465,10 @@ def _cache_face(argv: Sequence[str]) -> int:
                           "by_namespace": {ns: {"entries": n, "bytes": b} for ns, (n, b) in i.by_namespace.items()}}))
         return 0
     print(f"cache directory: {i.directory}")
+    problem = unusable_reason(i.directory)
+    if problem:
+        print(f"  ! {problem}: nothing is cached (planning still works); set ADVISOR_CACHE_DIR or XDG_CACHE_HOME "
+              "to a writable directory")
     print(f"entries: {i.entries}, {_mib(i.total_bytes)} of {_mib(i.max_bytes)} cap")
     for ns, (n, b) in i.by_namespace.items():
         print(f"  {ns}: {n} {'entry' if n == 1 else 'entries'}, {_mib(b)}")

@@ -535,3 +535,15 @@ def test_face_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, ar
     captured = capsys.readouterr()
     assert captured.out == ""
     assert len(captured.err.splitlines()) == 1 and captured.err.startswith("advisor: error: ")
+
+
+def test_face_info_says_when_the_location_is_unusable(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("ADVISOR_CACHE_DIR", str(blocker / "cache"))
+    assert cache_mod.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"{blocker} is not a directory: nothing is cached" in out
+    monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path / "fresh"))
+    assert cache_mod.main(["info"]) == 0
+    assert "nothing is cached" not in capsys.readouterr().out
