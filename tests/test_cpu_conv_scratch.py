@@ -47,27 +47,10 @@ def test_formula_by_hand():
 
 def _measure_cpu_step(spec, micro_batch: int) -> int:
     """Backward peak of the 2nd of two real fp32 AdamW steps, relative to the total just before its
-    forward (as tests/test_core.py measures it)."""
-    from advisor.measure import CpuPeakMeter
-    from advisor.models import build_model, make_batch, training_loss
+    forward (tests/test_core.py's measurement)."""
+    from tests.test_core import _measure_cpu_step as measure
 
-    torch.manual_seed(0)
-    with CpuPeakMeter() as meter:
-        model = build_model(spec)
-        model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        for i in range(2):
-            batch = make_batch(spec, micro_batch)
-            with torch.profiler.record_function(f"fwd{i}"):
-                loss = training_loss(spec, model, batch)
-            with torch.profiler.record_function(f"bwd{i}"):
-                loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            del loss, batch
-    before, _, _ = meter.ranges["fwd1"]
-    _, bwd_peak, _ = meter.ranges["bwd1"]
-    return bwd_peak - before
+    return measure(spec, micro_batch)[1]
 
 
 @NEEDS_GEMM_KERNEL
