@@ -21,70 +21,13 @@ what other libraries do while a model is *constructed*:
 ``MODEL_BUILD_LOCK`` serialises all of that: hold it for the whole construction of any model (the trace's
 build and ``advisor.profile.param_stats``) and around any first access to transformers' lazy names.
 It is re-entrant, so code that holds it can call helpers that take it again (``build_model`` ->
-``hf_config``). Only construction is serialised: the forward and backward of traces run in parallel.
+``hf_config``). Each whole trace holds it too (``advisor.trace.trace_step``): torch's autocast cache of
+weight casts is one process-wide map that any thread leaving its outermost autocast region clears, so
+concurrent autocast traces freed each other's cached casts.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from types import ModuleType
-from typing import Any
 
 MODEL_BUILD_LOCK = threading.RLock()
-
-
-@dataclass(frozen=True)
-class Transformers:
-    """transformers' names advisor uses, resolved once under ``MODEL_BUILD_LOCK``."""
-
-    module: ModuleType  # ``transformers``
-    AutoConfig: type
-    CONFIG_MAPPING: Any  # transformers.CONFIG_MAPPING (model_type -> config class, lazily imported)
-    modeling_auto: ModuleType  # transformers.models.auto.modeling_auto (the *_MAPPING_NAMES tables)
-    logging: ModuleType  # transformers.utils.logging
-
-    def model_class(self, name: str) -> type:
-        """``getattr(transformers, name)`` (which imports the model's module on first use) under the lock.
-
-        Raises:
-            AttributeError: transformers has no such name.
-        """
-        with MODEL_BUILD_LOCK:
-            return getattr(self.module, name)
-
-    def config_class(self, model_type: str) -> type:
-        """``CONFIG_MAPPING[model_type]`` (imports the config's module on first use) under the lock.
-
-        Raises:
-            KeyError: transformers does not know ``model_type``.
-        """
-        with MODEL_BUILD_LOCK:
-            return self.CONFIG_MAPPING[model_type]
-
-
-_TRANSFORMERS: Transformers | None = None
-
-
-def import_transformers() -> Transformers:
-    """Import transformers and resolve the lazy names advisor uses, once per process, under
-    ``MODEL_BUILD_LOCK``; later calls return the same object without taking the lock.
-
-    Raises:
-        ImportError: transformers is not installed.
-    """
-    global _TRANSFORMERS
-    names = _TRANSFORMERS
-    if names is None:
-        with MODEL_BUILD_LOCK:
-            if _TRANSFORMERS is None:
-                import transformers
-                from transformers import CONFIG_MAPPING, AutoConfig
-                from transformers.models.auto import modeling_auto
-                from transformers.utils import logging as hf_logging
-
-                _TRANSFORMERS = Transformers(module=transformers, AutoConfig=AutoConfig,
-                                             CONFIG_MAPPING=CONFIG_MAPPING, modeling_auto=modeling_auto,
-                                             logging=hf_logging)
-            names = _TRANSFORMERS
-    return names

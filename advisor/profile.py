@@ -118,11 +118,6 @@ class OnceCache:
         future.set_result(value)
         return value
 
-    def peek(self, key: Hashable, default: Any = None) -> Any:
-        """The stored value of ``key`` (no compute, no LRU update), else ``default``."""
-        with self._lock:
-            return self._done.get(key, default)
-
     def clear(self) -> None:
         """Drop the stored values (computations in progress still finish and store theirs)."""
         with self._lock:
@@ -182,6 +177,7 @@ def _cached_activations(key: str, spec: ModelSpec, mode: str, attention: str, ch
     """Traces are pure functions of their inputs and immutable: keep the last few (the page and
     repeated plans of one model re-use them) and, with a ``DiskCache``, keep them on disk. Threads asking
     for the same trace at once trace (or read) it once."""
+    cache = cache or NullCache()
     # Per cache location: a process that planned with --no-cache and then with the cache still writes it.
     threads = int(cpu_conv_scratch_threads)
     full_key = (key, mode, attention, checkpointing, tp_degree, threads, _where(cache))
@@ -189,7 +185,7 @@ def _cached_activations(key: str, spec: ModelSpec, mode: str, attention: str, ch
     def compute() -> ActivationProfile:
         disk_key = {"model": model_key(spec), "mode": mode, "attention": attention, "checkpointing": checkpointing,
                     "tp_degree": tp_degree, "cpu_conv_scratch_threads": threads}
-        stored = (cache or NullCache()).get("activations", disk_key)
+        stored = cache.get("activations", disk_key)
         if stored is not None:
             try:
                 return activation_profile_from_json(stored)
@@ -198,7 +194,7 @@ def _cached_activations(key: str, spec: ModelSpec, mode: str, attention: str, ch
         # The keyword only when set: the traces of GPU plans call exactly what they called before.
         scratch = {"cpu_conv_scratch_threads": threads} if threads else {}
         profile = profile_activations(spec, mode, attention, checkpointing, tp_degree=tp_degree, **scratch)
-        (cache or NullCache()).put("activations", disk_key, to_json(profile))
+        cache.put("activations", disk_key, to_json(profile))
         return profile
 
     return _TRACE_CACHE.get(full_key, compute)
@@ -230,13 +226,15 @@ _STATS_CACHE = OnceCache(maxsize=_TRACE_CACHE_SIZE)
 
 def cached_param_stats(spec: ModelSpec, tp_degree: int, cache: Any = None) -> ParamStats:
     """``param_stats`` kept in-process and, with a ``DiskCache``, on disk (no model is built on a hit)."""
+    cache = cache or NullCache()
+
     def compute() -> ParamStats:
         key = {"model": model_key(spec), "tp_degree": tp_degree}
-        stored = (cache or NullCache()).get("param_stats", key)
+        stored = cache.get("param_stats", key)
         if isinstance(stored, dict) and set(stored) == {f.name for f in dataclasses.fields(ParamStats)}:
             return ParamStats(**stored)
         stats = param_stats(spec, tp_degree)
-        (cache or NullCache()).put("param_stats", key, dataclasses.asdict(stats))
+        cache.put("param_stats", key, dataclasses.asdict(stats))
         return stats
 
     return _STATS_CACHE.get((_spec_key(spec), tp_degree, _where(cache)), compute)
@@ -244,18 +242,19 @@ def cached_param_stats(spec: ModelSpec, tp_degree: int, cache: Any = None) -> Pa
 
 def _where(cache: Any) -> str | None:
     """The disk cache's directory (None: no disk cache), part of the in-process keys."""
-    return str(cache.directory) if cache is not None and not isinstance(cache, NullCache) else None
+    return None if isinstance(cache, NullCache) else str(cache.directory)
 
 
 def attention_dropout(spec: ModelSpec, cache: Any = None) -> float:
     """The model's attention-probability dropout (``ModelFamily.attention_dropout``; it decides the CPU
     attention kernel), kept on disk like the traces: reading it builds the transformers config class."""
+    cache = cache or NullCache()
     key = {"model": model_key(spec)}
-    stored = (cache or NullCache()).get("facts", key)
+    stored = cache.get("facts", key)
     if isinstance(stored, dict) and isinstance(stored.get("attention_dropout"), (int, float)):
         return float(stored["attention_dropout"])
     value = family_of(spec).attention_dropout(spec)
-    (cache or NullCache()).put("facts", key, {"attention_dropout": value})
+    cache.put("facts", key, {"attention_dropout": value})
     return value
 
 

@@ -17,7 +17,7 @@ Nothing here imports torch or any other layer of advisor but the bottom data mod
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Iterator
 
 from .errors import AdvisorError
@@ -396,14 +396,6 @@ def plan_inputs(**values: Any) -> PlanInputs:
         AdvisorError: as ``validate``.
     """
     return inputs_from_values(values)[0]
-
-
-def with_values(inputs: PlanInputs, **values: Any) -> PlanInputs:
-    """``inputs`` with some fields replaced by name (any group)."""
-    g = split_values(values)
-    return replace(inputs, source=replace(inputs.source, **g["model"]),
-                   training=replace(inputs.training, **g["training"]),
-                   cluster=replace(inputs.cluster, **g["cluster"]))
 
 
 def echo(inputs: PlanInputs) -> dict[str, Any]:

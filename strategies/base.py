@@ -47,10 +47,6 @@ class Strategy(ABC):
         """Data-parallel world size (the sampler's number of replicas)."""
         return ctx.world_size
 
-    def tp_size(self, ctx: StrategyContext) -> int:
-        """Tensor-parallel degree (1: no tensor parallelism)."""
-        return 1
-
     @abstractmethod
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         """Per-GPU bytes at ``micro_batch`` samples per GPU per step."""

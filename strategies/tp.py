@@ -83,9 +83,6 @@ class TensorParallel(Strategy):
         mode = self.trace_mode(ctx.options.precision)
         return [(mode, t) for t in self.WHAT_IF_DEGREES if heads and not heads % t and not kv % t and not ffn % t]
 
-    def tp_size(self, ctx: StrategyContext) -> int:
-        return self.degree(ctx)
-
     def script_constants(self, job, family) -> dict:
         return {"TP_DEGREE": job.tp_degree}
 
