@@ -22,6 +22,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import altair as alt
@@ -49,6 +50,7 @@ BREAKDOWN = {"params": "params", "grads": "grads", "optimizer_states": "optimize
 OVERHEAD = "device overhead"
 COMPONENTS = (*BREAKDOWN.values(), OVERHEAD)
 NO_SCRIPTS = "script generation not available"
+DEFAULT_RUNS_DIR = "advisor-runs"  # what the CLI's --verify uses without --emit (advisor.verify), from the cwd
 _DONE_OF_TOTAL = re.compile(r"\b(\d+)\s*/\s*(\d+)\b")
 
 
@@ -114,14 +116,29 @@ def md(text: str) -> str:
 
 # The core's messages name CLI flags; on this page the same choice is a widget (the schema gives both).
 # Flags without a widget here (--tp-degree, --attention, ...) stay as they are: they are CLI options.
-FLAG_WIDGETS = field_labels() | {"--config": "the config.json box"}
-_FLAG = re.compile(r"--[a-z][a-z0-9-]*")
+# --emit: on this page verification writes its run into a new folder of the runs folder.
+FLAG_WIDGETS = field_labels() | {"--config": "the config.json box", "--emit": get_field("runs_dir").opt.label}
+# "pass --host-mem" / "give --host-mem" -> "set 'Host RAM per node (GiB)'"; "flag --host-mem" -> the label.
+_FLAG = re.compile(r"(?:\b(pass|give|add|flag) )?(--[a-z][a-z0-9-]*)")
+
+
+def _widget_words(m: re.Match) -> str:
+    verb, flag = m.group(1), m.group(2)
+    if flag not in FLAG_WIDGETS:
+        return m.group(0)
+    label = f"'{FLAG_WIDGETS[flag]}'"
+    return label if verb == "flag" else f"set {label}" if verb else label
+
+
+def page_text(text: str) -> str:
+    """A core message in this page's words: CLI flags that have a widget here become the widget's label
+    (in quotes); "pass/give/add --flag" becomes "set 'label'". Not escaped (see ``say``)."""
+    return _FLAG.sub(_widget_words, text)
 
 
 def say(text: str) -> str:
-    """A core message for this page: CLI flags that have a widget here become the widget's label
-    (in quotes), then markdown-escaped."""
-    return md(_FLAG.sub(lambda m: f"'{FLAG_WIDGETS[m.group(0)]}'" if m.group(0) in FLAG_WIDGETS else m.group(0), text))
+    """``page_text``, markdown-escaped: for st.markdown, st.error and the like."""
+    return md(page_text(text))
 
 
 def one_line(err: BaseException) -> str:
@@ -232,12 +249,15 @@ def read_form() -> Form:
 def show_summary(p: Plan, doc: dict[str, Any]) -> None:
     """Parameter count and the hardware, prominently; the rest of the inputs as a caption."""
     model, hw, tr = doc["model"], doc["hardware"], doc["training"]
-    cols = st.columns(4)
-    cols[0].metric("Parameters", f"{model['num_params']:,}", help=f"{fmt_count(model['num_params'])}; "
-                   f"trainable {model['num_trainable_params']:,}")
-    cols[1].metric("Model", model["name"])
-    cols[2].metric("GPUs", f"{hw['num_gpus']} x {hw['gpu_name']}")
-    cols[3].metric("GPU memory", f"{gib(hw['gpu_memory_bytes']):.2f} GiB", help="usable per GPU, GiB = 2**30 bytes")
+    # A wrapping row of content-wide metrics, not fixed columns: a long value ("16 x H100-80GB", a long
+    # model name) takes the width it needs and moves to the next line instead of being cut with "...".
+    with st.container(horizontal=True, wrap=True, gap="large"):
+        st.metric("Parameters", f"{model['num_params']:,}", width="content",
+                  help=f"{fmt_count(model['num_params'])}; trainable {model['num_trainable_params']:,}")
+        st.metric("Model", model["name"], width="content")
+        st.metric("GPUs", f"{hw['num_gpus']} x {hw['gpu_name']}", width="content")
+        st.metric("GPU memory", f"{gib(hw['gpu_memory_bytes']):.2f} GiB", width="content",
+                  help="usable per GPU, GiB = 2**30 bytes")
     shape = f"seq-len {model['seq_len']}" if p.spec.is_transformer else f"input {model['input_shape']}"
     st.caption(md(f"{model['source']}; {shape}; {tr['precision']}, {tr['optimizer']}, micro-batch "
                   f"{tr['micro_batch_size']}/GPU, activation checkpointing "
@@ -278,47 +298,103 @@ def memory_frame(doc: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+CHART_ROW_PX = 32  # height per strategy: each bar has a row of its own and its whole title as the label
+CHART_AXES_PX = 70  # the axis and its title below the bars
+
+
 def memory_chart(frame: pd.DataFrame, capacity_bytes: int, strategy_order: list[str],
                  zoom: bool = False) -> alt.Chart | alt.LayerChart:
-    """Stacked bars per strategy and a rule at the GPU's usable memory. ``zoom``: scale the y axis
-    to the tallest bar (the capacity line is left out when it lies above)."""
+    """Horizontal stacked bars, one row per strategy labelled with its whole title (however many
+    strategies: no label is dropped, turned or cut), and a red dashed rule at the GPU's usable memory,
+    named with its value in the axis title (theme-coloured text, readable on light and dark pages).
+    ``zoom``: scale the axis to the longest bar (the capacity line is left out when it lies beyond)."""
     cap = capacity_bytes / GiB
     top = float(frame["device total GiB"].max()) * 1.05
     zoomed = zoom and 0 < top < cap
+    title = (f"per-GPU memory (GiB); red dashed line: GPU memory {cap:.2f} GiB" if not zoomed else
+             f"per-GPU memory (GiB); GPU memory {cap:.2f} GiB is beyond this scale")
     bars = alt.Chart(frame).mark_bar().encode(
-        x=alt.X("strategy:N", sort=strategy_order, title=None, axis=alt.Axis(labelAngle=-20, labelLimit=240)),
-        y=alt.Y("sum(GiB):Q", stack="zero", title="per-GPU memory (GiB)",
+        y=alt.Y("strategy:N", sort=strategy_order, title=None,
+                axis=alt.Axis(labelLimit=0, labelOverlap=False, labelAngle=0, labelPadding=6)),
+        x=alt.X("sum(GiB):Q", stack="zero", title=title,
                 scale=alt.Scale(domain=[0, top]) if zoomed else alt.Scale()),
         color=alt.Color("component:N", sort=list(COMPONENTS), title="component"),
         order=alt.Order("order:Q"),
         tooltip=["strategy:N", "component:N", alt.Tooltip("GiB:Q", format=".2f"),
                  alt.Tooltip("device total GiB:Q", format=".2f")],
-    ).properties(height=380)
+    ).properties(height=CHART_ROW_PX * len(strategy_order) + CHART_AXES_PX)
     if zoomed:
         return bars
-    line = pd.DataFrame({"GiB": [cap], "label": [f"GPU memory {cap:.2f} GiB"]})
-    rule = alt.Chart(line).mark_rule(color="red", strokeDash=[6, 4], size=2).encode(y="GiB:Q")
-    text = alt.Chart(line).mark_text(align="left", dx=4, dy=-6, color="red").encode(
-        y="GiB:Q", x=alt.value(0), text="label:N")
-    return alt.layer(bars, rule, text)
+    line = pd.DataFrame({"GiB": [cap]})
+    rule = alt.Chart(line).mark_rule(color="red", strokeDash=[6, 4], size=2).encode(
+        x="GiB:Q", tooltip=[alt.Tooltip("GiB:Q", format=".2f", title="GPU memory (GiB)")])
+    return alt.layer(bars, rule)
+
+
+TIME_PARTS = (("compute_s", "compute"), ("exposed_comm_s", "communication not hidden"), ("optimizer_s", "optimizer"))
+
+
+def time_frame(doc: dict[str, Any]) -> pd.DataFrame:
+    """Long-form seconds per optimizer step by part for every timed strategy (issue 13)."""
+    rows = []
+    for s in doc["strategies"]:
+        t = s.get("time")
+        if not s["applicable"] or not t:
+            continue
+        for order, (key, label) in enumerate(TIME_PARTS):
+            rows.append({"strategy": s["title"], "part": label, "order": order, "seconds": t[key],
+                         "step (s)": t["step_s"]})
+    return pd.DataFrame(rows)
+
+
+def time_chart(frame: pd.DataFrame, strategy_order: list[str]) -> alt.Chart:
+    """Horizontal stacked bars of one optimizer step's seconds per strategy, in the memory chart's rows."""
+    return alt.Chart(frame).mark_bar().encode(
+        y=alt.Y("strategy:N", sort=strategy_order, title=None,
+                axis=alt.Axis(labelLimit=0, labelOverlap=False, labelAngle=0, labelPadding=6)),
+        x=alt.X("sum(seconds):Q", stack="zero", title="seconds per optimizer step (data loading not modelled)"),
+        color=alt.Color("part:N", sort=[label for _, label in TIME_PARTS], title="part"),
+        order=alt.Order("order:Q"),
+        tooltip=["strategy:N", "part:N", alt.Tooltip("seconds:Q", format=".4f"),
+                 alt.Tooltip("step (s):Q", format=".4f")],
+    ).properties(height=CHART_ROW_PX * len(strategy_order) + CHART_AXES_PX)
+
+
+NONE_CELL = "—"  # a cell with nothing to show (not Markdown syntax, unlike "-")
+TABLE_COLUMNS = ("strategy", "name", "fits", "device total (GiB)", "peak allocated (GiB)", "max micro-batch",
+                 "grad. accumulation steps", "global batch", "host RAM / node (GiB)", "note")
+
+
+def _fits_text(s: dict[str, Any]) -> str:
+    """yes / no / ? (the verdict waits for host RAM nobody gave)."""
+    return "?" if s["fits"] is None else "yes" if s["fits"] else "no"
+
+
+def _note(s: dict[str, Any]) -> str:
+    """Where the peak is and what is short, in the page's words (``page_text``)."""
+    short = s["short_of"]
+    what = ("host RAM per node unknown: give --host-mem" if short == "host RAM unknown" else
+            f"short of {short}" if short else None)
+    return page_text(f"peak in the {s['peak_phase']}" + (f"; {what}" if what else ""))
 
 
 def strategy_table(doc: dict[str, Any]) -> pd.DataFrame:
-    """One row per strategy: fits, GiB, max micro-batch, accumulation steps; the reason when n/a."""
+    """One row per strategy, as the text shown (a static table: nothing is cut or shown as "None"): fits,
+    GiB, max micro-batch, accumulation steps, host RAM; "n/a" and the whole reason when n/a."""
     rows = []
     for s in doc["strategies"]:
+        row = dict.fromkeys(TABLE_COLUMNS, NONE_CELL) | {"strategy": s["title"], "name": s["name"]}
         if not s["applicable"]:
-            rows.append({"strategy": s["title"], "name": s["name"], "fits": None, "note": s["reason"]})
+            rows.append(row | {"fits": "n/a", "note": "n/a: " + page_text(s["reason"] or "does not apply")})
             continue
-        b = s["per_gpu_bytes"]
-        rows.append({"strategy": s["title"], "name": s["name"], "fits": s["fits"],
-                     "device total (GiB)": gib(b["device_total"]), "peak allocated (GiB)": gib(b["total"]),
-                     "max micro-batch": s["max_micro_batch_size"],
-                     "grad. accumulation steps": s["gradient_accumulation_steps"],
-                     "global batch": s["global_batch_size"],
-                     "host RAM / node (GiB)": gib(s["host_bytes_per_node"]) if s["host_bytes_per_node"] else None,
-                     "note": f"peak in the {s['peak_phase']}" + (f"; short of {s['short_of']}" if s["short_of"] else "")})
-    return pd.DataFrame(rows)
+        b, host = s["per_gpu_bytes"], s["host_bytes_per_node"]
+        rows.append(row | {"fits": _fits_text(s), "device total (GiB)": f"{b['device_total'] / GiB:.2f}",
+                           "peak allocated (GiB)": f"{b['total'] / GiB:.2f}",
+                           "max micro-batch": str(s["max_micro_batch_size"]),
+                           "grad. accumulation steps": str(s["gradient_accumulation_steps"]),
+                           "global batch": str(s["global_batch_size"]),
+                           "host RAM / node (GiB)": f"{host / GiB:.2f}" if host else NONE_CELL, "note": _note(s)})
+    return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
 
 
 def show_memory(doc: dict[str, Any]) -> None:
@@ -331,12 +407,22 @@ def show_memory(doc: dict[str, Any]) -> None:
         order = [s["title"] for s in doc["strategies"] if s["applicable"]]
         zoom = st.toggle("Scale to the bars", key="zoom",
                          help="zoom in on small bars; the GPU memory line is hidden when it lies above them")
-        st.altair_chart(memory_chart(frame, doc["hardware"]["gpu_memory_bytes"], order, zoom), width="stretch")
-        st.caption("Bars: peak allocated by component plus device overhead (CUDA context, NCCL buffers, "
-                   "allocator fragmentation), about what nvidia-smi shows. Red line: the GPU's usable memory.")
-    gib_columns = ("device total (GiB)", "peak allocated (GiB)", "host RAM / node (GiB)")
-    st.dataframe(strategy_table(doc), hide_index=True, width="stretch",
-                 column_config={c: st.column_config.NumberColumn(c, format="%.2f") for c in gib_columns})
+        times = time_frame(doc)
+        left, right = st.columns(2) if not times.empty else (st.container(), None)
+        with left:
+            st.altair_chart(memory_chart(frame, doc["hardware"]["gpu_memory_bytes"], order, zoom), width="stretch")
+            st.caption("Bars: peak allocated by component plus device overhead (CUDA context, NCCL buffers, "
+                       "allocator fragmentation), about what nvidia-smi shows. Red line: the GPU's usable memory.")
+        if right is not None:
+            with right:
+                timed = [t for t in order if t in set(times["strategy"])]
+                st.altair_chart(time_chart(times, timed), width="stretch")
+                st.caption("One optimizer step at the global batch: compute (forward + backward of every "
+                           "micro-step), communication that compute does not hide, the optimizer step. Data loading "
+                           "is not modelled.")
+    # st.table, not st.dataframe: a static table wraps long reasons instead of cutting them off. Its cells
+    # are Markdown, so the text is escaped.
+    st.table(strategy_table(doc).map(md), hide_index=True)
 
 
 # --------------------------------------------------------------------------------- scripts, verify
@@ -429,9 +515,42 @@ class VerifyJob:
     messages: queue.SimpleQueue
 
 
-def start_verify(inputs: PlanInputs, strategy: str, steps: int, timeout_s: int, run_key: str) -> VerifyJob | None:
+def new_run_dir(folder: str, model: str, strategy: str) -> Path:
+    """A folder for one verification run that does not exist yet: ``folder/MODEL-STRATEGY-TIME``, with
+    ``-2``, ``-3``... when that is taken (an existing run is never written into).
+
+    Raises:
+        AdvisorError: ``folder`` exists and is not a folder.
+    """
+    label = get_field("runs_dir").opt.label
+    try:
+        base = runs_base(folder)
+        if base.exists() and not base.is_dir():
+            raise AdvisorError(f"{label} {base}: exists and is not a folder: choose another")
+        stem = f"{run_stem(model, strategy)}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run, n = base / stem, 2
+        while run.exists():
+            run, n = base / f"{stem}-{n}", n + 1
+    except (OSError, ValueError) as err:  # a path the OS refuses (a NUL byte, too long, no permission)
+        raise AdvisorError(f"{label} {folder[:200]!r}: not a usable folder ({err}): choose another")
+    return run
+
+
+def runs_base(folder: str) -> Path:
+    """The runs folder as an absolute path (empty: the default, from the server's working directory)."""
+    return Path(folder.strip() or DEFAULT_RUNS_DIR).expanduser().resolve()
+
+
+def run_stem(model: str, strategy: str) -> str:
+    """MODEL-STRATEGY as a run folder's name starts (advisor.verify names its runs the same way)."""
+    return f"{re.sub(r'[^A-Za-z0-9._-]+', '_', model)}-{strategy}"
+
+
+def start_verify(inputs: PlanInputs, strategy: str, steps: int, timeout_s: int, run_key: str,
+                 run_dir: Path) -> VerifyJob | None:
     """Import ``advisor.verify`` (optional: it may not exist yet) and start ``verify`` in a worker
-    thread; its progress reports are queued for the script thread. None after showing why not."""
+    thread, writing into ``run_dir`` (a new folder: never ``force``); its progress reports are queued for
+    the script thread. None after showing why not."""
     try:
         verify = importlib.import_module("advisor.verify").verify
     except (ImportError, AttributeError) as err:
@@ -443,8 +562,8 @@ def start_verify(inputs: PlanInputs, strategy: str, steps: int, timeout_s: int, 
     def work() -> None:
         future.set_running_or_notify_cancel()
         try:
-            future.set_result(verify(inputs, strategy, steps=steps, timeout_s=timeout_s,
-                                     progress=lambda *a, **k: messages.put((a, k))))
+            future.set_result(verify(inputs, strategy, steps=steps, timeout_s=timeout_s, out_dir=str(run_dir),
+                                     force=False, progress=lambda *a, **k: messages.put((a, k))))
         except BaseException as err:  # handed to the script thread, which shows it
             future.set_exception(err)
 
@@ -488,7 +607,7 @@ def follow_verify(job: VerifyJob) -> dict[str, Any] | None:
 
 def show_verify_result(result: dict[str, Any]) -> None:
     """Verdict, estimate vs measured peak per rank, relative error and where the logs are."""
-    (st.success if result["ok"] else st.error)(md(result["message"] or ("verified" if result["ok"] else "failed")))
+    (st.success if result["ok"] else st.error)(say(result["message"] or ("verified" if result["ok"] else "failed")))
     rows = []
     for r in result["per_rank"]:
         measured, estimated = r.get("measured_peak_bytes"), r.get("estimated_peak_bytes")
@@ -505,8 +624,9 @@ def show_verify_result(result: dict[str, Any]) -> None:
         st.caption(md(f"logs: {result['log_dir']}"))
 
 
-def show_verify(form: Form, strategy: str) -> None:
-    """The "verify on this machine" button; the last result stays while the inputs are unchanged."""
+def show_verify(form: Form, strategy: str, model: str) -> None:
+    """The "verify on this machine" button and where the run goes; the last result stays while the
+    inputs are unchanged."""
     st.subheader("Verify on this machine")
     st.caption("Runs the chosen strategy's training for a few steps on this machine's devices and compares "
                "the measured peak memory per rank with the estimate.")
@@ -516,6 +636,14 @@ def show_verify(form: Form, strategy: str) -> None:
                                 key="steps", help=sf.opt.help))
     timeout_s = int(c2.number_input(tf.opt.label, min_value=1, max_value=int(tf.opt.high), value=600, key="timeout",
                                     help=tf.opt.help))
+    rf = get_field("runs_dir")
+    folder = st.text_input(rf.opt.label, value=str(Path(DEFAULT_RUNS_DIR).resolve()), key="runs_dir", help=rf.opt.help)
+    try:
+        where = str(runs_base(folder) / f"{run_stem(model, strategy)}-TIME")
+    except (OSError, ValueError):
+        where = f"{folder[:200]}/..."
+    st.caption(md(f"a run goes into a new folder {where} (train.py, launch.sh, run.log, the report); existing "
+                  "runs are never overwritten"))
     run_key = f"{form.key()}|{strategy}"
     job: VerifyJob | None = st.session_state.get("verify_job")
     if st.button("Verify on this machine", key="verify"):
@@ -523,7 +651,12 @@ def show_verify(form: Form, strategy: str) -> None:
             st.warning("a verification started from this page is still running: its progress is below")
         else:
             st.session_state.pop("verify_result", None)
-            job = start_verify(form.to_inputs(), strategy, steps, timeout_s, run_key)
+            try:
+                run_dir = new_run_dir(folder, model, strategy)
+            except AdvisorError as err:
+                st.error(say(str(err)))
+                return
+            job = start_verify(form.to_inputs(), strategy, steps, timeout_s, run_key, run_dir)
             if job is not None:
                 st.session_state["verify_job"] = job
     if job is not None:
@@ -623,7 +756,7 @@ def show_plan() -> None:
         st.info("no strategy applies: nothing to generate or verify")
         return
     show_downloads(p, strategy)
-    show_verify(form, strategy)
+    show_verify(form, strategy, p.spec.name)
 
 
 if __name__ == "__main__":  # `streamlit run` executes the page as __main__

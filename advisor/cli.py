@@ -116,7 +116,9 @@ def render_text(p, strategy: str | None = None) -> str:
     host = ("unknown (give --host-mem)" if hw.host_mem_bytes is None else f"{gib(hw.host_mem_bytes):.0f} GiB/node")
     lines = [
         f"Model      {spec.name} ({spec.source})",
-        f"           {fmt_count(st.num_params)} parameters ({st.num_params:,}; trainable {st.num_trainable:,}), "
+        f"           {fmt_count(st.num_params)} parameters ({st.num_params:,}; trainable {st.num_trainable:,}"
+        + (f"; {fmt_count(st.num_active_params)} active per token, top-{st.experts_per_token} of "
+           f"{st.num_experts} experts" if st.num_experts else "") + "), "
         f"{spec.shape_text}, {act.flops_per_sample / 1e9:.1f} GFLOP/sample fwd+bwd, "
         f"activations {gib(act.activation_bytes_per_sample):.3f} GiB/sample",
         f"Hardware   {hw.num_gpus} x {hw.gpu_name} ({hw.gpus_per_node} per node x {hw.num_nodes} node(s)), "
@@ -124,7 +126,9 @@ def render_text(p, strategy: str | None = None) -> str:
         f"{hw.interconnect} [{hw.sources.get('interconnect')}]"
         + (f", network {hw.network} [{hw.sources.get('network')}]" if hw.network else "")
         + f", host RAM {host} [{hw.sources.get('host_mem_bytes')}]",
-        f"Training   {o.precision}, {o.optimizer}, micro-batch {o.micro_batch_size}/GPU, "
+        f"Training   {o.precision}, {o.optimizer}, micro-batch {o.micro_batch_size}/GPU"
+        + (" (chosen for throughput)" if p.inputs.training.micro_batch_size is None
+           and p.recommendation.micro_batch_note else "") + ", "
         f"activation checkpointing {'on' if o.activation_checkpointing else 'off'}, attention {act.attention}, "
         f"rule-of-thumb safety factor {o.safety_factor}",
         "",
@@ -142,7 +146,7 @@ def render_text(p, strategy: str | None = None) -> str:
         rule = f"{gib(r.rule_of_thumb_bytes):.1f}{'' if r.rule_of_thumb_fits else '!'}"
         lines.append(f"{r.name:<15}{_g(b.params):>8}{_g(b.grads):>8}{_g(b.optimizer_states):>8}"
                      f"{_g(b.activations):>8}{_g(b.buffers):>8}{_g(b.other):>8}{_g(b.total):>8}"
-                     f"{_g(m.device_total):>8}  {_fits_word(r.fits):<5}{rule:>8}{r.max_micro_batch_size:>7}"
+                     f"{_g(m.device_total):>8}  {_fits_word(r.fits, r.short_of):<5}{rule:>8}{r.max_micro_batch_size:>7}"
                      f"{r.grad_accum_steps:>4}  {_short_phase(b.phase):<10}"
                      f"{_g(m.host_bytes_per_node) if m.host_bytes_per_node else '-'}")
         if r.deepspeed_estimate:
@@ -153,12 +157,21 @@ def render_text(p, strategy: str | None = None) -> str:
     if any(r.applicable and r.fits is None for r in p.rows):
         lines.append("fits ?: the strategy keeps model states in host RAM and the target's host RAM is unknown: "
                      "give --host-mem GIB")
+    short: dict[str, list[str]] = {}
+    for r in p.rows:
+        if r.applicable and r.fits is False and r.short_of == "host RAM":
+            short.setdefault(r.fit_note, []).append(r.name)
+    lines += [f"RAM! {', '.join(names)}: {note}" for note, names in short.items()]
+    load = _load_line(p.rows)
+    if load:
+        lines.append(load)
     lines.append("peak in: the moment of the step with the largest total (fwd, bwd, bwd-end: gradient reduction, "
                  "step; step-flat: DeepSpeed flattening the gradients for the optimizer)")
     if o.precision in ("bf16", "fp16"):
         lines.append(f"DDP/TP activ or other include autocast's {o.precision} copies of the weights (cached until the "
                      "forward ends, kept for backward; about 2 bytes per parameter); ZeRO keeps 16-bit weights, so "
                      "it has none")
+    lines += _time_lines(p)
     rec = p.recommendation
     lines.append("")
     if rec.strategy:
@@ -174,9 +187,56 @@ def render_text(p, strategy: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def _fits_word(fits: bool | None) -> str:
-    """yes / NO / ? (it depends on host RAM nobody gave)."""
-    return "?" if fits is None else "yes" if fits else "NO"
+def _time_lines(p) -> list[str]:
+    """The step-time table: one optimizer step at each row's global batch, its parts, throughput, MFU and the
+    speed-up over one GPU (issue 13). Empty when no row could be timed (a GPU without a preset)."""
+    from .plan import time_to_dict
+    from .units import fmt_rate, fmt_s
+
+    timed = [(r, time_to_dict(p, r)) for r in p.rows if r.applicable and r.time is not None]
+    if not timed:
+        return []
+    lm = any(d["tokens_per_s"] is not None for _, d in timed)
+    unit = "tokens/s" if lm else "samples/s"
+    budget = any("train_hours" in d for _, d in timed)
+    head = (f"{'strategy':<15}{'step':>9}{'compute':>9}{'comm':>9}{'exposed':>9}{'optim':>9}{unit:>11}"
+            f"{'per GPU':>9}{'MFU':>6}{'speedup':>9}" + (f"{'hours':>9}{'GPU-h':>9}{'cost':>10}" if budget else ""))
+    lines = ["", f"Step time of one optimizer step at global batch {timed[0][0].global_batch_size} (compute + "
+             "communication not hidden + optimizer step). Data loading is not modelled.", head, "-" * len(head)]
+    for r, d in timed:
+        rate = d["tokens_per_s"] if lm else d["samples_per_s"]
+        per = d["tokens_per_s_per_gpu"] if lm else d["samples_per_s_per_gpu"]
+        speed = "-" if d["speedup_vs_single_gpu"] is None else f"{d['speedup_vs_single_gpu']:.2f}x"
+        mfu = "-" if d["mfu"] is None else f"{100 * d['mfu']:.0f}%"
+        line = (f"{r.name:<15}{fmt_s(d['step_s']):>9}{fmt_s(d['compute_s']):>9}{fmt_s(d['comm_s']):>9}"
+                f"{fmt_s(d['exposed_comm_s']):>9}{fmt_s(d['optimizer_s']):>9}{fmt_rate(rate or 0):>11}"
+                f"{fmt_rate(per or 0):>9}{mfu:>6}{speed:>9}")
+        if budget:
+            h, g, c = d.get("train_hours"), d.get("gpu_hours"), d.get("cost")
+            line += (f"{'-' if h is None else f'{h:.3g}':>9}{'-' if g is None else f'{g:.3g}':>9}"
+                     f"{'-' if c is None else f'{c:.4g}':>10}")
+        lines.append(line)
+    lines.append("comm: all communication per step; exposed: the part compute does not hide; speedup: against one GPU "
+                 "at the same global batch by accumulation")
+    return lines
+
+
+def _fits_word(fits: bool | None, short_of: str | None = None) -> str:
+    """yes / NO (GPU memory) / RAM! (host RAM) / ? (it depends on host RAM nobody gave)."""
+    return "?" if fits is None else "yes" if fits else "RAM!" if short_of == "host RAM" else "NO"
+
+
+def _load_line(rows: list) -> str | None:
+    """Host RAM each strategy's script needs per node while it builds the model, grouped by value."""
+    groups: dict[int, list[str]] = {}
+    for r in rows:
+        if r.applicable and r.load_host_bytes_per_node:
+            groups.setdefault(r.load_host_bytes_per_node, []).append(r.name)
+    if not groups:
+        return None
+    parts = [f"{'/'.join(names)} {gib(n):.2f}" for n, names in sorted(groups.items(), reverse=True)]
+    return ("host RAM per node while the script builds the model (each rank builds it on the CPU in fp32; "
+            "ZeRO-3 partitions as it builds), GiB: " + ", ".join(parts))
 
 
 def _short_phase(phase: str) -> str:
@@ -225,7 +285,7 @@ def _emit(result, args: RunOptions) -> None:
 
 
 def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool):
-    from .verify import verify
+    from .verify import step_time_line, verify
 
     def progress(msg: str) -> None:
         print(f"[verify] {msg}", file=sys.stderr, flush=True)
@@ -247,6 +307,9 @@ def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool):
     verdict = "within" if outcome.within_tolerance else "OUTSIDE"
     print(f"  worst error {100 * outcome.relative_error:+.1f}% ({verdict} the {100 * 0.25:.0f}% tolerance); "
           f"log and files: {outcome.log_dir}", file=stream)
+    line = step_time_line(outcome)
+    if line:
+        print(f"  {line}", file=stream)
     return outcome
 
 
@@ -272,7 +335,11 @@ def _plan_face(argv: list[str]) -> int:
     from strategies import strategy_names
 
     from .schema import validate_run
+    from .unsupported import find_unsupported
 
+    pointer = find_unsupported(argv)  # before argparse's "unrecognized arguments" / "invalid choice"
+    if pointer:
+        raise AdvisorError(pointer)
     args = build_parser().parse_args(argv)
     if args.list_models:
         from .models import known_model_names

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from typing import Any
 
 from .gpu_presets import DEFAULT_GPU_PRESET, GpuPreset, get_gpu_preset
 from .schema import ClusterSpec
@@ -25,6 +26,7 @@ class DetectedGpus:
     memory_bytes: int
     interconnect: str | None
     warnings: tuple[str, ...] = ()
+    supports_bf16: bool | None = None  # torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,16 @@ class Hardware:
     # rank on a CPU where oneDNN books a transient weight-gradient scratch for some convolutions (AVX2
     # without AVX-512; ``advisor.trace.cpu_conv_scratch_bytes``); 0: no such scratch (the default).
     cpu_conv_scratch_threads: int = 0
+    # Whether the GPU has bf16 tensor cores (Ampere and newer; V100 and T4 do not). None: unknown.
+    supports_bf16: bool | None = True
+    # Step time: the all-reduce bus bandwidth inside a node (--link-bandwidth) and a node's bandwidth to the
+    # others (--network-bandwidth), GB/s; None: the GPU preset's figures (advisor.timing.comm.Fabric.from_preset).
+    link_busbw_gbps: float | None = None
+    network_gbps: float | None = None
+    # CPU verification runs only: this machine's measured rates (``advisor.timing.calibrate.CpuCalibration``),
+    # which the step-time model uses in place of a GPU preset's figures (``strategies.base.timing_of``). None:
+    # time a GPU by its preset.
+    calibration: Any = field(default=None, compare=False, repr=False)
 
     @property
     def num_gpus(self) -> int:
@@ -63,10 +75,11 @@ def detect_gpus() -> DetectedGpus | None:
         count = torch.cuda.device_count()
         props = torch.cuda.get_device_properties(0)
         name, memory = props.name, int(props.total_memory)
+        bf16 = bool(torch.cuda.is_bf16_supported(including_emulation=False))
     except Exception:  # a broken driver must not stop planning
         return None
     link, warnings = _detect_interconnect(count)
-    return DetectedGpus(count, name, memory, link, tuple(warnings))
+    return DetectedGpus(count, name, memory, link, tuple(warnings), supports_bf16=bf16)
 
 
 def _detect_interconnect(count: int) -> tuple[str | None, list[str]]:
@@ -153,10 +166,12 @@ def resolve_hardware(cluster: ClusterSpec) -> Hardware:
     if preset is not None:
         name, memory = preset.name, preset.memory_bytes
         link, tflops, link_gbps = preset.interconnect, preset.bf16_tflops, preset.link_gbps
+        bf16 = preset.supports_bf16
     else:
         name, memory, link = found.name, found.memory_bytes, found.interconnect or "pcie"
         warnings.extend(found.warnings)
         tflops, link_gbps = 0.0, 600.0 if link == "nvlink" else 32.0
+        bf16 = found.supports_bf16
     sources.update(gpu_name=src, gpu_memory_bytes=src, bf16_tflops=src if tflops else "unknown")
     sources["interconnect"] = src
     if gpu_mem_gib is not None:
@@ -182,7 +197,12 @@ def resolve_hardware(cluster: ClusterSpec) -> Hardware:
     elif network is not None:
         sources["network"] = "flag --network"
     sources["num_nodes"] = "flag --nodes" if nodes > 1 else "default (1)"
+    if cluster.link_bandwidth_gbps is not None:
+        sources["link_busbw_gbps"] = "flag --link-bandwidth"
+    if cluster.network_bandwidth_gbps is not None:
+        sources["network_gbps"] = "flag --network-bandwidth"
     return Hardware(gpu_name=name, gpu_memory_bytes=memory, gpus_per_node=per_node, num_nodes=nodes,
                     interconnect=link, network=network if nodes > 1 else network, bf16_tflops=tflops,
                     link_gbps=link_gbps, host_mem_bytes=host, sources=sources, warnings=tuple(warnings),
-                    host_mem_state=state)
+                    host_mem_state=state, supports_bf16=bf16, link_busbw_gbps=cluster.link_bandwidth_gbps,
+                    network_gbps=cluster.network_bandwidth_gbps)

@@ -30,6 +30,23 @@ _LLAMA3 = dict(vocab_size=128256, max_position_embeddings=8192, rms_norm_eps=1e-
                hidden_act="silu", tie_word_embeddings=False)
 
 _T5 = dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, n_positions=512)
+# Llama 3.1 / 3.2 / 3.3 config.json (rope_scaling "llama3" changes no size, so it is not copied).
+_LLAMA31 = dict(vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+                hidden_act="silu")
+# Gemma 2 config.json: tied embeddings, logit soft-capping, local/global attention.
+_GEMMA2 = dict(vocab_size=256000, max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0,
+               hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+               sliding_window=4096, tie_word_embeddings=True)
+_QWEN25 = dict(rope_theta=1000000.0, hidden_act="silu", use_sliding_window=False)
+_QWEN25_SMALL = dict(vocab_size=151936, tie_word_embeddings=True, rms_norm_eps=1e-6, **_QWEN25)  # 0.5B-3B
+_QWEN25_LARGE = dict(vocab_size=152064, tie_word_embeddings=False, max_position_embeddings=131072,
+                     rms_norm_eps=1e-5, **_QWEN25)  # 14B-72B (7B: rms_norm_eps 1e-6, preset above)
+
+
+def _qwen25(size: str, **config: Any) -> TransformerPreset:
+    repo = f"Qwen/Qwen2.5-{size}"
+    return TransformerPreset(f"qwen2.5-{size.lower()}", "qwen2", config, _hf(repo),
+                             (repo.lower(), f"{repo.lower()}-instruct"))
 
 TRANSFORMER_PRESETS: tuple[TransformerPreset, ...] = (
     TransformerPreset("gpt2", "gpt2", dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024),
@@ -111,6 +128,71 @@ TRANSFORMER_PRESETS: tuple[TransformerPreset, ...] = (
                            rms_norm_eps=1e-5, tie_word_embeddings=False),
                       _hf("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"),
                       ("tinyllama/tinyllama-1.1b-intermediate-step-1431k-3t",)),
+    TransformerPreset("llama-3.1-8b", "llama",
+                      dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                           num_key_value_heads=8, tie_word_embeddings=False, **_LLAMA31),
+                      _hf("meta-llama/Llama-3.1-8B"),
+                      ("meta-llama/llama-3.1-8b", "meta-llama/meta-llama-3.1-8b", "meta-llama/llama-3.1-8b-instruct")),
+    TransformerPreset("llama-3.1-70b", "llama",
+                      dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                           num_key_value_heads=8, tie_word_embeddings=False, **_LLAMA31),
+                      _hf("meta-llama/Llama-3.1-70B"),
+                      ("meta-llama/llama-3.1-70b", "meta-llama/meta-llama-3.1-70b", "meta-llama/llama-3.1-70b-instruct")),
+    TransformerPreset("llama-3.1-405b", "llama",
+                      dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126, num_attention_heads=128,
+                           num_key_value_heads=8, tie_word_embeddings=False, **_LLAMA31),
+                      _hf("meta-llama/Llama-3.1-405B"),
+                      ("meta-llama/llama-3.1-405b", "meta-llama/meta-llama-3.1-405b",
+                       "meta-llama/llama-3.1-405b-instruct")),
+    TransformerPreset("llama-3.2-1b", "llama",
+                      dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                           num_key_value_heads=8, head_dim=64, tie_word_embeddings=True, **_LLAMA31),
+                      _hf("meta-llama/Llama-3.2-1B"), ("meta-llama/llama-3.2-1b", "meta-llama/llama-3.2-1b-instruct")),
+    TransformerPreset("llama-3.2-3b", "llama",
+                      dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+                           num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, **_LLAMA31),
+                      _hf("meta-llama/Llama-3.2-3B"), ("meta-llama/llama-3.2-3b", "meta-llama/llama-3.2-3b-instruct")),
+    TransformerPreset("llama-3.3-70b", "llama",
+                      dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                           num_key_value_heads=8, head_dim=128, tie_word_embeddings=False, **_LLAMA31),
+                      _hf("meta-llama/Llama-3.3-70B-Instruct"), ("meta-llama/llama-3.3-70b-instruct",)),
+    TransformerPreset("gemma-2-2b", "gemma2",
+                      dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+                           num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, **_GEMMA2),
+                      _hf("google/gemma-2-2b"), ("google/gemma-2-2b", "google/gemma-2-2b-it")),
+    TransformerPreset("gemma-2-9b", "gemma2",
+                      dict(hidden_size=3584, intermediate_size=14336, num_hidden_layers=42, num_attention_heads=16,
+                           num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256, **_GEMMA2),
+                      _hf("google/gemma-2-9b"), ("google/gemma-2-9b", "google/gemma-2-9b-it")),
+    TransformerPreset("gemma-2-27b", "gemma2",
+                      dict(hidden_size=4608, intermediate_size=36864, num_hidden_layers=46, num_attention_heads=32,
+                           num_key_value_heads=16, head_dim=128, query_pre_attn_scalar=144, **_GEMMA2),
+                      _hf("google/gemma-2-27b"), ("google/gemma-2-27b", "google/gemma-2-27b-it")),
+    TransformerPreset("mixtral-8x7b", "mixtral",
+                      dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                           num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000,
+                           max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-5,
+                           router_aux_loss_coef=0.02, sliding_window=None, tie_word_embeddings=False),
+                      _hf("mistralai/Mixtral-8x7B-v0.1"),
+                      ("mistralai/mixtral-8x7b-v0.1", "mistralai/mixtral-8x7b-instruct-v0.1")),
+    TransformerPreset("phi-3-mini-4k", "phi3",
+                      dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,
+                           num_key_value_heads=32, vocab_size=32064, max_position_embeddings=4096,
+                           original_max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
+                           sliding_window=2047, pad_token_id=32000, tie_word_embeddings=False),
+                      _hf("microsoft/Phi-3-mini-4k-instruct"), ("microsoft/phi-3-mini-4k-instruct", "phi-3-mini")),
+    _qwen25("0.5B", hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+            num_key_value_heads=2, max_position_embeddings=32768, **_QWEN25_SMALL),
+    _qwen25("1.5B", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+            num_key_value_heads=2, max_position_embeddings=131072, **_QWEN25_SMALL),
+    _qwen25("3B", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+            num_key_value_heads=2, max_position_embeddings=32768, **_QWEN25_SMALL),
+    _qwen25("14B", hidden_size=5120, intermediate_size=13824, num_hidden_layers=48, num_attention_heads=40,
+            num_key_value_heads=8, **_QWEN25_LARGE),
+    _qwen25("32B", hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+            num_key_value_heads=8, **_QWEN25_LARGE),
+    _qwen25("72B", hidden_size=8192, intermediate_size=29568, num_hidden_layers=80, num_attention_heads=64,
+            num_key_value_heads=8, **_QWEN25_LARGE),
 )
 
 

@@ -12,11 +12,12 @@ from .cache import open_cache
 from .context import StrategyContext
 from .errors import AdvisorError
 from .hardware import Hardware, resolve_hardware
+from .invariants import enforce
 from .memory import trace_mode
 from .models import ModelSpec, family_of, resolve_source
 from .profile import ModelProfile, attention_dropout, build_profile
-from .recommend import recommend
-from .rows import Recommendation, StrategyRow, evaluate_row
+from .recommend import Checkpointed, choose_micro_batch, recommend, tokens_per_sample
+from .rows import Recommendation, StrategyRow, evaluate_row, single_gpu_step_s, with_speedup
 from .schema import PlanInputs, TrainingOptions, echo, validate
 
 SCHEMA_VERSION = 2
@@ -71,6 +72,25 @@ def resolve_attention(choice: str, device: str, gpu_name: str, precision: str, d
     return "mem-efficient"
 
 
+def resolve_precision(opts: TrainingOptions, hw: Hardware) -> tuple[TrainingOptions, list[str]]:
+    """The precision to plan: the user's, else bf16 mixed precision, or fp16 mixed precision on a GPU
+    without bf16 tensor cores (V100, T4: compute capability below 8.0; NVIDIA's Volta and Turing
+    whitepapers list fp16 tensor cores only), with a note saying so.
+
+    Raises:
+        AdvisorError: bf16 or pure-bf16 asked for on a GPU known to lack bf16.
+    """
+    if opts.precision is None:
+        if hw.supports_bf16 is False:
+            return replace(opts, precision="fp16"), [
+                f"{hw.gpu_name} has no bf16 tensor cores: planning fp16 mixed precision (with loss scaling)"]
+        return replace(opts, precision="bf16"), []
+    if opts.precision in ("bf16", "pure-bf16") and hw.supports_bf16 is False:
+        raise AdvisorError(f"--precision {opts.precision}: {hw.gpu_name} has no bf16 tensor cores (bf16 needs "
+                           "compute capability 8.0, Ampere or newer): use --precision fp16 or fp32")
+    return opts, []
+
+
 def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = None) -> Plan:
     """Resolve the model and hardware, trace, size every strategy, recommend one.
 
@@ -92,6 +112,7 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
     if opts.tp_degree and hw.num_gpus % opts.tp_degree:
         raise AdvisorError(f"--tp-degree {opts.tp_degree} does not divide {hw.num_gpus} GPUs "
                            f"({hw.gpus_per_node} per node x {hw.num_nodes} nodes)")
+    opts, precision_notes = resolve_precision(opts, hw)
     family = family_of(spec)
     cache = open_cache(inputs.use_cache)
     opts = replace(opts, micro_batch_size=opts.micro_batch_size or family.default_micro_batch)
@@ -109,18 +130,126 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
     ctx = StrategyContext(profile, hw, opts, device)
     strategies = all_strategies()
     rows = [evaluate_row(s, ctx, inputs.compare) for s in strategies]
+    mb_note = None
+    if inputs.training.micro_batch_size is None and device == "cuda":
+        # Unless the user set it, the micro-batch with the best throughput among those that fit (issue 13).
+        chosen = choose_micro_batch(ctx, rows)
+        if chosen is not None:
+            mb_note = chosen[1]
+            if chosen[0] != opts.micro_batch_size:
+                mb_note += f" (the default for {spec.family} models is {opts.micro_batch_size})"
+                opts = replace(opts, micro_batch_size=chosen[0])
+                ctx = StrategyContext(profile, hw, opts, device)
+                hints = {r.name: r.max_micro_batch_size for r in rows}
+                rows = [evaluate_row(s, ctx, inputs.compare, hints.get(s.name)) for s in strategies]
+    _add_speedups(ctx, rows, strategies)
     mode = trace_mode(opts.precision, casts_weights=False)
-    warnings = list(spec.warnings) + list(hw.warnings)
+    warnings = list(spec.warnings) + list(hw.warnings) + precision_notes
     if opts.activation_checkpointing and profile.activations(mode).checkpointed_blocks == 0:
         warnings.append(f"{spec.name} has no repeated blocks to checkpoint: activation checkpointing changes nothing")
     warnings += _ignored_flags(opts, profile, rows, mode)
-    rec = recommend(ctx, rows)
+    rec = recommend(ctx, rows, _checkpointed(ctx, rows, strategies, cache, scratch_threads, mode))
+    rec.micro_batch_size, rec.micro_batch_note = opts.micro_batch_size, mb_note
+    if mb_note and rec.strategy is not None:
+        rec.reasons.append(mb_note)
+    warnings += _budget_warnings(opts, ctx)
     if inputs.use_cache:  # what-if questions (another --gpus) then find their traces in the cache
         for mode, tp in {t for s in strategies for t in s.what_if_traces(ctx)}:
             profile.activations(mode, tp)
             profile.tp_stats(tp)
-    return Plan(inputs=inputs, spec=spec, profile=profile, hardware=hw, options=opts, attention=attention,
-                device=device, rows=rows, recommendation=rec, warnings=warnings)
+    result = Plan(inputs=inputs, spec=spec, profile=profile, hardware=hw, options=opts, attention=attention,
+                  device=device, rows=rows, recommendation=rec, warnings=warnings)
+    enforce(result)
+    return result
+
+
+def _add_speedups(ctx: StrategyContext, rows: list[StrategyRow], strategies: Any) -> None:
+    """Each timed row's speed-up over one GPU of this kind at the same global batch (by accumulation) and its
+    scaling efficiency (``advisor.rows.single_gpu_step_s``; None when one GPU cannot hold the model)."""
+    baselines: dict[int, float | None] = {}
+    for r in rows:
+        if r.time is None or not r.global_batch_size:
+            continue
+        if r.global_batch_size not in baselines:
+            baselines[r.global_batch_size] = single_gpu_step_s(strategies, ctx, r.global_batch_size)
+        r.time = with_speedup(r.time, baselines[r.global_batch_size], ctx.hardware.num_gpus)
+
+
+def training_budget(opts: TrainingOptions, ctx: StrategyContext, r: StrategyRow) -> dict[str, float | None] | None:
+    """Hours, GPU-hours and cost of the whole training run from --train-tokens, --train-samples or --epochs x
+    --dataset-size (None when none was given): optimizer steps = samples / global batch, each ``step_s``."""
+    samples = None
+    if opts.train_tokens is not None:
+        tokens = tokens_per_sample(ctx)
+        samples = opts.train_tokens / tokens if tokens else None
+    elif opts.train_samples is not None:
+        samples = float(opts.train_samples)
+    elif opts.epochs is not None and opts.dataset_size is not None:
+        samples = opts.epochs * opts.dataset_size
+    if samples is None and opts.train_tokens is None:
+        return None
+    if samples is None or r.time is None or not r.global_batch_size:
+        return {"train_hours": None, "gpu_hours": None, "cost": None}
+    hours = samples / r.global_batch_size * r.time.step_s / 3600
+    gpu_hours = hours * ctx.hardware.num_gpus
+    cost = gpu_hours * opts.gpu_hour_price if opts.gpu_hour_price is not None else None
+    return {"train_hours": hours, "gpu_hours": gpu_hours, "cost": cost}
+
+
+def _budget_warnings(opts: TrainingOptions, ctx: StrategyContext) -> list[str]:
+    if opts.train_tokens is not None and tokens_per_sample(ctx) is None:
+        return [f"--train-tokens needs a language model: {ctx.profile.spec.name} has no tokens per sample; give "
+                "--train-samples or --epochs with --dataset-size"]
+    if opts.gpu_hour_price is not None and opts.train_tokens is None and opts.train_samples is None \
+            and opts.epochs is None:
+        return ["--gpu-hour-price needs a training budget (--train-tokens, --train-samples or --epochs with "
+                "--dataset-size) to price"]
+    return []
+
+
+def time_to_dict(p: "Plan", r: StrategyRow) -> dict[str, Any] | None:
+    """A row's ``time`` object of the ``--json`` document (README, JSON schema); None when not timed."""
+    t = r.time
+    if t is None:
+        return None
+    ctx = p.context()
+    per_s = r.global_batch_size / t.step_s if t.step_s else None
+    tokens = tokens_per_sample(ctx)
+    n = p.hardware.num_gpus
+    d: dict[str, Any] = {
+        "compute_s": t.compute_s, "comm_s": t.comm_s, "exposed_comm_s": t.exposed_comm_s, "optimizer_s": t.optimizer_s,
+        "step_s": t.step_s, "micro_batch_size": t.micro_batch, "micro_steps": t.micro_steps,
+        "samples_per_s": per_s, "samples_per_s_per_gpu": per_s / n if per_s is not None else None,
+        "tokens_per_s": per_s * tokens if per_s is not None and tokens else None,
+        "tokens_per_s_per_gpu": per_s * tokens / n if per_s is not None and tokens else None,
+        "mfu": t.mfu, "model_flops_per_step": t.model_flops, "flops_per_step": t.flops,
+        "speedup_vs_single_gpu": t.speedup_vs_single_gpu, "scaling_efficiency": t.scaling_efficiency,
+        "overlap": t.overlap, "collectives": [c.as_dict() for c in t.collectives],
+        "notes": list(t.notes) + ["data loading is not modelled"],
+    }
+    budget = training_budget(p.options, ctx, r)
+    if budget is not None:
+        d.update(budget)
+    return d
+
+
+def _checkpointed(ctx: StrategyContext, rows: list[StrategyRow], strategies: list, cache: Any,
+                  scratch_threads: int, mode: str) -> Checkpointed | None:
+    """The rows with activation checkpointing on, when it is off, the model has blocks to checkpoint,
+    and the answer needs it (nothing fits, or only with CPU offload): the recommender names that fix,
+    with its figures, before offload or a larger cluster. One more trace, only in those cases."""
+    opts = ctx.options
+    fitting = [r for r in rows if r.applicable and r.fits is True]
+    if opts.activation_checkpointing:
+        return None
+    if fitting and not all(r.strategy.offload for r in fitting):
+        return None
+    profile = build_profile(ctx.profile.spec, ctx.profile.attention, True, cache=cache,
+                            cpu_conv_scratch_threads=scratch_threads)
+    if profile.activations(mode).checkpointed_blocks == 0:
+        return None
+    ac_ctx = StrategyContext(profile, ctx.hardware, replace(opts, activation_checkpointing=True), ctx.device)
+    return Checkpointed(ac_ctx, [evaluate_row(s, ac_ctx, False) for s in strategies])
 
 
 def _ignored_flags(opts: TrainingOptions, profile: ModelProfile, rows: list[StrategyRow], mode: str) -> list[str]:
@@ -148,6 +277,7 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
         "family": p.spec.family,
         "source": p.spec.source,
         "num_params": prof.stats.num_params,
+        "num_active_params": prof.stats.num_active_params,  # per token: < num_params for mixture of experts
         "num_trainable_params": prof.stats.num_trainable,
         "num_frozen_params": prof.stats.num_frozen,
         "buffer_bytes": prof.stats.buffer_bytes,
@@ -176,12 +306,15 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
                              "framework": r.strategy.framework, "launcher": r.strategy.launcher.name}
         if not r.applicable:
             d["reason"] = r.reason
+            d["time"] = None
             strategies.append(d)
             continue
         m = r.memory
         d.update(
             fits=r.fits,
             short_of=r.short_of,
+            fit_note=r.fit_note,
+            load_host_bytes_per_node=r.load_host_bytes_per_node,
             per_gpu_bytes=m.peak.as_dict() | {"device_total": m.device_total},
             peak_phase=m.peak.phase,
             model_state_bytes=m.model_state_bytes,
@@ -197,6 +330,7 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
             global_batch_size=r.global_batch_size,
             comm_bytes_per_step=r.comm_bytes_per_step,
             comm_pattern=r.strategy.comm_pattern,
+            time=time_to_dict(p, r),
         )
         if r.learning_rate is not None:
             d["learning_rate"] = r.learning_rate
@@ -204,7 +338,8 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
             d["deepspeed_estimate"] = r.deepspeed_estimate
         strategies.append(d)
     rec = p.recommendation
-    recommendation: dict[str, Any] = {"strategy": rec.strategy, "reasons": rec.reasons, "warnings": rec.warnings}
+    recommendation: dict[str, Any] = {"strategy": rec.strategy, "reasons": rec.reasons, "warnings": rec.warnings,
+                                      "micro_batch_size": rec.micro_batch_size}
     if rec.strategy is None:
         recommendation.update(min_gpus=rec.min_gpus, min_nodes=rec.min_nodes,
                               offload_host_bytes_per_node=rec.offload_host_bytes_per_node)
@@ -224,5 +359,18 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
         },
         "strategies": strategies,
         "recommendation": recommendation,
+        "timing": _timing_dict(p),
         "warnings": p.warnings,
     }
+
+
+def _timing_dict(p: Plan) -> dict[str, Any] | None:
+    """What the step times were computed with (None: the GPU has no preset, so nothing is timed)."""
+    from strategies.base import timing_of
+
+    t = timing_of(p.context())
+    if t is None:
+        return None
+    return {"gpu_preset": t.preset.name, "peak_tflops": t.peak_flops_per_s / 1e12, "hbm_gbps": t.preset.hbm_gbps,
+            "compute_efficiency": t.efficiency.compute, "bandwidth_efficiency": t.efficiency.bandwidth,
+            "efficiency_source": t.efficiency.source, "data_loading": "not modelled"}

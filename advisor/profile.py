@@ -44,6 +44,15 @@ class ParamStats:
     largest_module_params: int  # params owned directly by one module (a ZeRO-3 gather unit)
     persistent_params: int  # params in tensors under ZERO3_PERSISTENCE_THRESHOLD elements
     has_batchnorm: bool
+    # Mixture of experts (``routed_experts``): parameters one token uses, every non-expert parameter plus
+    # top-k / n of the routed experts' (= num_params for a dense model); num_experts and experts_per_token
+    # are 0 for a dense model. FLOPs follow the active count, memory the total.
+    num_active_params: int
+    num_experts: int
+    experts_per_token: int
+    # Modules with a parameter of at least ZERO3_PERSISTENCE_THRESHOLD elements: the modules whose parameters
+    # ZeRO-3 gathers, one coalesced all-gather each, in forward and in backward (0: not counted).
+    num_gathered_modules: int = 0
 
     @property
     def num_frozen(self) -> int:
@@ -65,8 +74,13 @@ def param_stats(spec: ModelSpec, tp_degree: int = 1) -> ParamStats:
         model = build_model(spec, tp_degree=tp_degree)
     params = list(model.parameters())
     largest_module = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    num_params = sum(p.numel() for p in params)
+    experts = routed_experts(model)
+    expert_params = {id(p): p for m, _, _ in experts for p in m.parameters()}  # shared ones once
+    active = num_params - sum(p.numel() for p in expert_params.values())
+    active += sum(sum(p.numel() for p in m.parameters()) * k // n for m, n, k in experts)
     return ParamStats(
-        num_params=sum(p.numel() for p in params),
+        num_params=num_params,
         num_trainable=sum(p.numel() for p in params if p.requires_grad),
         buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
         num_param_tensors=len(params),
@@ -74,7 +88,29 @@ def param_stats(spec: ModelSpec, tp_degree: int = 1) -> ParamStats:
         largest_module_params=largest_module,
         persistent_params=sum(p.numel() for p in params if p.numel() < ZERO3_PERSISTENCE_THRESHOLD),
         has_batchnorm=any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()),
+        num_active_params=active,
+        num_experts=max((n for _, n, _ in experts), default=0),
+        experts_per_token=max((k for _, _, k in experts), default=0),
+        num_gathered_modules=sum(1 for m in model.modules() if any(
+            p.numel() >= ZERO3_PERSISTENCE_THRESHOLD for p in m.parameters(recurse=False))),
     )
+
+
+def routed_experts(model) -> list[tuple[Any, int, int]]:
+    """The routed-experts modules of a mixture-of-experts model as (module, experts n, experts per token k):
+    transformers' ``@use_experts_implementation`` classes (Mixtral, Qwen2/3-MoE, DeepSeek-V3, OLMoE, ...),
+    which hold every expert's weights stacked along a first dimension of n and mark themselves with
+    ``has_gate`` and ``_is_expert_parallel``; k is the config's ``num_experts_per_tok``. Shared experts and
+    routers are ordinary modules (used by every token). Empty for a dense model."""
+    found = []
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        n = getattr(m, "num_experts", None)
+        k = getattr(config, "num_experts_per_tok", None)
+        if (hasattr(m, "has_gate") and hasattr(m, "_is_expert_parallel") and isinstance(n, int)
+                and isinstance(k, int) and 0 < k <= n):
+            found.append((m, n, k))
+    return found
 
 
 class OnceCache:

@@ -4,12 +4,13 @@ so both import it; it reads strategies only through the ``Strategy`` interface i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .context import StrategyContext
 from .hardware import HOST_UNKNOWN, Hardware
 from .memory import StrategyMemory
+from .units import fmt_gib
 
 MAX_SEARCH_MICRO_BATCH = 1 << 16
 
@@ -25,6 +26,8 @@ class StrategyRow:
     reason: str | None = None
     fits: bool | None = False
     short_of: str | None = None  # what is short when it does not fit: "GPU memory" / "host RAM" / "host RAM unknown"
+    fit_note: str | None = None  # when it does not surely fit: the short resource with both figures
+    load_host_bytes_per_node: int = 0  # host RAM while the script builds the model (Strategy.load_host_bytes_per_node)
     memory: StrategyMemory | None = None
     rule_of_thumb_bytes: int | None = None  # after the safety factor
     rule_of_thumb_fits: bool | None = None
@@ -36,6 +39,7 @@ class StrategyRow:
     comm_bytes_per_step: int = 0
     deepspeed_estimate: dict[str, int] | None = None
     learning_rate: float | None = None
+    time: Any = None  # advisor.timing.step.StepTime at the global batch (None: no time rule / no GPU preset)
 
 
 @dataclass
@@ -46,20 +50,43 @@ class Recommendation:
     min_gpus: int | None = None
     min_nodes: int | None = None
     offload_host_bytes_per_node: int | None = None
+    micro_batch_size: int | None = None  # the micro-batch the recommendation runs (chosen for throughput unless set)
+    micro_batch_note: str | None = None  # how it was chosen, with the figures
 
 
-def fit_verdict(memory: StrategyMemory, hw: Hardware) -> tuple[bool | None, str | None]:
-    """(fits, what is short): the device total within the usable GPU memory and what offload keeps in
-    host RAM within the node's RAM. Host RAM unknown and needed: (None, "host RAM unknown") unless the
-    GPU memory alone already rules it out."""
+def fit_verdict(memory: StrategyMemory, hw: Hardware, load_bytes: int = 0) -> tuple[bool | None, str | None]:
+    """(fits, what is short): the device total within the usable GPU memory, and within the node's
+    RAM both what offload keeps in host RAM and ``load_bytes`` (what the script needs while it builds
+    the model; not at the same time, so the larger of the two). Host RAM unknown: (None, "host RAM
+    unknown") when offload needs it, unless the GPU memory alone already rules it out; the load alone
+    is only checked when the RAM is known."""
     if memory.device_total > hw.gpu_memory_bytes:
         return False, "GPU memory"
-    if memory.host_bytes_per_node:
-        if hw.host_mem_state == HOST_UNKNOWN or hw.host_mem_bytes is None:
-            return None, "host RAM unknown"
-        if memory.host_bytes_per_node > hw.host_mem_bytes:
-            return False, "host RAM"
+    known = hw.host_mem_state != HOST_UNKNOWN and hw.host_mem_bytes is not None
+    if memory.host_bytes_per_node and not known:
+        return None, "host RAM unknown"
+    if known and max(memory.host_bytes_per_node, load_bytes) > hw.host_mem_bytes:
+        return False, "host RAM"
     return True, None
+
+
+def fit_note(row: "StrategyRow", hw: Hardware) -> str | None:
+    """The short resource of a row that does not surely fit, with the need and what there is."""
+    mem = row.memory
+    if row.fits is True or mem is None:
+        return None
+    if row.short_of == "GPU memory":
+        return f"needs {fmt_gib(mem.device_total)} per GPU, {fmt_gib(hw.gpu_memory_bytes)} usable"
+    if row.short_of == "host RAM unknown":
+        return (f"keeps {fmt_gib(mem.host_bytes_per_node)} of model states in host RAM per node; the target's "
+                "host RAM is unknown")
+    have = fmt_gib(hw.host_mem_bytes)
+    if mem.host_bytes_per_node >= row.load_host_bytes_per_node:
+        return (f"needs {fmt_gib(mem.host_bytes_per_node)} of host RAM per node for offloaded model states, the "
+                f"node has {have}")
+    ranks = f"{hw.gpus_per_node} ranks build" if hw.gpus_per_node > 1 else "the rank builds"
+    return (f"needs {fmt_gib(row.load_host_bytes_per_node)} of host RAM per node while {ranks} the model, the node "
+            f"has {have}: {row.strategy.load_fix()}")
 
 
 def fits(memory: StrategyMemory, hw: Hardware) -> bool:
@@ -67,14 +94,17 @@ def fits(memory: StrategyMemory, hw: Hardware) -> bool:
     return fit_verdict(memory, hw)[0] is True
 
 
-def max_micro_batch(strategy: Any, ctx: StrategyContext) -> int:
+def max_micro_batch(strategy: Any, ctx: StrategyContext, hint: int | None = None) -> int:
     """Largest micro-batch whose device total fits the GPU (0 when even 1 does not). Doubling then
-    bisection; device total is non-decreasing in the micro-batch."""
+    bisection; device total is non-decreasing in the micro-batch. ``hint``: a previous answer for the same
+    strategy and cluster, checked first (two evaluations when it still holds)."""
     limit = ctx.hardware.gpu_memory_bytes
 
     def ok(b: int) -> bool:
         return strategy.memory(ctx, b).device_total <= limit
 
+    if hint and hint < MAX_SEARCH_MICRO_BATCH and ok(hint) and not ok(hint + 1):
+        return hint
     if not ok(1):
         return 0
     lo, hi = 1, 2
@@ -88,9 +118,10 @@ def max_micro_batch(strategy: Any, ctx: StrategyContext) -> int:
     return lo
 
 
-def evaluate_row(strategy: Any, ctx: StrategyContext, compare: bool) -> StrategyRow:
+def evaluate_row(strategy: Any, ctx: StrategyContext, compare: bool, max_hint: int | None = None) -> StrategyRow:
     """Size ``strategy`` for ``ctx``: applicability, memory at the micro-batch, fit, the largest
-    micro-batch, data-parallel and TP sizes, accumulation steps, traffic, the scaled learning rate."""
+    micro-batch (``max_hint``: as ``max_micro_batch``'s), data-parallel and TP sizes, accumulation steps,
+    traffic, the step time (``Strategy.step_time``), the scaled learning rate."""
     row = StrategyRow(name=strategy.name, title=strategy.title, applicable=True, strategy=strategy)
     reason = strategy.not_applicable(ctx)
     if reason:
@@ -98,20 +129,69 @@ def evaluate_row(strategy: Any, ctx: StrategyContext, compare: bool) -> Strategy
         return row
     opts, hw = ctx.options, ctx.hardware
     row.memory = strategy.memory(ctx, opts.micro_batch_size)
-    row.fits, row.short_of = fit_verdict(row.memory, hw)
+    row.load_host_bytes_per_node = strategy.load_host_bytes_per_node(ctx)
+    row.fits, row.short_of = fit_verdict(row.memory, hw, row.load_host_bytes_per_node)
+    row.fit_note = fit_note(row, hw)
     rule = int(strategy.rule_of_thumb_bytes(ctx) * opts.safety_factor)
     row.rule_of_thumb_bytes, row.rule_of_thumb_fits = rule, rule <= hw.gpu_memory_bytes
-    row.max_micro_batch_size = max_micro_batch(strategy, ctx)
+    row.max_micro_batch_size = max_micro_batch(strategy, ctx, max_hint)
     row.dp_size = strategy.dp_size(ctx)
     row.tp_degree = hw.num_gpus // row.dp_size if row.dp_size else 1
-    row.comm_bytes_per_step = strategy.comm_bytes_per_step(ctx)
+    # Every row at the same global batch (issue 13): --global-batch-size, else micro-batch x all GPUs; a row
+    # with a smaller data-parallel size (TP) accumulates to reach it.
     per_step = opts.micro_batch_size * row.dp_size
-    target = opts.global_batch_size or per_step
+    target = opts.global_batch_size or opts.micro_batch_size * hw.num_gpus
     row.grad_accum_steps = max(1, -(-target // per_step))
     row.global_batch_size = row.grad_accum_steps * per_step
+    row.comm_bytes_per_step = strategy.comm_bytes_per_step(ctx, row.grad_accum_steps)
+    row.time = strategy.step_time(ctx, row)
     if opts.base_lr is not None:
         # Linear scaling rule (Goyal et al. 2017; field notes 000 section 3.4): lr x (global / base).
         row.learning_rate = opts.base_lr * row.global_batch_size / opts.base_batch_size
     if compare:
         row.deepspeed_estimate = strategy.deepspeed_estimate(ctx)
     return row
+
+
+def time_at(strategy: Any, ctx: StrategyContext, row: StrategyRow, micro_batch: int) -> tuple[Any, StrategyRow]:
+    """(step time, the row's batch figures) of ``strategy`` at another ``micro_batch`` at the global batch
+    that micro-batch gives (``--global-batch-size``, else micro-batch x GPUs); memory is not re-evaluated."""
+    opts = ctx.options
+    trial = replace(ctx, options=replace(opts, micro_batch_size=micro_batch))
+    per_step = micro_batch * row.dp_size
+    target = opts.global_batch_size or micro_batch * ctx.hardware.num_gpus
+    ga = max(1, -(-target // per_step))
+    shadow = replace(row, grad_accum_steps=ga, global_batch_size=ga * per_step, time=None)
+    return strategy.step_time(trial, shadow), shadow
+
+
+def single_gpu_step_s(strategies: Any, ctx: StrategyContext, global_batch: int) -> float | None:
+    """Seconds per optimizer step of the fastest strategy that surely fits on one GPU of this kind without CPU
+    offload, training the same model at the same micro-batch and reaching ``global_batch`` by accumulation: what
+    the speed-up of a plan is against. None when the GPU cannot hold the model states itself (offload's host
+    step would make any cluster look super-linear) or nothing can be timed."""
+    hw, mb = ctx.hardware, ctx.options.micro_batch_size
+    one = replace(ctx, hardware=replace(hw, gpus_per_node=1, num_nodes=1, network=None),
+                  options=replace(ctx.options, global_batch_size=None))
+    best = None
+    for s in strategies:
+        if s.offload or s.not_applicable(one):
+            continue
+        mem = s.memory(one, mb)
+        if fit_verdict(mem, one.hardware, s.load_host_bytes_per_node(one))[0] is not True:
+            continue
+        ga = max(1, -(-global_batch // mb))
+        row = StrategyRow(name=s.name, title=s.title, applicable=True, strategy=s, dp_size=1, tp_degree=1,
+                          grad_accum_steps=ga, global_batch_size=ga * mb)
+        t = s.step_time(one, row)
+        if t is not None and (best is None or t.step_s < best):
+            best = t.step_s
+    return best
+
+
+def with_speedup(t: Any, baseline_s: float | None, gpus: int) -> Any:
+    """``t`` with its speed-up over one GPU at the same global batch and the scaling efficiency (speed-up / GPUs)."""
+    if t is None or baseline_s is None or not t.step_s:
+        return t
+    speedup = baseline_s / t.step_s
+    return replace(t, speedup_vs_single_gpu=speedup, scaling_efficiency=speedup / gpus)

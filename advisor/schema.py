@@ -90,9 +90,9 @@ class ModelSource:
 class TrainingOptions:
     """How to train (per GPU unless said otherwise)."""
 
-    precision: str = _f("bf16", flag="--precision", label="Precision", faces=("cli", "page", "bench"),
-                        choices=PRECISIONS, help="bf16/fp16: mixed precision; fp32; pure-bf16 (default bf16; "
-                                                 "--verify on CPU: fp32)")
+    precision: str | None = _f(None, flag="--precision", label="Precision", faces=("cli", "page", "bench"),
+                               choices=PRECISIONS, none="bf16; fp16 on GPUs without bf16; --verify on CPU: fp32",
+                               help="bf16/fp16: mixed precision; fp32; pure-bf16")
     optimizer: str = _f("adamw", flag="--optimizer", label="Optimizer", faces=("cli", "page", "bench"),
                         choices=OPTIMIZERS, help="default adamw")
     micro_batch_size: int | None = _f(None, flag="--micro-batch-size", label="Micro-batch size per GPU",
@@ -116,6 +116,28 @@ class TrainingOptions:
                                      help="global batch the base LR was tuned at")
     # Generated DDP scripts set it (PyTorch DDP docs); not a user choice.
     gradient_as_bucket_view: bool = _f(True, faces=(), help="DDP gradients as views into its buckets")
+    # Step time (issue 13): the efficiencies of the roofline and the training budget.
+    mfu: float | None = _f(None, flag="--mfu", faces=("cli", "bench"), low=0.0, high=1.0, metavar="FRACTION",
+                           none="fitted per GPU generation",
+                           help="compute efficiency: the share of the GPU's dense peak that matmuls, convolutions and "
+                                "attention reach, 0-1 (takes precedence over the fitted value)")
+    bandwidth_efficiency: float | None = _f(None, flag="--bandwidth-efficiency", faces=("cli", "bench"), low=0.0,
+                                            high=4.0, metavar="FACTOR", none="fitted per GPU generation",
+                                            help="effective memory bandwidth of memory-bound ops as a share of the "
+                                                 "GPU's (above 1 where kernels fuse ops or hit the L2 cache; 0.8 "
+                                                 "models eager PyTorch), 0-4")
+    train_tokens: int | None = _f(None, flag="--train-tokens", label="Training tokens", faces=("cli", "page", "bench"),
+                                  low=1, high=10**16, none="not given",
+                                  help="tokens to train on (language models): adds training hours and GPU-hours")
+    train_samples: int | None = _f(None, flag="--train-samples", faces=("cli", "bench"), low=1, high=10**15,
+                                   none="not given", help="samples to train on: adds training hours and GPU-hours")
+    epochs: float | None = _f(None, flag="--epochs", faces=("cli", "bench"), low=0.0, high=10**6, none="not given",
+                              help="epochs over --dataset-size samples: adds training hours and GPU-hours")
+    dataset_size: int | None = _f(None, flag="--dataset-size", faces=("cli", "bench"), low=1, high=10**15,
+                                  none="not given", help="samples in the dataset (with --epochs)")
+    gpu_hour_price: float | None = _f(None, flag="--gpu-hour-price", label="Price per GPU-hour",
+                                      faces=("cli", "page", "bench"), low=0.0, high=10**4, none="not given",
+                                      help="price of one GPU-hour (any currency): adds the training cost")
 
 
 @dataclass(frozen=True)
@@ -140,6 +162,14 @@ class ClusterSpec:
     network: str | None = _f(None, flag="--network", label="Network (between nodes)", faces=("cli", "page"),
                              choices=tuple(NETWORKS), none="100gbe when nodes > 1",
                              help="link between nodes")
+    link_bandwidth_gbps: float | None = _f(None, flag="--link-bandwidth", faces=("cli", "bench"), metavar="GBPS",
+                                           low=0.0, high=10**5, none="the preset's measured figure",
+                                           help="all-reduce bus bandwidth between the GPUs of one node, GB/s "
+                                                "(nccl-tests busbw)")
+    network_bandwidth_gbps: float | None = _f(None, flag="--network-bandwidth", faces=("cli", "bench"),
+                                              metavar="GBPS", low=0.0, high=10**5,
+                                              none="NICs per node x the network's per-NIC figure",
+                                              help="bandwidth from one node to the others, GB/s one direction")
     host_mem_gib: float | None = _f(None, flag="--host-mem", label="Host RAM per node (GiB)", faces=("cli", "page"),
                                     metavar="GIB", low=0.0, high=2**20,
                                     none="auto",
@@ -159,6 +189,10 @@ class RunOptions:
                           help="write train.py, launch.sh (and ds_config.json) into DIR (with --verify: the run's "
                                "directory; default advisor-runs/MODEL-STRATEGY-TIME)")
     force: bool = _f(False, flag="--force", help="let --emit overwrite its own files in a non-empty DIR")
+    runs_dir: str | None = _f(None, label="Folder for verification runs", faces=("page",), none="advisor-runs",
+                              help="each verification writes a new folder MODEL-STRATEGY-TIME inside this one and "
+                                   "never reuses an existing run's (the CLI's --emit DIR names the run's folder "
+                                   "itself); a relative path is from the server's working directory")
     verify: bool = _f(False, flag="--verify", help="run the script here and compare measured peaks")
     steps: int | None = _f(None, flag="--steps", label="Steps", faces=("cli", "page", "bench"), low=1, high=10_000,
                            none="6", help="optimizer steps for --verify (default 6)")
@@ -321,6 +355,12 @@ def validate(inputs: PlanInputs) -> None:
     t, s = inputs.training, inputs.source
     if (t.base_lr is None) != (t.base_batch_size is None):
         raise AdvisorError("--base-lr and --base-batch-size go together: give both or neither")
+    if (t.epochs is None) != (t.dataset_size is None):
+        raise AdvisorError("--epochs and --dataset-size go together: give both or neither")
+    budgets = [n for n, v in (("--train-tokens", t.train_tokens), ("--train-samples", t.train_samples),
+                              ("--epochs", t.epochs)) if v is not None]
+    if len(budgets) > 1:
+        raise AdvisorError(f"give one training budget, not {' and '.join(budgets)}")
     if s.input_shape is not None:
         if not s.model_factory:
             raise AdvisorError("--input-shape applies to --model-factory models only")

@@ -8,7 +8,12 @@ What it measures (bytes, beyond the parameters and buffers themselves):
   the forward-retained activations still alive, the parameter gradients accumulated so far, and
   the rest ("other": temporaries, logits, the recompute of one block under activation checkpointing).
 * FLOPs with ``torch.utils.flop_counter``'s per-op formulas (``flop_registry``, 2 FLOPs per multiply-add),
-  counted in the same pass. Not ``FlopCounterMode`` itself: it keeps references to tensors (measured:
+  counted in the same pass.
+* per op, its FLOPs and the bytes it reads and writes (``_op_bytes``), per phase (``Timeline.fwd_ops`` /
+  ``bwd_ops``), and the FLOPs of activation checkpointing's recompute (``recompute_flops``): the inputs of the
+  step-time roofline (``ActivationProfile.compute_time``, ``advisor.timing.compute``), linear in the
+  micro-batch and extrapolated in depth like every other figure. No second trace. Cached entries made before
+  these fields existed are recomputed: the cache key holds a hash of this file (``advisor.profile.code_hash``). Not ``FlopCounterMode`` itself: it keeps references to tensors (measured:
   +8% backward peak on gpt2) and sees nothing inside the fused-attention stand-in, which therefore
   counts itself with the library's ``sdpa_flop_count`` / ``sdpa_backward_flop_count``.
 
@@ -33,6 +38,10 @@ per thread, but torch neither keeps them inside a Python-level torch function it
 ``F.multi_head_attention_forward``, which calls SDPA, runs as a private copy bound to the stand-in)
 nor carries them into backward (so checkpointed blocks recompute under a copy of the mode, passed as
 checkpoint's ``context_fn``).
+
+Mixture of experts: transformers' default ``grouped_mm`` experts path, whose shapes are those of balanced
+top-k routing whatever the (fake) router picks; the dispatch mode runs its fp32 case, which FakeTensor's
+meta kernel rejects, and counts its FLOPs, which flop_counter does not (see ``_grouped_mm_fp32``).
 
 Construction (``build_for_trace``): on ``meta`` (torch's init functions do nothing there and
 transformers skips weight initialisation, so nothing is patched), with floating tensors in the trace
@@ -62,13 +71,14 @@ import contextlib
 import functools
 import logging
 import weakref
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .checkpointing import enable_activation_checkpointing
 from .errors import AdvisorError
 from .locks import MODEL_BUILD_LOCK
 from .models import ModelSpec, build_model, family_of, make_batch, training_loss
+from .timing.compute import ComputeTime, Rates, roofline_s
 
 PRECISION_TRACE_MODES = ("fp32", "autocast", "half")
 ATTENTION_KERNELS = ("flash", "mem-efficient", "math")
@@ -128,28 +138,89 @@ class Timeline:
     grads: int
     flops: int
     attention_calls: int = 0  # calls of F.scaled_dot_product_attention (0: the model has no SDPA)
+    # Per op, in order: (FLOPs, bytes read + written[, 1 for a convolution]) (``_op_bytes``), forward and
+    # backward (with any recompute); the roofline of ``advisor.timing.compute`` evaluates them.
+    fwd_ops: tuple[tuple[int, ...], ...] = ()
+    bwd_ops: tuple[tuple[int, ...], ...] = ()
+    recompute_flops: int = 0  # FLOPs of activation checkpointing's recompute (inside ``flops``)
 
 
-def _phase_peaks(e1: tuple, e2: tuple, b: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """Peaks over the events of one phase at micro-batch ``b``, each event linear in b between the
-    traces at ``BASE_B`` and ``BASE_B + 1`` (same op sequence). Returns (live, retained, grads) at the
-    event with the largest live total, and at the event with the largest live total minus gradients."""
-    if not e1:
-        return (0, 0, 0), (0, 0, 0)
-    if len(e1) != len(e2):  # a few ops differ between the sizes: align events proportionally
+Event = tuple[int, int, int]  # (live, forward-retained alive, gradients so far), bytes
+# Bytes two events' differences may differ by and still count as the same (rounding of the micro-batch
+# interpolation; real mismatches differ by whole tensors).
+DEPTH_ALIGN_TOLERANCE = 4096
+
+
+def _events_at(e1: tuple, e2: tuple, b: int) -> list[Event]:
+    """One phase's events at micro-batch ``b``, each linear in b between the traces at ``BASE_B``
+    (``e1``) and ``BASE_B + 1`` (``e2``); when a few ops differ between the sizes the events are
+    aligned proportionally."""
+    if len(e1) != len(e2):
         n1, n2 = len(e1), len(e2)
         if n1 < n2:
             e1 = tuple(e1[i * n1 // n2] for i in range(n2))
         else:
             e2 = tuple(e2[i * n2 // n1] for i in range(n1))
-    gross = net = None
-    for x, y in zip(e1, e2):
-        event = tuple(x[i] + (b - BASE_B) * (y[i] - x[i]) for i in range(3))
-        if gross is None or event[0] > gross[0]:
-            gross = event
-        if net is None or event[0] - event[2] > net[0] - net[2]:
-            net = event
-    return gross, net
+    return [tuple(int(x[i] + (b - BASE_B) * (y[i] - x[i])) for i in range(3)) for x, y in zip(e1, e2)]
+
+
+def _peaks(events: list[Event]) -> tuple[Event, Event]:
+    """(live, retained, grads) at the event with the largest live total, and at the event with the
+    largest live total minus gradients; zeros for an empty phase."""
+    if not events:
+        return (0, 0, 0), (0, 0, 0)
+    return max(events, key=lambda e: e[0]), max(events, key=lambda e: e[0] - e[2])
+
+
+def _phase_peaks(e1: tuple, e2: tuple, b: int) -> tuple[Event, Event]:
+    """Peaks over the events of one phase at micro-batch ``b`` (``_events_at``, ``_peaks``)."""
+    return _peaks(_events_at(e1, e2, b))
+
+
+def _deep_events(one: list[Event], two: list[Event], extra: float) -> list[Event]:
+    """The events of a phase at full depth from the same phase traced with one block (``one``) and two
+    (``two``); ``extra`` = full depth - 1 (blocks added beyond the first).
+
+    The two-block trace is the one-block trace with one more block's events inserted. Aligned from
+    the start, the events up to the end of the first block processed correspond (backward: the same
+    gradients exist so far; the second block only adds its retained activations), and each
+    extrapolates linearly: the first block of a deep stack. Aligned from the end, the last block and
+    what follows correspond (backward: the same retained activations are left; the second block only
+    adds its gradients): the last block of the stack. A block in between lies between the two, linearly
+    in its position, so its events never exceed the larger of the two ends. Forward mirrors this with
+    retained activations. Where neither alignment holds (an event the one-block trace cannot place),
+    the event is aligned proportionally. Every component is kept within [0, live]."""
+    if not one or not two:
+        return list(one)
+    n1, n2 = len(one), len(two)
+
+    def grow(a: Event, b: Event) -> Event:
+        live, kept, grads = (max(0, int(round(a[i] + extra * (b[i] - a[i])))) for i in range(3))
+        kept, grads = min(kept, live), min(grads, live)
+        return live, kept, min(grads, live - kept)
+
+    # The inserted block changes every event after it by the same amount: from the start, the
+    # difference the first events show (backward: its retained activations; forward: nothing); from
+    # the end, the difference the last events show (backward: its gradients; forward: its retained
+    # activations). Each alignment holds while the difference stays the same.
+    def diff(a: Event, b: Event) -> Event:
+        return b[0] - a[0], b[1] - a[1], b[2] - a[2]
+
+    def same(x: Event, y: Event) -> bool:
+        return all(abs(u - v) <= DEPTH_ALIGN_TOLERANCE for u, v in zip(x, y))
+
+    first, last = diff(one[0], two[0]), diff(one[-1], two[-1])
+    head = 0
+    while head < n1 and same(diff(one[head], two[head]), first):
+        head += 1
+    tail = 0
+    while tail < n1 - head and same(diff(one[n1 - 1 - tail], two[n2 - 1 - tail]), last):
+        tail += 1
+    out = [grow(one[i], two[i]) for i in range(head)]
+    for i in range(head, n1 - tail):  # neither alignment holds: proportional
+        out.append(grow(one[i], two[min(n2 - 1, i * n2 // n1)]))
+    out += [grow(one[n1 - tail + j], two[n2 - tail + j]) for j in range(tail)]
+    return out
 
 
 def evaluate(t1: Timeline, t2: Timeline, b: int) -> StepTrace:
@@ -177,15 +248,63 @@ class ActivationProfile:
     checkpointed_blocks: int
 
     def at(self, micro_batch: int) -> StepTrace:
+        """The step at ``micro_batch`` (memoised per profile: the planner's micro-batch searches ask for
+        the same sizes many times, and each evaluation walks every traced event).
+
+        Raises:
+            ValueError: micro_batch < 1.
+        """
         if micro_batch < 1:
             raise ValueError("micro_batch must be >= 1")
+        memo = self.__dict__.get("_memo")
+        if memo is None:  # not a dataclass field: stays out of equality, repr and the cache's JSON
+            memo = {}
+            object.__setattr__(self, "_memo", memo)
+        if micro_batch not in memo:
+            memo[micro_batch] = self._evaluate(micro_batch)
+        return memo[micro_batch]
+
+    def _evaluate(self, micro_batch: int) -> StepTrace:
         if len(self.depths) == 1:
             _, t1, t2 = self.depths[0]
             return evaluate(t1, t2, micro_batch)
         (d1, a1, a2), (d2, b1, b2) = self.depths
         one, two = evaluate(a1, a2, micro_batch), evaluate(b1, b2, micro_batch)
         extra = (self.full_depth - d1) / (d2 - d1)
-        return one.combine(two, 1.0 - extra, extra)
+        totals = one.combine(two, 1.0 - extra, extra)
+        # The peaks and their split come from the full-depth event sequence, not from combining the two
+        # traces' peaks: the peak can fall at a different event at each depth (start of backward at depth
+        # 1, end at depth 2), and mixing the two splits gave negative activations (issue 12).
+        fwd = _deep_events(_events_at(a1.fwd, a2.fwd, micro_batch), _events_at(b1.fwd, b2.fwd, micro_batch), extra)
+        bwd = _deep_events(_events_at(a1.bwd, a2.bwd, micro_batch), _events_at(b1.bwd, b2.bwd, micro_batch), extra)
+        f_gross, _ = _peaks(fwd)
+        gross, net = _peaks(bwd)
+        return replace(totals, fwd_peak=f_gross[0], bwd_peak=gross[0], bwd_activations=gross[1], bwd_grads=gross[2],
+                       bwd_net_peak=net[0] - net[2], bwd_net_activations=net[1], bwd_net_grads=net[2])
+
+    def compute_time(self, micro_batch: int, r: Rates) -> ComputeTime:
+        """One micro-step's forward and backward at ``micro_batch`` on one GPU: the roofline over the traced
+        ops (``advisor.timing.compute.roofline_s``), each op linear in the micro-batch between the two traced
+        sizes; deep stacks extrapolated linearly in depth from the one- and two-block traces (the added block's
+        ops are what the two totals differ by, as for the memory figures)."""
+        if micro_batch < 1:
+            raise ValueError("micro_batch must be >= 1")
+
+        def one(t1: Timeline, t2: Timeline) -> tuple[float, float, float, float]:
+            lin = lambda x, y: x + (micro_batch - BASE_B) * (y - x)  # noqa: E731
+            return (roofline_s(t1.fwd_ops, t2.fwd_ops, micro_batch, BASE_B, r),
+                    roofline_s(t1.bwd_ops, t2.bwd_ops, micro_batch, BASE_B, r),
+                    lin(t1.flops, t2.flops), lin(t1.recompute_flops, t2.recompute_flops))
+
+        if len(self.depths) == 1:
+            _, t1, t2 = self.depths[0]
+            fwd, bwd, flops, rec = one(t1, t2)
+        else:
+            (d1, a1, a2), (d2, b1, b2) = self.depths
+            x, y = one(a1, a2), one(b1, b2)
+            extra = (self.full_depth - d1) / (d2 - d1)
+            fwd, bwd, flops, rec = (max(0.0, (1 - extra) * u + extra * v) for u, v in zip(x, y))
+        return ComputeTime(fwd_s=fwd, bwd_s=bwd, flops=int(round(flops)), recompute_flops=int(round(rec)))
 
     @property
     def uses_sdpa(self) -> bool:
@@ -323,6 +442,100 @@ def _conv_backward_scratch(args: tuple, kwargs: dict, threads: int) -> int:
                                   a["dilation"], threads)
 
 
+# ------------------------------------------------------------------ mixture-of-experts: grouped matmul
+# transformers 5.x runs the experts of every ``@use_experts_implementation`` class (Mixtral, Qwen2/3-MoE,
+# DeepSeek-V3, OLMoE, GPT-OSS, ...) with ``experts_implementation="grouped_mm"`` unless told otherwise
+# (``PreTrainedModel.get_correct_experts_implementation``: None -> "grouped_mm"; ``integrations/moe.py``
+# ``grouped_mm_experts_forward``), and the trace keeps that default: it is what training on a GPU runs, and
+# its shapes do not depend on the routing. The S = tokens x top-k (token, expert) pairs are sorted by expert
+# and multiplied in one ``aten::_grouped_mm`` per projection, with jagged groups given by offsets, so every
+# tensor it makes or saves has S rows however the router splits them: exactly the balanced top-k routing
+# (each expert tokens x k / n rows), which is what fake tensors, whose router scores are no data, must
+# assume. The alternatives were rejected: "eager" loops over the experts that received tokens
+# (``nonzero``/``where``: data-dependent shapes, which fake tensors cannot run), and "batched_mm" gathers one
+# copy of its expert's weights per pair (an S x 2I x H tensor: the inference path for a few tokens, not
+# what training allocates).
+#
+# Two things stop torch's own machinery from following it, and the trace supplies both:
+# * FakeTensor's meta kernel for ``_grouped_mm`` (``torch/_meta_registrations.py``,
+#   ``_meta_grouped_mm_common``) accepts bf16/fp16 only ("Expected mat_a to be BFloat16 or supported Float16
+#   matrix, got torch.float32"), while the real CPU and CUDA kernels also take fp32
+#   (``aten/src/ATen/native/GroupedMMUtils.h``, ``_grouped_mm_validate_inputs``; fp32 runs
+#   ``_grouped_mm_fallback``, one ``mm_out`` per group into the preallocated output, no other storage). fp32
+#   experts are what fp32 training and fp32-master-weight autocast run (transformers casts the input to the
+#   weight dtype, and grouped_mm is not an autocast op), so Mixtral could not be traced in fp32 or bf16-autocast.
+#   ``_grouped_mm_fp32`` makes the output the real kernel makes (shape rule of torch's
+#   ``_create_grouped_mm_output_tensor``), inside the trace's own dispatch mode.
+# * ``torch.utils.flop_counter`` has no formula for ``_grouped_mm`` (the experts' FLOPs counted 0):
+#   ``_grouped_mm_flops``.
+def _grouped_mm_fp32(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """The output tensor of ``aten::_grouped_mm`` for fp32 operands, which FakeTensor's meta kernel rejects."""
+    a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
+    if a2 and b2:  # (M, K_total) x (K_total, N), groups along K: one (M, N) result per group
+        size = (offs.size(0), mat_a.size(0), mat_b.size(1))
+    elif a2:  # (S, K) x (G, K, N) -> (S, N), groups along S
+        size = (mat_a.size(0), mat_b.size(-1))
+    elif b2:  # (G, M, K) x (K, N_total) -> (M, N_total), groups along N
+        size = (mat_a.size(1), mat_b.size(1))
+    else:  # (G, M, K) x (G, K, N): a batched matmul
+        size = (mat_a.size(0), mat_a.size(1), mat_b.size(-1))
+    return mat_a.new_empty(size, dtype=out_dtype or mat_a.dtype)
+
+
+def _grouped_mm_flops(mat_a, mat_b, *args, out_val=None, **kwargs) -> int:
+    """FLOPs of one ``aten::_grouped_mm`` (2 per multiply-add, as flop_counter's ``mm``): each row of the jagged
+    operand meets one group's matrix, so it is the matmul of the concatenated groups."""
+    if mat_a.dim() == 2 and mat_b.dim() == 2:  # jagged contraction (the experts' weight gradients)
+        return 2 * mat_a.size(0) * mat_a.size(1) * mat_b.size(1)
+    return 2 * out_val.numel() * mat_a.size(-1)
+
+
+# ------------------------------------------------------------------ per-op costs for the roofline
+# Ops that move no data: views and aliases share their input's storage; allocations only reserve memory.
+_NO_DATA_OPS = ("detach", "alias", "lift_fresh", "_unsafe_view", "empty", "empty_like", "empty_strided",
+                "new_empty", "new_empty_strided", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel",
+                "sym_storage_offset", "resize_", "set_")
+
+# Ops that read only the rows an index picks (the embedding lookup, the loss's gather of the target log-probs).
+_GATHER_OPS = ("embedding", "nll_loss_forward", "nll_loss2d_forward", "gather", "index_select")
+# Ops that write their output and read only what an index picks (the loss's gradient: its ``self`` input only
+# gives the shape).
+_SCATTER_OPS = ("nll_loss_backward", "nll_loss2d_backward")
+
+
+def _nbytes(*tensors) -> int:
+    """Bytes of the elements a kernel touches in each tensor: ``numel x element size``, at most the storage
+    (a broadcast with stride 0 reads its storage once)."""
+    import torch
+
+    total = 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            total += min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+    return total
+
+
+def _op_bytes(func, args: tuple, kwargs: dict, out: Any, no_data: set) -> int:
+    """Bytes one op reads and writes: its tensor inputs plus its tensor outputs (``_nbytes``); 0 for views
+    (``OpOverload.is_view``), aliases and allocations (``_NO_DATA_OPS``). An in-place op reads and writes its
+    operand, so counting it once as input and once as output is right."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    if getattr(func, "is_view", False) or func._overloadpacket in no_data or func.namespace == "prim":
+        return 0
+    outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if not outs:  # a query of metadata or of one element (``.item()``): no kernel streams memory
+        return 0
+    written = _nbytes(*outs)
+    name = func.__name__.split(".")[0]
+    if name in _GATHER_OPS or name in _SCATTER_OPS:
+        indices = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and not t.is_floating_point()]
+        # A gather reads as many elements as it writes; a scatter writes its output (zeros, then the picked rows).
+        return (2 if name in _GATHER_OPS else 1) * written + _nbytes(*indices)
+    return _nbytes(*tree_leaves((args, kwargs))) + written
+
+
 class _LiveBytes:
     """TorchDispatchMode that tracks live storages created by ops, their total, and its peak.
 
@@ -337,17 +550,29 @@ class _LiveBytes:
 
         tracker = self
         conv_backward = torch.ops.aten.convolution_backward.default
+        grouped_mm = getattr(torch.ops.aten, "_grouped_mm", None)  # mixture-of-experts (see _grouped_mm_fp32)
+        grouped_mm = grouped_mm.default if grouped_mm is not None else None
+        extra_flops = {grouped_mm._overloadpacket: _grouped_mm_flops} if grouped_mm is not None else {}
+        aten = torch.ops.aten
+        conv_ops = {aten.convolution.default, conv_backward}
+        no_data = {getattr(aten, n) for n in _NO_DATA_OPS if hasattr(aten, n)}  # overload packets
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
-                out = func(*args, **kwargs)
+                if func is grouped_mm and args[0].dtype == torch.float32 and args[1].dtype == torch.float32:
+                    out = _grouped_mm_fp32(*args, **kwargs)
+                else:
+                    out = func(*args, **kwargs)
                 scratch = (_conv_backward_scratch(args, kwargs, tracker.conv_scratch_threads)
                            if tracker.conv_scratch_threads and func is conv_backward else 0)
                 tracker._on_output(out, scratch)
-                formula = flop_registry.get(func._overloadpacket)
+                formula = flop_registry.get(func._overloadpacket) or extra_flops.get(func._overloadpacket)
+                flops = 0
                 if formula is not None:  # called as FlopCounterMode._count_flops calls it
-                    tracker.flops += int(formula(*args, **kwargs, out_val=out))
+                    flops = int(formula(*args, **kwargs, out_val=out))
+                    tracker.flops += flops
+                tracker.record_op(flops, _op_bytes(func, args, kwargs, out, no_data), func in conv_ops)
                 return out
 
         self.mode = _Mode()
@@ -363,6 +588,19 @@ class _LiveBytes:
         self.attention_calls = 0
         self.events: list[tuple[int, int, int]] = []
         self.fwd_events: list[tuple[int, int, int]] = []
+        # Per op (flops, bytes read + written[, 1 for a convolution]) for the roofline (advisor.timing.compute),
+        # per phase as the events; FLOPs of activation checkpointing's recompute (> 0 depth: inside one).
+        self.ops: list[tuple[int, ...]] = []
+        self.fwd_ops: list[tuple[int, ...]] = []
+        self.recompute_depth = 0
+        self.recompute_flops = 0
+
+    def record_op(self, flops: int, nbytes: int, conv: bool = False) -> None:
+        """One op's cost for the roofline; ops that neither compute nor move data are not kept."""
+        if self.recompute_depth:
+            self.recompute_flops += flops
+        if flops or nbytes:
+            self.ops.append((flops, nbytes, 1) if conv else (flops, nbytes))
 
     def _free(self, key: int) -> None:
         _, n = self._live.pop(key, (None, 0))
@@ -395,9 +633,12 @@ class _LiveBytes:
         self._retained = set(self._live)
         self.retained_cur = self.cur
         self.fwd_events, self.events = self.events, [(self.cur, self.cur, 0)]
+        self.fwd_ops, self.ops = self.ops, []
 
-    def add_flops(self, n: int) -> None:
+    def add_flops(self, n: int, nbytes: int = 0) -> None:
+        """FLOPs of an op the dispatch mode does not see (the fused-attention stand-in), with its bytes."""
         self.flops += int(n)
+        self.record_op(int(n), int(nbytes))
 
     def on_grad(self, param) -> None:
         self.grads_cur += param.grad.untyped_storage().nbytes()
@@ -430,13 +671,16 @@ def _attention_mode_class() -> type:
             lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.add_flops = add_flops
-            add_flops(sdpa_flop_count(q.shape, k.shape, v.shape))
+            # Reads q, k, v; writes the output and the log-sum-exp (the s x s scores stay on chip).
+            add_flops(sdpa_flop_count(q.shape, k.shape, v.shape), _nbytes(q, k, v, out, lse))
             return out
 
         @staticmethod
         def backward(ctx, grad_out):
-            q, k, v, _, _ = ctx.saved_tensors
-            ctx.add_flops(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape))
+            q, k, v, out, lse = ctx.saved_tensors
+            # Reads q, k, v, the output, its gradient and the log-sum-exp; writes dq, dk, dv.
+            ctx.add_flops(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape),
+                          _nbytes(q, k, v, out, lse, grad_out) + _nbytes(q, k, v))
             return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
 
     def math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -484,8 +728,23 @@ def _attention_mode_class() -> type:
             self._copies: dict = {}
 
         def fresh(self) -> AttentionMode:
-            """A new mode with the same kernel and counter (for checkpoint recomputation)."""
-            return type(self)(self.kernel, self.counter)
+            """A new mode with the same kernel and counter (for checkpoint recomputation): while it is active
+            the counter knows that the ops it sees are recomputed (``_LiveBytes.recompute_flops``)."""
+            mode = type(self)(self.kernel, self.counter)
+            mode.recompute = True
+            return mode
+
+        recompute = False
+
+        def __enter__(self):
+            if self.recompute:
+                self.counter.recompute_depth += 1
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            if self.recompute:
+                self.counter.recompute_depth -= 1
+            return super().__exit__(*exc)
 
         def attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                       enable_gqa=False):
@@ -704,7 +963,9 @@ def _trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, ch
             h.remove()
     grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None)
     trace = Timeline(fwd=tuple(tracker.fwd_events), bwd=tuple(tracker.events), activations=activations,
-                     grads=grads, flops=tracker.flops, attention_calls=tracker.attention_calls)
+                     grads=grads, flops=tracker.flops, attention_calls=tracker.attention_calls,
+                     fwd_ops=tuple(tracker.fwd_ops), bwd_ops=tuple(tracker.ops),
+                     recompute_flops=tracker.recompute_flops)
     return trace, _attn_label(model, attention), blocks
 
 

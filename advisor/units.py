@@ -21,3 +21,20 @@ def fmt_count(n: int) -> str:
         if abs(n) >= div:
             return f"{n / div:.2f}{suffix}"
     return str(n)
+
+
+def fmt_s(seconds: float) -> str:
+    """Seconds for display: ``'562 ms'``, ``'1.34 s'``, ``'85 us'``."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.0f} ms"
+    return f"{seconds:.2f} s"
+
+
+def fmt_rate(per_s: float) -> str:
+    """A rate for display: 871234.5 -> '871K', 12.3 -> '12.3'."""
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if per_s >= div:
+            return f"{per_s / div:.3g}{suffix}"
+    return f"{per_s:.3g}"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import statistics
 import subprocess
 import threading
 import time
@@ -26,11 +28,17 @@ from .errors import AdvisorError
 from .hardware import HOST_DETECTED, Hardware, host_memory_bytes
 from .plan import plan
 from .processes import MachineLock, VerifyBusy, free_port, kill_group, lock_path, root_cause
+from .timing.calibrate import OtherCpu
 
-__all__ = ["MAX_CPU_RANKS", "TOLERANCE", "MachineLock", "VerifyBusy", "VerifyResult", "free_port", "lock_path",
-           "verify"]
+__all__ = ["MAX_CPU_RANKS", "TIMING_STEPS", "TOLERANCE", "WARMUP_STEPS", "MachineLock", "VerifyBusy", "VerifyResult",
+           "add_step_time", "calibrated", "conclude", "free_port", "lock_path", "median_step_s", "predicted_step_s",
+           "read_report", "step_time_line", "teardown_note", "verify"]
 
 MAX_CPU_RANKS = 4
+CPU_RANK_THREADS = 1  # intra-op threads of each CPU rank (OMP_NUM_THREADS), as the calibration measures them
+WARMUP_STEPS = 2  # optimizer steps left out of the measured step time (allocator, lazy init, optimizer states)
+TIMING_STEPS = 5  # steps run after the measured ones with the memory meter off: the measured step time's
+BUSY_SHARE = 0.10  # other processes' share of the CPUs during a run above which the step time is said inflated
 TOLERANCE = 0.25  # |estimate - measured| / measured; the benchmark's worst-case target (bench/README)
 _STEP_RE = re.compile(r"step (\d+)/(\d+) loss ([-\d.naninf]+)")
 _OOM_PATTERNS = ("out of memory", "OutOfMemoryError", "Cannot allocate memory", "std::bad_alloc")
@@ -51,13 +59,19 @@ class VerifyResult:
     losses: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     estimated_peak_bytes: int | None = None
+    predicted_step_s: float | None = None  # the step-time model's, for this machine (CPU: its calibration)
+    measured_step_s: float | None = None  # max over ranks of each rank's median (``median_step_s``)
+    step_time_error: float | None = None  # (predicted - measured) / measured
+    cpu_contention: float | None = None  # share of all cores' time other processes took during the run (CPU runs)
 
     def to_dict(self) -> dict:
         return {"strategy": self.strategy, "device": self.device, "world_size": self.world_size,
                 "steps": self.steps, "per_rank": self.per_rank, "relative_error": self.relative_error,
                 "tolerance": TOLERANCE, "within_tolerance": self.within_tolerance, "log_dir": self.log_dir,
                 "ok": self.ok, "message": self.message, "losses": self.losses, "notes": self.notes,
-                "estimated_peak_bytes": self.estimated_peak_bytes}
+                "estimated_peak_bytes": self.estimated_peak_bytes, "predicted_step_s": self.predicted_step_s,
+                "measured_step_s": self.measured_step_s, "step_time_error": self.step_time_error,
+                "cpu_contention": self.cpu_contention}
 
 
 def available_memory_bytes() -> int:
@@ -172,8 +186,11 @@ def _failure_message(log_path: Path, rc: int | None, timed_out: bool, timeout_s:
 
 def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: float = 600.0,
            out_dir: str | None = None, force: bool = False, precision_explicit: bool = False,
-           progress: Callable[[str], None] | None = None) -> VerifyResult:
+           progress: Callable[[str], None] | None = None, timing_steps: int = TIMING_STEPS) -> VerifyResult:
     """Emit, launch and measure ``strategy`` (default: the recommended one) for ``inputs``.
+
+    ``steps`` optimizer steps are measured for memory, then ``timing_steps`` more run with the memory meter off
+    for the measured step time (``median_step_s``).
 
     Returns a ``VerifyResult`` (``ok`` False with a message for crash / OOM / timeout).
     ``progress`` receives one-line status messages; it is called from a log-reader thread.
@@ -206,6 +223,7 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
     strategy = get_strategy(name)
     hw = run_hardware(target.hardware.num_gpus, device, notes)
     hw, opts = strategy.verify_cluster(hw, opts, target.row(name))
+    hw = calibrated(hw, device, inputs.use_cache, say, notes)
     run_plan = plan(replace(inputs, training=opts), device=device, hardware=hw)
     run_row = run_plan.row(name)
     if not run_row.applicable:
@@ -222,7 +240,7 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run_plan.spec.name)
     run_dir = Path(out_dir) if out_dir else Path("advisor-runs") / f"{safe}-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     world = hw.num_gpus
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(CPU_RANK_THREADS),
                PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")])))
     if device == "cpu":
         env.update(strategy.launcher.cpu_env)
@@ -231,18 +249,91 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
         job = job_from_plan(run_plan, name, steps=steps, master_port=port)
         write_files(render_job(job), run_dir, force=force)
         result = VerifyResult(strategy=name, device=device, world_size=world, steps=steps, log_dir=str(run_dir),
-                              notes=notes, estimated_peak_bytes=run_row.memory.peak.total)
+                              notes=notes, estimated_peak_bytes=run_row.memory.peak.total,
+                              predicted_step_s=predicted_step_s(hw, run_row.time))
         say(f"launching {name} on {world} {device} rank(s) in {run_dir}")
+        started = time.time()
         try:
-            cmd = strategy.launcher.verify_argv(world, port, ["--steps", str(steps), "--out", "out"])
+            cmd = strategy.launcher.verify_argv(world, port, ["--steps", str(steps), "--timing-steps",
+                                                              str(timing_steps), "--out", "out"])
+            others = OtherCpu()
             rc, timed_out = _launch(cmd, run_dir, env, timeout_s, steps, say)
+            result.cpu_contention = others.share() if device == "cpu" else None
         finally:
             remove_deepspeed_shm(port)
-    report = run_dir / "out" / "report.json"
-    if rc != 0 or not report.exists():
-        result.message = _failure_message(run_dir / "run.log", rc, timed_out, timeout_s)
+    return conclude(result, rc, timed_out, timeout_s, started)
+
+
+def read_report(path: Path, world_size: int, steps: int, since: float) -> tuple[dict | None, str]:
+    """The run's report if it is whole, else (None, why not). Whole: written by this run (not before
+    ``since``, so a report left by an earlier run in a --force'd directory never counts), valid JSON,
+    one entry for each rank 0 .. world_size-1 with its peak and a loss for each of ``steps`` steps.
+    Rank 0 writes it only after gathering every rank's figures, so a whole report means every rank
+    finished training and measured."""
+    try:
+        if path.stat().st_mtime < since - 1.0:  # 1 s: file time stamps are coarser than time.time()
+            return None, f"{path} is left over from an earlier run"
+        report = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, "no report was written"
+    except (OSError, ValueError) as err:
+        return None, f"the report {path} is unreadable or cut short ({err})"
+    per_rank = report.get("per_rank") if isinstance(report, dict) else None
+    if not isinstance(per_rank, list) or not all(isinstance(r, dict) for r in per_rank):
+        return None, f"the report {path} has no per-rank list"
+    ranks = [r.get("rank") for r in per_rank]
+    if not all(type(x) is int for x in ranks) or sorted(ranks) != list(range(world_size)):
+        return None, f"the report has ranks {ranks}, expected 0..{world_size - 1}"
+    for r in per_rank:
+        if not isinstance(r.get("peak_allocated_bytes"), int) or len(r.get("losses") or []) != steps:
+            return None, f"rank {r['rank']} reported {len(r.get('losses') or [])} of {steps} steps or no peak"
+    return report, ""
+
+
+_DS_EXIT = re.compile(r"--local_rank=(\d+)'.*exits with return code = (-?\d+)")
+_TORCHRUN_EXIT = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def teardown_note(log_text: str, rc: int | None, timed_out: bool, timeout_s: float) -> str:
+    """What went wrong after every rank had reported, in one line, from the launcher's log: the
+    deepspeed launcher names the failed rank's --local_rank and return code, torchrun's failure
+    summary its rank and exit code."""
+    if timed_out:
+        return (f"all ranks reported, then the run did not exit within {timeout_s:.0f} s (stuck in teardown) and "
+                "was stopped: figures are valid")
+    m = _DS_EXIT.search(log_text) or _TORCHRUN_EXIT.search(log_text)
+    if m:
+        code = int(m.group(2))
+        sig = ""
+        if code < 0:
+            try:
+                sig = f" ({signal.Signals(-code).name})"
+            except ValueError:
+                pass
+        what = f"rank {m.group(1)} exited with {code}{sig}"
+    else:
+        what = f"the launcher exited with code {rc}"
+    return f"all ranks reported, then {what} during teardown: figures are valid"
+
+
+def conclude(result: VerifyResult, rc: int | None, timed_out: bool, timeout_s: float, since: float) -> VerifyResult:
+    """Measured or failed, from the launcher's exit and the report in ``result.log_dir``/out. A run
+    whose ranks all reported and which then crashed or hung in teardown (e.g. a rank aborting in
+    interpreter shutdown) is measured, with a note: the figures were taken before. A run without a
+    whole report is a failure, whatever the exit code."""
+    run_dir = Path(result.log_dir)
+    report, why = read_report(run_dir / "out" / "report.json", result.world_size, result.steps, since)
+    if report is None:
+        if rc == 0:
+            result.message = f"the run exited 0 but {why}. Log: {run_dir / 'run.log'}"
+        else:
+            result.message = _failure_message(run_dir / "run.log", rc, timed_out, timeout_s)
         return result
-    return _compare(result, json.loads(report.read_text()))
+    if rc != 0:
+        log_path = run_dir / "run.log"
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        result.notes.append(teardown_note(text, rc, timed_out, timeout_s))
+    return _compare(result, report)
 
 
 def _compare(result: VerifyResult, report: dict) -> VerifyResult:
@@ -260,6 +351,76 @@ def _compare(result: VerifyResult, report: dict) -> VerifyResult:
     result.relative_error = worst
     result.ok = len(result.per_rank) == result.world_size
     result.within_tolerance = worst is not None and abs(worst) <= TOLERANCE
+    add_step_time(result, report)
     result.message = ("completed" if result.ok else
                       f"report has {len(result.per_rank)} ranks, expected {result.world_size}")
     return result
+
+
+def calibrated(hw: Hardware, device: str, use_cache: bool, say: Callable[[str], None], notes: list[str]) -> Hardware:
+    """``hw`` with this machine's CPU calibration (``advisor.timing.calibrate``) for a CPU run, so the plan's
+    step times predict this machine's ranks (``CPU_RANK_THREADS`` threads each); a GPU run is timed by its
+    preset and comes back unchanged. A failed calibration leaves the run untimed, with a note."""
+    if device != "cpu":
+        return hw
+    from .cache import open_cache
+    from .timing.calibrate import cached_calibration, cpu_calibration
+
+    cache = open_cache(use_cache)
+    if cached_calibration(hw.gpus_per_node, CPU_RANK_THREADS, cache) is None:
+        say(f"calibrating this machine's CPU for the step-time prediction ({hw.gpus_per_node} rank(s), about 10 s; "
+            "cached)")
+    try:
+        cal = cpu_calibration(hw.gpus_per_node, CPU_RANK_THREADS, cache=cache)
+    except RuntimeError as err:
+        notes.append(f"no predicted step time: {err}")
+        return hw
+    if cal.contended:
+        notes.append("other processes kept the CPUs busy during the CPU calibration: the predicted step time is "
+                     "rough (it is measured again in 10 minutes)")
+    return replace(hw, calibration=cal)
+
+
+def predicted_step_s(hw: Hardware, t) -> float | None:
+    """The step time the model predicts for the run: the row's ``StepTime`` (``t``; None: untimed), on a
+    calibrated CPU with the CPU's overlap rule (``CpuCalibration.step_s``)."""
+    if t is None:
+        return None
+    return hw.calibration.step_s(t) if hw.calibration is not None else t.step_s
+
+
+def median_step_s(step_times: list[float], profiled_steps: int = 0, warmup: int = WARMUP_STEPS) -> float | None:
+    """Seconds per optimizer step of one rank: the median of its steps after the first ``warmup`` and after the
+    ``profiled_steps`` that ran under the CPU memory profiler (which slows steps down); None when none is left."""
+    rest = [float(t) for t in step_times[max(warmup, profiled_steps):]]
+    return statistics.median(rest) if rest else None
+
+
+def add_step_time(result: VerifyResult, report: dict) -> None:
+    """Each rank's measured step time into ``result.per_rank`` (same order as the report), the run's (the
+    slowest rank's: ranks wait for each other) and its error against ``result.predicted_step_s``."""
+    medians = []
+    for r, mine in zip(report["per_rank"], result.per_rank):
+        losses = r.get("losses") or []
+        profiled = r.get("profiled_steps", 0 if result.device == "cuda" else len(losses))
+        mine["measured_step_s"] = median_step_s(r.get("step_times_s") or [], profiled)
+        medians.append(mine["measured_step_s"])
+    if medians and all(m is not None for m in medians):
+        result.measured_step_s = max(medians)
+        if result.predicted_step_s is not None and result.measured_step_s > 0:
+            result.step_time_error = (result.predicted_step_s - result.measured_step_s) / result.measured_step_s
+
+
+def step_time_line(result: VerifyResult) -> str | None:
+    """"step time: measured X ms, predicted Y ms (error Z%)", or what is missing; None without a measurement."""
+    if result.measured_step_s is None:
+        return None
+    measured = f"step time: measured {1e3 * result.measured_step_s:.1f} ms"
+    busy = ""
+    if result.cpu_contention is not None and result.cpu_contention > BUSY_SHARE:
+        busy = (f"; other processes took {100 * result.cpu_contention:.0f}% of the CPUs during the run: the measured "
+                "time is inflated")
+    if result.predicted_step_s is None or result.step_time_error is None:
+        return measured + ", no prediction (no time model for this device)" + busy
+    return (f"{measured}, predicted {1e3 * result.predicted_step_s:.1f} ms (error {100 * result.step_time_error:+.1f}%;"
+            f" median after {WARMUP_STEPS} warm-up steps, memory profiler off; data loading not modelled{busy})")

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.run            # the full suite -> bench/RESULTS.md, results.json, PNG
     .venv/bin/python -m bench.run --smoke    # 3 small cases into a temporary directory (CI)
+    .venv/bin/python -m bench.run --time     # step time vs published measurements -> bench/TIME.md (no training)
 
 Every case renders the training script for its strategy and runs it through ``advisor.verify.verify``
 (the ``--verify`` machinery: gloo, ``DS_ACCELERATOR=cpu``), which measures each rank's peak
@@ -29,8 +30,11 @@ from pathlib import Path
 from .cases import BENCH_DIR, SMOKE, SUITE, Case
 
 CASE_TIMEOUT_S = 420.0
+TIMING_STEPS = 3  # steps verify times after each case's measured ones (the median of 3: the suite stays < 30 min)
 BUSY_WAIT_S = 900.0  # another verification holds the machine lock: wait this long at most
 TARGET_MEDIAN, TARGET_WORST = 0.10, 0.25
+# Issue 13: CPU verification runs' step time, median |error| <= 20%, worst <= 50%, over the suite.
+TARGET_STEP_MEDIAN, TARGET_STEP_WORST = 0.20, 0.50
 _70B = ["-m", "advisor", "llama-2-70b", "--json"]
 # (label, python arguments, the untimed question asked first in the same fresh cache, or None: no cache).
 CLI_COMMANDS = (
@@ -81,7 +85,7 @@ def _verify(inputs, case: Case, run_dir: Path, say):
         t0, cpu0 = time.perf_counter(), _children_cpu_s()
         try:
             result = verify(inputs, case.strategy, steps=case.steps, timeout_s=CASE_TIMEOUT_S, out_dir=str(run_dir),
-                            precision_explicit=case.precision != "fp32", progress=say)
+                            precision_explicit=case.precision != "fp32", progress=say, timing_steps=TIMING_STEPS)
             return result, time.perf_counter() - t0, _children_cpu_s() - cpu0
         except VerifyBusy:
             if time.monotonic() > deadline:
@@ -118,6 +122,10 @@ def run_case(case: Case, work: Path, log) -> dict:
         row["ok"], row["message"], row["notes"] = result.ok, result.message, result.notes
         row["per_rank_peak_bytes"] = [r["measured_peak_bytes"] for r in result.per_rank]
         row["estimates"]["ours"] = result.estimated_peak_bytes
+        # Step time (verify: max over ranks of the median unprofiled step; predicted from this machine's calibration)
+        row["measured_step_s"], row["predicted_step_s"] = result.measured_step_s, result.predicted_step_s
+        row["step_time_error"] = result.step_time_error
+        row["cpu_contention"] = result.cpu_contention  # other processes' share of the CPUs during the run
         report = run_dir / "out" / "report.json"
         if report.exists():
             est = json.loads(report.read_text())["estimate"]
@@ -186,7 +194,15 @@ def summarize(rows: list[dict]) -> dict:
         errs = [abs(r["errors"][key]) for r in rows if r.get("errors") and r["errors"].get(key) is not None]
         out[key] = {"n": len(errs), "median_abs": statistics.median(errs) if errs else None,
                     "worst_abs": max(errs) if errs else None}
+    out["step_time"] = summarize_step_time(rows)
     return out
+
+
+def summarize_step_time(rows: list[dict]) -> dict:
+    """Median and worst absolute step-time error, over the cases that measured and predicted one."""
+    errs = [abs(r["step_time_error"]) for r in rows if r.get("ok") and r.get("step_time_error") is not None]
+    return {"n": len(errs), "median_abs": statistics.median(errs) if errs else None,
+            "worst_abs": max(errs) if errs else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,7 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--render", metavar="RESULTS_JSON", help="re-render tables and plot from a results.json")
     p.add_argument("--cli-only", action="store_true", help="re-measure only the CLI cost table into the results.json "
                    "in --out (default bench/) and re-render")
+    p.add_argument("--time", action="store_true", help="step time against published measurements (no training): "
+                   "prints the table and writes bench/TIME.md (or --out DIR/TIME.md)")
+    p.add_argument("--fit", action="store_true", help="with --time: refit the efficiencies per GPU generation")
     args = p.parse_args(argv)
+    if args.time:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from .timefit import main as time_main
+
+        return time_main(do_fit=args.fit, out=Path(args.out) / "TIME.md" if args.out else None)
     from .report import write_outputs
 
     partial = args.smoke or args.only
@@ -233,12 +258,16 @@ def main(argv: list[str] | None = None) -> int:
             err = row.get("errors", {}).get("ours")
             log(f"    -> {'measured %.1f MiB, ours %+.1f%%' % (row['measured_peak_bytes'] / 2**20, 100 * err) if err is not None else 'FAILED: ' + row.get('message', '')[:300]}"
                 f" ({row.get('wall_s')} s)")
+            if row.get("step_time_error") is not None:
+                log(f"    -> step time measured {1e3 * row['measured_step_s']:.1f} ms, predicted "
+                    f"{1e3 * row['predicted_step_s']:.1f} ms ({100 * row['step_time_error']:+.1f}%)")
             rows.append(row)
     suite_wall = time.perf_counter() - t0
     data = {"machine": machine_info(), "suite": "smoke" if args.smoke else ("partial" if args.only else "full"),
             "suite_wall_s": round(suite_wall, 1), "suite_cpu_s": round(sum(r.get("cpu_s", 0) for r in rows), 1),
             "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)], "cases": rows, "summary": summarize(rows),
             "targets": {"median_abs": TARGET_MEDIAN, "worst_abs": TARGET_WORST},
+            "step_time_targets": {"median_abs": TARGET_STEP_MEDIAN, "worst_abs": TARGET_STEP_WORST},
             "cli": [] if args.no_cli else cli_cost(),
             "cli_targets": {"warm_ratio": TARGET_WARM_RATIO, "cold_ratio": TARGET_COLD_RATIO,
                             "rss_bytes": TARGET_CLI_RSS}}

@@ -2,7 +2,8 @@
 
 A strategy owns everything that differs between strategies: whether it applies (and why not), its
 data-parallel size, its per-GPU memory rule, its share of the 16-bytes-per-parameter rule of thumb,
-its communication volume and pattern, which traced step its precision runs, its launcher, script
+its communication volume and pattern, its time rule (``step_time``: compute, collectives with their sizes and
+overlap, optimizer step; issue 13), which traced step its precision runs, its launcher, script
 template and extra files, and what verifying it needs. Code outside ``strategies/`` reads these
 attributes; it never compares a strategy's name.
 """
@@ -10,14 +11,73 @@ attributes; it never compares a strategy's name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
 from typing import Any
 
 from advisor.context import StrategyContext
+from advisor.gpu_presets import GpuPreset
 from advisor.hardware import Hardware
-from advisor.memory import StrategyMemory, trace_mode
+from advisor.memory import OPTIMIZER_STATES_PER_PARAM, StrategyMemory, trace_mode
 from advisor.schema import TrainingOptions
+from advisor.timing.comm import Fabric
+from advisor.timing.compute import ComputeTime, Efficiency, Rates, efficiency_for, peak_precision, preset_for_gpu, rates
+from advisor.timing.step import StepTime, fused_step_bytes
 
 from .launchers import TORCHRUN, Launcher
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What every time rule reads: the GPU's preset (its peaks, bandwidths and links), the achieved rates
+    (datasheet peaks x efficiencies; ``--mfu`` / ``--bandwidth-efficiency`` override the fitted ones) and the
+    datasheet peak the MFU is measured against."""
+
+    preset: GpuPreset
+    efficiency: Efficiency
+    rates: Rates
+    peak_flops_per_s: float
+
+
+def timing_of(ctx: StrategyContext) -> Timing | None:
+    """``Timing`` of ``ctx``'s GPU; None for a GPU without a preset (no peaks to time it with)."""
+    hw, opts = ctx.hardware, ctx.options
+    cal = hw.calibration  # a CPU verification run: this machine's measured rates (advisor.timing.calibrate)
+    preset = cal.preset() if cal is not None else preset_for_gpu(hw.gpu_name, hw.gpu_memory_bytes)
+    if preset is None or not opts.precision:
+        return None
+    fitted = cal.efficiency() if cal is not None else efficiency_for(preset)
+    eff = Efficiency(opts.mfu if opts.mfu is not None else fitted.compute,
+                     opts.bandwidth_efficiency if opts.bandwidth_efficiency is not None else fitted.bandwidth,
+                     fitted.source if opts.mfu is None and opts.bandwidth_efficiency is None else "flags --mfu / "
+                     "--bandwidth-efficiency where given, else " + fitted.source)
+    peak = (preset.peak_tflops(peak_precision(opts.precision, preset)) or preset.tflops_fp32 or 0.0) * 1e12
+    return Timing(preset, eff, rates(preset, opts.precision, eff.compute, eff.bandwidth), peak)
+
+
+def fabric_of(ctx: StrategyContext, t: Timing, gpus_per_node: int, nodes: int, concurrent_groups: int = 1) -> Fabric:
+    """The fabric of one communicating group of ``gpus_per_node`` x ``nodes`` ranks on ``ctx``'s cluster
+    (``Fabric.from_preset``; ``--link-bandwidth`` / ``--network-bandwidth`` override). ``concurrent_groups``
+    groups communicate at once across the nodes' NICs (TP x DP's data-parallel groups): each gets its share."""
+    hw = ctx.hardware
+    # The preset's NIC count belongs to its typical network (DGX A100: 8 x HDR); on another network (a user's
+    # 1 GbE or 100 GbE) one NIC per node is assumed.
+    nics = None if hw.network in (None, t.preset.network) else 1
+    f = Fabric.from_preset(t.preset, gpus_per_node, nodes, interconnect=hw.interconnect, network=hw.network,
+                           nics_per_node=nics, link_busbw_gbps=hw.link_busbw_gbps, network_gbps=hw.network_gbps)
+    if hw.calibration is not None:  # gloo's measured latency on a CPU verification run, not NCCL's model
+        f = hw.calibration.fabric(f)
+    return replace(f, inter_gbps=f.inter_gbps / concurrent_groups) if nodes > 1 and concurrent_groups > 1 else f
+
+
+def optimizer_step_s(ctx: StrategyContext, t: Timing, numel: int, w: int, g: int, s: int, extra: int = 0,
+                     factor: float = 1.0) -> float:
+    """Seconds of the optimizer step over ``numel`` elements on the GPU: the bytes a fused step reads and writes
+    (``advisor.timing.step.fused_step_bytes``: parameter ``w``, gradient ``g``, moments ``s`` bytes) plus
+    ``extra`` bytes per element, times ``factor`` (a foreach step's extra passes), at the achieved HBM
+    bandwidth."""
+    k = OPTIMIZER_STATES_PER_PARAM[ctx.options.optimizer]
+    per = fused_step_bytes(w, g, k, s) + extra
+    return numel * per * factor / t.rates.bytes_per_s if t.rates.bytes_per_s else 0.0
 
 
 class Strategy(ABC):
@@ -26,7 +86,8 @@ class Strategy(ABC):
     framework: str = "torch"  # "torch" | "deepspeed": what the script needs installed
     launcher: Launcher = TORCHRUN
     template: str = "ddp.py"  # file in strategies/templates/
-    # Recommender's preference (field notes 004 section 2/7): least communication first.
+    # The field notes' preference (004 section 2/7): least communication first. The recommender ranks by step
+    # time and uses this order for ties (advisor.recommend.TIE) and where nothing is timed.
     # 0 DDP; 1 ZeRO-1/2 (same volume as DDP); 2 ZeRO-3 (about 1.5x); 3 TP; 4 offload.
     comm_order: int = 0
     comm_pattern: str = ""  # one line: which collectives run, per step
@@ -34,6 +95,9 @@ class Strategy(ABC):
     shards_everything: bool = False  # weights, gradients and optimizer states sharded (the scale-out answer)
     uses_tp_degree: bool = False  # reads --tp-degree
     casts_weights: bool = False  # mixed precision by casting the module to 16 bits (DeepSpeed), not autocast
+    # Model-state sharding stage among the data-parallel strategies without offload: 0 DDP, 1-3 ZeRO
+    # stages (None: not comparable that way). A higher stage never holds more model states.
+    sharding_stage: int | None = None
 
     def trace_mode(self, precision: str) -> str:
         """The traced step this strategy runs at ``precision`` (``advisor.memory.trace_mode``)."""
@@ -55,11 +119,42 @@ class Strategy(ABC):
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
         """16 bytes per parameter, sharded as this strategy shards it (before the safety factor)."""
 
-    def comm_bytes_per_step(self, ctx: StrategyContext) -> int:
-        """Bytes each GPU sends per optimizer step for gradients/parameters (ring all-reduce sends
-        about 2x the gradient bytes; field notes 004 section 3.1, ZeRO paper section 7)."""
-        grad_bytes = 2 if ctx.mixed else 4
-        return 2 * ctx.profile.stats.num_trainable * grad_bytes
+    def comm_bytes_per_step(self, ctx: StrategyContext, grad_accum_steps: int = 1) -> int:
+        """Bytes each GPU sends per optimizer step for gradients/parameters: DDP's ring all-reduce of the
+        gradients sends 2(n-1)/n of them (nccl-tests PERFORMANCE.md), once per optimizer step (``no_sync()`` on the
+        other micro-steps), in the dtype DDP reduces: the parameters' (fp32 under autocast, whose weights and
+        gradients stay fp32; bf16 under pure bf16). 0 on one GPU (no collective runs)."""
+        n = ctx.world_size
+        grad_bytes = 2 if ctx.options.precision == "pure-bf16" else 4
+        return 2 * (n - 1) * ctx.profile.stats.num_trainable * grad_bytes // n
+
+    def link_warning(self, ctx: StrategyContext) -> str | None:
+        """A warning the recommender gives when it picks this strategy on ``ctx``'s links (None: none)."""
+        return None
+
+    def step_time(self, ctx: StrategyContext, row: Any) -> StepTime | None:
+        """One optimizer step at ``row``'s global batch (``row.grad_accum_steps`` micro-steps of
+        ``ctx.options.micro_batch_size``), each term sourced (``advisor.timing``); None: this strategy has no time
+        rule, or the GPU no preset to time it with."""
+        return None
+
+    def compute_time(self, ctx: StrategyContext, t: Timing, tp_degree: int = 1) -> ComputeTime:
+        """One micro-step's forward + backward on one GPU: the roofline over the ops this strategy's trace runs."""
+        act = ctx.profile.activations(self.trace_mode(ctx.options.precision), tp_degree)
+        return act.compute_time(ctx.options.micro_batch_size, t.rates)
+
+    def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
+        """Host RAM per node while the emitted script builds the model: every rank calls
+        ``build_model()`` on the CPU in fp32 (torch's default dtype; the templates move it to the GPU
+        afterwards, which frees the CPU copy), so a node holds ``gpus_per_node`` full fp32 copies at once
+        (4 bytes per parameter, plus the buffers)."""
+        stats = ctx.profile.stats
+        return ctx.hardware.gpus_per_node * (4 * stats.num_params + stats.buffer_bytes)
+
+    def load_fix(self) -> str:
+        """What to change when the model does not fit host RAM while loading (one clause)."""
+        return ("build the model on the meta device and load the checkpoint in 16 bits, or use ZeRO-3, whose "
+                "deepspeed.zero.Init partitions the parameters as they are built")
 
     def what_if_traces(self, ctx: StrategyContext) -> list[tuple[str, int]]:
         """Traces (trace mode, TP degree) this strategy would need if only the GPU count changed, beyond

@@ -21,16 +21,19 @@ from advisor.memory import (
     trace_mode,
 )
 from advisor.profile import ParamStats
+from advisor.timing.comm import bucketed_allreduce
+from advisor.timing.step import Collective, StepTime, exposed_s
 
-from .base import Strategy
+from .base import Strategy, fabric_of, optimizer_step_s, timing_of
 
 
 def grad_accum_steps(ctx: StrategyContext, dp_size: int) -> int:
-    """Accumulation steps that reach --global-batch-size (1 when it is not given)."""
+    """Accumulation steps that reach the global batch: --global-batch-size, else micro-batch x all GPUs (every
+    row is compared at the same global batch, so a smaller data-parallel size, TP's, accumulates; issue 13).
+    The same figure as ``advisor.rows.evaluate_row``'s."""
     opts = ctx.options
-    if not opts.global_batch_size:
-        return 1
-    return max(1, -(-opts.global_batch_size // (opts.micro_batch_size * dp_size)))
+    target = opts.global_batch_size or opts.micro_batch_size * ctx.world_size
+    return max(1, -(-target // (opts.micro_batch_size * dp_size)))
 
 
 def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats, tp_degree: int = 1,
@@ -82,6 +85,7 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
 
 class DDP(Strategy):
     name = "ddp"
+    sharding_stage = 0
     title = "DDP"
     comm_order = 0
     comm_pattern = "all-reduce of the gradients in buckets, overlapped with backward"
@@ -97,3 +101,35 @@ class DDP(Strategy):
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
         return RULE_OF_THUMB_BYTES_PER_PARAM * ctx.profile.stats.num_params
+
+    def step_time(self, ctx: StrategyContext, row) -> StepTime | None:
+        """Time rule. Every micro-step runs forward + backward (the roofline of the autocast trace); the gradient
+        all-reduce runs only on the last micro-step (the template wraps the others in ``no_sync()``), in
+        DDP's buckets (``advisor.timing.comm.bucketed_allreduce``: 25 MiB, the first 1 MiB) and in the
+        gradients' dtype (fp32 under autocast, whose gradients follow the fp32 weights; bf16 under pure bf16).
+        Overlap (PyTorch DDP design notes: a bucket's all-reduce starts as soon as its gradients are ready, on
+        its own stream): the buckets hide behind the rest of that backward except the last, which starts when
+        backward ends (``advisor.timing.step.exposed_s``). Optimizer: fused AdamW / foreach SGD over the full
+        fp32 (pure bf16: bf16) states at HBM bandwidth (fp16 adds GradScaler's unscale: a read and write of the
+        gradients)."""
+        t = timing_of(ctx)
+        if t is None:
+            return None
+        hw, opts, stats = ctx.hardware, ctx.options, ctx.profile.stats
+        ga = row.grad_accum_steps or 1
+        c = self.compute_time(ctx, t)
+        g = bytes_per_element(opts.precision, "grads")
+        fabric = fabric_of(ctx, t, hw.gpus_per_node, hw.num_nodes)
+        ar = bucketed_allreduce(stats.num_trainable * g, fabric)
+        hidden = exposed_s(ar.total_s, c.bwd_s, len(ar.buckets), last_s=ar.last_s)
+        dtype = "fp32" if g == 4 else "bf16"
+        coll = (Collective(f"gradient all-reduce ({dtype}, {len(ar.buckets)} buckets, last micro-step only)",
+                           "all_reduce", "data-parallel", stats.num_trainable * g, len(ar.buckets), ar.total_s,
+                           hidden),) if ar.total_s else ()
+        w = bytes_per_element(opts.precision, "weights")
+        opt = optimizer_step_s(ctx, t, stats.num_trainable, w, g, w, extra=2 * g if opts.precision == "fp16" else 0)
+        return StepTime(micro_batch=opts.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s,
+                        comm_s=ar.total_s, exposed_comm_s=hidden, optimizer_s=opt, flops=ga * c.flops,
+                        model_flops=ga * c.model_flops, peak_flops_per_s=t.peak_flops_per_s,
+                        overlap="gradient buckets overlap the last micro-step's backward, except the last bucket",
+                        collectives=coll)

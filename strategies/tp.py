@@ -18,7 +18,11 @@ from advisor.hardware import Hardware
 from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory
 from advisor.schema import TrainingOptions
 
-from .base import Strategy
+from advisor.memory import bytes_per_element
+from advisor.timing.comm import Fabric
+from advisor.timing.step import FOREACH_FACTOR, Collective, StepTime
+
+from .base import Strategy, fabric_of, optimizer_step_s, timing_of
 from .ddp import replicated_memory
 
 
@@ -43,8 +47,8 @@ class TensorParallel(Strategy):
             kind = "a CNN/vision model" if spec.family == "vision" else f"architecture {spec.model_type or spec.family}"
             return (f"{kind} has no tensor-parallel plan here (only llama/mistral/qwen2 attention+MLP blocks); "
                     "prefer lower precision, activation checkpointing and ZeRO")
-        if ctx.hardware.interconnect != "nvlink":
-            return "tensor parallelism all-reduces activations twice per layer and needs NVLink inside the node; these GPUs use PCIe"
+        # Over PCIe TP applies (issue 13): its activation all-reduces are timed and ranked like any other
+        # strategy's, and the recommender warns (``pcie_warning``). Across nodes it never applies (below).
         t = self.degree(ctx)
         cfg = spec.config or {}
         heads = int(cfg.get("num_attention_heads") or 0)
@@ -66,6 +70,14 @@ class TensorParallel(Strategy):
 
     def dp_size(self, ctx: StrategyContext) -> int:
         return ctx.world_size // self.degree(ctx) if self.with_dp else 1
+
+    def link_warning(self, ctx: StrategyContext) -> str | None:
+        """A warning for this strategy on ``ctx``'s links (None: none): TP over PCIe all-reduces activations
+        twice per block in forward and in backward over the slow link (field notes 004: TP only with NVLink)."""
+        if ctx.hardware.interconnect == "nvlink":
+            return None
+        return (f"{self.title} over PCIe: the activation all-reduces (2 per block in forward, 2 in backward) cross "
+                "PCIe on the critical path; the field's rule is tensor parallelism only inside an NVLink node")
 
     # TP degrees of the usual node sizes (GPUs per node); another --gpus asks for one of them.
     WHAT_IF_DEGREES = (2, 4, 8)
@@ -108,3 +120,71 @@ class TensorParallel(Strategy):
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
         return RULE_OF_THUMB_BYTES_PER_PARAM * ctx.profile.stats.num_params // self.degree(ctx)
+
+    def step_time(self, ctx: StrategyContext, row) -> StepTime | None:
+        """Time rule. Compute: the roofline of one TP rank's shard (the trace at the TP degree: heads and MLP
+        width divided, embeddings and norms replicated). Tensor-parallel all-reduces (Megatron-LM paper, Shoeybi
+        et al. 2019, section 3: f/g operators): per block one after the attention output projection and one after
+        the MLP down projection in forward, one for each of their column-parallel inputs in backward, each of
+        s x b x h activations in the compute dtype (16-bit under autocast); activation checkpointing's recompute
+        runs the forward's two again. They sit between dependent matmuls: on the critical path, all exposed.
+        TP x DP adds the template's hand-written gradient all-reduce across the data-parallel group at the
+        accumulation boundary, one per parameter tensor after backward (nothing left to overlap). Optimizer: the
+        template's foreach AdamW (fused kernels do not take DTensors) over the shard."""
+        t = timing_of(ctx)
+        if t is None:
+            return None
+        hw, opts, spec = ctx.hardware, ctx.options, ctx.profile.spec
+        deg, ga = self.degree(ctx), row.grad_accum_steps or 1
+        c = self.compute_time(ctx, t, deg)
+        cfg = spec.config or {}
+        blocks = int(cfg.get("num_hidden_layers") or 0)
+        hidden = int(cfg.get("hidden_size") or 0)
+        act = 4 if opts.precision == "fp32" else 2
+        nbytes = (spec.seq_len or 1) * opts.micro_batch_size * hidden * act
+        per_block = 4 + (2 if opts.activation_checkpointing else 0)
+        tp_fabric = Fabric.from_preset(t.preset, deg, 1, interconnect=hw.interconnect,
+                                       link_busbw_gbps=hw.link_busbw_gbps)
+        if hw.calibration is not None:  # a CPU verification run: gloo's measured latency (advisor.timing.calibrate)
+            tp_fabric = hw.calibration.fabric(tp_fabric)
+        one = tp_fabric.time_s("all_reduce", nbytes)
+        calls = per_block * blocks
+        tp_s = ga * calls * one
+        coll = [Collective(f"activation all-reduce ({per_block} per block: 2 forward, 2 backward"
+                           + (", 2 recompute" if per_block > 4 else "") + ")", "all_reduce", "tensor-parallel",
+                           nbytes, ga * calls, tp_s, tp_s, passes=ga * calls)]
+        shard = ctx.profile.tp_stats(deg)
+        g = bytes_per_element(opts.precision, "grads")
+        dp_s = 0.0
+        dp = self.dp_size(ctx)
+        if dp > 1:
+            fabric = fabric_of(ctx, t, max(1, hw.gpus_per_node // deg), hw.num_nodes, concurrent_groups=deg)
+            tensors = max(1, shard.num_param_tensors)
+            dp_s = tensors * fabric.time_s("all_reduce", shard.num_trainable * g // tensors)
+            coll.append(Collective(f"gradient all-reduce across the data-parallel group ({tensors} tensors)",
+                                   "all_reduce", "data-parallel", shard.num_trainable * g, tensors, dp_s, dp_s))
+        w = bytes_per_element(opts.precision, "weights")
+        opt = optimizer_step_s(ctx, t, shard.num_trainable, w, g, w, factor=FOREACH_FACTOR,
+                               extra=2 * g if opts.precision == "fp16" else 0)
+        return StepTime(micro_batch=opts.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s,
+                        comm_s=tp_s + dp_s, exposed_comm_s=tp_s + dp_s, optimizer_s=opt, flops=ga * c.flops,
+                        model_flops=ga * c.model_flops, peak_flops_per_s=t.peak_flops_per_s,
+                        overlap="none: the activation all-reduces are on the critical path; the data-parallel "
+                                "gradient all-reduce runs after backward",
+                        collectives=tuple(coll))
+
+    def comm_bytes_per_step(self, ctx: StrategyContext, grad_accum_steps: int = 1) -> int:
+        """Bytes each GPU sends per optimizer step: the activation all-reduces of every micro-step (2(t-1)/t of
+        s x b x h each, 4 per block, 6 with recompute) plus, for TP x DP, the gradient all-reduce of the shard
+        across the data-parallel group."""
+        deg, opts, spec = self.degree(ctx), ctx.options, ctx.profile.spec
+        cfg = spec.config or {}
+        act = 4 if opts.precision == "fp32" else 2
+        nbytes = (spec.seq_len or 1) * opts.micro_batch_size * int(cfg.get("hidden_size") or 0) * act
+        calls = (4 + (2 if opts.activation_checkpointing else 0)) * int(cfg.get("num_hidden_layers") or 0)
+        total = max(1, grad_accum_steps) * calls * 2 * (deg - 1) * nbytes // max(1, deg)
+        dp = self.dp_size(ctx)
+        if dp > 1:
+            g = bytes_per_element(opts.precision, "grads")
+            total += 2 * (dp - 1) * ctx.profile.tp_stats(deg).num_trainable * g // dp
+        return total

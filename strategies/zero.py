@@ -40,8 +40,11 @@ from advisor.memory import (
     optimizer_step_temp_bytes,
     peak_of,
 )
+from advisor.models import family_of
+from advisor.timing.comm import pcie_transfer_s, split_buckets
+from advisor.timing.step import FOREACH_FACTOR, HOST_MEM_GBPS, HOST_MEM_SOURCE, Collective, StepTime, exposed_s
 
-from .base import Strategy
+from .base import Strategy, fabric_of, optimizer_step_s, timing_of
 from .launchers import DEEPSPEED
 
 # DeepSpeed defaults (deepspeed/runtime/zero/config.py) and what generated ds_configs use.
@@ -167,6 +170,7 @@ class Zero(Strategy):
         self.title = f"ZeRO-{stage}" + (" + CPU offload" if offload else "")
         self.comm_order = 4 if offload else (2 if stage == 3 else 1)
         self.shards_everything = stage == 3
+        self.sharding_stage = None if offload else stage
         self.comm_pattern = ("all-gather of the parameters in forward and in backward, reduce-scatter of the "
                              "gradients" if stage == 3 else "reduce-scatter of the gradients (all-reduce in "
                              "buckets), all-gather of the updated parameters") + (
@@ -239,6 +243,16 @@ class Zero(Strategy):
         in stage3.py), so the CPU Adam loop's temporaries are the size of the whole partition."""
         return optimizer_step_temp_bytes(ctx.options.optimizer, ctx.device, s["partition_numel"], 4)
 
+    def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
+        """ZeRO-3 builds the model inside ``deepspeed.zero.Init`` where the family allows it
+        (``script_constants``' ZERO_INIT): each parameter is partitioned as its module is created
+        (partition_parameters.py, ``_post_init_method``), so a rank holds at most one module's full
+        parameters in fp32 at a time; otherwise every rank builds the full fp32 model (the base rule)."""
+        if self.stage == 3 and family_of(ctx.profile.spec).zero_init:
+            stats = ctx.profile.stats
+            return ctx.hardware.gpus_per_node * 4 * stats.largest_module_params
+        return super().load_host_bytes_per_node(ctx)
+
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
         p, n = ctx.profile.stats.num_params, ctx.world_size
         sharded = {1: 4 * p + 12 * p // n, 2: 2 * p + 14 * p // n, 3: RULE_OF_THUMB_BYTES_PER_PARAM * p // n}
@@ -286,9 +300,135 @@ class Zero(Strategy):
             config["zero_allow_untested_optimizer"] = True
         return config
 
-    def comm_bytes_per_step(self, ctx: StrategyContext) -> int:
-        base = super().comm_bytes_per_step(ctx)
-        return base * 3 // 2 if self.stage == 3 else base  # ZeRO paper section 7.2.2: 1.5x for P_os+g+p
+    def comm_bytes_per_step(self, ctx: StrategyContext, grad_accum_steps: int = 1) -> int:
+        """Bytes each GPU sends per optimizer step, in DeepSpeed's 16-bit (fp32: 32-bit) dtype: a ring
+        reduce-scatter or all-gather of S sends (n-1)/n x S (nccl-tests PERFORMANCE.md). ZeRO-1: gradients
+        reduce-scattered once per step, updated parameters all-gathered once; ZeRO-2 reduce-scatters on every
+        micro-step (it keeps only its gradient partition); ZeRO-3 gathers the parameters in forward and in backward
+        and reduce-scatters the gradients on every micro-step (ZeRO paper section 7.2.2: 1.5x DDP per micro-step).
+        0 on one GPU."""
+        n, w = ctx.world_size, self._w(ctx)
+        stats, ga = ctx.profile.stats, max(1, grad_accum_steps)
+        grads, params = stats.num_trainable * w, stats.num_params * w
+        if self.stage == 1:
+            total = grads + params
+        elif self.stage == 2:
+            total = ga * grads + params
+        else:
+            total = ga * (grads + 2 * (stats.num_params - stats.persistent_params) * w)
+        return (n - 1) * total // n
+
+    @staticmethod
+    def _w(ctx: StrategyContext) -> int:
+        return 4 if ctx.options.precision == "fp32" else 2
+
+    def step_time(self, ctx: StrategyContext, row) -> StepTime | None:
+        """Time rule (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py; DeepSpeed 0.19). Compute: the roofline
+        of the 16-bit-weights trace (DeepSpeed casts the module, no autocast casts). Collectives in the 16-bit
+        dtype (fp32 runs: 32-bit), buckets as the emitted ds_config sets them:
+
+        * ZeRO-1: reduce-scatter of the gradients at the accumulation boundary only (the engine's
+          ``allreduce_gradients`` reduces stage 1 only there), all-gather of the updated parameters after the step;
+        * ZeRO-2: reduce-scatter on every micro-step (``overlapping_partition_gradients_reduce_epilogue``: it keeps
+          only its partition), all-gather after the step. The emitted config sets ``overlap_comm`` false for
+          stages 1-2, so each bucket is reduced inside the backward hook that filled it: nothing overlaps;
+        * ZeRO-3 (``overlap_comm`` true, prefetch ``stage3_prefetch_bucket_size``): every micro-step gathers the
+          non-persistent parameters module by module in forward and again in backward and reduce-scatters the
+          gradients; gathers are prefetched behind the compute of the modules before them, the reduce-scatter
+          runs beside backward; exposed: the first module's gather of each pass, the last reduce bucket, and
+          whatever communication outlasts compute (``advisor.timing.step.exposed_s``);
+        * offload: the gradient partition goes to host memory over PCIe on every micro-step, the optimizer runs on
+          the CPU (torch's foreach loop, all the node's ranks sharing the host memory bandwidth), the updated
+          16-bit partition comes back over PCIe (ZeRO-3 + offload_param: the parameter partition comes up before
+          every gather instead); all of it exposed.
+
+        Optimizer on the GPU: fused AdamW over this rank's fp32 partition plus DeepSpeed's fp32 gradient
+        flatten/cast and the copy of the updated partition into the 16-bit weights (6 bytes per element each)."""
+        t = timing_of(ctx)
+        if t is None:
+            return None
+        hw, opts, stats = ctx.hardware, ctx.options, ctx.profile.stats
+        n, w, ga = ctx.world_size, self._w(ctx), row.grad_accum_steps or 1
+        c = self.compute_time(ctx, t)
+        fabric = fabric_of(ctx, t, hw.gpus_per_node, hw.num_nodes)
+        b = bucket_elems(ctx)
+        grads, params = stats.num_trainable * w, stats.num_params * w
+        coll: list[Collective] = []
+
+        def run(kind: str, nbytes: int, bucket_bytes: int) -> tuple[float, float, int]:
+            """(seconds, last bucket's seconds, calls) of one collective over ``nbytes`` in buckets."""
+            sizes = split_buckets(nbytes, max(1, bucket_bytes)) if nbytes else []
+            times = [fabric.time_s(kind, x) for x in sizes]
+            return sum(times), (times[-1] if times else 0.0), len(sizes)
+
+        exposed = comm = 0.0
+        if self.stage in (1, 2):
+            rs_s, _, rs_calls = run("reduce_scatter", grads, b["reduce_bucket_size"] * w)
+            ag_s, _, ag_calls = run("all_gather", params, b["allgather_bucket_size"] * w)
+            per = 1 if self.stage == 1 else ga
+            if rs_s:
+                coll.append(Collective("gradient reduce-scatter" + (" (every micro-step)" if self.stage == 2 else ""),
+                                       "reduce_scatter", "data-parallel", grads, per * rs_calls, per * rs_s,
+                                       per * rs_s, passes=per))
+            if ag_s:
+                coll.append(Collective("all-gather of the updated parameters", "all_gather", "data-parallel", params,
+                                       ag_calls, ag_s, ag_s))
+            comm = exposed = per * rs_s + ag_s
+            overlap = "none: the emitted ds_config sets overlap_comm false for ZeRO-1/2"
+        else:
+            gathered = (stats.num_params - stats.persistent_params) * w
+            modules = max(1, stats.num_gathered_modules or stats.num_param_tensors)
+            ag_s = fabric.time_s("all_gather", gathered // modules) * modules if n > 1 and gathered else 0.0
+            rs_s, rs_last, rs_calls = run("reduce_scatter", grads, b["reduce_bucket_size"] * w)
+            first = ag_s / modules
+            fwd = exposed_s(ag_s, c.fwd_s, modules, first_s=first)
+            bwd = exposed_s(ag_s + rs_s, c.bwd_s, modules + rs_calls, first_s=first, last_s=rs_last)
+            if ag_s:
+                coll.append(Collective("parameter all-gather in forward and in backward (every micro-step, "
+                                       f"{modules} modules)", "all_gather", "data-parallel", gathered,
+                                       2 * ga * modules, 2 * ga * ag_s, ga * (fwd + bwd - min(bwd, rs_last)),
+                                       passes=2 * ga))
+            if rs_s:
+                coll.append(Collective("gradient reduce-scatter (every micro-step)", "reduce_scatter", "data-parallel",
+                                       grads, ga * rs_calls, ga * rs_s, ga * min(bwd, rs_last), passes=ga))
+            comm, exposed = ga * (2 * ag_s + rs_s), ga * (fwd + bwd)
+            overlap = ("parameter gathers prefetched behind the compute of the modules before them, the gradient "
+                       "reduce-scatter beside backward (overlap_comm); exposed: each pass's first gather, the last "
+                       "reduce bucket and any overrun")
+        k_opt = 0.0
+        host = 0.0
+        notes: list[str] = []
+        part = -(-stats.num_trainable // n)
+        if self.offload:
+            pcie = t.preset.pcie_gen
+            down = pcie_transfer_s(part * w, pcie)  # gradient partition to the host, per micro-step
+            if self.stage == 3:
+                up = 2 * pcie_transfer_s(-(-stats.num_params // n) * w, pcie)  # parameter partition, each pass
+                up_per_step = ga * up
+                up_what = "parameter partition to the GPU before each gather (every micro-step)"
+            else:
+                up_per_step = pcie_transfer_s(-(-stats.num_params // n) * w, pcie)
+                up_what = "updated 16-bit partition back to the GPU"
+            coll.append(Collective("gradient partition to host memory (every micro-step)", "pcie", "host", part * w,
+                                   ga, ga * down, ga * down, passes=ga))
+            ups = 2 * ga if self.stage == 3 else 1
+            coll.append(Collective(up_what, "pcie", "host", -(-stats.num_params // n) * w, ups, up_per_step,
+                                   up_per_step, passes=ups))
+            comm += ga * down + up_per_step
+            exposed += ga * down + up_per_step
+            k = OPTIMIZER_STATES_PER_PARAM[opts.optimizer]
+            per_elem = (2 * 4 + 4 + 2 * k * 4) * FOREACH_FACTOR
+            # Every rank of the node steps its partition on the same host at once.
+            host = part * hw.gpus_per_node * per_elem / (HOST_MEM_GBPS * 1e9)
+            k_opt = host
+            notes.append(f"CPU optimizer at {HOST_MEM_GBPS:g} GB/s of host memory bandwidth per node "
+                         f"({HOST_MEM_SOURCE})")
+        else:
+            k_opt = optimizer_step_s(ctx, t, part, 4, 4, 4, extra=12)
+        return StepTime(micro_batch=opts.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s, comm_s=comm,
+                        exposed_comm_s=exposed, optimizer_s=k_opt, flops=ga * c.flops, model_flops=ga * c.model_flops,
+                        peak_flops_per_s=t.peak_flops_per_s, overlap=overlap, collectives=tuple(coll), host_s=host,
+                        notes=tuple(notes))
 
     def script_constants(self, job, family) -> dict:
         return {"OFFLOAD": self.offload, "DS_CONFIG_FILE": "ds_config.json",

@@ -46,6 +46,26 @@ def metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
 
 
+def strategy_table(at: AppTest):
+    """The per-strategy table as shown (its Markdown cells unescaped)."""
+    return at.table[0].value.map(lambda v: re.sub(r"\\(.)", r"\1", str(v)))
+
+
+def chart_spec(at: AppTest) -> dict[str, Any]:
+    """The Vega-Lite spec of the page's memory chart (what ``st.altair_chart`` sends to the browser)."""
+    chart = next(e for e in at.main if getattr(e, "type", None) == "vega_lite_chart")
+    return json.loads(chart.proto.spec)
+
+
+def page_messages(at: AppTest) -> list[str]:
+    """Every message and table cell the page shows (not code blocks: the launch line is a CLI command)."""
+    found = [*texts(at.markdown), *texts(at.error), *texts(at.warning), *texts(at.info), *texts(at.success),
+             *texts(at.caption)]
+    for table in at.table:
+        found += [re.sub(r"\\(.)", r"\1", str(v)) for v in table.value.to_numpy().ravel()]
+    return found
+
+
 @pytest.fixture
 def at() -> AppTest:
     """The page after its first run with the default inputs."""
@@ -60,7 +80,7 @@ def test_default_page_renders_recommendation(at: AppTest) -> None:
     assert any(t.startswith("Recommendation: ") for t in texts(at.success)), texts(at.success)
     assert int(metric(at, "Parameters").replace(",", "")) > 0
     assert "GiB" in metric(at, "GPU memory")
-    table = at.dataframe[0].value
+    table = strategy_table(at)
     assert {"max micro-batch", "grad. accumulation steps", "fits", "device total (GiB)"} <= set(table.columns)
     assert len(table) >= 6  # DDP, ZeRO-1/2/3, two offload rows (+ TP rows, n/a for gpt2)
     # scripts: download buttons once strategies.render lands, an info line until then
@@ -90,7 +110,7 @@ def test_uploaded_config_is_used(at: AppTest) -> None:
     ("[1, 2, 3]", "must be a JSON object"),
     ('{"model_type": "not-a-model", "hidden_size": 8}', "unknown model_type"),
     ('{"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 100000000}', "absurd"),
-    ('{"model_type": "llama", "auto_map": {"AutoModel": "evil.Model"}}', "remote code"),
+    ('{"model_type": "chatglm", "auto_map": {"AutoModel": "evil.Model"}}', "needs remote code"),
     ('{"model_type": "llama", "notes": "' + "x" * 2**20 + '"}', "over 1 MiB"),
 ], ids=["malformed", "not-an-object", "unknown-model-type", "absurd", "remote-code", "too-large"])
 def test_bad_config_is_a_one_line_error(at: AppTest, text: str, message: str) -> None:
@@ -139,6 +159,9 @@ def test_model_too_large_says_nothing_fits(at: AppTest) -> None:
     assert any(e.startswith("Nothing fits") and "T4-16GB" in e for e in errors), errors
     assert not at.success
     assert any("no strategy fits" in t for t in texts(at.markdown))  # the reasons are listed
+    # the offload reason asks for host RAM by the page's field, not "give --host-mem"
+    assert any("host RAM unknown: set 'Host RAM per node (GiB)'" in t for t in texts(at.markdown)), texts(at.markdown)
+    assert not [t for t in page_messages(at) if "--host-mem" in t]
 
 
 def test_scripts_offered_for_download_when_render_works(at: AppTest, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,7 +178,7 @@ def test_scripts_offered_for_download_when_render_works(at: AppTest, monkeypatch
         "Download train.py", "Download ds_config.json", "Download launch.sh"]
 
 
-def _fake_verify_module(busy: bool) -> types.ModuleType:
+def _fake_verify_module(busy: bool, calls: list[dict[str, Any]] | None = None) -> types.ModuleType:
     from advisor.errors import AdvisorError
 
     module = types.ModuleType("advisor.verify")
@@ -163,7 +186,10 @@ def _fake_verify_module(busy: bool) -> types.ModuleType:
     class VerifyBusy(AdvisorError):
         pass
 
-    def verify(inputs: Any, strategy: str, *, steps: int, timeout_s: float, progress: Any) -> Any:
+    def verify(inputs: Any, strategy: str, *, steps: int, timeout_s: float, progress: Any,
+               out_dir: str | None = None, force: bool = False) -> Any:
+        if calls is not None:
+            calls.append({"out_dir": out_dir, "force": force, "existed": out_dir is not None and Path(out_dir).exists()})
         if busy:
             raise VerifyBusy("another verification is running on this machine: wait for it to finish")
         assert inputs.source.model == "gpt2" and strategy == "ddp" and steps == 6
@@ -209,6 +235,135 @@ def test_messages_name_the_page_widgets_not_cli_flags(at: AppTest) -> None:
     assert len(errors) == 1, errors
     assert errors[0].startswith("'Global batch size' 7 is not a multiple of micro-batch 1 x 4 GPUs"), errors
     assert "another 'Micro-batch size per GPU'" in errors[0] and "--" not in errors[0], errors
+
+
+# --- issue 12 item 8: chart labels, host RAM, metrics, run folder, reasons, n/a rows ----------------------
+def test_chart_with_eleven_strategies_labels_every_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Vega-Lite drops overlapping axis labels by default (labelOverlap) and cuts long ones (labelLimit):
+    with 11+ strategies every bar must still carry its whole title. Checked on the spec, not pixels."""
+    from contextlib import ExitStack
+
+    from strategies import REGISTRY
+    from tests.fixtures.toy_strategy import ToyStrategy
+
+    titles = [f"Toy data parallel number {i} with a deliberately long strategy title" for i in range(5)]
+    with ExitStack() as stack:
+        for i, title in enumerate(titles):
+            stack.enter_context(REGISTRY.added(type(f"Toy{i}", (ToyStrategy,), {"name": f"toy{i}", "title": title})()))
+        app = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+        app.run()
+        app.selectbox(key="model").select("resnet18").run()
+        app.number_input(key="gpus").set_value(2).run()
+        assert not app.exception and not app.error, texts(app.error)
+        spec = chart_spec(app)
+    bars = spec["layer"][0]
+    y, x = bars["encoding"]["y"], bars["encoding"]["x"]
+    assert y["field"] == "strategy" and x["field"] == "GiB"  # horizontal bars: one row per strategy
+    assert len(y["sort"]) >= 11 and set(titles) <= set(y["sort"])
+    assert y["axis"]["labelOverlap"] is False  # never thinned out
+    assert y["axis"]["labelLimit"] == 0  # never cut ("..."): 0 is no limit in Vega
+    assert y["axis"].get("labelAngle", 0) == 0
+    import app as page
+
+    assert spec["height"] >= page.CHART_ROW_PX * len(y["sort"])  # a row of its own per label
+
+
+def test_capacity_line_is_named_in_readable_text(at: AppTest) -> None:
+    spec = chart_spec(at)
+    marks = [layer["mark"] for layer in spec["layer"]]
+    assert any(m["type"] == "rule" and m["color"] == "red" for m in marks)  # the line stays red
+    assert not any(m["type"] == "text" for m in marks)  # no red text drawn over the bars
+    assert "GPU memory 80.00 GiB" in spec["layer"][0]["encoding"]["x"]["title"]  # axis title: theme colours
+    at.toggle(key="zoom").set_value(True).run()
+    assert "beyond this scale" in chart_spec(at)["encoding"]["x"]["title"]
+
+
+def test_host_ram_is_a_page_field_and_messages_name_it(at: AppTest) -> None:
+    from advisor.schema import fields_for
+
+    assert "host_mem_gib" in {f.name for f in fields_for("page")}
+    field = at.number_input(key="host_mem_gib")
+    assert field.label == "Host RAM per node (GiB)"
+    table = strategy_table(at)
+    offload = table[table["name"] == "zero3_offload"].iloc[0]
+    assert offload["fits"] == "?" and "set 'Host RAM per node (GiB)'" in offload["note"], offload.to_dict()
+    field.set_value(512.0).run()
+    assert not at.exception and not at.error, texts(at.error)
+    table = strategy_table(at)
+    assert table[table["name"] == "zero3_offload"].iloc[0]["fits"] == "yes"
+
+
+def test_page_text_turns_flags_with_a_widget_into_its_label() -> None:
+    import app as page
+    from advisor.schema import field_labels
+
+    for flag, label in field_labels().items():
+        assert page.page_text(f"host RAM unknown: give {flag}") == f"host RAM unknown: set '{label}'"
+        assert page.page_text(f"pass {flag} for the target") == f"set '{label}' for the target"
+        assert page.page_text(f"have 64 GiB, flag {flag}") == f"have 64 GiB, '{label}'"
+        assert page.page_text(f"or another {flag}") == f"or another '{label}'"
+    assert page.page_text("--tp-degree 3 does not divide") == "--tp-degree 3 does not divide"  # no widget: a CLI option
+
+
+def test_gpus_metric_is_shown_whole(at: AppTest) -> None:
+    at.selectbox(key="gpu").select("H200-141GB")
+    at.number_input(key="gpus").set_value(16)
+    at.run()
+    assert not at.exception and not at.error, texts(at.error)
+    assert metric(at, "GPUs") == "16 x H200-141GB"
+    # the metrics sit in a wrapping row at their content's width, not in four fixed columns that cut them
+    row = next(b for b in at.main.container if any(type(k).__name__ == "Metric" for k in b.children.values()))
+    assert row.proto.flex_container.wrap and row.proto.flex_container.direction == row.proto.flex_container.HORIZONTAL
+    assert not at.columns or not any(type(k).__name__ == "Metric" for c in at.columns for k in c.children.values())
+
+
+def test_na_rows_show_na_and_the_whole_reason(at: AppTest) -> None:
+    from advisor.plan import plan
+    from advisor.schema import plan_inputs
+
+    table = strategy_table(at)
+    cells = set(table.to_numpy().ravel())
+    assert not cells & {"None", "nan", "NaN", "<NA>", ""}, cells
+    tp = table[table["name"] == "tp"].iloc[0]
+    reason = plan(plan_inputs(model="gpt2")).row("tp").reason
+    assert tp["fits"] == "n/a" and tp["note"] == f"n/a: {reason}" and len(reason) > 100  # whole, not cut
+    # a static table: the cell text is not truncated by a grid's column width
+    assert not at.dataframe or all("note" not in d.value.columns for d in at.dataframe)
+
+
+def test_verify_writes_a_new_folder_in_the_chosen_runs_folder(at: AppTest, monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    import app as page
+
+    default = at.text_input(key="runs_dir")
+    assert default.value == str((Path.cwd() / "advisor-runs").resolve())  # the CLI's default, shown
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setitem(sys.modules, "advisor.verify", _fake_verify_module(busy=False, calls=calls))
+    runs = tmp_path / "runs"
+    default.input(str(runs)).run()
+    assert any(str(runs / "gpt2-ddp-TIME") in c for c in texts(at.caption)), texts(at.caption)
+    at.button(key="verify").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    assert len(calls) == 1 and calls[0]["force"] is False and not calls[0]["existed"]
+    out = Path(calls[0]["out_dir"])
+    assert out.parent == runs and out.name.startswith("gpt2-ddp-")
+    # an existing run is never reused: the next one gets a suffix
+    monkeypatch.setattr(page.time, "strftime", lambda fmt: "20260101-000000")
+    (runs / "gpt2-ddp-20260101-000000").mkdir(parents=True)
+    (runs / "gpt2-ddp-20260101-000000-2").mkdir()
+    assert page.new_run_dir(str(runs), "gpt2", "ddp") == runs / "gpt2-ddp-20260101-000000-3"
+
+
+def test_runs_folder_that_is_a_file_is_a_message(at: AppTest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setitem(sys.modules, "advisor.verify", _fake_verify_module(busy=False, calls=calls))
+    (tmp_path / "afile").write_text("x")
+    at.text_input(key="runs_dir").input(str(tmp_path / "afile")).run()
+    at.button(key="verify").click().run()
+    assert not at.exception, texts(at.exception)
+    errors = texts(at.error)
+    assert len(errors) == 1 and errors[0].startswith("Folder for verification runs") and "not a folder" in errors[0]
+    assert not calls
 
 
 # --- the "Check my training script" tab ---------------------------------------------------------------

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("advisor.models", "advisor.hardware", "advisor.checkpointing", "advisor.measure", "advisor.trace",
      "advisor.memory", "advisor.profile", "advisor.context"),
     ("strategies",),
-    ("advisor.rows", "advisor.recommend"),
+    ("advisor.rows", "advisor.recommend", "advisor.invariants"),
     ("advisor.plan",),
     ("advisor.verify",),
     ("advisor.cli", "advisor.__main__", "app", "bench"),

@@ -15,6 +15,7 @@ from advisor.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "data" / "tiny_llama.json"
+CONFIGS = ROOT / "tests" / "data" / "configs"
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def files(tmp_path_factory) -> dict[str, str]:
         "empty.json": "",
         "no_type.json": json.dumps({"hidden_size": 64}),
         "unknown_type.json": json.dumps({"model_type": "llamaa", "hidden_size": 64}),
-        "remote.json": json.dumps(tiny | {"auto_map": {"AutoModelForCausalLM": "modeling_x.X"}}),
+        "remote.json": json.dumps(tiny | {"model_type": "chatglm", "auto_map": {"AutoModelForCausalLM": "modeling_x.X"}}),
         "layers.json": json.dumps(tiny | {"num_hidden_layers": 10**6}),
         "hidden.json": json.dumps(tiny | {"hidden_size": 10**7}),
         "string_size.json": json.dumps(tiny | {"hidden_size": "big"}),
@@ -71,7 +72,8 @@ CASES = [
     (["--config", "{list.json}"], ["JSON object"]),
     (["--config", "{no_type.json}"], ["model_type"]),
     (["--config", "{unknown_type.json}"], ["unknown model_type", "llama"]),
-    (["--config", "{remote.json}"], ["remote code"]),
+    (["--config", "{remote.json}"], ["model_type 'chatglm' needs remote code", "never runs remote code"]),
+    (["--config", str(CONFIGS / "chatglm2-6b.json"), "--gpus", "8"], ["model_type 'chatglm' needs remote code"]),
     (["--config", "{layers.json}"], ["absurd"]),
     (["--config", "{hidden.json}"], ["absurd"]),
     (["--config", "{string_size.json}"], ["hidden_size", "positive integer"]),
@@ -108,10 +110,40 @@ CASES = [
     (["--model-factory", "no_such_module_xyz:build"], ["--model-factory", "failed"]),
     (["resnet50", "--base-lr", "0.1"], ["--base-lr", "--base-batch-size"]),
     (["resnet50", "--bogus-flag"], ["unrecognized arguments"]),
+    # requests not supported yet: a pointer to what advisor does today (advisor/unsupported.py), not argparse's
+    (["llama-2-7b", "--lora-rank", "8"], ["LoRA/QLoRA is not supported yet", "full fine-tuning", "requires_grad=False"]),
+    (["llama-2-7b", "--lora-rank=16", "--gpus", "2"], ["LoRA/QLoRA is not supported yet"]),
+    (["llama-2-7b", "--quantize", "4bit"], ["not supported yet", "--precision"]),
+    (["llama-2-7b", "--optimizer", "adamw-8bit"], ["8-bit optimizers are not supported yet", "--optimizer adamw"]),
+    (["llama-2-7b", "--optimizer=adamw_8bit"], ["8-bit optimizers are not supported yet"]),
+    (["llama-2-7b", "--strategy", "fsdp2", "--emit", "{dir}/fsdp2"], ["FSDP2", "zero3", "zero2"]),
+    (["llama-2-7b", "--pp-degree", "2"], ["pipeline parallelism is out of scope", "tp", "zero3"]),
+    (["llama-2-7b", "--pipeline-parallel"], ["pipeline parallelism is out of scope"]),
+    (["llama-2-7b", "--inference"], ["training only"]),
     (["resnet50", "--steps", "3"], ["--steps applies to --verify only"]),
     (["resnet50", "--timeout", "30"], ["--timeout applies to --verify only"]),
     ([], ["no model given"]),
 ]
+
+
+def test_unsupported_pointers_shadow_nothing_the_cli_accepts():
+    """An entry of advisor/unsupported.py is for a request the CLI refuses: once a flag (or a choice of
+    one) becomes real, delete its entry there and its row above."""
+    from advisor.cli import build_parser
+    from advisor.unsupported import UNSUPPORTED, find_unsupported
+
+    parser = build_parser()
+    actions = {o: a for a in parser._actions for o in a.option_strings}
+    for entry in UNSUPPORTED:
+        assert find_unsupported(["gpt2", f"{entry.flags[0]}={entry.values[0] if entry.values else 1}"]) == entry.message
+        assert "\n" not in entry.message
+        for flag in entry.flags:
+            if not entry.values:
+                assert flag not in actions, f"{flag} is a real flag now: delete its entry in advisor/unsupported.py"
+            else:
+                choices = actions[flag].choices or ()
+                assert not set(entry.values) & set(choices), f"{flag} accepts {entry.values} now: delete the entry"
+    assert find_unsupported(["gpt2", "--optimizer", "adamw", "--strategy", "zero3"]) is None
 
 
 def _fill(argv: list[str], files: dict[str, str]) -> list[str]:
@@ -149,6 +181,9 @@ IGNORED = [
     (["resnet50", "--gpus", "4", "--tp-degree", "2"], "--tp-degree 2 is not used"),
     (["--config", "{quant.json}", "--gpus", "2"], "quantization_config (bitsandbytes) is ignored"),
     (["--config", "{arch.json}", "--gpus", "2"], "architectures says GPT2LMHeadModel (a gpt-sw3 / gpt2 model) but model_type is 'llama'"),
+    # issue 12: a config with only model_type plans on 8 GPUs (was KeyError: 'num_attention_heads')
+    (["--config", "{bare.json}", "--gpus", "8"], "config.json lacks num_hidden_layers, hidden_size, num_attention_heads"),
+    (["--config", "{automap.json}", "--gpus", "2"], "auto_map (remote code) is ignored: transformers ships model_type 'llama'"),
 ]
 
 
@@ -156,7 +191,9 @@ IGNORED = [
 def test_ignored_input_is_said(argv, warning, tmp_path, capsys):
     tiny = json.loads(TINY.read_text())
     files = {"quant.json": tiny | {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
-             "arch.json": tiny | {"architectures": ["GPT2LMHeadModel"]}}
+             "arch.json": tiny | {"architectures": ["GPT2LMHeadModel"]},
+             "bare.json": {"model_type": "mistral"},
+             "automap.json": tiny | {"auto_map": {"AutoModelForCausalLM": "modeling_x.X"}}}
     for name, doc in files.items():
         (tmp_path / name).write_text(json.dumps(doc))
     code = main(_fill(argv, {k: str(tmp_path / k) for k in files}) + ["--json"])
@@ -209,3 +246,19 @@ def test_config_file_name_cannot_inject_code(tmp_path):
     assert not calls
     r = subprocess.run([sys.executable, "train.py", "--help"], cwd=out, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and not (out / "PWNED").exists() and not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("other", [["--config", str(TINY)], ["resnet50"]], ids=["config", "model-name"])
+def test_factory_with_another_source_is_refused_before_import(other, tmp_path, monkeypatch, capsys):
+    """--model-factory is the user's code: combined with another model source it is refused before
+    the module is imported (the module writes a marker file when imported)."""
+    marker = tmp_path / "IMPORTED"
+    mod = "advisor_marker_factory_mod"
+    (tmp_path / f"{mod}.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n\n"
+        "def build():\n    import torch\n    return torch.nn.Linear(4, 4)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main([*other, "--model-factory", f"{mod}:build", "--gpus", "2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "not both" in err and len(err.splitlines()) == 1, err
+    assert not marker.exists() and mod not in sys.modules

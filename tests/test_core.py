@@ -181,14 +181,21 @@ def test_llama2_7b_on_8_a100_is_zero_not_ddp():
     p = _plan("llama-2-7b", gpu="A100-80GB", gpus=8, seq_len=2048, host_mem_gib=1024,
               training={"micro_batch_size": 1, "activation_checkpointing": True})
     assert not p.row("ddp").fits
-    assert p.recommendation.strategy in ("zero1", "zero2")
+    # By time (issue 13): over NVLink ZeRO-3's prefetched gathers hide behind compute, while the emitted ZeRO-1/2
+    # config (overlap_comm false) exposes its reduce-scatter and all-gather: ZeRO-3 is the faster that fits.
+    assert p.recommendation.strategy in ("zero1", "zero2", "zero3")
+    best = p.row(p.recommendation.strategy)
+    assert best.time.step_s <= min(p.row(n).time.step_s for n in ("zero1", "zero2", "zero3")) * 1.05
 
 
 def test_llama2_7b_on_8_rtx4090_is_zero3_never_tp():
     p = _plan("llama-2-7b", gpu="RTX4090", gpus=8, seq_len=2048, host_mem_gib=1024,
               training={"micro_batch_size": 1, "activation_checkpointing": True})
     assert p.recommendation.strategy == "zero3"
-    assert not p.row("tp").applicable and "NVLink" in p.row("tp").reason
+    # TP over PCIe applies (issue 13) and is ranked by time: its activation all-reduces over PCIe make it slower.
+    tp = p.row("tp")
+    assert tp.applicable and tp.time.step_s > p.row("zero3").time.step_s
+    assert any(r.startswith("Tensor parallel over pcie would take") for r in p.recommendation.reasons)
 
 
 def test_nothing_fits_gives_min_gpus():

@@ -15,12 +15,22 @@ from tests.golden.corpus import CASES, GOLDEN, ROOT, plan_case
 ADDED_TOP = {"inputs", "schema_version"}
 ADDED_HARDWARE = {"host_mem_state"}
 ADDED_ROW = {"framework", "launcher", "short_of", "comm_pattern"}
+# Added with the mixture-of-experts counts (issue 12): parameters used per token.
+ADDED_MODEL = {"num_active_params"}
+# Added with the step-time model (issue 13): each row's time object, what the times were computed with, and the
+# recommended micro-batch.
+ADDED_TOP |= {"timing"}
+ADDED_ROW |= {"time"}
+ADDED_RECOMMENDATION = {"micro_batch_size"}
 
 
 def _without_added(doc: dict) -> dict:
     doc = {k: v for k, v in doc.items() if k not in ADDED_TOP}
     doc["hardware"] = {k: v for k, v in doc["hardware"].items() if k not in ADDED_HARDWARE}
+    doc["model"] = {k: v for k, v in doc["model"].items() if k not in ADDED_MODEL}
     doc["strategies"] = [{k: v for k, v in s.items() if k not in ADDED_ROW} for s in doc["strategies"]]
+    if "recommendation" in doc:
+        doc["recommendation"] = {k: v for k, v in doc["recommendation"].items() if k not in ADDED_RECOMMENDATION}
     return doc
 
 

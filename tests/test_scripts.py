@@ -16,7 +16,7 @@ import torch
 
 from advisor.plan import plan
 from advisor.schema import PlanInputs, plan_inputs
-from advisor.verify import TOLERANCE, verify
+from advisor.verify import TIMING_STEPS, TOLERANCE, step_time_line, verify
 from strategies import strategy_names
 from strategies.render import render_files, write_files
 
@@ -86,6 +86,20 @@ def _check_run(result, world: int, tolerance: float = TOLERANCE) -> None:
 # --- every CPU-runnable strategy -------------------------------------------------------------------
 def test_ddp_runs_and_matches_estimate(ddp_run):
     _check_run(ddp_run[0], 2)
+
+
+def test_ddp_run_measures_and_predicts_step_time(ddp_run):
+    """Measured: the slowest rank's median of the timing steps run after the profiled ones (issue 13);
+    predicted: the step-time model with this machine's CPU calibration."""
+    result, out = ddp_run[0], ddp_run[1]
+    for r in _report(out)["per_rank"]:
+        assert r["profiled_steps"] == 6 and len(r["losses"]) == 6 and len(r["step_times_s"]) == 6 + TIMING_STEPS
+    assert all(r["measured_step_s"] > 0 for r in result.per_rank)
+    assert result.measured_step_s == max(r["measured_step_s"] for r in result.per_rank)
+    assert result.predicted_step_s > 0 and result.step_time_error is not None
+    line = step_time_line(result)
+    assert line.startswith("step time: measured ") and " ms, predicted " in line
+    assert "timing step 1/" in (out / "run.log").read_text()
 
 
 def _deepspeed_shm() -> set[str]:

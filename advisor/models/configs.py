@@ -1,6 +1,8 @@
 """Hugging Face config.json files as data: read (1 MiB at most), parsed as JSON only (never eval),
 validated, and turned into a ``ModelSpec`` with the sequence-length rules of its position embeddings.
-``auto_map``/remote code is refused; nothing is downloaded."""
+Size fields the file lacks take the transformers config class's values (as transformers would), said in
+a note. Remote code is never run: ``auto_map`` is ignored (with a note) when transformers ships the
+model_type, and the config is refused when it does not; nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -12,7 +14,17 @@ from typing import Any
 
 from ..errors import AdvisorError
 from ..locks import MODEL_BUILD_LOCK
-from .limits import MAX_CONFIG_FILE_BYTES, POSITION_KEYS, check_config_size, config_get
+from .limits import (
+    FFN_KEYS,
+    HEAD_KEYS,
+    HIDDEN_KEYS,
+    LAYER_KEYS,
+    MAX_CONFIG_FILE_BYTES,
+    POSITION_KEYS,
+    check_config_size,
+    config_get,
+    short_value,
+)
 from .spec import ModelSpec
 
 _ROTARY = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox", "mixtral", "phi", "phi3", "gemma", "gemma2",
@@ -64,25 +76,84 @@ def spec_from_hf_config(config: dict[str, Any], name: str, source: str, seq_len:
         kind = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true/false"}.get(
             type(config), "null")
         raise AdvisorError(f"{source}: a config must be a JSON object ({{...}}), got {kind}")
-    if "auto_map" in config or config.get("trust_remote_code"):
-        raise AdvisorError(f"{source}: this config needs remote code (auto_map), which advisor never runs: "
-                           "use a config whose model_type transformers knows")
+    remote = "auto_map" in config or bool(config.get("trust_remote_code"))
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
+        if remote:
+            raise AdvisorError(f"{source}: this config needs remote code (auto_map) and names no \"model_type\" "
+                               "transformers knows; advisor never runs remote code")
         raise AdvisorError(f"{source}: the config has no \"model_type\" string: add one (e.g. \"llama\")")
     with MODEL_BUILD_LOCK:  # transformers' lazy module is not safe to import from several threads
         from transformers import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:
+        if remote:
+            raise AdvisorError(f"{source}: model_type {short_value(model_type)} needs remote code (auto_map) and the "
+                               "installed transformers does not know it; advisor never runs remote code: use a "
+                               "config of a model_type transformers ships")
         close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING.keys()), n=3, cutoff=0.6)
         hint = f" (closest: {', '.join(close)})" if close else ""
         raise AdvisorError(f"{source}: unknown model_type {model_type!r}{hint}: use a model_type transformers knows")
     check_config_size(config)
     clean = {k: v for k, v in config.items()
-             if not k.startswith("_") and k not in ("architectures", "auto_map", "quantization_config")}
+             if not k.startswith("_") and k not in ("architectures", "auto_map", "quantization_config",
+                                                    "trust_remote_code")}
+    clean, notes = _with_class_defaults(clean, model_type)
+    check_config_size(clean)  # the class defaults too are only sizes until checked
+    warnings = _config_warnings(config, model_type) + notes
+    if remote:
+        warnings.append(f"auto_map (remote code) is ignored: transformers ships model_type {model_type!r}, "
+                        "so advisor builds its own class and never runs the repository's code")
     spec = ModelSpec(name=name, family="transformer", source=source, model_type=model_type, config=clean,
-                     warnings=tuple(_config_warnings(config, model_type)))
+                     warnings=tuple(warnings))
     return with_seq_len(spec, seq_len)
+
+
+# The fields advisor reads to size a model (groups of synonyms: transformers' names differ by family).
+# A group the config lacks takes the config class's value, under the class's own name for it.
+_SIZE_FIELDS = (LAYER_KEYS, ("num_decoder_layers",), HIDDEN_KEYS, HEAD_KEYS, ("num_key_value_heads",), FFN_KEYS,
+                ("vocab_size",), POSITION_KEYS, ("num_local_experts", "num_experts"), ("num_experts_per_tok",))
+
+
+def _with_class_defaults(config: dict[str, Any], model_type: str) -> tuple[dict[str, Any], list[str]]:
+    """``config`` with every size field it lacks set to the value the transformers config class gives it
+    (``AutoConfig.for_model``, so code that reads the dict sees what the built model has), and the
+    note naming them. Values a class derives from another field (key/value heads = heads, decoder layers
+    = encoder layers) are filled without a note. An encoder-decoder config without
+    ``decoder_start_token_id`` (which transformers 5 configs no longer default) gets ``pad_token_id``,
+    as T5 checkpoints set it and transformers' error message says.
+
+    Raises:
+        AdvisorError: transformers rejects the config.
+    """
+    with MODEL_BUILD_LOCK:
+        from transformers import AutoConfig
+
+        try:
+            obj = AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
+        except Exception as err:  # transformers validates fields with many exception types
+            raise AdvisorError(f"transformers rejected the {model_type} config: {str(err).splitlines()[0][:200]}")
+    values = obj.to_dict()
+    out, defaulted = dict(config), []
+    for group in _SIZE_FIELDS:
+        if config_get(config, group) is not None:
+            continue
+        key = next((k for k in group if isinstance(values.get(k), int) and not isinstance(values[k], bool)), None)
+        if key is None:
+            continue
+        out[key] = values[key]
+        derived = ((key == "num_key_value_heads" and values[key] == config_get(values, HEAD_KEYS))
+                   or (key == "num_decoder_layers" and values[key] == config_get(values, LAYER_KEYS)))
+        if not derived:
+            defaulted.append(key)
+    if (getattr(obj, "is_encoder_decoder", False) and getattr(obj, "decoder_start_token_id", None) is None
+            and getattr(obj, "pad_token_id", None) is not None):
+        out["decoder_start_token_id"] = obj.pad_token_id
+    notes = []
+    if defaulted:
+        shown = ", ".join(f"{k}={out[k]}" for k in defaulted)
+        notes.append(f"config.json lacks {', '.join(defaulted)}: using {type(obj).__name__}'s defaults ({shown})")
+    return out, notes
 
 
 def _config_warnings(config: dict[str, Any], model_type: str) -> list[str]:

@@ -16,10 +16,10 @@ MAX_CONFIG_FILE_BYTES = 2**20
 MAX_IMAGE_SIZE = 8_192
 
 # config field access: transformers uses several names for the same quantity
-_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-_HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
-_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
-_FFN_KEYS = ("intermediate_size", "n_inner", "d_ff", "ffn_dim")
+LAYER_KEYS = _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+HIDDEN_KEYS = _HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
+HEAD_KEYS = _HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
+FFN_KEYS = _FFN_KEYS = ("intermediate_size", "n_inner", "d_ff", "ffn_dim")
 POSITION_KEYS = ("max_position_embeddings", "n_positions")
 
 

@@ -84,16 +84,22 @@ def aggregate_mean(total: float, count: int, device) -> float:
 
 class StepLog:
     """Per-optimizer-step bookkeeping shared by every strategy: the global mean loss from per-rank
-    sums and counts (pitfall 10), the step time and a rank-0 log line (pitfall 12)."""
+    sums and counts (pitfall 10), the step time and a rank-0 log line (pitfall 12).
 
-    def __init__(self, total_steps: int, device) -> None:
+    ``timing_steps`` more steps run after the ``total_steps`` measured ones, to time steps without the
+    memory meter: once the last measured step ends, ``meter`` stops (on CPU the profiler it runs slows every
+    step down) and the timing steps follow. ``losses`` holds the measured steps' losses, ``step_times`` every
+    step's seconds (the measured steps first, then the timing steps)."""
+
+    def __init__(self, total_steps: int, device, meter=None, timing_steps: int = 0) -> None:
         self.total_steps, self.device = total_steps, device
+        self.meter, self.timing_steps = meter, max(0, timing_steps)
         self.losses, self.step_times = [], []
         self._sum, self._count, self._t0 = 0.0, 0, time.perf_counter()
 
     @property
     def done(self) -> bool:
-        return len(self.losses) >= self.total_steps
+        return len(self.step_times) >= self.total_steps + self.timing_steps
 
     def micro_step(self, loss) -> None:
         self._sum += loss.item()
@@ -101,9 +107,17 @@ class StepLog:
 
     def end_step(self, lr: float) -> None:
         mean = aggregate_mean(self._sum, self._count, self.device)
-        self.losses.append(mean)
         self.step_times.append(time.perf_counter() - self._t0)
-        log(f"step {len(self.losses)}/{self.total_steps} loss {mean:.4f} lr {lr:.3g} {self.step_times[-1]:.2f}s")
+        if len(self.losses) < self.total_steps:
+            self.losses.append(mean)
+            log(f"step {len(self.losses)}/{self.total_steps} loss {mean:.4f} lr {lr:.3g} {self.step_times[-1]:.2f}s")
+            if len(self.losses) == self.total_steps and self.timing_steps and self.meter is not None:
+                self.meter.stop()  # the memory figures cover the measured steps; the timing steps run unprofiled
+                dist.barrier()  # ranks finish the meter at different times: start the timing steps together
+        else:
+            timed = len(self.step_times) - self.total_steps
+            log(f"timing step {timed}/{self.timing_steps} (memory meter off) loss {mean:.4f} "
+                f"{self.step_times[-1]:.3f}s")
         self._sum, self._count, self._t0 = 0.0, 0, time.perf_counter()
 
 
@@ -127,6 +141,7 @@ class MemoryMeter:
     def __init__(self, device) -> None:
         self.device = device
         self.cpu = None if device.type == "cuda" else CpuPeakMeter()
+        self.stopped = None  # the figures at stop(), once stopped
 
     def __enter__(self):
         if self.cpu is not None:
@@ -135,11 +150,20 @@ class MemoryMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
         return self
 
+    def stop(self) -> None:
+        """End the measurement before the ``with`` block ends (the steps after it are only timed)."""
+        if self.stopped is None:
+            if self.cpu is not None:
+                self.cpu.__exit__(None, None, None)
+            self.stopped = self.result()
+
     def __exit__(self, *exc) -> None:
-        if self.cpu is not None:
+        if self.cpu is not None and self.stopped is None:
             self.cpu.__exit__(*exc)
 
     def result(self) -> dict:
+        if self.stopped is not None:
+            return dict(self.stopped)
         if self.cpu is not None:
             return {"peak_allocated_bytes": int(self.cpu.peak_bytes), "peak_reserved_bytes": None}
         return {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device)),
@@ -149,8 +173,11 @@ class MemoryMeter:
 def write_report(path: str, rank: int, world_size: int, device, memory: dict, losses: list, step_times: list,
                  extra: dict) -> None:
     """Gather every rank's figures; rank 0 writes one JSON report (pitfall 12)."""
+    # step_times_s: one per step, the measured steps' (one per loss) first; profiled_steps: how many of them ran
+    # under the CPU memory profiler (the timing steps after them never do; nothing is profiled on CUDA).
     mine = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), **memory,
-            "losses": losses, "step_times_s": step_times, **extra}
+            "losses": losses, "step_times_s": step_times, "profiled_steps": 0 if device.type == "cuda" else len(losses),
+            **extra}
     everyone = [None] * world_size
     dist.all_gather_object(everyone, mine)
     if rank == 0:
@@ -165,6 +192,8 @@ def write_report(path: str, rank: int, world_size: int, device, memory: dict, lo
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=TOTAL_STEPS, help="optimizer steps to run")
+    p.add_argument("--timing-steps", type=int, default=0, help="optimizer steps run after --steps with the memory "
+                   "meter stopped, to time steps without the CPU profiler (their losses are only logged)")
     p.add_argument("--data", help="path to a real dataset (see load_real_dataset)")
     p.add_argument("--out", default=".", help="directory for the checkpoint and the report")
     p.add_argument("--report", default="report.json", help="report file name inside --out")

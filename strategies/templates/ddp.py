@@ -54,7 +54,7 @@ def main() -> None:
         sampler, loader = make_loader(dataset, world_size, rank)
         torch.manual_seed(SEED + rank)  # pitfall 11: per-rank randomness for augmentation/dropout
 
-        steps, seen, calls_per_micro_step = StepLog(args.steps, device), {}, []
+        steps, seen, calls_per_micro_step = StepLog(args.steps, device, meter, args.timing_steps), {}, []
         epoch = 0
         while not steps.done:
             sampler.set_epoch(epoch)  # pitfall 4: a new order every epoch

@@ -60,7 +60,7 @@ def main() -> None:
         sampler, loader = make_loader(dataset, dp_size, dp_rank)
         torch.manual_seed(SEED + dp_rank)  # pitfall 11, identical inside a TP group
 
-        steps, seen = StepLog(args.steps, device), {}
+        steps, seen = StepLog(args.steps, device, meter, args.timing_steps), {}
         epoch = 0
         while not steps.done:
             sampler.set_epoch(epoch)  # pitfall 4

@@ -42,7 +42,7 @@ def main() -> None:
         sampler, loader = make_loader(dataset, world_size, rank)
         torch.manual_seed(SEED + rank)  # pitfall 11
 
-        steps = StepLog(args.steps, device)
+        steps = StepLog(args.steps, device, meter, args.timing_steps)
         epoch = 0
         while not steps.done:
             sampler.set_epoch(epoch)  # pitfall 4
@@ -67,7 +67,16 @@ def main() -> None:
         dist.barrier()
     write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps.losses,
                  steps.step_times, {"zero_stage": stage, "offload": OFFLOAD})
-    dist.destroy_process_group()  # pitfall 19
+    # Clean teardown, so no rank dies on its way out after the work is done. Wait for every rank (rank 0
+    # has just written the report), let DeepSpeed remove its hooks and buffers while the process group
+    # still works, drop our references to the engine, then destroy the group once (pitfall 19) through
+    # DeepSpeed, which also drops the references to its groups that it keeps. Left to the interpreter's
+    # exit, all this is freed in no set order while the other rank's connections close.
+    dist.barrier()
+    engine.destroy()
+    del engine, optimizer, scheduler, model
+    gc.collect()
+    deepspeed.comm.destroy_process_group()  # pitfall 19
 
 
 if __name__ == "__main__":

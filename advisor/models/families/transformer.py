@@ -32,26 +32,45 @@ def hf_config(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1,
     """
     cfg_dict = copy.deepcopy(spec.config or {})
     model_type = cfg_dict.pop("model_type")
-    if layers is not None:
-        for key in _LAYER_KEYS:
-            if key in cfg_dict:
-                cfg_dict[key] = layers
-    if tp_degree > 1:
-        heads = int(cfg_dict["num_attention_heads"])
-        kv = int(cfg_dict.get("num_key_value_heads") or heads)
-        cfg_dict.setdefault("head_dim", int(cfg_dict["hidden_size"]) // heads)
-        cfg_dict["num_attention_heads"] = heads // tp_degree
-        cfg_dict["num_key_value_heads"] = kv // tp_degree
-        cfg_dict["intermediate_size"] = int(cfg_dict["intermediate_size"]) // tp_degree
     with MODEL_BUILD_LOCK:
-        from transformers import AutoConfig
-
-        try:
-            config = AutoConfig.for_model(model_type, **cfg_dict)
-        except Exception as err:  # transformers validates fields with many exception types
-            raise AdvisorError(f"transformers rejected the {model_type} config: {str(err).splitlines()[0][:200]}")
+        config = _for_model(model_type, cfg_dict)
+        if layers is not None or tp_degree > 1:
+            # Sizes are read from the config object (a field the dict lacks has the class's default), then
+            # the dict is rebuilt with the new sizes so that fields derived from them are derived again.
+            full = config.to_dict()
+            if layers is not None:
+                for key in _LAYER_KEYS:
+                    if key in cfg_dict or full.get(key) is not None:
+                        cfg_dict[key] = layers
+                if isinstance(cfg_dict.get("layer_types"), list):  # one entry per layer (gemma2, qwen2, ...)
+                    cfg_dict["layer_types"] = cfg_dict["layer_types"][:layers]
+            if tp_degree > 1:
+                heads = int(config.num_attention_heads)
+                kv = int(getattr(config, "num_key_value_heads", None) or heads)
+                cfg_dict["head_dim"] = int(getattr(config, "head_dim", None) or int(config.hidden_size) // heads)
+                cfg_dict["num_attention_heads"] = heads // tp_degree
+                cfg_dict["num_key_value_heads"] = kv // tp_degree
+                cfg_dict["intermediate_size"] = int(config.intermediate_size) // tp_degree
+            config = _for_model(model_type, cfg_dict)
+    if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
+        # transformers 5 configs have no default; T5 checkpoints (and transformers' own error) use pad_token_id
+        config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
     config._attn_implementation = attn_impl
     return config
+
+
+def _for_model(model_type: str, cfg_dict: dict[str, Any]):
+    """``AutoConfig.for_model`` (caller holds ``MODEL_BUILD_LOCK``).
+
+    Raises:
+        AdvisorError: transformers rejects the config.
+    """
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.for_model(model_type, **cfg_dict)
+    except Exception as err:  # transformers validates fields with many exception types
+        raise AdvisorError(f"transformers rejected the {model_type} config: {str(err).splitlines()[0][:200]}")
 
 
 def hf_model_class(config) -> type:

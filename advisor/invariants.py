@@ -1,0 +1,96 @@
+"""What every answer must satisfy, checked in one place (``violations``); ``plan()`` refuses to
+return a plan that breaks one (``enforce``), so an impossible figure becomes a one-line error to
+report instead of a table a user might trust.
+
+The rules (issue 12):
+
+* every breakdown component is >= 0, the components sum to the peak, the device total is the peak
+  plus the device overhead, and both are >= 0;
+* among the data-parallel strategies without offload (``Strategy.sharding_stage``: 0 DDP, 1-3 ZeRO),
+  a higher stage never holds more model states than a lower one (DDP from world size 2, see below);
+* a row that does not surely fit names what is short (``short_of``: GPU memory, host RAM, or host RAM
+  unknown) and says it with the figures (``fit_note``);
+* the recommended strategy fits;
+* no suggestion asks for what is already set (activation checkpointing when it is on);
+* a larger cluster is suggested only after the cheaper fixes were named: activation checkpointing
+  (when it is off) and CPU offload (when a strategy offloads).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import AdvisorError
+
+SHORT_OF = ("GPU memory", "host RAM", "host RAM unknown")
+# Phrases that ask the user to turn activation checkpointing on.
+ASKS_FOR_CHECKPOINTING = ("--activation-checkpointing", "turn on activation checkpointing",
+                          "try activation checkpointing")
+
+
+def violations(plan: Any) -> list[str]:
+    """Every rule ``plan`` (an ``advisor.plan.Plan``) breaks, one line each; [] when it holds."""
+    out: list[str] = []
+    rows = [r for r in plan.rows if r.applicable and r.memory is not None]
+    for r in rows:
+        m, b = r.memory, r.memory.peak
+        parts = b.as_dict()
+        total = parts.pop("total", None)
+        negative = {k: v for k, v in parts.items() if isinstance(v, int) and v < 0}
+        if negative:
+            out.append(f"{r.name}: negative component(s) {negative}")
+        if total is not None and total != sum(v for v in parts.values() if isinstance(v, int)):
+            out.append(f"{r.name}: components sum to {sum(parts.values())}, peak says {total}")
+        overhead = m.device_total - b.total
+        if overhead < 0 or m.device_total < 0:
+            out.append(f"{r.name}: device total {m.device_total} below the peak {b.total}")
+        if m.host_bytes_per_node < 0 or r.load_host_bytes_per_node < 0:
+            out.append(f"{r.name}: negative host RAM")
+        if r.fits is not True:
+            if r.short_of not in SHORT_OF:
+                out.append(f"{r.name}: does not fit and names no short resource ({r.short_of!r})")
+            elif not r.fit_note:
+                out.append(f"{r.name}: does not fit ({r.short_of}) without the figures")
+    # DDP (stage 0) joins the comparison from world size 2: at world size 1 DeepSpeed holds 16-bit
+    # weights and gradients, an fp32 gradient partition, master weights and moments (20 bytes per
+    # parameter under Adam) where DDP's autocast holds 16 (fp32 weights, gradients, moments), and that
+    # is what the two really allocate; from world size 2 ZeRO-1's 4 + 16/N <= 16 bytes.
+    # The same holds for the Adam family only: without optimizer moments (SGD) DeepSpeed's extra fp32
+    # copies (master weights, cloned even in fp32, and the fp32 gradient partition) outweigh what it
+    # shards, and ZeRO-1 really holds more than DDP (8 + 8/N bytes vs 8 in fp32).
+    adam = plan.options.optimizer in ("adam", "adamw")
+    lowest = 0 if plan.hardware.num_gpus >= 2 and adam else 1
+    staged = sorted((r.strategy.sharding_stage, r.memory.model_state_bytes, r.name) for r in rows
+                    if r.strategy.sharding_stage is not None and r.strategy.sharding_stage >= lowest)
+    for (s1, b1, n1), (s2, b2, n2) in zip(staged, staged[1:]):
+        if s2 > s1 and b2 > b1:
+            out.append(f"{n2} holds more model states ({b2}) than {n1} ({b1})")
+    rec = plan.recommendation
+    if rec.strategy is not None:
+        chosen = plan.row(rec.strategy)
+        if chosen.fits is not True:
+            out.append(f"recommended {rec.strategy} does not surely fit")
+    advice = [t.lower() for t in rec.reasons + rec.warnings + list(plan.warnings)]
+    if plan.options.activation_checkpointing:
+        for t in advice:
+            if any(p in t for p in ASKS_FOR_CHECKPOINTING) and "changes nothing" not in t:
+                out.append(f"asks for activation checkpointing, which is on: {t[:80]!r}")
+    if rec.min_gpus is not None and rec.min_gpus > plan.hardware.num_gpus:
+        said = " ".join(t.lower() for t in rec.reasons)
+        if not plan.options.activation_checkpointing and "activation checkpointing" not in said:
+            out.append("suggests a larger cluster before naming activation checkpointing")
+        if any(r.strategy.offload for r in rows) and "offload" not in said:
+            out.append("suggests a larger cluster before naming CPU offload")
+    return out
+
+
+def enforce(plan: Any) -> None:
+    """Raise when ``plan`` breaks a rule (``violations``).
+
+    Raises:
+        AdvisorError: the first broken rule, as an internal error to report.
+    """
+    broken = violations(plan)
+    if broken:
+        raise AdvisorError(f"internal consistency check failed ({broken[0]}; {len(broken)} in all): this is a "
+                           "bug in advisor, please report it with the command line")

@@ -1,0 +1,282 @@
+"""This machine's CPU, measured, so the step-time model can predict a CPU verification run (issue 13).
+
+A verification on a machine without a GPU runs its ranks as CPU processes over gloo (``advisor.verify``:
+``MAX_CPU_RANKS`` at most, each with ``OMP_NUM_THREADS`` intra-op threads). No datasheet describes that
+"GPU", so its figures are measured, with the ranks' thread counts and as many processes at once as the run
+has ranks (they share the cores, the caches and the memory bus as the ranks do):
+
+* matmul FLOP/s per dtype: ``torch.mm`` of fp32 512 x 512 and bf16 256 x 256 matrices (bf16 is emulated on
+  CPUs without native bf16 and ~100x slower: a smaller product keeps the run short);
+* convolution FLOP/s: forward + backward of a 3x3, 64 -> 64 channel fp32 convolution on 16 x 64 x 16 x 16 (a
+  ResNet block at the small image sizes CPU runs use; oneDNN runs it at about 3/4 of the matmul rate here);
+* memory bandwidth: ``torch.add(a, b, out=c)`` over fp32 tensors of 4 MiB (cache-resident, the size of a
+  small model's activations; the figure the model uses) and 64 MiB (DRAM), bytes read + written as the
+  roofline counts an op's bytes;
+* the per-op dispatch cost of eager PyTorch (an add of 8 elements), recorded for reference;
+* gloo all-reduce between the ranks (runs of 2 ranks or more): latency from an 8-byte buffer, bus bandwidth from
+  16 MiB (``2(n-1)/n x S / (t - latency)``, nccl-tests' busbw definition).
+
+Every rank measures at the same time as the others (a barrier before each benchmark); a figure is the slowest
+rank's (synchronous ranks wait for it). One calibration takes about 10 s on 2 cores, most of it the workers'
+``import torch``; the result is cached (``advisor.cache``, namespace ``cpu-calibration``, keyed by the CPU
+model and ISA flags, core count, ranks, threads per rank, torch version and this module's ``FORMAT``). A
+calibration during which other processes kept the CPUs busy (``contended``) is cached for ``CONTENDED_TTL_S``
+only, then measured again, so a busy spell does not stay in the cache.
+
+Callers that run training on this machine must not hold ``advisor.processes.MachineLock`` when they call
+``cpu_calibration``: it takes the lock itself while it measures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cache import DiskCache, NullCache, library_versions, open_cache
+from ..gpu_presets import BusBw, GpuPreset
+from ..processes import MachineLock, free_port
+from .compute import Efficiency
+
+NAMESPACE = "cpu-calibration"
+FORMAT = 2  # bump when what is measured changes: older cached calibrations then miss
+SECONDS_PER_BENCHMARK = 0.5
+TIMEOUT_S = 120.0
+CONTENDED_SHARE = 0.25  # other processes' CPU time above this share of all cores' time: contended
+CONTENDED_TTL_S = 600.0  # how long a contended calibration is reused before it is measured again
+_WORKER = Path(__file__).with_name("_calibrate_worker.py")
+_ISA = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "asimd", "sve")
+
+MEASUREMENTS = 0  # calibrations measured (not read from the cache) in this process: tests count them
+
+
+@dataclass(frozen=True)
+class CpuCalibration:
+    """What one rank of a CPU verification run achieves while the other ranks run too. Rates per rank:
+    FLOP/s, bytes/s; the all-reduce across ``ranks`` (None for one rank: nothing to reduce)."""
+
+    ranks: int
+    threads: int  # intra-op threads per rank
+    matmul_fp32_flops_per_s: float
+    matmul_bf16_flops_per_s: float
+    conv_fp32_flops_per_s: float  # forward + backward of a 3x3 convolution
+    mem_bytes_per_s: float  # cache-resident add (4 MiB tensors): the figure the roofline uses
+    dram_bytes_per_s: float  # 64 MiB tensors, for reference
+    op_overhead_s: float  # eager dispatch of one tiny op, for reference (the roofline has no per-op term)
+    allreduce_busbw_gbps: float | None
+    allreduce_latency_s: float | None
+    cpu: str
+    torch: str
+    measured_s: float  # wall seconds the calibration took
+    contended: bool = False  # other processes kept the CPUs busy while it ran (cached for CONTENDED_TTL_S only)
+    measured_at: float = 0.0  # time.time() when it was measured
+    cached: bool = False  # read from the cache
+
+    def source(self) -> str:
+        bw = (f", gloo all-reduce busbw {self.allreduce_busbw_gbps:.2f} GB/s, latency "
+              f"{1e6 * self.allreduce_latency_s:.0f} us" if self.allreduce_busbw_gbps else "")
+        return (f"measured on this machine ({self.cpu}, {self.ranks} rank(s) x {self.threads} thread(s) at once): "
+                f"matmul fp32 {self.matmul_fp32_flops_per_s / 1e9:.1f} GFLOP/s, bf16 "
+                f"{self.matmul_bf16_flops_per_s / 1e9:.2f} GFLOP/s, fp32 convolution "
+                f"{self.conv_fp32_flops_per_s / 1e9:.1f} GFLOP/s, memory {self.mem_bytes_per_s / 1e9:.1f} GB/s" + bw)
+
+    def preset(self) -> GpuPreset:
+        """This CPU as the step-time model's "GPU": the measured rates as its peaks (fp32 also for fp16, which a
+        CPU runs in software too), its memory bandwidth, and the gloo all-reduce as the link. ``tflops_tf32``
+        carries the measured fp32 convolution rate: the roofline times fp32 convolutions at the TF32 peak where
+        a GPU has one (``advisor.timing.compute.conv_peak_precision``) and fp32 matmuls at the FP32 peak, which is
+        the split a CPU needs (CPUs have no TF32)."""
+        src = self.source()
+        busbw = (BusBw("pcie", self.ranks, self.allreduce_busbw_gbps, src),) if self.allreduce_busbw_gbps else ()
+        return GpuPreset(name="cpu-calibrated", memory_mib=0, interconnect="pcie", link_gbps=0.0, source=src,
+                         tflops_bf16=self.matmul_bf16_flops_per_s / 1e12, tflops_fp16=None,
+                         tflops_tf32=self.conv_fp32_flops_per_s / 1e12,
+                         tflops_fp32=self.matmul_fp32_flops_per_s / 1e12, hbm_gbps=self.mem_bytes_per_s / 1e9,
+                         busbw=busbw, sources={f: src for f in ("tflops_bf16", "tflops_tf32", "tflops_fp32",
+                                                                "hbm_gbps")})
+
+    def efficiency(self) -> Efficiency:
+        """1 and 1: the rates are achieved ones already (``--mfu`` / ``--bandwidth-efficiency`` still apply)."""
+        return Efficiency(1.0, 1.0, self.source())
+
+    def fabric(self, f):
+        """``advisor.timing.comm.Fabric`` ``f`` with gloo's measured latency in place of NCCL's model: the
+        whole measured all-reduce latency per collective, nothing per ring step."""
+        from dataclasses import replace
+
+        if self.allreduce_latency_s is None:
+            return f
+        return replace(f, base_latency_s=self.allreduce_latency_s, intra_step_latency_s=0.0)
+
+    def step_s(self, t) -> float:
+        """Seconds of ``t`` (an ``advisor.timing.step.StepTime``) on these CPU ranks. When the ranks' threads fill
+        every core, nothing is left to run gloo on: its copies and reductions take the cores compute runs on, so no
+        communication hides behind compute (the strategies' overlap rules are a GPU's, whose copy engines and
+        NCCL kernels run beside the compute): compute + all communication + the optimizer step."""
+        if self.ranks * self.threads >= (os.cpu_count() or 1):
+            return t.compute_s + t.comm_s + t.optimizer_s
+        return t.step_s
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def cpu_model() -> str:
+    """The CPU's model name and the ISA flags that decide matmul speed (/proc/cpuinfo), or the platform's."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine() or "unknown"
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(("model name", "Model"))), "unknown")
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith(("flags", "Features"))), [])
+    isa = [f for f in _ISA if f in flags]
+    return f"{name} [{' '.join(isa)}]" if isa else name
+
+
+def cache_key(ranks: int, threads: int) -> dict:
+    return {"format": FORMAT, "cpu": cpu_model(), "cores": os.cpu_count() or 0, "ranks": ranks, "threads": threads,
+            "torch": library_versions()["torch"]}
+
+
+def _busy_s() -> float | None:
+    """Non-idle CPU seconds of the whole machine since boot, all cores (/proc/stat), or None."""
+    try:
+        parts = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return (sum(parts[:8]) - parts[3] - (parts[4] if len(parts) > 4 else 0)) / tick
+
+
+class OtherCpu:
+    """How much of the machine's CPU time other processes took between ``start()`` and ``share()``: the
+    machine's busy time (/proc/stat) minus this process's and its reaped children's (``os.times``), as a share
+    of all cores' time. Children must have been waited for before ``share()`` (their time counts only then)."""
+
+    def __init__(self) -> None:
+        self.start()
+
+    def start(self) -> OtherCpu:
+        self._t0, self._busy0, self._own0 = time.perf_counter(), _busy_s(), self._own()
+        return self
+
+    @staticmethod
+    def _own() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def share(self) -> float | None:
+        """Others' CPU seconds / (cores x wall seconds), 0..1; None where /proc/stat cannot be read."""
+        busy, wall = _busy_s(), time.perf_counter() - self._t0
+        if busy is None or self._busy0 is None or wall <= 0:
+            return None
+        others = (busy - self._busy0) - (self._own() - self._own0)
+        return min(1.0, max(0.0, others / ((os.cpu_count() or 1) * wall)))
+
+
+def _from_ranks(per_rank: list[dict], ranks: int, threads: int, seconds: float, contended: bool) -> CpuCalibration:
+    def slowest(key: str) -> float:
+        return min(r[key] for r in per_rank)
+
+    busbw = latency = None
+    if ranks > 1:
+        latency = max(r["allreduce_8B_s"] for r in per_rank)
+        big = max(r["allreduce_16MiB_s"] for r in per_rank)
+        n, nbytes = len(per_rank), 4 * 2**22
+        busbw = 2 * (n - 1) / n * nbytes / max(big - latency, 1e-9) / 1e9
+    return CpuCalibration(ranks=ranks, threads=threads, matmul_fp32_flops_per_s=slowest("matmul_fp32_flops_per_s"),
+                          matmul_bf16_flops_per_s=slowest("matmul_bf16_flops_per_s"),
+                          conv_fp32_flops_per_s=slowest("conv_fp32_flops_per_s"),
+                          mem_bytes_per_s=slowest("add_cache_bytes_per_s"),
+                          dram_bytes_per_s=slowest("add_dram_bytes_per_s"),
+                          op_overhead_s=max(r["tiny_op_s"] for r in per_rank), allreduce_busbw_gbps=busbw,
+                          allreduce_latency_s=latency, cpu=cpu_model(), torch=library_versions()["torch"],
+                          measured_s=seconds, contended=contended, measured_at=time.time())
+
+
+def measure(ranks: int, threads: int = 1, seconds: float = SECONDS_PER_BENCHMARK,
+            timeout_s: float = TIMEOUT_S) -> CpuCalibration:
+    """Run the benchmarks now: ``max(ranks, 1)`` worker processes at once, each with ``threads`` intra-op threads
+    (one rank measures no all-reduce: a second process would change the contention it measures).
+
+    Raises:
+        RuntimeError: a worker failed or ran past ``timeout_s``.
+    """
+    global MEASUREMENTS
+    ranks = max(1, ranks)
+    port = free_port()
+    env = dict(os.environ, WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               OMP_NUM_THREADS=str(threads), CALIBRATE_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    t0, others = time.perf_counter(), OtherCpu()
+    procs = [subprocess.Popen([sys.executable, str(_WORKER), str(seconds)], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                              start_new_session=True) for r in range(ranks)]
+    outputs, failed = [], []
+    try:
+        for p in procs:
+            left = max(1.0, timeout_s - (time.perf_counter() - t0))
+            try:
+                out, err = p.communicate(timeout=left)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"the CPU calibration ran past {timeout_s:.0f} s") from None
+            outputs.append(out)
+            if p.returncode != 0:
+                failed.append((err or out).strip().splitlines()[-1:] or [f"exit code {p.returncode}"])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    wall = time.perf_counter() - t0
+    contention = others.share()
+    if failed:
+        raise RuntimeError(f"the CPU calibration failed: {failed[0][0]}")
+    line = next((ln for ln in outputs[0].splitlines() if ln.startswith("CALIBRATION ")), None)
+    if line is None:
+        raise RuntimeError("the CPU calibration printed no figures")
+    per_rank = json.loads(line.split(" ", 1)[1])
+    contended = contention is not None and contention > CONTENDED_SHARE
+    MEASUREMENTS += 1
+    return _from_ranks(per_rank, ranks, threads, wall, contended)
+
+
+def cpu_calibration(ranks: int, threads: int = 1, *, cache: DiskCache | NullCache | None = None,
+                    refresh: bool = False, seconds: float = SECONDS_PER_BENCHMARK) -> CpuCalibration:
+    """This machine's calibration for ``ranks`` CPU ranks of ``threads`` threads each: from the cache
+    (``open_cache()`` unless ``cache`` is given) or measured now (``measure``, holding ``MachineLock`` so no
+    verification competes for the cores) and cached (a ``contended`` one for ``CONTENDED_TTL_S``).
+
+    Raises:
+        RuntimeError: the measurement failed.
+        advisor.processes.VerifyBusy: a verification holds this machine's lock.
+    """
+    cache = open_cache() if cache is None else cache
+    if not refresh:
+        hit = cached_calibration(ranks, threads, cache)
+        if hit is not None:
+            return hit
+    with MachineLock():
+        cal = measure(ranks, threads, seconds)
+    cache.put(NAMESPACE, cache_key(ranks, threads), cal.as_dict())
+    return cal
+
+
+def cached_calibration(ranks: int, threads: int, cache: DiskCache | NullCache) -> CpuCalibration | None:
+    """The cached calibration ``cpu_calibration`` would use (None: it would measure): a contended one only
+    while younger than ``CONTENDED_TTL_S``."""
+    hit = cache.get(NAMESPACE, cache_key(ranks, threads))
+    if not isinstance(hit, dict):
+        return None
+    try:
+        cal = CpuCalibration(**{k: hit[k] for k in CpuCalibration.__dataclass_fields__ if k != "cached"}, cached=True)
+    except (KeyError, TypeError):
+        return None  # an entry of another shape: measure again
+    if cal.contended and time.time() - cal.measured_at >= CONTENDED_TTL_S:
+        return None
+    return cal

@@ -1,0 +1,180 @@
+"""Compute time of the traced forward + backward: a roofline evaluated op by op.
+
+Every op the meta trace dispatches is recorded as ``(flops, bytes)``: its FLOPs by ``torch.utils.flop_counter``'s
+formulas (2 per multiply-add; matmuls, convolutions, attention; 0 for every other op) and the bytes it reads and
+writes (its tensor inputs plus its tensor outputs; views, aliases and allocations move nothing and count 0).
+One op takes (roofline model, Williams, Waterman and Patterson, CACM 2009)
+
+    t = max(flops / (peak x compute_efficiency), bytes / (hbm_bandwidth x bandwidth_efficiency))
+
+so matmuls, convolutions and attention run at the GPU's dense peak for the precision and memory-bound ops
+(norms, softmax, elementwise, casts) at its memory bandwidth; a step is the sum over its ops (one stream, ops
+in order: kernels of one step do not overlap). The efficiencies are at most two per GPU generation, fitted
+to public measurements (``EFFICIENCY``; the fit and its residuals: ``bench/TIME.md``, ``python -m bench.run
+--time``); ``--mfu`` sets the compute efficiency and ``--bandwidth-efficiency`` the other.
+
+The bandwidth efficiency is the effective rate of the op-by-op byte count as a share of HBM bandwidth, and the
+fit puts it above 1 (1.52 on Ampere): the published runs fuse what eager PyTorch runs op by op (torch.compile
+in nanoGPT, Megatron-LM's fused kernels), and tensors that fit the L2 cache (40 MB on A100) are read back from
+it rather than from HBM. Scripts that run eager (what ``--emit`` writes) can be slower on memory-bound models;
+``--bandwidth-efficiency 0.8`` (elementwise kernels reach about 80% of HBM bandwidth) models an eager run.
+
+Which peak (``peak_precision``): bf16 / fp16 autocast and DeepSpeed's 16-bit modes run their matmuls in 16 bits
+(the bf16 or fp16 tensor peak); pure bf16 the bf16 peak; fp32 the non-tensor FP32 peak: PyTorch does not use
+TF32 for fp32 matmuls unless told (``torch.backends.cuda.matmul.allow_tf32`` defaults to False since PyTorch
+1.12; PyTorch docs "TensorFloat-32 (TF32) on Ampere (and later) devices"), and the generated scripts
+(strategies/templates) never enable it. cuDNN convolutions do use TF32 by default
+(``torch.backends.cudnn.allow_tf32`` defaults to True), so fp32 convolutions get the TF32 peak where the GPU
+has one (``conv_peak_precision``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..gpu_presets import GPU_PRESETS, GpuPreset
+
+TFLOP = 1e12
+GB = 1e9
+
+Op = tuple[int, int]  # (flops, bytes read + written) of one traced op; conv ops carry a third element 1
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The share of the datasheet peak a generation reaches: ``compute`` of the dense tensor (or FP32) peak on
+    matmul-class ops, ``bandwidth`` of the HBM bandwidth on memory-bound ops. ``source``: how it was found."""
+
+    compute: float
+    bandwidth: float
+    source: str
+
+
+# Fitted by bench/timefit.py to the public measurements of issue 13 (bench/TIME.md has the fit and the residuals):
+# Ampere to nanoGPT (8 x A100, 562 ms/step) and Megatron-LM's weak-scaling table (1B-8B, TP 1-8, 1076-1343 ms);
+# Turing's compute efficiency to the transformers docs' DP-vs-DDP run (2 x TITAN RTX, fp32, 101.9 s / 200 steps),
+# its bandwidth efficiency Ampere's (one measurement cannot fit two). Generations without a public measurement
+# here borrow the nearest fitted one and say so.
+_FIT = "fitted in bench/TIME.md (python -m bench.run --time)"
+AMPERE = Efficiency(0.64, 1.52, f"{_FIT}: nanoGPT 124M on 8 x A100 and Megatron-LM 1B-8B on DGX A100")
+TURING = Efficiency(0.51, AMPERE.bandwidth, f"{_FIT}: compute to transformers DP-vs-DDP (2 x TITAN RTX, fp32); "
+                                            "bandwidth borrowed from Ampere")
+EFFICIENCY: dict[str, Efficiency] = {
+    "ampere": AMPERE,
+    "turing": TURING,
+    "hopper": Efficiency(AMPERE.compute, AMPERE.bandwidth, f"no public measurement fitted: Ampere's ({AMPERE.source})"),
+    "ada": Efficiency(AMPERE.compute, AMPERE.bandwidth, f"no public measurement fitted: Ampere's ({AMPERE.source})"),
+    "volta": Efficiency(TURING.compute, TURING.bandwidth, f"no public measurement fitted: Turing's ({TURING.source})"),
+}
+# GPU generation of each preset (NVIDIA architecture whitepapers: GA100/GA102 Ampere, AD102/AD104 Ada, GH100 Hopper,
+# GV100 Volta, TU102/TU104 Turing).
+GENERATION = {"a100-40gb": "ampere", "a100-80gb": "ampere", "a10g-24gb": "ampere", "rtx3090": "ampere",
+              "rtxa6000": "ampere", "l4-24gb": "ada", "rtx4090": "ada", "l40s-48gb": "ada", "h100-80gb": "hopper",
+              "h200-141gb": "hopper", "v100-16gb": "volta", "v100-32gb": "volta", "t4-16gb": "turing",
+              "titanrtx": "turing"}
+# Words in a detected GPU's name (torch.cuda.get_device_name, e.g. "NVIDIA A100-SXM4-80GB") -> preset family.
+_NAME_WORDS = (("h200", "h200"), ("h100", "h100"), ("a100", "a100"), ("a10g", "a10g"), ("a6000", "rtxa6000"),
+               ("l40s", "l40s"), ("l40", "l40s"), ("4090", "rtx4090"), ("3090", "rtx3090"), ("titan rtx", "titanrtx"),
+               ("titanrtx", "titanrtx"), ("v100", "v100"), ("t4", "t4"), ("l4", "l4"))
+
+
+def preset_for_gpu(name: str, memory_bytes: int | None = None) -> GpuPreset | None:
+    """The preset of a GPU named ``name``: a preset name itself, or a detected device name mapped by its model
+    number (the preset with the nearest memory among that model's); None for a GPU without a preset."""
+    key = name.strip().lower()
+    if key in GPU_PRESETS:
+        return GPU_PRESETS[key]
+    flat = key.replace("-", " ").replace("_", " ")
+    for word, prefix in _NAME_WORDS:
+        if word in flat or word in key:
+            found = [p for k, p in GPU_PRESETS.items() if k.startswith(prefix)]
+            if found:
+                return min(found, key=lambda p: abs(p.memory_bytes - (memory_bytes or p.memory_bytes)))
+    return None
+
+
+def efficiency_for(preset: GpuPreset) -> Efficiency:
+    """The fitted efficiencies of ``preset``'s generation (``EFFICIENCY``)."""
+    return EFFICIENCY[GENERATION.get(preset.name.lower(), "ampere")]
+
+
+def peak_precision(precision: str, preset: GpuPreset) -> str:
+    """The ``GpuPreset.peak_tflops`` key matmuls run at under a plan's ``precision`` (module docstring):
+    bf16 -> bf16; fp16 -> fp16; pure-bf16 -> bf16; fp32 -> fp32 (no TF32 unless the script enables it)."""
+    if precision in ("bf16", "pure-bf16"):
+        return "bf16" if preset.tflops_bf16 is not None else "fp16"
+    if precision == "fp16":
+        return "fp16"
+    return "fp32"
+
+
+def conv_peak_precision(precision: str, preset: GpuPreset) -> str:
+    """As ``peak_precision`` for convolutions: fp32 convolutions use TF32 where the GPU has it (cuDNN's
+    ``torch.backends.cudnn.allow_tf32`` defaults to True; PyTorch docs, TF32 section)."""
+    if precision == "fp32" and preset.tflops_tf32 is not None:
+        return "tf32"
+    return peak_precision(precision, preset)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Achieved rates of one GPU: FLOP/s for matmul-class ops (``conv_flops_per_s`` for convolutions) and bytes/s
+    for memory traffic."""
+
+    flops_per_s: float
+    conv_flops_per_s: float
+    bytes_per_s: float
+
+
+def rates(preset: GpuPreset, precision: str, compute_efficiency: float, bandwidth_efficiency: float) -> Rates:
+    """``Rates`` of ``preset`` at ``precision`` with the given efficiencies (datasheet peaks x efficiency)."""
+    peak = preset.peak_tflops(peak_precision(precision, preset)) or preset.tflops_fp32 or 0.0
+    conv = preset.peak_tflops(conv_peak_precision(precision, preset)) or peak
+    return Rates(peak * TFLOP * compute_efficiency, conv * TFLOP * compute_efficiency,
+                 preset.hbm_gbps * GB * bandwidth_efficiency)
+
+
+def _ops_at(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int) -> list[tuple[float, float, int]]:
+    """Each op at micro-batch ``b``, linear in b between the traces at ``base_b`` (``o1``) and ``base_b + 1``
+    (``o2``); when a few ops differ between the two traces they are aligned proportionally (as the memory
+    events are, ``advisor.trace._events_at``). Never negative."""
+    if len(o1) != len(o2):
+        n1, n2 = len(o1), len(o2)
+        if n1 < n2:
+            o1 = [o1[i * n1 // n2] for i in range(n2)]
+        else:
+            o2 = [o2[i * n2 // n1] for i in range(n1)]
+    k = b - base_b
+    return [(max(0.0, x[0] + k * (y[0] - x[0])), max(0.0, x[1] + k * (y[1] - x[1])), x[2] if len(x) > 2 else 0)
+            for x, y in zip(o1, o2)]
+
+
+def roofline_s(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int, r: Rates) -> float:
+    """Seconds for one phase's ops at micro-batch ``b`` (module docstring: each op the larger of its compute
+    time and its memory time, summed)."""
+    total = 0.0
+    for flops, nbytes, conv in _ops_at(o1, o2, b, base_b):
+        rate = r.conv_flops_per_s if conv else r.flops_per_s
+        total += max(flops / rate if rate else 0.0, nbytes / r.bytes_per_s if r.bytes_per_s else 0.0)
+    return total
+
+
+@dataclass(frozen=True)
+class ComputeTime:
+    """One micro-step's forward and backward on one GPU. ``flops`` all FLOPs run (recompute included),
+    ``recompute_flops`` the part activation checkpointing recomputes (model FLOPs = flops - recompute_flops)."""
+
+    fwd_s: float
+    bwd_s: float
+    flops: int
+    recompute_flops: int
+    bytes: int = 0
+
+    @property
+    def total_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+    @property
+    def model_flops(self) -> int:
+        return self.flops - self.recompute_flops

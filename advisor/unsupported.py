@@ -1,0 +1,74 @@
+"""Requests advisor does not support yet, as data: each with a one-line pointer to what it does instead
+today. The CLI checks its arguments against this table before argparse would answer "unrecognized
+arguments" or "invalid choice" (``advisor.cli``); the messages name no face, so another face can show
+them too.
+
+One entry per request. When a request becomes supported (a real flag, or a new choice of an existing
+one), delete its entry here and its row in ``tests/test_bad_input.py``: a test there fails while an
+entry shadows something the CLI accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """``flags``: the flags that ask for it (any value). With ``values``: only these values of the flag
+    (an existing flag whose other values are supported), compared case-insensitively with ``_`` as ``-``."""
+
+    flags: tuple[str, ...]
+    message: str
+    values: tuple[str, ...] = ()
+
+
+UNSUPPORTED: tuple[Unsupported, ...] = (
+    Unsupported(("--lora-rank", "--lora", "--qlora", "--lora-alpha", "--lora-targets"),
+                "LoRA/QLoRA is not supported yet: advisor sizes full fine-tuning only; LoRA/QLoRA support is "
+                "planned; a frozen backbone (requires_grad=False via --model-factory) is sized today"),
+    Unsupported(("--quantize", "--load-in-4bit", "--load-in-8bit"),
+                "quantized weights are not supported yet: advisor sizes 16/32-bit weights (--precision; pure-bf16 "
+                "keeps weights, gradients and optimizer states in bf16); 4/8-bit support is planned"),
+    Unsupported(("--optimizer",),
+                "8-bit optimizers are not supported yet: --optimizer adamw sizes its fp32 states (8 bytes per "
+                "parameter, an upper bound for adamw-8bit's 2); sgd-momentum and sgd are sized too; 8-bit support "
+                "is planned",
+                values=("adamw-8bit", "adam-8bit", "adamw8bit", "adam8bit", "paged-adamw-8bit")),
+    Unsupported(("--strategy",),
+                "FSDP2 is not a strategy here yet: use zero3 (same sharding as FSDP2 full shard) or zero2 "
+                "(like FSDP2 SHARD_GRAD_OP)",
+                values=("fsdp2", "fsdp")),
+    Unsupported(("--pp-degree", "--pipeline-parallel", "--pipeline-parallel-degree", "--pp"),
+                "pipeline parallelism is out of scope: use tp (tensor parallel inside a node) or zero3 (sharding "
+                "across nodes)"),
+    Unsupported(("--inference",),
+                "inference memory is not sized: advisor plans training only (weights, gradients, optimizer "
+                "states and activations of a training step)"),
+)
+
+
+def _norm(value: str) -> str:
+    return value.strip().lower().replace("_", "-")
+
+
+def find_unsupported(argv: Sequence[str], table: Sequence[Unsupported] = UNSUPPORTED) -> str | None:
+    """The pointer of the first unsupported request in ``argv`` (``--flag``, ``--flag=value`` or
+    ``--flag value``), or None. Stops at ``--`` (what follows is positional)."""
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if not arg.startswith("--"):
+            continue
+        flag, eq, inline = arg.partition("=")
+        for entry in table:
+            if flag not in entry.flags:
+                continue
+            if not entry.values:
+                return entry.message
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if _norm(value) in entry.values:
+                return entry.message
+    return None

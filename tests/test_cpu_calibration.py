@@ -1,0 +1,101 @@
+"""This machine's CPU calibration (advisor.timing.calibrate) and verify's measured step time (issue 13)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from advisor.cache import open_cache
+from advisor.timing import calibrate
+from advisor.timing.calibrate import CpuCalibration, cpu_calibration
+from advisor.verify import VerifyResult, add_step_time, median_step_s, step_time_line
+
+FAKE = CpuCalibration(ranks=2, threads=1, matmul_fp32_flops_per_s=50e9, matmul_bf16_flops_per_s=1e9,
+                      conv_fp32_flops_per_s=40e9, mem_bytes_per_s=20e9, dram_bytes_per_s=10e9, op_overhead_s=3e-6,
+                      allreduce_busbw_gbps=1.0, allreduce_latency_s=200e-6, cpu="test cpu", torch="0", measured_s=0.0)
+
+
+def test_calibration_is_positive_and_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv("ADVISOR_VERIFY_LOCK", str(tmp_path / "lock"))  # measuring takes the machine lock
+    monkeypatch.setattr(calibrate, "CONTENDED_TTL_S", float("inf"))  # reuse it even if the machine was busy
+    cache = open_cache()  # the session's test cache: the DDP verify of test_scripts then finds it
+    before = calibrate.MEASUREMENTS
+    t0 = time.perf_counter()
+    cal = cpu_calibration(2, 1, cache=cache, refresh=True)
+    took = time.perf_counter() - t0
+    assert calibrate.MEASUREMENTS == before + 1 and not cal.cached
+    assert took < 30, took  # about 10 s on 2 cores, most of it the workers' import torch
+    for figure in (cal.matmul_fp32_flops_per_s, cal.matmul_bf16_flops_per_s, cal.conv_fp32_flops_per_s,
+                   cal.mem_bytes_per_s, cal.dram_bytes_per_s, cal.op_overhead_s, cal.allreduce_busbw_gbps,
+                   cal.allreduce_latency_s):
+        assert figure is not None and figure > 0
+    assert cal.ranks == 2 and cal.threads == 1 and cal.torch
+    again = cpu_calibration(2, 1, cache=cache)
+    assert calibrate.MEASUREMENTS == before + 1 and again.cached  # read back, not measured again
+    assert replace(again, cached=False) == cal
+    preset = again.preset()
+    assert preset.peak_tflops("fp32") == pytest.approx(cal.matmul_fp32_flops_per_s / 1e12)
+    assert preset.allreduce_busbw_gbps(2, "nvlink") == pytest.approx(cal.allreduce_busbw_gbps)
+
+
+def test_median_step_time_after_warmup_and_profiler():
+    # 3 profiled steps (slow: the CPU profiler), then timing steps
+    times = [2.0, 1.5, 1.4, 0.5, 0.7, 0.6, 0.9, 0.4]
+    assert median_step_s(times, profiled_steps=3) == pytest.approx(0.6)
+    assert median_step_s(times, profiled_steps=0) == pytest.approx(0.65)  # after the 2 warm-up steps
+    assert median_step_s([1.0, 0.8, 0.3], profiled_steps=1) == pytest.approx(0.3)  # warm-up still skipped
+    assert median_step_s([1.0, 0.8], profiled_steps=2) is None
+
+
+def test_add_step_time_takes_the_slowest_rank():
+    result = VerifyResult(strategy="ddp", device="cpu", world_size=2, steps=2, log_dir=".", predicted_step_s=0.5)
+    result.per_rank = [{"rank": 0}, {"rank": 1}]
+    report = {"per_rank": [
+        {"rank": 0, "losses": [1.0, 0.9], "profiled_steps": 2, "step_times_s": [3.0, 2.0, 0.4, 0.5, 0.6]},
+        {"rank": 1, "losses": [1.0, 0.9], "profiled_steps": 2, "step_times_s": [3.0, 2.0, 0.6, 0.7, 0.8]}]}
+    add_step_time(result, report)
+    assert [r["measured_step_s"] for r in result.per_rank] == pytest.approx([0.5, 0.7])
+    assert result.measured_step_s == pytest.approx(0.7)
+    assert result.step_time_error == pytest.approx((0.5 - 0.7) / 0.7)
+    line = step_time_line(result)
+    assert "measured 700.0 ms" in line and "predicted 500.0 ms" in line and "-28.6%" in line
+    assert {"measured_step_s", "predicted_step_s", "step_time_error"} <= set(result.to_dict())
+
+
+def test_calibrated_cpu_hardware_is_timed():
+    """A CPU plan has no GPU preset to time it with; with a calibration it is timed by the measured rates."""
+    from advisor.plan import plan
+    from advisor.schema import plan_inputs
+    from advisor.verify import run_hardware
+
+    tiny = str(Path(__file__).resolve().parent / "data" / "small_llama.json")
+    inputs = plan_inputs(config_path=tiny, seq_len=32, gpus=2, detect_hardware=False, precision="fp32",
+                         micro_batch_size=2)
+    hw = run_hardware(2, "cpu", [])
+    assert plan(inputs, device="cpu", hardware=hw).row("ddp").time is None
+    slow = plan(inputs, device="cpu", hardware=replace(hw, calibration=FAKE)).row("ddp").time
+    fast = plan(inputs, device="cpu", hardware=replace(hw, calibration=replace(
+        FAKE, matmul_fp32_flops_per_s=2 * FAKE.matmul_fp32_flops_per_s))).row("ddp").time
+    assert slow.step_s > 0 and slow.comm_s > 0 and fast.compute_s < slow.compute_s
+    assert slow.peak_flops_per_s == pytest.approx(FAKE.matmul_fp32_flops_per_s)
+    # gloo's measured latency replaces NCCL's: one all-reduce of the first 1 MiB bucket at least pays it
+    assert slow.comm_s >= FAKE.allreduce_latency_s
+
+
+def test_a_contended_calibration_is_measured_again_later(monkeypatch, tmp_path):
+    from advisor.cache import DiskCache
+
+    monkeypatch.setenv("ADVISOR_VERIFY_LOCK", str(tmp_path / "lock"))
+    calls = []
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: calls.append(a) or FAKE)
+    cache = DiskCache(tmp_path / "cache")
+    stale = replace(FAKE, contended=True, measured_at=time.time() - 2 * calibrate.CONTENDED_TTL_S)
+    cache.put(calibrate.NAMESPACE, calibrate.cache_key(2, 1), stale.as_dict())
+    assert cpu_calibration(2, 1, cache=cache) == FAKE and len(calls) == 1  # too old and contended: measured
+    assert cpu_calibration(2, 1, cache=cache).cached and len(calls) == 1  # the new one is read back
+    fresh = replace(FAKE, contended=True, measured_at=time.time())
+    cache.put(calibrate.NAMESPACE, calibrate.cache_key(2, 1), fresh.as_dict())
+    assert cpu_calibration(2, 1, cache=cache).contended and len(calls) == 1  # recent: reused

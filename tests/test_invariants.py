@@ -1,0 +1,157 @@
+"""The answer invariants (advisor/invariants.py) over random configs, clusters and flags, and the
+defects of issue 12 they catch, each reproduced on the case that showed it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from advisor.errors import AdvisorError
+from advisor.invariants import violations
+from advisor.plan import plan
+from advisor.schema import plan_inputs
+
+# 12 examples; two model shapes (one traced whole, one extrapolated in depth) so traces repeat from the
+# in-process cache: under a minute here.
+# No shrinking: a failing example is printed as found (shrinking a plan search took minutes).
+SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
+                    phases=[Phase.explicit, Phase.generate])
+
+SHAPES = [  # (hidden, layers, heads, kv heads, vocab): deep ones go through the depth extrapolation
+    (64, 2, 4, 4, 256), (96, 12, 4, 1, 384),
+]
+
+
+def _config(tmp_path_factory, shape) -> str:
+    hidden, layers, heads, kv, vocab = shape
+    path = tmp_path_factory.mktemp("cfg") / f"llama-{hidden}-{layers}.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": hidden, "intermediate_size": 2 * hidden,
+                                "num_hidden_layers": layers, "num_attention_heads": heads,
+                                "num_key_value_heads": kv, "vocab_size": vocab,
+                                "max_position_embeddings": 512}))
+    return str(path)
+
+
+cases = st.fixed_dictionaries({
+    "shape": st.sampled_from(SHAPES),
+    "seq_len": st.just(64),
+    "precision": st.sampled_from(["bf16", "fp32", "pure-bf16", "fp16"]),
+    "optimizer": st.sampled_from(["adamw", "sgd"]),
+    "activation_checkpointing": st.booleans(),
+    "micro_batch_size": st.integers(1, 64),
+    "gpus": st.sampled_from([1, 2, 4, 8]),
+    "nodes": st.sampled_from([1, 1, 2]),
+    # Tiny GPUs so that every branch shows up: fits, does not fit, offload, nothing fits.
+    "gpu_mem_gib": st.sampled_from([0.02, 0.05, 0.2, 2.0]),
+    "host_mem_gib": st.sampled_from([None, 0.01, 1.0, 64.0]),
+})
+
+
+@SETTINGS
+@given(case=cases)
+def test_every_answer_holds_the_invariants(tmp_path_factory, case):
+    values = dict(case)
+    values["config_path"] = _config(tmp_path_factory, values.pop("shape"))
+    try:
+        # No disk cache: it would also prefetch the what-if traces of other GPU counts.
+        p = plan(replace(plan_inputs(gpu="A100-80GB", **values), use_cache=False))
+    except AdvisorError as err:  # bad combinations are refused in one line, never a broken plan
+        assert "internal consistency" not in str(err), err
+        return
+    assert violations(p) == []
+
+
+def test_invariants_catch_a_negative_component():
+    """``violations`` is not vacuous: a planted negative activation is reported."""
+    p = plan(plan_inputs(model="gpt2", gpus=2, gpu="A100-80GB", seq_len=128))
+    row = p.row("zero1")
+    bad = replace(row.memory.peak, activations=-5, other=row.memory.peak.other + 5)
+    row.memory = replace(row.memory, peak=bad)
+    assert any("negative" in v for v in violations(p))
+
+
+def test_deep_stack_split_is_never_negative(tmp_path):
+    """Issue 12: Qwen2.5-14B shape, seq 2048, activation checkpointing, ZeRO-1 showed grads 116.36 and
+    activ -58.09 GiB (the depth extrapolation mixed the one-block trace's peak at the start of
+    backward with the two-block trace's peak at its end). ZeRO-1's model states are 16-bit weights and
+    gradients plus the fp32 partition: its peak is about the states plus the reduce bucket."""
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 5120, "intermediate_size": 13824,
+           "max_position_embeddings": 131072, "model_type": "qwen2", "num_attention_heads": 40,
+           "num_hidden_layers": 48, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+           "tie_word_embeddings": False, "vocab_size": 152064}
+    path = tmp_path / "qwen2.5-14b.json"
+    path.write_text(json.dumps(cfg))
+    p = plan(plan_inputs(config_path=str(path), seq_len=2048, activation_checkpointing=True, gpus=8,
+                         gpu="A100-80GB"))
+    z1 = p.row("zero1").memory
+    assert min(z1.peak.as_dict().values()) >= 0
+    params = p.profile.stats.num_params
+    states = 2 * params + 2 * params + (4 + 8) * params // 8  # bf16 weights + bf16 grads + fp32 partition
+    assert states <= z1.peak.total <= states * 1.1, (z1.peak.total / 2**30, states / 2**30)
+    assert violations(p) == []
+
+
+def test_nothing_fits_names_checkpointing_before_a_larger_cluster(tmp_path):
+    """Issue 12: "ZeRO-3 would fit on 234 x RTX3090 (117 nodes)" for a 3.8B model at seq 4096, where the
+    answer is activation checkpointing. Now the checkpointing figure comes first."""
+    p = plan(plan_inputs(model="llama-2-7b", seq_len=4096, gpus=2, gpu="RTX3090"))
+    assert p.recommendation.strategy is None
+    text = " | ".join(p.recommendation.reasons)
+    assert "activation checkpointing" in text, text
+    if p.recommendation.min_gpus:
+        assert text.index("activation checkpointing") < text.index("would fit on"), text
+    assert violations(p) == []
+
+
+def test_no_checkpointing_advice_when_it_is_on():
+    p = plan(plan_inputs(model="llama-2-7b", seq_len=4096, gpus=1, gpu="RTX3090", activation_checkpointing=True,
+                         precision="pure-bf16"))
+    for t in p.recommendation.reasons + p.recommendation.warnings:
+        assert "--activation-checkpointing" not in t and "turn on activation checkpointing" not in t, t
+    assert not any("ZeRO-3 would fit" in t for t in p.recommendation.reasons)  # ZeRO does not apply to pure bf16
+
+
+def test_one_gpu_cluster_search_stays_in_the_node():
+    """Issue 12: "2 node(s) of 1" for ZeRO-3 on --gpus 1: GPUs are added inside the node first."""
+    p = plan(plan_inputs(model="llama-2-7b", gpus=1, gpu="A100-80GB", activation_checkpointing=True))
+    text = " | ".join(p.recommendation.reasons)
+    assert "node(s) of 1" not in text
+    if p.recommendation.min_gpus:
+        assert p.recommendation.min_nodes == 1 and "in one node" in text, text
+
+
+def test_host_ram_while_loading_is_checked_when_known():
+    """DDP-family scripts build the fp32 model in every rank: 8 ranks x 4 bytes x 6.74B > 128 GiB."""
+    p = plan(plan_inputs(model="llama-2-7b", gpus=8, gpu="A100-80GB", host_mem_gib=128,
+                         activation_checkpointing=True))
+    stats = p.profile.stats
+    ddp, z3 = p.row("zero2"), p.row("zero3")
+    assert ddp.load_host_bytes_per_node == 8 * (4 * stats.num_params + stats.buffer_bytes)
+    assert ddp.fits is False and ddp.short_of == "host RAM" and "128.00 GiB" in ddp.fit_note
+    assert z3.load_host_bytes_per_node == 8 * 4 * stats.largest_module_params
+    assert z3.fits is True
+    unknown = plan(plan_inputs(model="llama-2-7b", gpus=8, gpu="A100-80GB", activation_checkpointing=True))
+    assert unknown.row("zero2").fits is True  # RAM unknown: the load alone does not block
+
+
+def test_headroom_warning_over_90_percent():
+    p = plan(plan_inputs(model="gpt2", gpus=1, gpu="A100-80GB", seq_len=1024, micro_batch_size=1))
+    best = p.row(p.recommendation.strategy)
+    cap = best.memory.device_total / 0.95  # a GPU the plan fills to 95%
+    tight = plan(plan_inputs(model="gpt2", gpus=1, gpu="A100-80GB", seq_len=1024, micro_batch_size=1,
+                             gpu_mem_gib=cap / 2**30))
+    assert any("of the GPU's memory" in w for w in tight.recommendation.warnings)
+    assert not any("of the GPU's memory" in w for w in p.recommendation.warnings)
+
+
+@pytest.mark.parametrize("gpu", ["V100-16GB", "T4-16GB"])
+def test_no_bf16_on_gpus_without_it(gpu):
+    p = plan(plan_inputs(model="gpt2", gpus=1, gpu=gpu, seq_len=128))
+    assert p.options.precision == "fp16"
+    assert any("no bf16" in w for w in p.warnings)
+    with pytest.raises(AdvisorError, match="no bf16"):
+        plan(plan_inputs(model="gpt2", gpus=1, gpu=gpu, seq_len=128, precision="bf16"))

@@ -1,0 +1,258 @@
+"""The step-time model (issue 13): per-op costs from the trace, the roofline, each strategy's collectives against
+hand arithmetic, the JSON time object, and the recommendation by time. Small models and preset GPUs only (no GPU
+here); the whole file runs in about a minute on 2 cores once the traces are cached."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from advisor.gpu_presets import get_gpu_preset
+from advisor.plan import plan, plan_to_dict
+from advisor.recommend import MB_TIE, TIE, _pick
+from advisor.rows import StrategyRow, time_at
+from advisor.schema import plan_inputs
+from advisor.timing.comm import Fabric, bucketed_allreduce
+from advisor.timing.compute import Rates, conv_peak_precision, peak_precision, preset_for_gpu, roofline_s
+from advisor.timing.step import StepTime, exposed_s
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = str(ROOT / "tests" / "data" / "small_llama.json")  # hidden 256, 2 layers, 8 heads, 4 kv heads
+
+
+def _plan(**kw):
+    return plan(plan_inputs(detect_hardware=False, **kw))
+
+
+# ------------------------------------------------------------------------------------- formulas and presets
+def test_exposed_communication_hand_arithmetic():
+    # 4 buckets of 2.5 s beside 100 s of backward: only the last (2 s) is exposed.
+    assert exposed_s(10.0, 100.0, 4, last_s=2.0) == 2.0
+    # beside 4 s of compute: 3/4 of it hides 3 s of the 8 s before the last bucket: 2 + (8 - 3) = 7 s.
+    assert exposed_s(10.0, 4.0, 4, last_s=2.0) == 7.0
+    assert exposed_s(10.0, 4.0, 4, first_s=1.0, last_s=2.0) == 1.0 + 2.0 + (7.0 - 3.0)
+    assert exposed_s(10.0, 100.0, 1) == 10.0  # one piece: nothing overlaps
+    assert exposed_s(0.0, 1.0, 4) == 0.0
+
+
+def test_roofline_per_op_is_linear_in_the_micro_batch():
+    r = Rates(flops_per_s=1e12, conv_flops_per_s=2e12, bytes_per_s=1e9)
+    # One op traced at b=2 (1e12 FLOPs, 1e9 B) and b=3 (1.5e12, 1.5e9): at b=4, 2e12 FLOPs (2 s) and 2e9 B (2 s).
+    assert roofline_s([(10**12, 10**9)], [(15 * 10**11, 15 * 10**8)], 4, 2, r) == 2.0
+    # A memory-bound op and a compute-bound one: each its own maximum, summed.
+    assert roofline_s([(0, 10**9), (10**12, 0)], [(0, 10**9), (10**12, 0)], 2, 2, r) == 1.0 + 1.0
+    assert roofline_s([(10**12, 0, 1)], [(10**12, 0, 1)], 2, 2, r) == 0.5  # a convolution: the conv rate
+
+
+def test_which_peak_each_precision_runs_at():
+    a100, v100 = get_gpu_preset("A100-80GB"), get_gpu_preset("V100-32GB")
+    assert peak_precision("bf16", a100) == "bf16" and peak_precision("fp16", a100) == "fp16"
+    assert peak_precision("fp32", a100) == "fp32"  # torch.backends.cuda.matmul.allow_tf32 is False by default
+    assert conv_peak_precision("fp32", a100) == "tf32"  # cuDNN allows TF32 by default
+    assert peak_precision("pure-bf16", v100) == "fp16" and conv_peak_precision("fp32", v100) == "fp32"
+    assert preset_for_gpu("NVIDIA A100-SXM4-40GB", 40 * 2**30).name == "A100-40GB"
+    assert preset_for_gpu("NVIDIA H100 80GB HBM3").name == "H100-80GB"
+    assert preset_for_gpu("Some Other GPU") is None
+
+
+def test_trace_records_every_flop_per_op_and_the_recompute():
+    from advisor.models import resolve_source
+    from advisor.schema import ModelSource
+    from advisor.trace import trace_step
+
+    spec = resolve_source(ModelSource(config_path=SMALL, seq_len=64))
+    plain, _, _ = trace_step(spec, 2, "fp32", "flash", False)
+    ac, _, _ = trace_step(spec, 2, "fp32", "flash", True)
+    assert sum(op[0] for op in plain.fwd_ops + plain.bwd_ops) == plain.flops > 0
+    assert all(op[1] >= 0 for op in plain.fwd_ops + plain.bwd_ops) and plain.recompute_flops == 0
+    # Checkpointing recomputes the blocks' forward: model FLOPs (recompute excluded) are the plain trace's.
+    assert ac.recompute_flops > 0 and ac.flops - ac.recompute_flops == plain.flops
+
+
+# ------------------------------------------------------------------------------------ strategies' collectives
+def test_ddp_all_reduces_fp32_gradients_once_per_step_and_nothing_on_one_gpu():
+    p = _plan(config_path=SMALL, seq_len=64, gpus=4, gpu="A100-80GB", precision="bf16", micro_batch_size=2,
+              global_batch_size=32)
+    r, t = p.row("ddp"), p.row("ddp").time
+    trainable = p.profile.stats.num_trainable
+    assert r.grad_accum_steps == 4 and t.micro_steps == 4
+    (c,) = t.collectives
+    assert c.kind == "all_reduce" and c.nbytes == 4 * trainable and c.passes == 1  # fp32 under autocast
+    assert r.comm_bytes_per_step == 2 * 3 * 4 * trainable // 4  # ring: 2(n-1)/n of the fp32 gradients
+    fabric = Fabric.from_preset(get_gpu_preset("A100-80GB"), 4)
+    assert t.comm_s == pytest.approx(bucketed_allreduce(4 * trainable, fabric).total_s, rel=1e-12)
+    pure = _plan(config_path=SMALL, seq_len=64, gpus=4, gpu="A100-80GB", precision="pure-bf16", micro_batch_size=2)
+    assert pure.row("ddp").time.collectives[0].nbytes == 2 * trainable  # bf16 gradients under pure bf16
+    one = _plan(config_path=SMALL, seq_len=64, gpus=1, gpu="A100-80GB", precision="bf16", micro_batch_size=2)
+    for row in one.rows:
+        if row.applicable and row.time is not None:
+            assert row.comm_bytes_per_step == 0  # no collective runs (offload's PCIe copies still do)
+            assert all(c.group == "host" for c in row.time.collectives), row.name
+
+
+def test_zero3_traffic_scales_with_accumulation_steps_and_zero1_does_not():
+    def rows(global_batch):
+        p = _plan(config_path=SMALL, seq_len=64, gpus=2, gpu="A100-80GB", precision="bf16", micro_batch_size=2,
+                  global_batch_size=global_batch)
+        return p, {r.name: r for r in p.rows}
+
+    p1, one = rows(4)
+    p4, four = rows(16)
+    st = p1.profile.stats
+    w, n = 2, 2
+    assert one["zero3"].grad_accum_steps == 1 and four["zero3"].grad_accum_steps == 4
+    per_micro = st.num_trainable * w + 2 * (st.num_params - st.persistent_params) * w
+    assert one["zero3"].comm_bytes_per_step == (n - 1) * per_micro // n
+    assert four["zero3"].comm_bytes_per_step == (n - 1) * 4 * per_micro // n
+    gathers = next(c for c in four["zero3"].time.collectives if c.kind == "all_gather")
+    assert gathers.passes == 2 * 4  # forward and backward of every micro-step
+    assert four["zero3"].time.comm_s == pytest.approx(4 * one["zero3"].time.comm_s, rel=1e-9)
+    assert four["zero1"].comm_bytes_per_step == one["zero1"].comm_bytes_per_step  # once per optimizer step
+    rs2 = next(c for c in four["zero2"].time.collectives if c.kind == "reduce_scatter")
+    rs1 = next(c for c in four["zero1"].time.collectives if c.kind == "reduce_scatter")
+    assert rs2.passes == 4 and rs1.passes == 1 and rs2.nbytes == rs1.nbytes == st.num_trainable * w
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_tp_all_reduces_activations_per_block(checkpointing):
+    seq, mb, hidden, layers = 128, 2, 256, 2
+    p = _plan(config_path=SMALL, seq_len=seq, gpus=2, gpu="H100-80GB", precision="bf16", micro_batch_size=mb,
+              activation_checkpointing=checkpointing)
+    r = p.row("tp")
+    assert r.applicable and r.dp_size == 1 and r.grad_accum_steps == 2  # accumulates to the global batch 2 x 2
+    (c,) = r.time.collectives
+    per_block = 6 if checkpointing else 4  # 2 forward + 2 backward (+ the recompute's 2)
+    assert c.nbytes == seq * mb * hidden * 2 and c.passes == r.grad_accum_steps * per_block * layers
+    one = Fabric.from_preset(get_gpu_preset("H100-80GB"), 2).time_s("all_reduce", c.nbytes)
+    assert c.seconds == pytest.approx(c.passes * one, rel=1e-12) and c.exposed_s == c.seconds  # critical path
+
+
+# ----------------------------------------------------------------------------------------------- outputs
+def test_json_time_object_and_training_budget():
+    p = _plan(config_path=SMALL, seq_len=64, gpus=2, gpu="A100-80GB", micro_batch_size=4, train_tokens=10**9,
+              gpu_hour_price=2.0)
+    doc = plan_to_dict(p)
+    assert doc["timing"]["gpu_preset"] == "A100-80GB" and doc["recommendation"]["micro_batch_size"] == 4
+    for s in doc["strategies"]:
+        if not s["applicable"]:
+            assert s["time"] is None
+            continue
+        t = s["time"]
+        assert {"compute_s", "comm_s", "exposed_comm_s", "optimizer_s", "step_s", "samples_per_s",
+                "samples_per_s_per_gpu", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "speedup_vs_single_gpu",
+                "scaling_efficiency", "train_hours", "gpu_hours", "cost"} <= set(t)
+        assert t["step_s"] == pytest.approx(t["compute_s"] + t["exposed_comm_s"] + t["optimizer_s"])
+        assert t["tokens_per_s"] == pytest.approx(t["samples_per_s"] * 64)
+        steps = 10**9 / 64 / s["global_batch_size"]
+        assert t["train_hours"] == pytest.approx(steps * t["step_s"] / 3600)
+        assert t["gpu_hours"] == pytest.approx(2 * t["train_hours"]) and t["cost"] == pytest.approx(2 * t["gpu_hours"])
+        assert 0 < t["mfu"] < 1 and t["speedup_vs_single_gpu"] > 0
+    vision = plan_to_dict(_plan(model="resnet18", image_size=32, gpus=2, gpu="A100-80GB", micro_batch_size=8))
+    assert all(s["time"]["tokens_per_s"] is None for s in vision["strategies"] if s["applicable"])
+
+
+def test_text_shows_step_time_and_throughput():
+    from advisor.cli import render_text
+
+    text = render_text(_plan(config_path=SMALL, seq_len=64, gpus=2, gpu="A100-80GB", micro_batch_size=4))
+    assert "Step time of one optimizer step" in text and "tokens/s" in text and "Data loading is not modelled" in text
+
+
+# --------------------------------------------------------------------------------------- recommendation
+def _timed_row(name, order, step_s, total):
+    class S:
+        comm_order, offload = order, False
+
+    t = StepTime(micro_batch=1, micro_steps=1, compute_s=step_s, comm_s=0.0, exposed_comm_s=0.0, optimizer_s=0.0,
+                 flops=1, model_flops=1, peak_flops_per_s=1.0, overlap="")
+
+    class M:
+        device_total = total
+
+    return StrategyRow(name=name, title=name, applicable=True, strategy=S(), fits=True, memory=M(), time=t)
+
+
+def test_tp_is_chosen_over_zero3_only_when_faster():
+    zero3, tp = _timed_row("zero3", 2, 1.0, 10), _timed_row("tp", 3, 0.8, 20)
+    assert _pick([zero3, tp]).name == "tp"  # 20% faster
+    assert _pick([zero3, _timed_row("tp", 3, 0.99, 5)]).name == "zero3"  # within TIE: the field notes' order
+    assert _pick([zero3, _timed_row("tp", 3, 1.5, 5)]).name == "zero3"  # slower, even with less memory
+    assert _pick([_timed_row("zero1", 1, 1.0, 30), _timed_row("zero2", 1, 1.0, 20)]).name == "zero2"  # memory
+
+
+def test_tp_over_pcie_is_applicable_ranked_by_time_and_warned_about():
+    p = _plan(config_path=SMALL, seq_len=128, gpus=2, gpu="RTX4090", micro_batch_size=4)
+    tp = p.row("tp")
+    assert tp.applicable and tp.time is not None
+    best = p.row(p.recommendation.strategy)
+    fitting = [r for r in p.rows if r.applicable and r.fits is True and r.time is not None]
+    assert best.time.step_s <= (1 + TIE) * min(r.time.step_s for r in fitting)
+    if best.name == "tp":
+        assert any("over PCIe" in w for w in p.recommendation.warnings)
+    assert p.row("tp").strategy.link_warning(p.context())
+
+
+def test_ddp_vs_zero3_over_pcie_picks_the_faster_and_says_by_how_much():
+    p = _plan(model="gpt2", seq_len=256, gpus=4, gpu="RTX4090", micro_batch_size=4, global_batch_size=128)
+    ddp, z3 = p.row("ddp"), p.row("zero3")
+    assert ddp.fits and z3.fits
+    fast, slow = sorted((ddp, z3), key=lambda r: r.time.step_s)
+    assert p.recommendation.strategy != slow.name
+    ratio = slow.time.step_s / p.row(p.recommendation.strategy).time.step_s
+    assert ratio > 1 + TIE
+    said = [t for t in p.recommendation.reasons if t.startswith(f"{slow.title} over pcie would take")]
+    assert said and f"{ratio:.2f}x longer per step" in said[0], p.recommendation.reasons
+
+
+def test_eight_gpus_over_1gbe_gain_little_and_say_so_with_the_figure():
+    p = _plan(config_path=SMALL, seq_len=64, gpus=1, nodes=8, network="1gbe", gpu="A100-80GB", micro_batch_size=4)
+    best = p.row(p.recommendation.strategy)
+    assert best.time.speedup_vs_single_gpu < 4
+    warning = next(w for w in p.recommendation.warnings if w.startswith("8 GPUs give only"))
+    assert f"{best.time.speedup_vs_single_gpu:.2f}x the speed of one GPU" in warning and "1gbe" in warning
+
+
+def test_recommended_micro_batch_maximises_throughput():
+    p = _plan(config_path=SMALL, seq_len=64, gpus=2, gpu="A100-40GB")
+    chosen = p.options.micro_batch_size
+    assert p.recommendation.micro_batch_size == chosen and p.recommendation.micro_batch_note
+    best = p.row(p.recommendation.strategy)
+    cap, ctx = 0.9 * p.hardware.gpu_memory_bytes, p.context()
+    rate = best.global_batch_size / best.time.step_s
+    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        if best.strategy.memory(replace(ctx, options=replace(ctx.options, micro_batch_size=b)), b).device_total > cap:
+            continue
+        t, shadow = time_at(best.strategy, ctx, best, b)
+        assert rate >= (1 - MB_TIE) * shadow.global_batch_size / t.step_s - 1e-9, b
+
+
+def test_a_user_set_micro_batch_is_kept():
+    p = _plan(config_path=SMALL, seq_len=64, gpus=2, gpu="A100-40GB", micro_batch_size=3)
+    assert p.options.micro_batch_size == 3 and p.recommendation.micro_batch_size == 3
+    assert p.recommendation.micro_batch_note is None
+
+
+# ------------------------------------------------------------------------------------------------- bench
+def test_bench_time_reproduces_nanogpt_within_the_target():
+    from bench.timefit import TARGET_ABS, cases, predicted_s
+
+    case = next(c for c in cases() if c.case_id.startswith("nanogpt"))
+    seconds, t = predicted_s(case)
+    assert abs(seconds - case.published_s) / case.published_s <= TARGET_ABS
+    assert 0.2 < t.mfu < 0.6
+
+
+def test_page_stacks_each_strategy_step_time():
+    import app
+
+    doc = plan_to_dict(_plan(config_path=SMALL, seq_len=64, gpus=2, gpu="A100-80GB", micro_batch_size=4))
+    frame = app.time_frame(doc)
+    timed = [s for s in doc["strategies"] if s["applicable"] and s["time"]]
+    assert len(frame) == 3 * len(timed) and set(frame["part"]) == {label for _, label in app.TIME_PARTS}
+    for s in timed:
+        parts = frame[frame["strategy"] == s["title"]]["seconds"].sum()
+        assert parts == pytest.approx(s["time"]["step_s"])
+    spec = app.time_chart(frame, [s["title"] for s in timed]).to_dict()
+    assert "data loading not modelled" in spec["encoding"]["x"]["title"]
