@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from .context import StrategyContext
 from .gpu_presets import SLOW_NETWORKS
-from .rows import Recommendation, StrategyRow, fit_verdict, fits, max_micro_batch, time_at
+from .rows import Recommendation, StrategyRow, evaluate_row, fit_verdict, fits, max_micro_batch, time_at
 from .units import fmt_gib, fmt_rate, fmt_s
 
 TINY_MODEL_PARAMS = 20_000_000  # field notes 004 section 7: tiny models gain little from distributing
@@ -99,7 +99,7 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
     link = best.strategy.link_warning(ctx)
     if link:
         warnings.append(link)
-    scaling = _scaling_warning(ctx, best)
+    scaling = _scaling_warning(ctx, best) or _fewer_nodes_warning(ctx, rows, best)
     if scaling:
         warnings.append(scaling)
     if best.time is not None:
@@ -199,6 +199,28 @@ def _scaling_warning(ctx: StrategyContext, best: StrategyRow) -> str | None:
     return (f"{n} GPUs give only {t.speedup_vs_single_gpu:.2f}x the speed of one GPU ({share:.0f}% "
             f"of the ideal {n}x): {fmt_s(t.exposed_comm_s)} of each {fmt_s(t.step_s)} step is communication over "
             f"{link} that compute does not hide; {better}")
+
+
+def _fewer_nodes_warning(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRow) -> str | None:
+    """Several nodes whose samples per second are under half of ``nodes`` x one node's (the fastest strategy that
+    fits one node of the same GPUs, at the same micro-batch): the figures and the advice to use fewer nodes or a
+    faster network. For models one GPU cannot hold, where ``_scaling_warning`` has no single-GPU baseline."""
+    hw = ctx.hardware
+    if hw.num_nodes < 2 or best.time is None or not best.time.step_s:
+        return None
+    one = replace(ctx, hardware=replace(hw, num_nodes=1))
+    candidates = [evaluate_row(r.strategy, one, False) for r in rows if r.applicable]
+    timed = [r for r in candidates if r.applicable and r.fits is True and r.time is not None and r.time.step_s]
+    if not timed:
+        return None
+    node = max(timed, key=lambda r: r.global_batch_size / r.time.step_s)
+    per_s = best.global_batch_size / best.time.step_s
+    node_per_s = node.global_batch_size / node.time.step_s
+    if per_s >= hw.num_nodes * node_per_s / 2:
+        return None
+    return (f"{hw.num_nodes} nodes over {hw.network} train {per_s:.3g} samples/s, against {node_per_s:.3g} on one node "
+            f"of {hw.gpus_per_node} ({node.title}): {per_s / node_per_s:.2f}x for {hw.num_nodes}x the GPUs; use one "
+            "node, or a faster network between nodes")
 
 
 def choose_micro_batch(ctx: StrategyContext, rows: list[StrategyRow]) -> tuple[int, str] | None:
@@ -317,6 +339,13 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
     for r in short_host:
         reasons.append(f"{r.title}: {r.fit_note}")
     search_ctx, search_rows = ctx, rows
+    smaller = [r for r in rows if r.applicable and r.max_micro_batch_size >= 1]
+    if opts.micro_batch_size > 1 and smaller:
+        # Without offload first (offload's largest micro-batch counts GPU memory only), then the largest.
+        r = max(smaller, key=lambda r: (not r.strategy.offload, r.max_micro_batch_size, -r.strategy.comm_order))
+        reasons.append(f"at micro-batch {opts.micro_batch_size} nothing fits; lower --micro-batch-size: {r.title} fits "
+                       f"up to micro-batch {r.max_micro_batch_size} (reach the global batch by gradient accumulation)")
+        return Recommendation(strategy=None, reasons=reasons, warnings=warnings)
     if checkpointed is not None:
         fix = _fastest_fitting(checkpointed.rows)
         if fix is not None:
@@ -364,7 +393,8 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
                 reasons.append("across nodes the field's answer for models this large is data parallel x ZeRO x "
                                "pipeline parallelism; pipeline parallelism is out of scope for this tool")
         else:
-            fixes = "shorten the sequence or lower the micro-batch" if search_ctx is not ctx or \
+            lower = " or lower the micro-batch" if opts.micro_batch_size > 1 else ""
+            fixes = f"shorten the sequence{lower}" if search_ctx is not ctx or \
                 opts.activation_checkpointing else "turn on activation checkpointing or shorten the sequence"
             reasons.append(f"even {MAX_GPUS_SEARCHED} GPUs with {need.title}{with_ac} do not fit at micro-batch "
                            f"{opts.micro_batch_size}: activations alone exceed one GPU; {fixes}")

@@ -155,3 +155,24 @@ def test_no_bf16_on_gpus_without_it(gpu):
     assert any("no bf16" in w for w in p.warnings)
     with pytest.raises(AdvisorError, match="no bf16"):
         plan(plan_inputs(model="gpt2", gpus=1, gpu=gpu, seq_len=128, precision="bf16"))
+
+
+def test_too_large_micro_batch_is_named_before_more_gpus():
+    """A fresh user's case: at the user's micro-batch nothing fits, at a smaller one something does. The answer
+    is the smaller micro-batch (with accumulation), not a larger cluster."""
+    p = plan(plan_inputs(model="gpt2", seq_len=1024, gpus=2, gpu="A100-80GB", gpu_mem_gib=4, micro_batch_size=32))
+    rec = p.recommendation
+    assert rec.strategy is None and rec.min_gpus is None
+    line = next(t for t in rec.reasons if t.startswith("at micro-batch 32 nothing fits"))
+    best = max((r for r in p.rows if r.applicable and not r.strategy.offload), key=lambda r: r.max_micro_batch_size)
+    assert f"up to micro-batch {best.max_micro_batch_size}" in line and 1 <= best.max_micro_batch_size < 32
+    assert violations(p) == []
+
+
+def test_two_nodes_over_1gbe_say_one_node_is_faster():
+    """A fresh user's case: 2 x 8 A100 over 1 GbE for an 8B model trained about 16x slower than one node with no
+    warning (one GPU cannot hold the model, so there is no single-GPU baseline): the warning compares nodes."""
+    p = plan(plan_inputs(model="llama-3.1-8b", gpus=8, nodes=2, network="1gbe", gpu="A100-80GB",
+                         activation_checkpointing=True))
+    line = next(w for w in p.recommendation.warnings if w.startswith("2 nodes over 1gbe train"))
+    assert "use one node" in line
