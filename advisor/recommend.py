@@ -367,7 +367,7 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
     off = next((r for r in search_rows if r.applicable and r.memory and r.strategy.shards_everything
                 and r.strategy.offload), None)
     host = off.memory.host_bytes_per_node if off else None
-    if off is not None and off not in short_host and all(o.name != off.name for o in short_host):
+    if off is not None and all(o.name != off.name for o in short_host):
         where = hw.sources.get("host_mem_bytes", "")
         have = ("host RAM unknown: give --host-mem" if hw.host_mem_bytes is None else
                 f"have {fmt_gib(hw.host_mem_bytes)}, {where}"
