@@ -140,7 +140,7 @@ def render_text(p, strategy: str | None = None) -> str:
     lines += [head, "-" * len(head)]
     for r in p.rows:
         if not r.applicable:
-            lines.append(f"{r.name:<15}n/a: {r.reason}")
+            lines.append(f"{r.name:<15} n/a: {r.reason}")
             continue
         b, m = r.memory.peak, r.memory
         rule = f"{gib(r.rule_of_thumb_bytes):.1f}{'' if r.rule_of_thumb_fits else '!'}"
@@ -169,8 +169,8 @@ def render_text(p, strategy: str | None = None) -> str:
                  "step; step-flat: DeepSpeed flattening the gradients for the optimizer)")
     if o.precision in ("bf16", "fp16"):
         lines.append(f"DDP/TP activ or other include autocast's {o.precision} copies of the weights (cached until the "
-                     "forward ends, kept for backward; about 2 bytes per parameter); ZeRO keeps 16-bit weights, so "
-                     "it has none")
+                     "forward ends, kept for backward; about 2 bytes per parameter); ZeRO keeps 16-bit weights and "
+                     "FSDP2 gathers them in 16 bits (buffers), so they have none")
     lines += _time_lines(p)
     rec = p.recommendation
     lines.append("")
@@ -236,7 +236,8 @@ def _load_line(rows: list) -> str | None:
         return None
     parts = [f"{'/'.join(names)} {gib(n):.2f}" for n, names in sorted(groups.items(), reverse=True)]
     return ("host RAM per node while the script builds the model (each rank builds it on the CPU in fp32; "
-            "ZeRO-3 partitions as it builds), GiB: " + ", ".join(parts))
+            "ZeRO-3 partitions as it builds; FSDP2 builds on the meta device and materialises only its shards; "
+            "single is one process), GiB: " + ", ".join(parts))
 
 
 def _short_phase(phase: str) -> str:
@@ -276,6 +277,9 @@ def _emit(result, args: RunOptions) -> None:
     written = write_files(render_job(job), args.emit, force=args.force)
     stream = sys.stderr if args.json else sys.stdout
     row = result.row(name)
+    if not row.strategy.distributes and result.hardware.num_gpus > 1:
+        print(f"  ! {row.title} runs one process on one of the {result.hardware.num_gpus} GPUs "
+              "(the baseline row); for all of them emit the recommended strategy", file=stream)
     if not row.fits:
         print(f"  ! {row.title} does not fit: {gib(row.memory.device_total):.2f} GiB per GPU estimated vs "
               f"{gib(result.hardware.gpu_memory_bytes):.2f} GiB; the script will likely run out of memory", file=stream)
@@ -353,6 +357,8 @@ def _plan_face(argv: list[str]) -> int:
     from .plan import plan, plan_to_dict
 
     result = plan(inputs)
+    if run.emit and run.strategy and not result.row(run.strategy).applicable:  # before pages of a plan
+        raise AdvisorError(f"--strategy {run.strategy} does not apply here: {result.row(run.strategy).reason}")
     doc = plan_to_dict(result) if run.json else None
     if not run.json:
         print(render_text(result, run.strategy))

@@ -130,6 +130,10 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
     ctx = StrategyContext(profile, hw, opts, device)
     strategies = all_strategies()
     rows = [evaluate_row(s, ctx, inputs.compare) for s in strategies]
+    if not any(r.applicable for r in rows):
+        reasons = list(dict.fromkeys(r.reason for r in rows))
+        raise AdvisorError("no strategy applies to these choices (" + "; ".join(reasons[:3]) + "): change "
+                           "--framework or --precision")
     mb_note = None
     if inputs.training.micro_batch_size is None and device == "cuda":
         # Unless the user set it, the micro-batch with the best throughput among those that fit (issue 13).
@@ -265,6 +269,13 @@ def _ignored_flags(opts: TrainingOptions, profile: ModelProfile, rows: list[Stra
     tp = [r for r in rows if r.strategy.uses_tp_degree]
     if opts.tp_degree and tp and not any(r.applicable for r in tp):
         out.append(f"--tp-degree {opts.tp_degree} is not used: {tp[0].reason}")
+    if opts.fsdp_grad_sync != "every-micro-step":
+        sync = [r for r in rows if r.strategy.uses_fsdp_grad_sync and r.applicable]
+        if not sync:
+            out.append(f"--fsdp-grad-sync {opts.fsdp_grad_sync} is not used: no FSDP2 row applies")
+        elif all((r.grad_accum_steps or 1) == 1 for r in sync):
+            out.append(f"--fsdp-grad-sync {opts.fsdp_grad_sync} changes nothing without gradient accumulation "
+                       "(give --global-batch-size)")
     return out
 
 

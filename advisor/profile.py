@@ -53,6 +53,14 @@ class ParamStats:
     # Modules with a parameter of at least ZERO3_PERSISTENCE_THRESHOLD elements: the modules whose parameters
     # ZeRO-3 gathers, one coalesced all-gather each, in forward and in backward (0: not counted).
     num_gathered_modules: int = 0
+    # FSDP2's units (``strategies.fsdp2``): the root first (every parameter outside the repeated blocks), then one
+    # per repeated block (``advisor.checkpointing.repeated_blocks``: what generated FSDP2 scripts ``fully_shard``),
+    # each a tuple of (dim 0 size, numel, trainable, late) per parameter: FSDP2 pads dim 0 to a multiple of the shard
+    # world size (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, ``_init_sharded_param``); ``late``: the input
+    # embedding (``get_input_embeddings``), whose gradient reaches ``.grad`` last: untied, its backward runs last;
+    # tied to the LM head, autograd holds the head's contribution in its input buffer (a temporary the trace counts)
+    # until the embedding's backward adds the second.
+    fsdp_units: tuple[tuple[tuple[int, int, bool, bool], ...], ...] = ()
 
     @property
     def num_frozen(self) -> int:
@@ -93,7 +101,32 @@ def param_stats(spec: ModelSpec, tp_degree: int = 1) -> ParamStats:
         experts_per_token=max((k for _, _, k in experts), default=0),
         num_gathered_modules=sum(1 for m in model.modules() if any(
             p.numel() >= ZERO3_PERSISTENCE_THRESHOLD for p in m.parameters(recurse=False))),
+        fsdp_units=fsdp_units(model),
     )
+
+
+def fsdp_units(model) -> tuple[tuple[tuple[int, int, bool, bool], ...], ...]:
+    """``ParamStats.fsdp_units`` of ``model``: the root unit, then one per repeated block; shared (tied)
+    parameters once, in the first unit that owns them, as ``fully_shard`` assigns them."""
+    from .checkpointing import repeated_blocks
+
+    seen: set[int] = set()
+    late: set[int] = set()
+    get_in = getattr(model, "get_input_embeddings", None)
+    emb = get_in() if callable(get_in) else None
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        late.add(id(emb.weight))
+
+    def unit(params) -> tuple[tuple[int, int, bool, bool], ...]:
+        out = []
+        for p in params:
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append((int(p.shape[0]) if p.dim() else 1, p.numel(), bool(p.requires_grad), id(p) in late))
+        return tuple(out)
+
+    blocks = [unit(b.parameters()) for b in repeated_blocks(model)]
+    return (unit(model.parameters()),) + tuple(blocks)
 
 
 def routed_experts(model) -> list[tuple[Any, int, int]]:
@@ -268,7 +301,7 @@ def cached_param_stats(spec: ModelSpec, tp_degree: int, cache: Any = None) -> Pa
         key = {"model": model_key(spec), "tp_degree": tp_degree}
         stored = cache.get("param_stats", key)
         if isinstance(stored, dict) and set(stored) == {f.name for f in dataclasses.fields(ParamStats)}:
-            return ParamStats(**stored)
+            return ParamStats(**{k: _tuples(v) for k, v in stored.items()})
         stats = param_stats(spec, tp_degree)
         cache.put("param_stats", key, dataclasses.asdict(stats))
         return stats

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from .context import StrategyContext
 from .gpu_presets import SLOW_NETWORKS
-from .rows import Recommendation, StrategyRow, evaluate_row, fit_verdict, fits, max_micro_batch, time_at
+from .rows import FRAMEWORK_NAMES, Recommendation, StrategyRow, evaluate_row, fit_verdict, fits, max_micro_batch, time_at
 from .units import fmt_gib, fmt_rate, fmt_s
 
 TINY_MODEL_PARAMS = 20_000_000  # field notes 004 section 7: tiny models gain little from distributing
@@ -23,11 +23,13 @@ GPUS_PER_NODE_SEARCHED = 8  # the usual node (DGX/HGX); a larger --gpus is kept
 # Above this share of the GPU's memory the chosen plan gets a warning: the caching allocator's
 # fragmentation is not in the estimate (PyTorch CUDA semantics docs, "memory management").
 HEADROOM_WARN = 0.90
-# Step times within 5% of the fastest are ties: the time model cannot tell them apart (bench/TIME.md: its errors
-# against the published runs are larger; and 2-4% separate autocast's fp32 residual stream from DeepSpeed's 16-bit
-# module on the same model, a precision detail, not the strategy), so the field notes' order decides among them,
-# then the device total.
-TIE = 0.05
+# Step times within 10% of the fastest are ties: the time model cannot tell them apart (bench/TIME.md: its errors
+# against the published runs reach 21%; 2-4% separate autocast's fp32 residual stream from a 16-bit module on the
+# same model, a precision detail, not the strategy; and the terms that separate replicating from sharding when both
+# fit, the exposed last reduction and the sharded optimizer step, are the least measured: resnet50 on 4 x RTX4090
+# models FSDP2 7% faster than DDP while torch's per-unit hooks are not modelled), so the field notes' order decides
+# among them (least communication first: DDP before sharding), then the device total.
+TIE = 0.10
 # Micro-batches whose throughput is within 2% of the best count as the best: the smallest of them is chosen.
 MB_TIE = 0.02
 
@@ -54,10 +56,15 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
     before offload or a larger cluster.
     """
     hw, opts = ctx.hardware, ctx.options
+    baseline = _baseline_reason(ctx, rows)
+    rows = eligible(rows, hw.num_gpus)
     fitting = [r for r in rows if r.applicable and r.fits is True]
     warnings = _warnings(ctx, timed=any(r.time is not None for r in fitting))
     if not fitting:
-        return _nothing_fits(ctx, rows, warnings, checkpointed)
+        rec = _nothing_fits(ctx, rows, warnings, checkpointed)
+        if baseline:
+            rec.reasons.insert(1, baseline)
+        return rec
     order = {r.name: r.strategy.comm_order for r in rows}
     best = _pick(fitting)
     cap = hw.gpu_memory_bytes
@@ -67,15 +74,28 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
     cheaper = [r for r in rows if r.applicable and order[r.name] < order[best.name] and r.fits is not True]
     if cheaper:
         worst = min(cheaper, key=lambda r: order[r.name])
-        reasons.append(f"{worst.title} does not fit ({worst.fit_note}); {best.title} shards what {worst.title} "
-                       "replicates" if worst.short_of == "GPU memory" else
-                       f"{worst.title} does not surely fit: {worst.fit_note}")
-    elif order[best.name] == min(order.values()) and best.time is None:
+        if worst.short_of != "GPU memory":
+            reasons.append(f"{worst.title} does not surely fit: {worst.fit_note}")
+        elif hw.num_gpus == 1:  # nothing is sharded on one GPU
+            reasons.append(f"{worst.title} does not fit ({worst.fit_note})")
+        else:
+            reasons.append(f"{worst.title} does not fit ({worst.fit_note}); {best.title} shards what {worst.title} "
+                           "replicates")
+    elif order[best.name] == min(order.values()) and best.time is None and best.strategy.distributes:
         reasons.append(f"the model states and activations fit on one GPU, so plain data parallel ({best.title}) has "
                        "the least communication; ZeRO would only add sharding traffic")
+    if not best.strategy.distributes:
+        reasons.append(f"one GPU: plain training in one process ({best.title}: no wrapper, no launcher, no gradient "
+                       "buckets); sharding or offload only when it does not fit")
+    if baseline:
+        reasons.append(baseline)
     reasons += _time_reasons(ctx, best, fitting)
+    sharded = _frameworks_compared(fitting) if hw.num_gpus > 1 else None
+    if sharded:
+        reasons.append(sharded)
     link = hw.interconnect if hw.num_nodes == 1 else f"{hw.interconnect} inside nodes, {hw.network} between"
-    reasons.append(f"communication: about {fmt_gib(best.comm_bytes_per_step)} sent per GPU per step over {link}")
+    if hw.num_gpus > 1:
+        reasons.append(f"communication: about {fmt_gib(best.comm_bytes_per_step)} sent per GPU per step over {link}")
     steps = "step" if best.grad_accum_steps == 1 else "steps"
     reasons.append(f"batch: micro-batch {opts.micro_batch_size} x data-parallel size {best.dp_size} x "
                    f"{best.grad_accum_steps} accumulation {steps} = global batch {best.global_batch_size}; "
@@ -89,7 +109,7 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
                         "fragmentation or a longer sample can run out; leave headroom (a smaller micro-batch"
                         + (")" if opts.activation_checkpointing else ", or --activation-checkpointing)"))
     if best.strategy.offload and checkpointed is not None:
-        faster = _fastest_fitting(checkpointed.rows, offload=False)
+        faster = _fastest_fitting(eligible(checkpointed.rows, hw.num_gpus), offload=False)
         if faster is not None:
             warnings.append(f"offload is slow: with --activation-checkpointing, {faster.title} fits without offload "
                             f"({fmt_gib(faster.memory.device_total)} of {fmt_gib(cap)} per GPU)")
@@ -109,9 +129,54 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
                           micro_batch_size=opts.micro_batch_size)
 
 
+def eligible(rows: list[StrategyRow], gpus: int) -> list[StrategyRow]:
+    """The rows the recommender chooses among on ``gpus`` GPUs: with several GPUs, only those that distribute
+    (one process, ``single``, is then the baseline row, not a choice)."""
+    return rows if gpus == 1 else [r for r in rows if r.strategy.distributes]
+
+
+def _frameworks_compared(fitting: list[StrategyRow]) -> str | None:
+    """Where full sharding fits in two frameworks (FSDP2 and ZeRO-3), how their memory differs, with both figures."""
+    full = [r for r in fitting if r.strategy.shards_everything and not r.strategy.offload]
+    by_fw = {}
+    for r in full:
+        by_fw.setdefault(r.strategy.framework, r)
+    if len(by_fw) < 2:
+        return None
+    a, b = sorted(by_fw.values(), key=lambda r: r.memory.device_total)[:2]
+    return (f"{a.title} and {b.title} both shard everything: {a.title} needs {fmt_gib(a.memory.device_total)} per GPU "
+            f"(model states {fmt_gib(a.memory.model_state_bytes)}), {b.title} {fmt_gib(b.memory.device_total)} (model "
+            f"states {fmt_gib(b.memory.model_state_bytes)}); {a.title} runs on {_fw(a)}, {b.title} on {_fw(b)}")
+
+
+def _fw(r: StrategyRow) -> str:
+    return FRAMEWORK_NAMES.get(r.strategy.framework, r.strategy.framework)
+
+
+def _baseline_reason(ctx: StrategyContext, rows: list[StrategyRow]) -> str | None:
+    """With several GPUs: whether the model trains on one GPU without distribution, with the figures."""
+    if ctx.hardware.num_gpus == 1:
+        return None
+    plain = next((r for r in rows if not r.strategy.distributes and r.applicable and r.memory), None)
+    if plain is None:
+        return None
+    cap = ctx.hardware.gpu_memory_bytes
+    figures = (f"{fmt_gib(plain.memory.device_total)} of {fmt_gib(cap)} at micro-batch {ctx.options.micro_batch_size}"
+               f", {plain.grad_accum_steps} accumulation steps to the same global batch")
+    if plain.fits is True:
+        return f"without distribution it fits on one GPU ({plain.title}: {figures})"
+    return f"without distribution it does not fit on one GPU ({plain.title}: {figures})"
+
+
 def _pick(fitting: list[StrategyRow]) -> StrategyRow:
     """The fastest of ``fitting``; step times within ``TIE`` are ties, decided by the field notes' order, then the
-    lower device total. Rows without a time fall back to that order (module docstring)."""
+    lower device total. Rows without a time fall back to that order (module docstring). Plain one-process training
+    (``Strategy.distributes`` False, only among ``eligible`` rows on one GPU) wins whenever it fits: on one GPU the
+    others only add a wrapper (DeepSpeed's 16-bit module can time a few per cent faster than autocast, not a reason
+    to take on a framework)."""
+    plain = [r for r in fitting if not r.strategy.distributes]
+    if plain:
+        fitting = plain
     timed = [r for r in fitting if r.time is not None and r.time.step_s > 0]
     pool = fitting
     if timed:
@@ -159,7 +224,8 @@ def _time_reasons(ctx: StrategyContext, best: StrategyRow, fitting: list[Strateg
         return []
     link = ctx.hardware.interconnect if ctx.hardware.num_nodes == 1 else f"{ctx.hardware.network} between nodes"
     mfu = f", MFU {100 * t.mfu:.0f}%" if t.mfu is not None else ""
-    out = [f"{best.title} is the fastest that fits: {fmt_s(t.step_s)} per optimizer step at global batch "
+    fastest = all(r.time is None or r.time.step_s >= t.step_s for r in fitting)
+    out = [f"{best.title} {'is the fastest that fits' if fastest else 'takes'}: {fmt_s(t.step_s)} per optimizer step at global batch "
            f"{best.global_batch_size} ({_throughput(ctx, best)}{mfu}; compute {fmt_s(t.compute_s)}, communication "
            f"not hidden {fmt_s(t.exposed_comm_s)}, optimizer {fmt_s(t.optimizer_s)})"]
     others = sorted((r for r in fitting if r is not best and r.time is not None and r.time.step_s > 0),
@@ -209,7 +275,7 @@ def _fewer_nodes_warning(ctx: StrategyContext, rows: list[StrategyRow], best: St
     if hw.num_nodes < 2 or best.time is None or not best.time.step_s:
         return None
     one = replace(ctx, hardware=replace(hw, num_nodes=1))
-    candidates = [evaluate_row(r.strategy, one, False) for r in rows if r.applicable]
+    candidates = [evaluate_row(r.strategy, one, False) for r in eligible(rows, hw.gpus_per_node) if r.applicable]
     timed = [r for r in candidates if r.applicable and r.fits is True and r.time is not None and r.time.step_s]
     if not timed:
         return None
@@ -231,7 +297,12 @@ def choose_micro_batch(ctx: StrategyContext, rows: list[StrategyRow]) -> tuple[i
     At each micro-batch the strategy is the one ``recommend`` would pick there (``_pick``). (micro-batch, a note
     with the figures), or None when nothing fits or nothing can be timed."""
     hw, opts = ctx.hardware, ctx.options
-    applicable = [r for r in rows if r.applicable and r.max_micro_batch_size > 0]
+    applicable = [r for r in eligible(rows, hw.num_gpus) if r.applicable and r.max_micro_batch_size > 0]
+    # One GPU: the micro-batch of plain training when it fits at all (``_pick`` prefers it; a larger micro-batch
+    # only another row fits would trade it for a framework).
+    plain = [r for r in applicable if not r.strategy.distributes]
+    if plain and hw.num_gpus == 1:
+        applicable = plain
     largest = max((r.max_micro_batch_size for r in applicable), default=0)
     if largest < 1:
         return None
@@ -267,10 +338,12 @@ def choose_micro_batch(ctx: StrategyContext, rows: list[StrategyRow]) -> tuple[i
     chosen = min(b for b, v in pool.items() if v[0] >= best_rate * (1 - MB_TIE))
     top = max(found)
     fastest = max(pool, key=lambda b: pool[b][0])
-    note = (f"micro-batch {chosen} per GPU gives the best throughput that fits ({fmt_rate(pool[chosen][0])} samples/s, "
-            f"{pool[chosen][2]}" + (f"; {fastest} gains less than {100 * MB_TIE:.0f}%)" if fastest != chosen else ")"))
+    room = f" with {100 * (1 - HEADROOM_WARN):.0f}% of the GPU's memory left free" if pool is not found else ""
+    note = (f"micro-batch {chosen} per GPU gives the best throughput that fits{room} ({fmt_rate(pool[chosen][0])} "
+            f"samples/s, {pool[chosen][2]}" + (f"; {fastest} gains less than {100 * MB_TIE:.0f}%)" if fastest != chosen
+                                               else ")"))
     if top != chosen:
-        note += f"; the largest that fits, {top}, gives {fmt_rate(found[top][0])} samples/s"
+        note += f"; the largest that fits any strategy, {top} ({found[top][2]}), gives {fmt_rate(found[top][0])} samples/s"
     return chosen, note
 
 
@@ -286,9 +359,6 @@ def _warnings(ctx: StrategyContext, timed: bool = False) -> list[str]:
     quantified scaling warning (``_scaling_warning``) replaces the prose one about slow networks."""
     hw, stats = ctx.hardware, ctx.profile.stats
     out = []
-    if hw.num_gpus == 1:
-        out.append("one GPU: nothing to distribute across GPUs; a DDP script at world size 1 is plain "
-                   "single-GPU training")
     if hw.num_nodes > 1 and hw.network in SLOW_NETWORKS and not timed:
         out.append(f"{hw.network} between nodes is a bottleneck: communication can cost more than compute "
                    "(a 2B model has been seen to get only 1.6x on 8 GPUs over such links); expect poor scaling")
@@ -347,7 +417,7 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
                        f"up to micro-batch {r.max_micro_batch_size} (reach the global batch by gradient accumulation)")
         return Recommendation(strategy=None, reasons=reasons, warnings=warnings)
     if checkpointed is not None:
-        fix = _fastest_fitting(checkpointed.rows)
+        fix = _fastest_fitting(eligible(checkpointed.rows, hw.num_gpus))
         if fix is not None:
             reasons.append(f"turn on activation checkpointing (--activation-checkpointing): {fix.title} then fits, "
                            f"{fmt_gib(fix.memory.device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU")
@@ -363,7 +433,7 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
             low = min(sized, key=lambda r: r.memory.device_total)
             reasons.append(f"activation checkpointing alone is not enough: the smallest, {low.title}, would still "
                            f"need {fmt_gib(low.memory.device_total)} per GPU ({low.fit_note})")
-        search_ctx, search_rows = checkpointed.ctx, checkpointed.rows
+        search_ctx, search_rows = checkpointed.ctx, eligible(checkpointed.rows, hw.num_gpus)
     off = next((r for r in search_rows if r.applicable and r.memory and r.strategy.shards_everything
                 and r.strategy.offload), None)
     host = off.memory.host_bytes_per_node if off else None
@@ -396,7 +466,15 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
             lower = " or lower the micro-batch" if opts.micro_batch_size > 1 else ""
             fixes = f"shorten the sequence{lower}" if search_ctx is not ctx or \
                 opts.activation_checkpointing else "turn on activation checkpointing or shorten the sequence"
+            # What more GPUs do not shrink: the row at the largest cluster searched, less its sharded model states.
+            big = replace(search_ctx, hardware=replace(hw, gpus_per_node=GPUS_PER_NODE_SEARCHED,
+                                                       num_nodes=MAX_GPUS_SEARCHED // GPUS_PER_NODE_SEARCHED))
+            floor = need.strategy.memory(big, opts.micro_batch_size)
+            b = floor.peak
             reasons.append(f"even {MAX_GPUS_SEARCHED} GPUs with {need.title}{with_ac} do not fit at micro-batch "
-                           f"{opts.micro_batch_size}: activations alone exceed one GPU; {fixes}")
+                           f"{opts.micro_batch_size}: what more GPUs do not shrink (activations {fmt_gib(b.activations)}, "
+                           f"gathered parameters and buffers {fmt_gib(b.buffers)}, temporaries {fmt_gib(b.other)}; "
+                           f"{fmt_gib(floor.device_total)} per GPU in all) exceeds one GPU's "
+                           f"{fmt_gib(hw.gpu_memory_bytes)}; {fixes}")
     return Recommendation(strategy=None, reasons=reasons, warnings=warnings, min_gpus=min_gpus,
                           min_nodes=min_nodes, offload_host_bytes_per_node=host)

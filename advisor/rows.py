@@ -89,6 +89,17 @@ def fit_note(row: "StrategyRow", hw: Hardware) -> str | None:
             f"has {have}: {row.strategy.load_fix()}")
 
 
+FRAMEWORK_NAMES = {"torch": "PyTorch alone", "deepspeed": "DeepSpeed"}
+
+
+def framework_excludes(strategy: Any, ctx: StrategyContext) -> str | None:
+    """Why ``--framework`` leaves ``strategy`` out (None: it does not): the strategy needs another framework."""
+    chosen = ctx.options.framework
+    if chosen in (None, "any") or strategy.framework == chosen:
+        return None
+    return (f"needs {FRAMEWORK_NAMES.get(strategy.framework, strategy.framework)}; --framework {chosen} leaves it out")
+
+
 def fits(memory: StrategyMemory, hw: Hardware) -> bool:
     """Whether it surely fits (``fit_verdict`` is True)."""
     return fit_verdict(memory, hw)[0] is True
@@ -123,7 +134,7 @@ def evaluate_row(strategy: Any, ctx: StrategyContext, compare: bool, max_hint: i
     micro-batch (``max_hint``: as ``max_micro_batch``'s), data-parallel and TP sizes, accumulation steps,
     traffic, the step time (``Strategy.step_time``), the scaled learning rate."""
     row = StrategyRow(name=strategy.name, title=strategy.title, applicable=True, strategy=strategy)
-    reason = strategy.not_applicable(ctx)
+    reason = framework_excludes(strategy, ctx) or strategy.not_applicable(ctx)
     if reason:
         row.applicable, row.reason = False, reason
         return row
@@ -136,7 +147,7 @@ def evaluate_row(strategy: Any, ctx: StrategyContext, compare: bool, max_hint: i
     row.rule_of_thumb_bytes, row.rule_of_thumb_fits = rule, rule <= hw.gpu_memory_bytes
     row.max_micro_batch_size = max_micro_batch(strategy, ctx, max_hint)
     row.dp_size = strategy.dp_size(ctx)
-    row.tp_degree = hw.num_gpus // row.dp_size if row.dp_size else 1
+    row.tp_degree = strategy.tp_degree_of(ctx)
     # Every row at the same global batch (issue 13): --global-batch-size, else micro-batch x all GPUs; a row
     # with a smaller data-parallel size (TP) accumulates to reach it.
     per_step = opts.micro_batch_size * row.dp_size
@@ -174,7 +185,10 @@ def single_gpu_step_s(strategies: Any, ctx: StrategyContext, global_batch: int) 
     one = replace(ctx, hardware=replace(hw, gpus_per_node=1, num_nodes=1, network=None),
                   options=replace(ctx.options, global_batch_size=None))
     best = None
-    for s in strategies:
+    # Plain one-process training is the baseline when it fits (its time, not a faster wrapper's).
+    plain = [s for s in strategies if not s.distributes and not s.not_applicable(one)
+             and fit_verdict(s.memory(one, mb), one.hardware, s.load_host_bytes_per_node(one))[0] is True]
+    for s in plain or strategies:
         if s.offload or s.not_applicable(one):
             continue
         mem = s.memory(one, mb)

@@ -24,6 +24,8 @@ from .errors import AdvisorError
 from .gpu_presets import GPU_PRESETS, INTERCONNECTS, NETWORKS
 
 PRECISIONS = ("bf16", "fp16", "fp32", "pure-bf16")
+FRAMEWORKS = ("any", "torch", "deepspeed")
+FSDP_GRAD_SYNC = ("every-micro-step", "last-micro-step")
 OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
 ATTENTION_CHOICES = ("auto", "flash", "mem-efficient", "math")
 DEVICES = ("cuda", "cpu")
@@ -104,6 +106,14 @@ class TrainingOptions:
                                             "(default: no accumulation)")
     activation_checkpointing: bool = _f(False, flag="--activation-checkpointing", label="Activation checkpointing",
                                         faces=("cli", "page", "bench"), help="recompute blocks in backward")
+    framework: str = _f("any", flag="--framework", label="Framework", faces=("cli", "page", "bench"),
+                        choices=FRAMEWORKS, help="limit the strategies to what one framework runs: torch (single, DDP, "
+                                                 "FSDP2, HSDP, TP), deepspeed (ZeRO), any (default)")
+    fsdp_grad_sync: str = _f("every-micro-step", flag="--fsdp-grad-sync", faces=("cli", "bench"),
+                             choices=FSDP_GRAD_SYNC,
+                             help="FSDP2 with gradient accumulation: reduce-scatter the gradients on every micro-step "
+                                  "(default: least memory) or only on the last (less communication; every rank keeps "
+                                  "all unsharded fp32 gradients until then)")
     attention: str = _f("auto", flag="--attention", choices=ATTENTION_CHOICES,
                         help="attention kernel to model (auto: what the target GPU runs)")
     tp_degree: int | None = _f(None, flag="--tp-degree", low=1, high=64,

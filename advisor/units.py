@@ -35,6 +35,6 @@ def fmt_s(seconds: float) -> str:
 def fmt_rate(per_s: float) -> str:
     """A rate for display: 871234.5 -> '871K', 12.3 -> '12.3'."""
     for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if per_s >= div:
+        if float(f"{per_s:.3g}") >= div:  # 999.7 rounds to 1e+03 at 3 digits: show it as 1K
             return f"{per_s / div:.3g}{suffix}"
     return f"{per_s:.3g}"

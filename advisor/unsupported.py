@@ -37,9 +37,9 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
                 "is planned",
                 values=("adamw-8bit", "adam-8bit", "adamw8bit", "adam8bit", "paged-adamw-8bit")),
     Unsupported(("--strategy",),
-                "FSDP2 is not a strategy here yet: use zero3 (same sharding as FSDP2 full shard) or zero2 "
-                "(like FSDP2 SHARD_GRAD_OP)",
-                values=("fsdp2", "fsdp")),
+                "FSDP (the first version, FullyShardedDataParallel) is not a strategy here: use fsdp2 "
+                "(fully_shard, its successor; fsdp2_noreshard is SHARD_GRAD_OP) or hsdp across nodes",
+                values=("fsdp", "fsdp1")),
     Unsupported(("--pp-degree", "--pipeline-parallel", "--pipeline-parallel-degree", "--pp"),
                 "pipeline parallelism is out of scope: use tp (tensor parallel inside a node) or zero3 (sharding "
                 "across nodes)"),

@@ -102,6 +102,29 @@ SUITE: tuple[Case, ...] = (
     _lm("llama-small", 128, "zero2", 2, 4, precision="bf16"),
     _lm("llama-small", 128, "zero3", 2, 2, precision="bf16"),
     _lm("llama-small", 128, "tp", 2, 4, precision="bf16"),
+    # FSDP2 (issue 15): both rows that run on CPU, fp32 and bf16, with and without activation checkpointing, on the
+    # small Llama (uniform blocks, a large root: embeddings + LM head) and gpt2 (tied embeddings), plus resnet18
+    # (blocks of different sizes, BatchNorm buffers); bf16 only on the small models (emulated on this CPU).
+    _lm("llama-small", 256, "fsdp2", 2, 4),
+    _lm("llama-small", 256, "fsdp2", 2, 4, checkpointing=True),
+    _lm("llama-small", 256, "fsdp2_noreshard", 2, 4),
+    _lm("llama-small", 256, "fsdp2_noreshard", 2, 4, checkpointing=True),
+    _lm("llama-small", 128, "fsdp2", 2, 4, precision="bf16"),
+    _lm("llama-small", 128, "fsdp2", 2, 4, precision="bf16", checkpointing=True),
+    _lm("llama-small", 128, "fsdp2_noreshard", 2, 4, precision="bf16"),
+    _lm("llama-small", 128, "fsdp2_noreshard", 2, 4, precision="bf16", checkpointing=True),
+    _lm("gpt2", 256, "fsdp2", 2, 2),
+    _lm("gpt2", 256, "fsdp2", 2, 2, checkpointing=True),
+    _lm("gpt2", 256, "fsdp2_noreshard", 2, 2),
+    _lm("gpt2", 256, "fsdp2_noreshard", 2, 2, checkpointing=True),
+    _vision("resnet18", 64, "fsdp2", 2, 16, optimizer="adamw"),
+    _vision("resnet18", 64, "fsdp2_noreshard", 2, 16, optimizer="adamw", checkpointing=True),
+    # single (one process, no wrapper): a CNN, a ViT, gpt2, the small Llama in fp32 and bf16, with checkpointing
+    _vision("resnet50", 64, "single", 1, 8, optimizer="adamw"),
+    _vision("vit_b_16", 224, "single", 1, 2, optimizer="adamw", checkpointing=True),
+    _lm("gpt2", 256, "single", 1, 2),
+    _lm("llama-small", 256, "single", 1, 4, checkpointing=True),
+    _lm("llama-small", 128, "single", 1, 4, precision="bf16"),
 )
 
 # Two minutes at most on this machine: one DDP, one ZeRO, one TP run of the small models.

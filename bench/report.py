@@ -35,7 +35,10 @@ def header(data: dict) -> list[str]:
         f"Date: {m['date']}. Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
         f"deepspeed {m['deepspeed']}.",
         "",
-        f"Regenerate: `.venv/bin/python -m bench.run` (this run: {len(data['cases'])} cases, wall time "
+        "Regenerate: `.venv/bin/python -m bench.run` (" + (
+            f"{len(data['cases'])} cases, {len({c for m in data['merges'] for c in m['cases']})} of them from later "
+            "runs merged in (listed below the table); the full run's figures: " if data.get("merges") else
+            f"this run: {len(data['cases'])} cases, ") + "wall time "
         f"{data['suite_wall_s'] / 60:.1f} min, {data.get('suite_cpu_s', 0) / 60:.1f} CPU-min in the runs, 1-minute load "
         f"average {' -> '.join(str(x) for x in data.get('load_avg_1min', []))} at start -> end; "
         "`--smoke` runs 3 small cases).",
@@ -97,7 +100,29 @@ def targets(data: dict) -> list[str]:
     return [f"Targets for our estimate on this machine's CPU runs: median |error| <= {100 * t['median_abs']:.0f}% "
             f"({'met' if ok_m else 'MISSED'}: {100 * s['median_abs']:.1f}%), worst <= {100 * t['worst_abs']:.0f}% "
             f"({'met' if ok_w else 'MISSED'}: {100 * s['worst_abs']:.1f}%), over {s['n']} cases"
-            + (f"; {failed} case(s) failed to run." if failed else ".")] + step_time_targets(data)
+            + (f"; {failed} case(s) failed to run." if failed else ".")] + group_lines(data) + step_time_targets(data)
+
+
+# Issue 15's targets on its own cases: FSDP2 and single, median |error| <= 3%, worst <= 10%.
+GROUP_TARGETS = {"fsdp2": (0.03, 0.10), "single": (0.03, 0.10)}
+
+
+def group_lines(data: dict) -> list[str]:
+    """Median and worst |error| per strategy family, with the targets that apply to it."""
+    groups = data["summary"].get("by_strategy") or {}
+    if not groups:
+        return []
+    lines = ["", "| strategies | cases | median \\|err\\| | worst \\|err\\| | target |", "|---|---:|---:|---:|---|"]
+    for g, s in groups.items():
+        t = GROUP_TARGETS.get(g)
+        verdict = "" if t is None else (f"median <= {100 * t[0]:.0f}%, worst <= {100 * t[1]:.0f}%: "
+                                        + ("met" if s["median_abs"] <= t[0] and s["worst_abs"] <= t[1] else "MISSED"))
+        lines.append(f"| {g} | {s['n']} | {100 * s['median_abs']:.1f}% | {100 * s['worst_abs']:.1f}% | {verdict} |")
+    merges = data.get("merges") or []
+    if merges:
+        lines += ["", "Cases rerun after the full run (`--only ... --merge bench/results.json`): " + "; ".join(
+            f"{m['date']}: {len(m['cases'])} cases" for m in merges) + "."]
+    return lines
 
 
 def step_time_targets(data: dict) -> list[str]:

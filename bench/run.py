@@ -187,6 +187,23 @@ def machine_info() -> dict:
             "transformers": transformers.__version__, "deepspeed": sys.modules["deepspeed"].__version__}
 
 
+def merged(old: dict, rows: list[dict], machine: dict, wall_s: float) -> dict:
+    """``old`` (a full run's results) with ``rows`` replacing the cases of the same id and the new ones added, in
+    the suite's order; each case keeps the date of the run that measured it (``run_date``), the summary is
+    recomputed and the merge is recorded (``merges``: date, cases, wall time)."""
+    order = {c.case_id: i for i, c in enumerate(SUITE)}
+    for r in old["cases"]:
+        r.setdefault("run_date", old["machine"]["date"])
+    for r in rows:
+        r["run_date"] = machine["date"]
+    cases = {r["case_id"]: r for r in old["cases"]} | {r["case_id"]: r for r in rows}
+    data = dict(old, cases=sorted(cases.values(), key=lambda r: order.get(r["case_id"], len(order))))
+    data["summary"] = summarize(data["cases"])
+    data["merges"] = old.get("merges", []) + [{"date": machine["date"], "cases": [r["case_id"] for r in rows],
+                                               "wall_s": round(wall_s, 1)}]
+    return data
+
+
 def summarize(rows: list[dict]) -> dict:
     """Median and worst absolute relative error per column, over the cases where it applies."""
     out = {}
@@ -195,7 +212,18 @@ def summarize(rows: list[dict]) -> dict:
         out[key] = {"n": len(errs), "median_abs": statistics.median(errs) if errs else None,
                     "worst_abs": max(errs) if errs else None}
     out["step_time"] = summarize_step_time(rows)
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("errors") and r["errors"].get("ours") is not None:
+            groups.setdefault(STRATEGY_GROUPS.get(r["strategy"], r["strategy"]), []).append(abs(r["errors"]["ours"]))
+    out["by_strategy"] = {g: {"n": len(e), "median_abs": statistics.median(e), "worst_abs": max(e)}
+                          for g, e in groups.items()}
     return out
+
+
+# Strategy families in the per-strategy summary (issue 15's targets are on the FSDP2 and single cases).
+STRATEGY_GROUPS = {"zero1": "zero", "zero2": "zero", "zero3": "zero", "tp": "tp", "tp_dp": "tp",
+                   "fsdp2": "fsdp2", "fsdp2_noreshard": "fsdp2", "single": "single", "ddp": "ddp"}
 
 
 def summarize_step_time(rows: list[dict]) -> dict:
@@ -208,7 +236,7 @@ def summarize_step_time(rows: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="3 small cases (well under 2 minutes)")
-    p.add_argument("--only", metavar="SUBSTR", help="only cases whose id contains SUBSTR")
+    p.add_argument("--only", metavar="SUBSTR", help="only cases whose id contains SUBSTR (several: comma-separated)")
     p.add_argument("--out", metavar="DIR", help="output directory (default: bench/ for the full suite, "
                    "a new temporary directory for --smoke/--only)")
     p.add_argument("--no-cli", action="store_true", help="skip the CLI cost table")
@@ -218,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time", action="store_true", help="step time against published measurements (no training): "
                    "prints the table and writes bench/TIME.md (or --out DIR/TIME.md)")
     p.add_argument("--fit", action="store_true", help="with --time: refit the efficiencies per GPU generation")
+    p.add_argument("--merge", metavar="RESULTS_JSON", help="with --only: replace or add the cases run in this earlier "
+                   "full results.json and re-render it (in --out, default bench/); the cases not run keep their "
+                   "figures and the date of their run")
     args = p.parse_args(argv)
     if args.time:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -227,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         return time_main(do_fit=args.fit, out=Path(args.out) / "TIME.md" if args.out else None)
     from .report import write_outputs
 
-    partial = args.smoke or args.only
+    if args.merge and not args.only:
+        p.error("--merge needs --only (the cases to rerun)")
+    partial = (args.smoke or args.only) and not args.merge
     out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="advisor-bench-")) if partial else BENCH_DIR)
     out.mkdir(parents=True, exist_ok=True)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -248,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never contact a model hub (set at the entry point)
     cases = SMOKE if args.smoke else SUITE
     if args.only:
-        cases = tuple(c for c in SUITE + SMOKE if args.only in c.case_id)
+        cases = tuple(c for c in SUITE + SMOKE if any(s in c.case_id for s in args.only.split(",")))
     t0, load_start = time.perf_counter(), os.getloadavg()[0]
     rows = []
     with tempfile.TemporaryDirectory(prefix="advisor-bench-runs-") as work:
@@ -263,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{1e3 * row['predicted_step_s']:.1f} ms ({100 * row['step_time_error']:+.1f}%)")
             rows.append(row)
     suite_wall = time.perf_counter() - t0
+    if args.merge:
+        data = merged(json.loads(Path(args.merge).read_text()), rows, machine_info(), suite_wall)
+        write_outputs(data, out)
+        log(f"merged {len(rows)} case(s) into {out / 'results.json'} and re-rendered {out / 'RESULTS.md'}")
+        return 0 if all(r.get("ok") for r in rows) else 1
     data = {"machine": machine_info(), "suite": "smoke" if args.smoke else ("partial" if args.only else "full"),
             "suite_wall_s": round(suite_wall, 1), "suite_cpu_s": round(sum(r.get("cpu_s", 0) for r in rows), 1),
             "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)], "cases": rows, "summary": summarize(rows),

@@ -13,16 +13,23 @@ from typing import Iterator
 
 from .base import Strategy
 from .ddp import DDP
+from .fsdp2 import FSDP2
+from .single import Single
 from .tp import TensorParallel
 from .zero import Zero
 
 _BUILTIN: tuple[Strategy, ...] = (
+    Single(),
     DDP(),
     Zero(1),
     Zero(2),
     Zero(3),
     Zero(2, offload=True),
     Zero(3, offload=True),
+    FSDP2(),
+    FSDP2(reshard=False),
+    FSDP2(offload=True),
+    FSDP2(hybrid=True),
     TensorParallel(with_dp=False),
     TensorParallel(with_dp=True),
 )

@@ -92,8 +92,11 @@ class Strategy(ABC):
     comm_order: int = 0
     comm_pattern: str = ""  # one line: which collectives run, per step
     offload: bool = False  # model states (partly) in host RAM: needs host RAM, a GPU to verify
+    # False: one process on one GPU (``single``): recommended only on a one-GPU cluster, else the baseline row.
+    distributes: bool = True
     shards_everything: bool = False  # weights, gradients and optimizer states sharded (the scale-out answer)
     uses_tp_degree: bool = False  # reads --tp-degree
+    uses_fsdp_grad_sync: bool = False  # reads --fsdp-grad-sync
     casts_weights: bool = False  # mixed precision by casting the module to 16 bits (DeepSpeed), not autocast
     # Model-state sharding stage among the data-parallel strategies without offload: 0 DDP, 1-3 ZeRO
     # stages (None: not comparable that way). A higher stage never holds more model states.
@@ -110,6 +113,10 @@ class Strategy(ABC):
     def dp_size(self, ctx: StrategyContext) -> int:
         """Data-parallel world size (the sampler's number of replicas)."""
         return ctx.world_size
+
+    def tp_degree_of(self, ctx: StrategyContext) -> int:
+        """Tensor-parallel degree of the row: the GPUs that are not data-parallel replicas (1 for one process)."""
+        return ctx.world_size // self.dp_size(ctx) if self.distributes else 1
 
     @abstractmethod
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:

@@ -20,6 +20,8 @@ class Launcher:
     def command(self, gpus_per_node: int, num_nodes: int, port: int) -> str:
         """The launch line a user runs (one node; for several nodes, the form run on the first)."""
         tail = " ".join(("train.py",) + self.script_args)
+        if self.name == "python":
+            return f"python {tail}"
         if self.name == "deepspeed":
             if num_nodes > 1:
                 return (f"deepspeed --hostfile hostfile --num_nodes {num_nodes} --num_gpus {gpus_per_node} "
@@ -31,8 +33,10 @@ class Launcher:
         return f"torchrun --nnodes=1 --nproc_per_node={gpus_per_node} --master_addr=127.0.0.1 --master_port={port} {tail}"
 
     def multi_node_doc(self, gpus_per_node: int, port: int) -> str:
-        """The docstring paragraph on running across nodes."""
+        """The docstring paragraph on running across nodes (none for one process)."""
         tail = " ".join(("train.py",) + self.script_args)
+        if self.name == "python":
+            return "One process on one GPU (or the CPU): no launcher, no process group."
         if self.name == "deepspeed":
             return (f"Several nodes (a hostfile lists each node as 'HOST slots={gpus_per_node}'):\n"
                     f"    deepspeed --hostfile hostfile --num_nodes NNODES --num_gpus {gpus_per_node} --master_addr HOST0 "
@@ -46,6 +50,8 @@ class Launcher:
     def verify_argv(self, world: int, port: int, script_args: list[str]) -> list[str]:
         """The command ``--verify`` runs here, with this interpreter's launcher."""
         args = ["train.py", *script_args]
+        if self.name == "python":
+            return [sys.executable, *args, *self.script_args]
         if self.name == "deepspeed":
             exe = Path(sys.executable).parent / "deepspeed"
             prog = [str(exe)] if exe.exists() else [sys.executable, "-m", "deepspeed.launcher.runner"]
@@ -55,5 +61,6 @@ class Launcher:
 
 
 TORCHRUN = Launcher("torchrun")
+PYTHON = Launcher("python")  # one process: ``python train.py``
 DEEPSPEED = Launcher("deepspeed", script_args=("--deepspeed_config", "ds_config.json"),
                      cpu_env=(("DS_ACCELERATOR", "cpu"),))

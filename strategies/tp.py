@@ -54,6 +54,9 @@ class TensorParallel(Strategy):
         heads = int(cfg.get("num_attention_heads") or 0)
         kv = int(cfg.get("num_key_value_heads") or heads)
         if t < 2:
+            if ctx.hardware.gpus_per_node >= 2:
+                return (f"no TP degree of 2 or more divides both the {heads} attention heads / {kv} key/value heads "
+                        f"and the {ctx.hardware.gpus_per_node} GPUs per node (give --tp-degree)")
             return "needs at least 2 GPUs in one node"
         if t > ctx.hardware.gpus_per_node:
             return f"TP degree {t} exceeds the {ctx.hardware.gpus_per_node} GPUs per node (never TP across nodes)"

@@ -178,7 +178,7 @@ class Zero(Strategy):
 
     def not_applicable(self, ctx: StrategyContext) -> str | None:
         if ctx.options.precision == "pure-bf16":
-            return "DeepSpeed ZeRO keeps fp32 master weights; pure bf16 is a DDP/TP mode"
+            return "DeepSpeed ZeRO keeps fp32 master weights; pure bf16 runs with single, DDP, FSDP2 or TP"
         return None
 
     def _sizes(self, ctx: StrategyContext) -> dict[str, int]:

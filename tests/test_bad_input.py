@@ -116,7 +116,7 @@ CASES = [
     (["llama-2-7b", "--quantize", "4bit"], ["not supported yet", "--precision"]),
     (["llama-2-7b", "--optimizer", "adamw-8bit"], ["8-bit optimizers are not supported yet", "--optimizer adamw"]),
     (["llama-2-7b", "--optimizer=adamw_8bit"], ["8-bit optimizers are not supported yet"]),
-    (["llama-2-7b", "--strategy", "fsdp2", "--emit", "{dir}/fsdp2"], ["FSDP2", "zero3", "zero2"]),
+    (["llama-2-7b", "--strategy", "fsdp", "--emit", "{dir}/fsdp"], ["FSDP", "fsdp2", "hsdp"]),
     (["llama-2-7b", "--pp-degree", "2"], ["pipeline parallelism is out of scope", "tp", "zero3"]),
     (["llama-2-7b", "--pipeline-parallel"], ["pipeline parallelism is out of scope"]),
     (["llama-2-7b", "--inference"], ["training only"]),

@@ -83,8 +83,9 @@ def test_print_and_log_findings_are_info():
 
 
 # --- the generator and the checker agree ----------------------------------------------------------
-GENERATED = [("llama", s) for s in ("ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "tp")] + [
-    ("llama4", "tp_dp")] + [("resnet18", s) for s in ("ddp", "zero2", "zero3")]
+GENERATED = [("llama", s) for s in ("single", "ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload",
+                                    "fsdp2", "fsdp2_noreshard", "fsdp2_offload", "tp")] + [
+    ("llama4", "tp_dp")] + [("resnet18", s) for s in ("single", "ddp", "zero2", "zero3", "fsdp2")]
 
 
 @pytest.fixture(scope="module")

@@ -163,7 +163,7 @@ def test_text_shows_step_time_and_throughput():
 # --------------------------------------------------------------------------------------- recommendation
 def _timed_row(name, order, step_s, total):
     class S:
-        comm_order, offload = order, False
+        comm_order, offload, distributes = order, False, True
 
     t = StepTime(micro_batch=1, micro_steps=1, compute_s=step_s, comm_s=0.0, exposed_comm_s=0.0, optimizer_s=0.0,
                  flops=1, model_flops=1, peak_flops_per_s=1.0, overlap="")

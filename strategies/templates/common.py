@@ -2,24 +2,9 @@
 # Model, data, loss, learning rate, memory measurement and the report: shared by every strategy.
 # ---------------------------------------------------------------------------------------------
 def log(msg: str) -> None:
-    """Rank-0-only logging (field notes pitfall 12)."""
+    """Rank-0-only logging (field notes pitfall 12); a single process (no RANK) is rank 0."""
     if int(os.environ.get("RANK", "0")) == 0:
         print(msg, flush=True)
-
-
-def init_torchrun():
-    """Rank, local rank, world size and device from torchrun's environment, then the process group.
-
-    LOCAL_RANK (not RANK) picks the GPU (pitfall 2); the process group exists before anything wraps
-    the model or loads a checkpoint (pitfall 1).
-    """
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
-    return rank, local_rank, world_size, device
 
 
 class SyntheticDataset(torch.utils.data.Dataset):
@@ -45,18 +30,6 @@ def load_real_dataset(path: str):
     raise SystemExit(f"--data {path}: edit load_real_dataset() in this script to read your data")
 
 
-def make_loader(dataset, num_replicas: int, rank: int):
-    """DistributedSampler by data-parallel rank (pitfall 3: the sampler shuffles, so the DataLoader
-    gets no shuffle=True); workers about CPU cores / GPUs, pinned memory on CUDA (pitfall 13)."""
-    sampler = torch.utils.data.distributed.DistributedSampler(
-        dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=DATA_SEED, drop_last=True)
-    workers = NUM_WORKERS
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=MICRO_BATCH_SIZE, sampler=sampler, num_workers=workers,
-        pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0, drop_last=True)
-    return sampler, loader
-
-
 def lr_at(step: int) -> float:
     """Linear warmup to the scaled LR (reached at the end of warmup, not at step 0), then cosine
     decay to 10% (field notes 000 section 3.4: linear scaling rule with warmup)."""
@@ -78,7 +51,7 @@ def make_optimizer(params, device):
 def aggregate_mean(total: float, count: int, device) -> float:
     """Global mean from per-rank sums and counts (pitfall 10: not a mean of means)."""
     t = torch.tensor([total, float(count)], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    all_reduce_sum(t)
     return (t[0] / t[1]).item() if t[1] > 0 else float("nan")
 
 
@@ -113,7 +86,7 @@ class StepLog:
             log(f"step {len(self.losses)}/{self.total_steps} loss {mean:.4f} lr {lr:.3g} {self.step_times[-1]:.2f}s")
             if len(self.losses) == self.total_steps and self.timing_steps and self.meter is not None:
                 self.meter.stop()  # the memory figures cover the measured steps; the timing steps run unprofiled
-                dist.barrier()  # ranks finish the meter at different times: start the timing steps together
+                barrier()  # ranks finish the meter at different times: start the timing steps together
         else:
             timed = len(self.step_times) - self.total_steps
             log(f"timing step {timed}/{self.timing_steps} (memory meter off) loss {mean:.4f} "
@@ -165,7 +138,9 @@ class MemoryMeter:
         if self.stopped is not None:
             return dict(self.stopped)
         if self.cpu is not None:
-            return {"peak_allocated_bytes": int(self.cpu.peak_bytes), "peak_reserved_bytes": None}
+            # raw: the profiler's own running total, before the frees it did not see were put back (CpuPeakMeter)
+            return {"peak_allocated_bytes": int(self.cpu.peak_bytes), "peak_reserved_bytes": None,
+                    "raw_peak_allocated_bytes": int(self.cpu.raw_peak_bytes), "unseen_frees": self.cpu.unseen_frees}
         return {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device)),
                 "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device))}
 
@@ -178,8 +153,7 @@ def write_report(path: str, rank: int, world_size: int, device, memory: dict, lo
     mine = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), **memory,
             "losses": losses, "step_times_s": step_times, "profiled_steps": 0 if device.type == "cuda" else len(losses),
             **extra}
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, mine)
+    everyone = gather_objects(mine, world_size)
     if rank == 0:
         report = {"strategy": STRATEGY, "device": device.type, "world_size": world_size,
                   "steps": len(losses), "precision": PRECISION, "micro_batch_size": MICRO_BATCH_SIZE,

@@ -20,6 +20,11 @@ _STATE_LIKE = {"state_dict", "dict", "OrderedDict"}
 _LOG_LEVELS = {"info", "debug"}
 
 
+# Modules under torch.distributed that a one-process script uses without any process group: activation
+# checkpointing's wrapper (torch.distributed.algorithms._checkpoint.checkpoint_wrapper).
+NOT_DISTRIBUTED = ("torch.distributed.algorithms._checkpoint",)
+
+
 def is_distributed(ctx: Context) -> bool:
     """Whether the file is a distributed script: it imports or uses ``torch.distributed``,
     ``deepspeed``, DistributedDataParallel or DistributedSampler, or calls an init."""
@@ -27,6 +32,7 @@ def is_distributed(ctx: Context) -> bool:
         markers = ("torch.distributed", "deepspeed")
         names = set(ctx.imports.modules) | set(ctx.imports.table.values())
         names |= {q for n in ctx.nodes if isinstance(n, ast.Attribute) and (q := ctx.imports.dotted(n))}
+        names = {n for n in names if not n.startswith(NOT_DISTRIBUTED)}
         ctx.memo["distributed"] = any(n.startswith(markers) or n in (DDP, SAMPLER) for n in names) or bool(
             ctx.calls_to(DDP, *INITS))
     return bool(ctx.memo["distributed"])

@@ -1,0 +1,62 @@
+"""Plain training in one process: no wrapper, no launcher, no process group (``python train.py``).
+
+Memory rule: the DDP rule without DDP's buckets (``strategies.ddp.replicated_memory`` with ``ddp=False``): weights,
+optimizer states, and gradients only from the backward pass to ``zero_grad(set_to_none=True)`` (or across the
+accumulation window). On one GPU it is what the recommender picks when it fits; with more GPUs it is the baseline
+row ("fits on one GPU without distribution, or not"), compared at the same global batch (it accumulates the other
+GPUs' share).
+"""
+
+from __future__ import annotations
+
+from advisor.context import StrategyContext
+from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory, bytes_per_element
+from advisor.timing.step import StepTime
+
+from .base import Strategy, optimizer_step_s, timing_of
+from .ddp import replicated_memory
+from .launchers import PYTHON
+
+
+class Single(Strategy):
+    name = "single"
+    title = "Single GPU"
+    framework = "torch"
+    launcher = PYTHON
+    template = "single.py"
+    distributes = False
+    comm_order = -1  # no communication at all: first among ties
+    comm_pattern = "none (one process)"
+
+    def dp_size(self, ctx: StrategyContext) -> int:
+        return 1
+
+    def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
+        return replicated_memory(ctx, micro_batch, ctx.profile.stats, dp_size=1, ddp=False)
+
+    def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
+        return RULE_OF_THUMB_BYTES_PER_PARAM * ctx.profile.stats.num_params
+
+    def comm_bytes_per_step(self, ctx: StrategyContext, grad_accum_steps: int = 1) -> int:
+        return 0
+
+    def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
+        """One process builds the model on the CPU in fp32 (torch's default dtype) before moving it to the GPU."""
+        stats = ctx.profile.stats
+        return 4 * stats.num_params + stats.buffer_bytes
+
+    def step_time(self, ctx: StrategyContext, row) -> StepTime | None:
+        """Time rule: ``row.grad_accum_steps`` micro-steps of forward + backward (the roofline of the autocast
+        trace, as DDP's), then the optimizer step (fused AdamW / foreach SGD over the full states at HBM bandwidth;
+        fp16 adds GradScaler's unscale). No communication."""
+        t = timing_of(ctx)
+        if t is None:
+            return None
+        opts, stats = ctx.options, ctx.profile.stats
+        ga = row.grad_accum_steps or 1
+        c = self.compute_time(ctx, t)
+        w = bytes_per_element(opts.precision, "weights")
+        opt = optimizer_step_s(ctx, t, stats.num_trainable, w, w, w, extra=2 * w if opts.precision == "fp16" else 0)
+        return StepTime(micro_batch=opts.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s, comm_s=0.0,
+                        exposed_comm_s=0.0, optimizer_s=opt, flops=ga * c.flops, model_flops=ga * c.model_flops,
+                        peak_flops_per_s=t.peak_flops_per_s, overlap="nothing to overlap: one process")

@@ -1,0 +1,47 @@
+# ---------------------------------------------------------------------------------------------
+# The process group: torchrun's environment, the sampler by rank, and the collectives the shared helpers use.
+# ---------------------------------------------------------------------------------------------
+def init_torchrun():
+    """Rank, local rank, world size and device from torchrun's environment, then the process group.
+
+    LOCAL_RANK (not RANK) picks the GPU (pitfall 2); the process group exists before anything wraps
+    the model or loads a checkpoint (pitfall 1).
+    """
+    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return rank, local_rank, world_size, device
+
+
+def make_loader(dataset, num_replicas: int, rank: int):
+    """DistributedSampler by data-parallel rank (pitfall 3: the sampler shuffles, so the DataLoader
+    gets no shuffle=True); workers about CPU cores / GPUs, pinned memory on CUDA (pitfall 13)."""
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=DATA_SEED, drop_last=True)
+    workers = NUM_WORKERS
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=MICRO_BATCH_SIZE, sampler=sampler, num_workers=workers,
+        pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0, drop_last=True)
+    return sampler, loader
+
+
+def all_reduce_sum(t) -> None:
+    """Sum ``t`` over every rank, in place."""
+    dist.all_reduce(t)
+
+
+def barrier() -> None:
+    """Wait for every rank."""
+    dist.barrier()
+
+
+def gather_objects(obj, world_size: int) -> list:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, obj)
+    return everyone
+
+

@@ -1,0 +1,261 @@
+# ---------------------------------------------------------------------------------------------
+# FSDP2 (torch.distributed.fsdp.fully_shard): parameters, gradients and optimizer states sharded
+# ---------------------------------------------------------------------------------------------
+MAX_GRAD_NORM = 1.0  # gradient clipping (total L2 norm over every rank's gradient shards)
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """While active, every parameter a module registers is moved to the meta device at once (no memory, and
+    the constructor's init runs on nothing), while buffers are computed for real (the idea of accelerate's
+    init_empty_weights(include_buffers=False))."""
+    register = torch.nn.Module.register_parameter
+
+    def register_on_meta(module, name, param):
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def build_on_meta():
+    """The model on the meta device (no rank ever holds it whole), and the true values of its buffers.
+
+    Returns (model, buffers): ``buffers`` lists (module, name, value) for every buffer of the meta model.
+    Why a second build: to_empty() below leaves every buffer uninitialised too, and init functions do not
+    cover every buffer (a causal mask, position ids, a model's own table). The model's own constructor,
+    run a second time with only the parameters on meta, computes them exactly as a normal build does.
+    Buffers are small; parameters are not, and they get their values from the init functions instead.
+    """
+    with torch.device("meta"):
+        model = build_model()
+    torch.manual_seed(SEED)  # a buffer drawn at random gets the value a normal build with SEED gives it
+    with parameters_on_meta():
+        reference = build_model()
+    buffers = [(module, name, ref_module._buffers[name])
+               for module, ref_module in zip(model.modules(), reference.modules())
+               for name, buf in module._buffers.items() if buf is not None]
+    del reference
+    return model, buffers
+
+
+def init_parameters(model, device) -> list[str]:
+    """Write every parameter after to_empty() (which leaves each rank's shards as uninitialised memory);
+    returns the names of those no init function wrote.
+
+    The model's own initialisation, run on the sharded (DTensor) parameters: each rank draws only its
+    shards (see the seeding in build_sharded_model). Hugging Face models: init_weights(), what transformers
+    itself runs after building on meta (_init_weights module by module, then weight tying). Other models:
+    reset_parameters() of every module that has one (Linear, Conv, norms, Embedding; BatchNorm also resets
+    its running statistics) and MultiheadAttention's _reset_parameters(). A parameter none of them writes
+    (a bare nn.Parameter such as a class token) still holds the NaN written first: it is drawn from
+    normal(0, 0.02) instead.
+    """
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.named_parameters())
+    with torch.no_grad():
+        for _, p in params:
+            (p.to_local() if isinstance(p, DTensor) else p).fill_(float("nan"))
+        if hasattr(model, "_init_weights") and callable(getattr(model, "init_weights", None)):
+            model.init_weights()
+        else:
+            for module in model.modules():
+                reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
+                if callable(reset):
+                    reset()
+        missed = torch.tensor([float((p.to_local() if isinstance(p, DTensor) else p).isnan().any())
+                               for _, p in params], device=device)
+        # Decided together: a rank's shard can be empty, and DTensor's random draws must be the same on every rank.
+        dist.all_reduce(missed, op=dist.ReduceOp.MAX)
+        uninitialised = [name for (name, p), m in zip(params, missed.tolist()) if m]
+        for (name, p), m in zip(params, missed.tolist()):
+            if m:
+                p.normal_(0.0, 0.02)
+    return uninitialised
+
+
+def restore_buffers(buffers, device) -> None:
+    """Put the true buffer values (build_on_meta) in place of to_empty()'s garbage, cast to the model's
+    buffer dtype (pure bf16 casts them, as .to(torch.bfloat16) does) and on the compute device (with CPU
+    offload to_empty() put them in host memory; FSDP2 offloads parameters only)."""
+    for module, name, value in buffers:
+        if value.is_meta:
+            raise SystemExit(f"buffer {name} of {type(module).__name__} is computed from parameters in its "
+                             "constructor; build_on_meta() cannot recompute it: initialise it in the script")
+        module._buffers[name] = value.to(device=device, dtype=module._buffers[name].dtype)
+
+
+def mixed_precision_policy():
+    """bf16 / fp16: blocks compute on 16-bit gathered parameters, gradients reduced in fp32, sharded
+    parameters and optimizer states stay fp32 (no autocast). fp32, and pure bf16 (the module is bf16
+    already): no casting at all, the default policy."""
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
+    if half is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+
+
+def build_sharded_model(mesh, device):
+    """Build on meta, shard, then materialise and initialise only this rank's shards.
+
+    Returns (model, blocks, uninitialised parameter names).
+    """
+    model, buffers = build_on_meta()
+    if PRECISION == "pure-bf16":
+        model = model.to(torch.bfloat16)
+    if ACTIVATION_CHECKPOINTING:  # before sharding: fully_shard then wraps the checkpointed blocks
+        log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
+    shard_args = {"mesh": mesh, "mp_policy": mixed_precision_policy(),
+                  "offload_policy": CPUOffloadPolicy() if CPU_OFFLOAD else OffloadPolicy()}
+    # One unit per repeated block: its parameters are gathered just before it runs and freed after,
+    # in forward (and, resharding, gathered again in backward).
+    blocks = repeated_blocks(model)
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=RESHARD_AFTER_FORWARD, **shard_args)
+    # The root unit takes everything else (embeddings, head, final norm). It keeps torch's default for
+    # the root: its parameters stay gathered from forward to backward, which needs them first.
+    fully_shard(model, **shard_args)
+    # Only now is memory allocated: each rank's shards (offload: in host memory), nothing else.
+    model.to_empty(device=torch.device("cpu") if CPU_OFFLOAD else device)
+    # On CUDA, DTensor's random ops draw each shard's part of one random stream: the same seed on every rank.
+    # On CPU DTensor has no such RNG tracker and every rank would draw the same numbers into its own shard:
+    # there each position along the shard dimension gets its own seed (HSDP's replicas stay identical).
+    shard_rank = mesh.get_local_rank("shard")
+    torch.manual_seed(SEED if device.type != "cpu" else SEED + shard_rank)
+    uninitialised = init_parameters(model, device)
+    if uninitialised:
+        log(f"no init function wrote {', '.join(uninitialised)}: drawn from normal(0, 0.02); write your own init")
+    restore_buffers(buffers, device)
+    return model, blocks, uninitialised
+
+
+def count_reduce_scatters(model, blocks, comm: dict) -> None:
+    """Count reduce-scatters: FSDP2 runs a sharded parameter's post-accumulate-grad hooks right after its
+    unit's reduce-scatter has written the sharded gradient, and only then (accumulating without sync, the
+    gradients stay on the unsharded parameters). One hook on one parameter per unit counts the unit. (With
+    CPU offload FSDP2 copies a hooked parameter's gradient to host memory blocking: one parameter per unit.)"""
+    def counted(_param) -> None:
+        comm["reduce_scatters"] += 1
+
+    in_blocks = {id(p) for block in blocks for p in block.parameters()}
+    root_own = [p for p in model.parameters() if id(p) not in in_blocks]
+    for params in [root_own] + [list(block.parameters()) for block in blocks]:
+        first = next((p for p in params if p.requires_grad), None)
+        if first is not None:
+            first.register_post_accumulate_grad_hook(counted)
+
+
+def final_eval_loss(model, dataset, device) -> float:
+    """The loss of the trained model on the first micro-batch of the data set (eval mode, no gradients): a
+    test loads model.pt into the plain model and expects the same figure."""
+    batch = torch.utils.data.default_collate([dataset[i] for i in range(MICRO_BATCH_SIZE)])
+    model.eval()
+    with torch.no_grad():
+        loss = compute_loss(model, batch, device, torch.bfloat16 if PRECISION == "pure-bf16" else None)
+    model.train()
+    for module in model.modules():  # without gradients nothing reshards the root (nor, unresharded, the blocks)
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    return loss.item()
+
+
+def main() -> None:
+    args = parse_args()
+    rank, _, world_size, device = init_torchrun()  # pitfalls 1 and 2
+    if world_size % REPLICATE_DEGREE:
+        raise SystemExit(f"world size {world_size} is not a multiple of the replicate degree {REPLICATE_DEGREE}")
+    if REPLICATE_DEGREE > 1:
+        # HSDP: replicate across nodes (dim 0), shard inside a node (dim 1): the gathers stay on fast links.
+        mesh = init_device_mesh(device.type, (REPLICATE_DEGREE, world_size // REPLICATE_DEGREE),
+                                mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
+    shard_size = world_size // REPLICATE_DEGREE
+    log(f"FSDP2: world size {world_size} (mesh {tuple(mesh.shape)}, sharded over {shard_size}), "
+        f"reshard after forward {RESHARD_AFTER_FORWARD}, CPU offload {CPU_OFFLOAD}, micro-batch "
+        f"{MICRO_BATCH_SIZE}/GPU, accumulation {GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x "
+        f"{world_size} x {GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * world_size * GRAD_ACCUM_STEPS}; lr {LR:g}")
+    comm = {"reduce_scatters": 0}
+
+    meter = MemoryMeter(device)
+    with meter:
+        model, blocks, uninitialised = build_sharded_model(mesh, device)
+        local_numel = sum(p.to_local().numel() for p in model.parameters())
+        full_numel = sum(p.numel() for p in model.parameters())
+        count_reduce_scatters(model, blocks, comm)
+        # The optimizer sees the sharded parameters: its states are shards too (offload: a CPU step).
+        optimizer = make_optimizer(model.parameters(), torch.device("cpu") if CPU_OFFLOAD else device)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
+        # Pitfall 15: fp16 needs a GradScaler. torch.amp's works on DTensor gradients: DTensor's unscale
+        # takes the max of found_inf over the mesh, so every rank skips the same steps.
+        scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
+        dataset = load_real_dataset(args.data) if args.data else SyntheticDataset(NUM_SAMPLES)
+        sampler, loader = make_loader(dataset, world_size, rank)  # every rank is a data-parallel rank
+        torch.manual_seed(SEED + rank)  # pitfall 11: per-rank randomness for augmentation/dropout
+        # Pure bf16: no policy casts the inputs, so image inputs are cast by hand (token ids stay integers).
+        input_dtype = torch.bfloat16 if PRECISION == "pure-bf16" else None
+
+        steps, seen, per_micro_step, grad_norms = StepLog(args.steps, device, meter, args.timing_steps), {}, [], []
+        epoch = 0
+        while not steps.done:
+            sampler.set_epoch(epoch)  # pitfall 4: a new order every epoch
+            seen[epoch] = []
+            for micro, batch in enumerate(loader, start=1):
+                seen[epoch] += batch["index"].tolist()
+                last_micro = micro % GRAD_ACCUM_STEPS == 0
+                # Pitfall 16: syncing only on the last micro-step skips the reduce-scatters before it, but every
+                # rank keeps its unsharded gradients until then; syncing every micro-step accumulates shards.
+                if not GRAD_SYNC_EVERY_MICRO_STEP:
+                    model.set_requires_gradient_sync(last_micro)
+                loss = compute_loss(model, batch, device, input_dtype)  # no autocast: the policy casts
+                scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
+                steps.micro_step(loss)
+                per_micro_step.append(comm["reduce_scatters"])
+                comm["reduce_scatters"] = 0
+                if not last_micro:
+                    continue
+                # Clip the true gradients: unscale first (a no-op unless fp16). The norm comes back as a DTensor
+                # reduced over every rank's shards: full_tensor() is the global norm.
+                scaler.unscale_(optimizer)
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+                grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+                optimizer_step(scaler, optimizer, scheduler, steps)
+                if steps.done:
+                    break
+            epoch += 1
+
+    eval_loss = final_eval_loss(model, dataset, device)
+    os.makedirs(args.out, exist_ok=True)
+    if not args.no_save:
+        # Resumable: every rank writes its own shards of the model and optimizer states (DCP), in parallel.
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(args.out, "checkpoint"))
+        # Portable: the full weights, gathered by every rank (a collective) into rank 0's CPU memory; rank 0
+        # alone writes model.pt, which loads into build_model() (no prefix, pitfall 7).
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            torch.save(full, os.path.join(args.out, "model.pt"))
+            log(f"checkpoints: {os.path.join(args.out, 'checkpoint')} (sharded, DCP) and "
+                f"{os.path.join(args.out, 'model.pt')} (loads into build_model())")
+        del full
+        dist.barrier()
+    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps.losses,
+                 steps.step_times, {
+                     "fsdp_units": len(blocks) + 1, "local_param_numel": local_numel, "full_param_numel": full_numel,
+                     "reshard_after_forward": RESHARD_AFTER_FORWARD, "cpu_offload": CPU_OFFLOAD,
+                     "mesh_shape": list(mesh.shape), "mesh_dim_names": list(mesh.mesh_dim_names),
+                     "grad_sync": "every-micro-step" if GRAD_SYNC_EVERY_MICRO_STEP else "last-micro-step",
+                     "reduce_scatters_per_micro_step": per_micro_step, "grad_norms": grad_norms,
+                     "final_eval_loss": eval_loss, "uninitialised_parameters": uninitialised,
+                     "sample_indices": seen})
+    dist.destroy_process_group()  # pitfall 19
+
+
+if __name__ == "__main__":
+    main()

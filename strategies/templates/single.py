@@ -1,0 +1,70 @@
+# ---------------------------------------------------------------------------------------------
+# One process, one device: no launcher, no process group, no wrapper
+# ---------------------------------------------------------------------------------------------
+MAX_GRAD_NORM = 1.0  # gradient clipping (total L2 norm of all gradients)
+
+
+def main() -> None:
+    args = parse_args()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(SEED)
+    log(f"single process on {device}: micro-batch {MICRO_BATCH_SIZE}, accumulation {GRAD_ACCUM_STEPS} -> "
+        f"batch {MICRO_BATCH_SIZE} x {GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * GRAD_ACCUM_STEPS}; lr {LR:g}")
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
+    # Pure bf16 has no autocast to cast the inputs: image inputs are cast by hand (token ids stay integers).
+    input_dtype = torch.bfloat16 if PRECISION == "pure-bf16" else None
+
+    meter = MemoryMeter(device)
+    with meter:
+        model = build_model()
+        if PRECISION == "pure-bf16":
+            model = model.to(torch.bfloat16)
+        if ACTIVATION_CHECKPOINTING:
+            log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
+        model = model.to(device)
+        optimizer = make_optimizer(model.parameters(), device)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
+        # Pitfall 15: fp16 needs a GradScaler; bf16 does not.
+        scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
+        dataset = load_real_dataset(args.data) if args.data else SyntheticDataset(NUM_SAMPLES)
+        # One process reads the whole data set, so there is nothing to shard: a plain shuffling DataLoader
+        # (a DistributedSampler with one replica would do the same plus set_epoch bookkeeping). The seeded
+        # generator makes the order reproducible; it advances, so every epoch gets a new order.
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=MICRO_BATCH_SIZE, shuffle=True, generator=torch.Generator().manual_seed(DATA_SEED),
+            num_workers=NUM_WORKERS, pin_memory=cuda, persistent_workers=NUM_WORKERS > 0, drop_last=True)
+
+        steps, seen, grad_norms = StepLog(args.steps, device, meter, args.timing_steps), {}, []
+        epoch = 0
+        while not steps.done:
+            seen[epoch] = []
+            for micro, batch in enumerate(loader, start=1):
+                seen[epoch] += batch["index"].tolist()
+                with torch.autocast(device.type, dtype=half, enabled=half is not None):
+                    loss = compute_loss(model, batch, device, input_dtype)
+                scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
+                steps.micro_step(loss)
+                if micro % GRAD_ACCUM_STEPS:
+                    continue  # accumulate: the gradients add up until the last micro-step of the window
+                # Clip the true gradients: unscale first (a no-op unless fp16), then clip, then step.
+                scaler.unscale_(optimizer)
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)))
+                optimizer_step(scaler, optimizer, scheduler, steps)
+                if steps.done:
+                    break
+            epoch += 1
+
+    os.makedirs(args.out, exist_ok=True)
+    if not args.no_save:
+        # The plain module's weights: loads into build_model() as it is.
+        torch.save(model.state_dict(), os.path.join(args.out, "model.pt"))
+        log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
+    write_report(os.path.join(args.out, args.report), 0, 1, device, meter.result(), steps.losses, steps.step_times,
+                 {"sample_indices": seen, "grad_norms": grad_norms})
+
+
+if __name__ == "__main__":
+    main()
