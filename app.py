@@ -274,7 +274,7 @@ def show_recommendation(p: Plan) -> None:
     else:
         hw = p.hardware
         need = (f" The smallest cluster that fits: {rec.min_gpus} GPUs ({rec.min_nodes} node(s) of "
-                f"{hw.gpus_per_node}) with ZeRO-3." if rec.min_gpus else "")
+                f"{hw.gpus_per_node}) with full sharding (see the reasons)." if rec.min_gpus else "")
         st.error(md(f"Nothing fits: no strategy fits {p.spec.name} on {hw.num_gpus} x {hw.gpu_name} "
                     f"({hw.gpu_memory_bytes / GiB:.2f} GiB each).{need}"))
     st.markdown("\n".join(f"- {say(r)}" for r in rec.reasons))

@@ -192,7 +192,8 @@ def _fake_verify_module(busy: bool, calls: list[dict[str, Any]] | None = None) -
             calls.append({"out_dir": out_dir, "force": force, "existed": out_dir is not None and Path(out_dir).exists()})
         if busy:
             raise VerifyBusy("another verification is running on this machine: wait for it to finish")
-        assert inputs.source.model == "gpt2" and strategy == "ddp" and steps == 6
+        # The page's default: gpt2 on one GPU, where plain one-process training is recommended.
+        assert inputs.source.model == "gpt2" and strategy == "single" and steps == 6
         progress("building the model")
         progress(0.5)
         progress(3, 3, "step 3/3")
@@ -341,12 +342,12 @@ def test_verify_writes_a_new_folder_in_the_chosen_runs_folder(at: AppTest, monke
     monkeypatch.setitem(sys.modules, "advisor.verify", _fake_verify_module(busy=False, calls=calls))
     runs = tmp_path / "runs"
     default.input(str(runs)).run()
-    assert any(str(runs / "gpt2-ddp-TIME") in c for c in texts(at.caption)), texts(at.caption)
+    assert any(str(runs / "gpt2-single-TIME") in c for c in texts(at.caption)), texts(at.caption)
     at.button(key="verify").click().run()
     assert not at.exception and not at.error, texts(at.error)
     assert len(calls) == 1 and calls[0]["force"] is False and not calls[0]["existed"]
     out = Path(calls[0]["out_dir"])
-    assert out.parent == runs and out.name.startswith("gpt2-ddp-")
+    assert out.parent == runs and out.name.startswith("gpt2-single-")
     # an existing run is never reused: the next one gets a suffix
     monkeypatch.setattr(page.time, "strftime", lambda fmt: "20260101-000000")
     (runs / "gpt2-ddp-20260101-000000").mkdir(parents=True)
