@@ -185,15 +185,11 @@ def single_gpu_step_s(strategies: Any, ctx: StrategyContext, global_batch: int) 
     one = replace(ctx, hardware=replace(hw, gpus_per_node=1, num_nodes=1, network=None),
                   options=replace(ctx.options, global_batch_size=None))
     best = None
+    fitting = [s for s in strategies if not s.offload and not s.not_applicable(one)
+               and fit_verdict(s.memory(one, mb), one.hardware, s.load_host_bytes_per_node(one))[0] is True]
     # Plain one-process training is the baseline when it fits (its time, not a faster wrapper's).
-    plain = [s for s in strategies if not s.distributes and not s.not_applicable(one)
-             and fit_verdict(s.memory(one, mb), one.hardware, s.load_host_bytes_per_node(one))[0] is True]
-    for s in plain or strategies:
-        if s.offload or s.not_applicable(one):
-            continue
-        mem = s.memory(one, mb)
-        if fit_verdict(mem, one.hardware, s.load_host_bytes_per_node(one))[0] is not True:
-            continue
+    plain = [s for s in fitting if not s.distributes]
+    for s in plain or fitting:
         ga = max(1, -(-global_batch // mb))
         row = StrategyRow(name=s.name, title=s.title, applicable=True, strategy=s, dp_size=1, tp_degree=1,
                           grad_accum_steps=ga, global_batch_size=ga * mb)
