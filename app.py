@@ -174,6 +174,9 @@ def _widget(f: Field) -> Any:
         chosen = st.selectbox(f.opt.label, options, key=f.name, help=f.opt.help,
                               format_func=lambda v: f"default ({f.opt.none})" if v == DEFAULT else str(v))
         return None if chosen == DEFAULT else chosen
+    if f.kind == "str":  # free text (LoRA target module names): empty means the default
+        text = st.text_input(f.opt.label, key=f.name, placeholder=f.opt.none or "", help=f.opt.help)
+        return text.strip() or None
     if f.optional:
         return _optional_number(f)
     return st.number_input(f.opt.label, min_value=f.opt.low, value=f.default, step=1, key=f.name, help=f.opt.help)
@@ -254,6 +257,9 @@ def show_summary(p: Plan, doc: dict[str, Any]) -> None:
     with st.container(horizontal=True, wrap=True, gap="large"):
         st.metric("Parameters", f"{model['num_params']:,}", width="content",
                   help=f"{fmt_count(model['num_params'])}; trainable {model['num_trainable_params']:,}")
+        if model["num_trainable_params"] != model["num_params"]:  # LoRA or a frozen backbone
+            st.metric("Trainable", f"{model['num_trainable_params']:,}", width="content",
+                      help=f"{fmt_count(model['num_trainable_params'])} of {fmt_count(model['num_params'])}")
         st.metric("Model", model["name"], width="content")
         st.metric("GPUs", f"{hw['num_gpus']} x {hw['gpu_name']}", width="content")
         st.metric("GPU memory", f"{gib(hw['gpu_memory_bytes']):.2f} GiB", width="content",

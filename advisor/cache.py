@@ -65,7 +65,7 @@ COMPRESS_LEVEL = 6
 
 _NAMESPACE = re.compile(r"[a-z0-9_-]+")
 _ENTRY_NAME = re.compile(r"[0-9a-f]{64}")
-_VERSIONED = ("torch", "transformers", "torchvision", "advisor")
+_VERSIONED = ("torch", "transformers", "torchvision", "peft", "advisor")
 
 JSONValue = dict | list  # what get returns on a hit and put stores (top level)
 

@@ -167,7 +167,7 @@ def render_text(p, strategy: str | None = None) -> str:
         lines.append(load)
     lines.append("peak in: the moment of the step with the largest total (fwd, bwd, bwd-end: gradient reduction, "
                  "step; step-flat: DeepSpeed flattening the gradients for the optimizer)")
-    if o.precision in ("bf16", "fp16"):
+    if o.precision in ("bf16", "fp16") and p.spec.adapter is None:  # a LoRA base is already 16-bit: no copies
         lines.append(f"DDP/TP activ or other include autocast's {o.precision} copies of the weights (cached until the "
                      "forward ends, kept for backward; about 2 bytes per parameter); ZeRO keeps 16-bit weights and "
                      "FSDP2 gathers them in 16 bits (buffers), so they have none")

@@ -7,7 +7,9 @@ Strategy-specific rules live in ``strategies/``; this module knows nothing of th
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
+from . import bnb_layout
 from .units import MiB
 
 # Optimizer state tensors per parameter (torch.optim docs: Adam/AdamW keep exp_avg and exp_avg_sq;
@@ -84,8 +86,75 @@ def bytes_per_element(precision: str, role: str) -> int:
 
 
 def optimizer_state_bytes(optimizer: str, numel: int, state_bytes: int = 4) -> int:
-    """Optimizer moments for ``numel`` parameters (excluding master weights)."""
-    return OPTIMIZER_STATES_PER_PARAM[optimizer] * numel * state_bytes
+    """Optimizer states for ``numel`` parameters in one flat tensor (excluding master weights), as DeepSpeed's
+    flat partitions hold them (``advisor.bnb_layout.optimizer_state_bytes``: torch's moments in the
+    parameter's dtype, bitsandbytes' 8-bit blocks, Adafactor's full second moment for a 1-D tensor)."""
+    return bnb_layout.optimizer_state_bytes(optimizer, ((numel,),) if numel else (), state_bytes)
+
+
+def states_per_element(optimizer: str, state_bytes: int) -> float:
+    """State bytes per parameter element of a large tensor (``advisor.bnb_layout.state_bytes_per_element``):
+    what an optimizer step reads and writes besides the weight and gradient."""
+    return bnb_layout.state_bytes_per_element(optimizer, state_bytes)
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """What one full replica's parameters take, split as fine-tuning splits them.
+
+    ``frozen``: bytes of the frozen parameters (a LoRA base; with QLoRA the quantized storage and its quant
+    states plus the fp32 rest). ``trainable_elem``: bytes per trainable element (the adapters' dtype, or the
+    weights' under full fine-tuning), which their gradients and torch's optimizer moments share.
+    """
+
+    frozen: int
+    trainable_elem: int
+    frozen_elem: int
+
+
+def weight_bytes(stats: Any, adapter: Any, mode: str) -> WeightBytes:
+    """``WeightBytes`` of ``stats`` (``advisor.profile.ParamStats``) under the trace ``mode`` (``trace_mode``).
+
+    Full fine-tuning (``adapter`` None): every parameter in the mode's weight dtype (fp32 under autocast: PyTorch
+    AMP keeps fp32 weights; 16 bits under ``half``). LoRA (``adapter``: ``advisor.models.AdapterSpec``): the frozen
+    base in 16 bits unless fp32 (loaded with ``from_pretrained(..., dtype=...)``); the adapters in ``adapter.dtype``,
+    ``auto``
+    being fp32 (peft's ``get_peft_model(..., autocast_adapter_dtype=True)`` upcasts them) except under ``half``
+    (DeepSpeed's bf16/fp16 modes and pure bf16 cast the whole module). QLoRA adds ``stats.quantized_bytes`` for the
+    quantized weights (``advisor.bnb_layout.quantized_weight_bytes``) and keeps every other frozen parameter in fp32
+    (peft's ``prepare_model_for_kbit_training`` upcasts the non-quantized fp16/bf16 parameters).
+    """
+    full = 2 if mode == "half" else 4
+    if adapter is None:
+        return WeightBytes(frozen=stats.num_frozen * full, trainable_elem=full, frozen_elem=full)
+    dtype = adapter.dtype if adapter.dtype != "auto" else ("bf16" if mode == "half" else "fp32")
+    trainable = 4 if dtype == "fp32" else 2
+    if adapter.quantize:
+        rest = stats.num_frozen - stats.quantized_numel
+        return WeightBytes(frozen=stats.quantized_bytes + 4 * rest, trainable_elem=trainable, frozen_elem=4)
+    base = 4 if mode == "fp32" else 2
+    return WeightBytes(frozen=stats.num_frozen * base, trainable_elem=trainable, frozen_elem=base)
+
+
+def rule_of_thumb_params(stats: Any, adapter: Any) -> int:
+    """The parameter count the 16-bytes-per-parameter rule of thumb multiplies: every parameter under full
+    fine-tuning; with LoRA the trainable ones plus the frozen base's bytes (``weight_bytes`` at bf16) / 16, so that
+    the rule reads 16 bytes per trainable parameter plus the frozen base as it is held (2 bytes per parameter,
+    about 0.5 for a 4-bit base) instead of 16 for every frozen one."""
+    if adapter is None:
+        return stats.num_params
+    return stats.num_trainable + -(-weight_bytes(stats, adapter, "autocast").frozen // RULE_OF_THUMB_BYTES_PER_PARAM)
+
+
+def dequantized_weight_bytes(stats: Any, adapter: Any) -> int:
+    """QLoRA's largest temporary beyond the trace: bitsandbytes' ``MatMul4Bit`` (and ``Linear8bitLt``'s
+    dequantizing path) multiplies by a dequantized copy of the layer's weight in the compute dtype
+    (``F.dequantize_4bit(B, quant_state).to(A.dtype)``, bitsandbytes/autograd/_functions.py), made in forward and
+    again in backward and freed after the matmul: the largest quantized weight in ``adapter.compute_dtype``.
+    0 without quantization (the trace already holds 16-bit weights' matmuls)."""
+    if adapter is None or not adapter.quantize:
+        return 0
+    return stats.largest_quantized_numel * (4 if adapter.compute_dtype == "fp32" else 2)
 
 
 def optimizer_step_temp_bytes(optimizer: str, device: str, largest_param_numel: int, elem_bytes: int) -> int:

@@ -3,6 +3,7 @@ parse input, call this and render the result."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,12 +14,14 @@ from .context import StrategyContext
 from .errors import AdvisorError
 from .hardware import Hardware, resolve_hardware
 from .invariants import enforce
+from .bnb_layout import PAGED
 from .memory import trace_mode
-from .models import ModelSpec, family_of, resolve_source
+from .models import AdapterSpec, ModelSpec, family_of, resolve_source
+from .models.adapters import default_targets
 from .profile import ModelProfile, attention_dropout, build_profile
-from .recommend import Checkpointed, choose_micro_batch, recommend, tokens_per_sample
+from .recommend import Alternative, Checkpointed, choose_micro_batch, recommend, tokens_per_sample
 from .rows import Recommendation, StrategyRow, evaluate_row, single_gpu_step_s, with_speedup
-from .schema import PlanInputs, TrainingOptions, echo, validate
+from .schema import PlanInputs, TrainingOptions, echo, lora_targets, validate
 
 SCHEMA_VERSION = 2
 # GPUs on which FlashAttention-2 runs (compute capability >= 8.0, FlashAttention README).
@@ -91,6 +94,48 @@ def resolve_precision(opts: TrainingOptions, hw: Hardware) -> tuple[TrainingOpti
     return opts, []
 
 
+def resolve_adapter(opts: TrainingOptions, spec: ModelSpec) -> tuple[ModelSpec, TrainingOptions, list[str]]:
+    """``--lora-rank`` and its flags as ``spec.adapter`` (``advisor.models.AdapterSpec``), with the notes the
+    output gives: what the frozen base is held in, and for QLoRA that ``prepare_model_for_kbit_training`` turns on
+    activation checkpointing by default (``use_gradient_checkpointing=True``), which the plan then models.
+
+    Raises:
+        AdvisorError: LoRA on a vision or custom model without ``--lora-targets`` (peft has no default targets
+            for them), or ``--quantize`` on a model transformers does not load (bitsandbytes quantizes in
+            ``from_pretrained``).
+    """
+    if opts.lora_rank is None:
+        return spec, opts, []
+    targets = lora_targets(opts.lora_targets) or (default_targets(spec.model_type) if spec.is_transformer else ())
+    if not targets:
+        what = f"{spec.family} models" if not spec.is_transformer else f"model type {spec.model_type}"
+        raise AdvisorError(f"--lora-rank on {spec.name}: peft has no default LoRA targets for {what}; give "
+                           "--lora-targets with module names (for example fc,conv1) or all-linear")
+    if opts.quantize and not spec.is_transformer:
+        raise AdvisorError(f"--quantize needs a transformers model (bitsandbytes quantizes the base as "
+                           f"from_pretrained loads it); {spec.name} is a {spec.family} model: drop --quantize")
+    compute = opts.bnb_compute_dtype or {"fp16": "fp16", "fp32": "fp32"}.get(opts.precision or "", "bf16")
+    adapter = AdapterSpec(rank=opts.lora_rank, alpha=opts.lora_alpha, dropout=opts.lora_dropout, targets=targets,
+                          dtype=opts.lora_dtype, quantize=opts.quantize, double_quant=opts.double_quant,
+                          compute_dtype=compute)
+    notes = []
+    if opts.quantize:
+        bits = "8" if opts.quantize == "int8" else "4"
+        notes.append(f"QLoRA: the frozen base's linear layers are held in {bits} bits ({opts.quantize}"
+                     f"{', double quantization' if opts.double_quant else ''}, computing in {compute}); "
+                     "prepare_model_for_kbit_training keeps every other parameter (embeddings, norms, LM head) in fp32")
+        if not opts.activation_checkpointing:
+            notes.append("QLoRA: planned with activation checkpointing on, as prepare_model_for_kbit_training turns "
+                         "it on by default (use_gradient_checkpointing=True); the generated script checkpoints the "
+                         "blocks itself (non-reentrant)")
+            opts = replace(opts, activation_checkpointing=True)
+    elif opts.precision in ("bf16", "fp16", "pure-bf16"):
+        half = "fp16" if opts.precision == "fp16" else "bf16"
+        notes.append(f"LoRA: the frozen base is held in {half} (from_pretrained(..., dtype={half})); the adapters, "
+                     "their gradients and optimizer states are sized in the dtype each strategy keeps them in")
+    return replace(spec, adapter=adapter), opts, notes
+
+
 def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = None) -> Plan:
     """Resolve the model and hardware, trace, size every strategy, recommend one.
 
@@ -113,6 +158,8 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
         raise AdvisorError(f"--tp-degree {opts.tp_degree} does not divide {hw.num_gpus} GPUs "
                            f"({hw.gpus_per_node} per node x {hw.num_nodes} nodes)")
     opts, precision_notes = resolve_precision(opts, hw)
+    spec, opts, adapter_notes = resolve_adapter(opts, spec)
+    precision_notes += adapter_notes
     family = family_of(spec)
     cache = open_cache(inputs.use_cache)
     opts = replace(opts, micro_batch_size=opts.micro_batch_size or family.default_micro_batch)
@@ -152,7 +199,13 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
     if opts.activation_checkpointing and profile.activations(mode).checkpointed_blocks == 0:
         warnings.append(f"{spec.name} has no repeated blocks to checkpoint: activation checkpointing changes nothing")
     warnings += _ignored_flags(opts, profile, rows, mode)
-    rec = recommend(ctx, rows, _checkpointed(ctx, rows, strategies, cache, scratch_threads, mode))
+    if opts.optimizer in PAGED:
+        warnings.append(f"--optimizer {opts.optimizer}: bitsandbytes keeps its states (of 100,000 elements or more) in "
+                        "CUDA unified memory (cudaMallocManaged, bitsandbytes.functional.get_paged), whose pages move "
+                        "to host RAM under memory pressure; sized here as resident on the GPU, and "
+                        "torch.cuda.max_memory_allocated does not count them")
+    rec = recommend(ctx, rows, _checkpointed(ctx, rows, strategies, cache, scratch_threads, mode),
+                    _alternatives(ctx, rows, strategies, cache, scratch_threads))
     rec.micro_batch_size, rec.micro_batch_note = opts.micro_batch_size, mb_note
     if mb_note and rec.strategy is not None:
         rec.reasons.append(mb_note)
@@ -256,6 +309,45 @@ def _checkpointed(ctx: StrategyContext, rows: list[StrategyRow], strategies: lis
     return Checkpointed(ac_ctx, [evaluate_row(s, ac_ctx, False) for s in strategies])
 
 
+# What the nothing-fits answer offers a full fine-tuning of a transformer (issue 16): LoRA at rank 16 on peft's default
+# targets for the architecture (the QLoRA paper's and peft's examples use ranks 8-64), on a 16-bit base and on an
+# nf4 base with double quantization (the QLoRA paper's recipe).
+_LORA_OFFERS = (("LoRA", AdapterSpec(rank=16)),
+                ("QLoRA", AdapterSpec(rank=16, quantize="nf4", double_quant=True)))
+
+
+def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: list, cache: Any,
+                  scratch_threads: int) -> tuple[Alternative, ...]:
+    """What the recommender compares the plan with (``advisor.recommend.Alternative``): a LoRA plan beside full
+    fine-tuning of the same model on the same cluster (one more trace); a full fine-tuning of a transformer that
+    fits nowhere without offload beside LoRA and QLoRA (``_LORA_OFFERS``; skipped where peft has no default
+    targets for the architecture). Empty otherwise."""
+    spec, opts = ctx.profile.spec, ctx.options
+
+    def evaluate(adapter: AdapterSpec | None, checkpointing: bool) -> tuple[StrategyContext, list[StrategyRow]]:
+        profile = build_profile(replace(spec, adapter=adapter), ctx.profile.attention, checkpointing, cache=cache,
+                                cpu_conv_scratch_threads=scratch_threads)
+        alt = StrategyContext(profile, ctx.hardware, replace(opts, activation_checkpointing=checkpointing), ctx.device)
+        return alt, [evaluate_row(s, alt, False) for s in strategies]
+
+    if spec.adapter is not None:
+        return (Alternative("full fine-tuning", *evaluate(None, opts.activation_checkpointing)),)
+    if not spec.is_transformer or any(r.applicable and r.fits is True and not r.strategy.offload for r in rows):
+        return ()
+    out = []
+    for label, offer in _LORA_OFFERS:
+        compute = {"fp16": "fp16", "fp32": "fp32"}.get(opts.precision or "", "bf16")
+        targets = default_targets(spec.model_type)
+        if not targets:  # peft has no default targets for this architecture: nothing to offer without names
+            return ()
+        try:  # QLoRA turns on activation checkpointing (prepare_model_for_kbit_training)
+            out.append(Alternative(label, *evaluate(replace(offer, targets=targets, compute_dtype=compute),
+                                                    opts.activation_checkpointing or bool(offer.quantize))))
+        except AdvisorError:  # peft cannot wrap the modules it names by default here
+            return ()
+    return tuple(out)
+
+
 def _ignored_flags(opts: TrainingOptions, profile: ModelProfile, rows: list[StrategyRow], mode: str) -> list[str]:
     """Flags the user set that cannot change this model's answer: said, not silently dropped."""
     out = []
@@ -291,6 +383,9 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
         "num_active_params": prof.stats.num_active_params,  # per token: < num_params for mixture of experts
         "num_trainable_params": prof.stats.num_trainable,
         "num_frozen_params": prof.stats.num_frozen,
+        # LoRA / QLoRA (issue 16): rank, alpha, dropout, targets, dtype, quantize, double_quant, compute_dtype
+        "adapter": dataclasses.asdict(p.spec.adapter) if p.spec.adapter is not None else None,
+        "quantized_bytes": prof.stats.quantized_bytes,
         "buffer_bytes": prof.stats.buffer_bytes,
         "activation_bytes_per_sample": act.activation_bytes_per_sample,
         "activation_bytes": act.at(opts.micro_batch_size).activations,

@@ -61,6 +61,16 @@ class ParamStats:
     # tied to the LM head, autograd holds the head's contribution in its input buffer (a temporary the trace counts)
     # until the embedding's backward adds the second.
     fsdp_units: tuple[tuple[tuple[int, int, bool, bool], ...], ...] = ()
+    # The trainable parameters' shapes (optimizer states per tensor: 8-bit optimizers keep small tensors in fp32,
+    # Adafactor factors matrices; ``advisor.bnb_layout.optimizer_state_bytes``).
+    trainable_shapes: tuple[tuple[int, ...], ...] = ()
+    # QLoRA (``ModelSpec.adapter.quantize``): the frozen weights bitsandbytes quantizes
+    # (``advisor.models.adapters.quantized_weights``): their elements, the bytes their quantized storage and quant
+    # states hold (``advisor.bnb_layout.quantized_weight_bytes``), and the largest one (its dequantized copy is the
+    # temporary a quantized layer's forward and backward make). All 0 without quantization.
+    quantized_numel: int = 0
+    quantized_bytes: int = 0
+    largest_quantized_numel: int = 0
 
     @property
     def num_frozen(self) -> int:
@@ -102,7 +112,23 @@ def param_stats(spec: ModelSpec, tp_degree: int = 1) -> ParamStats:
         num_gathered_modules=sum(1 for m in model.modules() if any(
             p.numel() >= ZERO3_PERSISTENCE_THRESHOLD for p in m.parameters(recurse=False))),
         fsdp_units=fsdp_units(model),
+        trainable_shapes=tuple(tuple(int(d) for d in p.shape) for p in params if p.requires_grad),
+        **_quantized(model, spec),
     )
+
+
+def _quantized(model, spec: ModelSpec) -> dict[str, int]:
+    """``ParamStats``' quantization fields of ``model`` (zeros without ``spec.adapter.quantize``)."""
+    a = spec.adapter
+    if a is None or not a.quantize:
+        return {}
+    from .bnb_layout import quantized_weight_bytes
+    from .models.adapters import quantized_weights
+
+    found = quantized_weights(model)
+    return {"quantized_numel": sum(w.numel() for w, _ in found),
+            "quantized_bytes": sum(quantized_weight_bytes(shape, a.quantize, a.double_quant) for _, shape in found),
+            "largest_quantized_numel": max((w.numel() for w, _ in found), default=0)}
 
 
 def fsdp_units(model) -> tuple[tuple[tuple[int, int, bool, bool], ...], ...]:
@@ -330,7 +356,7 @@ def attention_dropout(spec: ModelSpec, cache: Any = None) -> float:
 # ------------------------------------------------------------------------------------- disk cache keys
 # A cached entry depends, besides the model, on the libraries that build and trace it and on this
 # program's own tracing code (its version string does not change with every edit).
-_CODE_FILES = ("trace.py", "profile.py", "checkpointing.py", "locks.py")
+_CODE_FILES = ("trace.py", "profile.py", "checkpointing.py", "locks.py", "bnb_layout.py")
 
 
 @functools.lru_cache(maxsize=1)
@@ -363,7 +389,8 @@ def model_key(spec: ModelSpec) -> dict[str, Any]:
     """Everything about ``spec`` that changes a trace or a count (not its display name or source)."""
     return {"family": spec.family, "model_type": spec.model_type, "config": spec.config, "seq_len": spec.seq_len,
             "input_shape": list(spec.input_shape) if spec.input_shape else None, "factory": spec.factory,
-            "factory_hash": factory_hash(spec.factory), "versions": library_versions(), "code": code_hash()}
+            "factory_hash": factory_hash(spec.factory), "versions": library_versions(), "code": code_hash(),
+            "adapter": asdict(spec.adapter) if spec.adapter is not None else None}
 
 
 def to_json(obj: Any) -> Any:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from .context import StrategyContext
 from .gpu_presets import SLOW_NETWORKS
 from .rows import FRAMEWORK_NAMES, Recommendation, StrategyRow, evaluate_row, fit_verdict, fits, max_micro_batch, time_at
-from .units import fmt_gib, fmt_rate, fmt_s
+from .units import fmt_count, fmt_gib, fmt_rate, fmt_s
 
 TINY_MODEL_PARAMS = 20_000_000  # field notes 004 section 7: tiny models gain little from distributing
 MAX_GPUS_SEARCHED = 4096
@@ -47,13 +47,24 @@ class Checkpointed:
     rows: list[StrategyRow]
 
 
+@dataclass(frozen=True)
+class Alternative:
+    """The same plan trained another way, evaluated by the planner to compare: full fine-tuning beside a LoRA
+    plan, or LoRA / QLoRA when full fine-tuning fits nowhere. ``label``: how the reasons name it."""
+
+    label: str
+    ctx: StrategyContext
+    rows: list[StrategyRow]
+
+
 def recommend(ctx: StrategyContext, rows: list[StrategyRow],
-              checkpointed: Checkpointed | None = None) -> Recommendation:
+              checkpointed: Checkpointed | None = None, alternatives: tuple[Alternative, ...] = ()) -> Recommendation:
     """The strategy to use among ``rows`` (each carries its ``Strategy``), with reasons and warnings.
 
     Order: the strategies' own ``comm_order`` (least communication first), ties by lower device total.
     ``checkpointed``: the rows with activation checkpointing on, to name that fix (with its figures)
-    before offload or a larger cluster.
+    before offload or a larger cluster. ``alternatives``: full fine-tuning beside a LoRA plan (one reason with
+    both totals), or LoRA / QLoRA when nothing fits (named with their figures before any larger cluster).
     """
     hw, opts = ctx.hardware, ctx.options
     baseline = _baseline_reason(ctx, rows)
@@ -64,6 +75,7 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
         rec = _nothing_fits(ctx, rows, warnings, checkpointed)
         if baseline:
             rec.reasons.insert(1, baseline)
+        rec.reasons[1:1] = [_alternative_reason(ctx, a) for a in alternatives]
         return rec
     order = {r.name: r.strategy.comm_order for r in rows}
     best = _pick(fitting)
@@ -89,6 +101,7 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
                        "buckets); sharding or offload only when it does not fit")
     if baseline:
         reasons.append(baseline)
+    reasons += [_versus_full(ctx, best, a) for a in alternatives]
     reasons += _time_reasons(ctx, best, fitting)
     sharded = _frameworks_compared(fitting) if hw.num_gpus > 1 else None
     if sharded:
@@ -127,6 +140,56 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
                         "modelled (a slow input pipeline lowers every figure)")
     return Recommendation(strategy=best.name, reasons=reasons, warnings=warnings,
                           micro_batch_size=opts.micro_batch_size)
+
+
+def adapter_text(ctx: StrategyContext) -> str:
+    """``LoRA rank 16 on all linear layers: 40.0M trainable parameters`` (QLoRA names its base) for ``ctx``'s
+    plan; "" for full fine-tuning."""
+    a = ctx.profile.spec.adapter
+    if a is None:
+        return ""
+    where = "all linear layers" if a.targets == ("all-linear",) else a.targets_text
+    base = f"QLoRA ({a.quantize}{' + double quantization' if a.double_quant else ''}) rank" if a.quantize else \
+        "LoRA rank"
+    return f"{base} {a.rank} on {where}: {fmt_count(ctx.profile.stats.num_trainable)} trainable parameters"
+
+
+def _cluster_text(hw) -> str:
+    return f"{hw.num_gpus} x {hw.gpu_name}"
+
+
+def _versus_full(ctx: StrategyContext, best: StrategyRow, full: Alternative) -> str:
+    """LoRA beside full fine-tuning: ``... fits DDP on 4 x RTX4090 (17.94 GiB per GPU), where full fine-tuning would
+    need ZeRO-3 (7.83 GiB)`` / ``does not fit on this cluster (the smallest: ...)``."""
+    hw = ctx.hardware
+    head = (f"{adapter_text(ctx)}; fits {best.title} on {_cluster_text(hw)} ({fmt_gib(best.memory.device_total)} per "
+            "GPU)")
+    fit = _fastest_fitting(eligible(full.rows, hw.num_gpus))
+    if fit is None:
+        sized = [r for r in eligible(full.rows, hw.num_gpus) if r.applicable and r.memory and not r.strategy.offload]
+        low = min(sized, key=lambda r: r.memory.device_total) if sized else None
+        tail = (f" (the smallest without offload: {low.title}, {fmt_gib(low.memory.device_total)} per GPU)"
+                if low else "")
+        return f"{head}, where {full.label} does not fit on this cluster{tail}"
+    if fit.name == best.name:
+        return f"{head}; {full.label} would fit it too ({fmt_gib(fit.memory.device_total)} per GPU)"
+    return f"{head}, where {full.label} would need {fit.title} ({fmt_gib(fit.memory.device_total)} per GPU)"
+
+
+def _alternative_reason(ctx: StrategyContext, alt: Alternative) -> str:
+    """Nothing fits with full fine-tuning: what LoRA / QLoRA would need, with the figures."""
+    hw = ctx.hardware
+    text = adapter_text(alt.ctx)
+    fit = _fastest_fitting(eligible(alt.rows, hw.num_gpus), offload=False)
+    if fit is not None:
+        return (f"fine-tune with {alt.label} instead ({text}): {fit.title} then fits, "
+                f"{fmt_gib(fit.memory.device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU")
+    sized = [r for r in eligible(alt.rows, hw.num_gpus) if r.applicable and r.memory]
+    if not sized:
+        return f"{alt.label} ({text}) does not apply here either"
+    low = min(sized, key=lambda r: r.memory.device_total)
+    return (f"{alt.label} ({text}) would not fit either: the smallest, {low.title}, needs "
+            f"{fmt_gib(low.memory.device_total)} per GPU")
 
 
 def eligible(rows: list[StrategyRow], gpus: int) -> list[StrategyRow]:

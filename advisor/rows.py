@@ -134,7 +134,7 @@ def evaluate_row(strategy: Any, ctx: StrategyContext, compare: bool, max_hint: i
     micro-batch (``max_hint``: as ``max_micro_batch``'s), data-parallel and TP sizes, accumulation steps,
     traffic, the step time (``Strategy.step_time``), the scaled learning rate."""
     row = StrategyRow(name=strategy.name, title=strategy.title, applicable=True, strategy=strategy)
-    reason = framework_excludes(strategy, ctx) or strategy.not_applicable(ctx)
+    reason = framework_excludes(strategy, ctx) or strategy.fine_tuning_blocker(ctx) or strategy.not_applicable(ctx)
     if reason:
         row.applicable, row.reason = False, reason
         return row

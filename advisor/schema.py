@@ -17,16 +17,21 @@ Nothing here imports torch or any other layer of advisor but the bottom data mod
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Iterator
 
+from .bnb_layout import OPTIMIZER_CHOICES, QUANT_CHOICES
 from .errors import AdvisorError
 from .gpu_presets import GPU_PRESETS, INTERCONNECTS, NETWORKS
 
 PRECISIONS = ("bf16", "fp16", "fp32", "pure-bf16")
 FRAMEWORKS = ("any", "torch", "deepspeed")
 FSDP_GRAD_SYNC = ("every-micro-step", "last-micro-step")
-OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
+OPTIMIZERS = OPTIMIZER_CHOICES  # torch.optim's, bitsandbytes' and transformers' Adafactor (advisor.bnb_layout)
+QUANT_TYPES = QUANT_CHOICES
+ADAPTER_DTYPES = ("auto", "fp32", "bf16", "fp16")
+COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
 ATTENTION_CHOICES = ("auto", "flash", "mem-efficient", "math")
 DEVICES = ("cuda", "cpu")
 FACES = ("cli", "page", "bench")
@@ -96,7 +101,32 @@ class TrainingOptions:
                                choices=PRECISIONS, none="bf16; fp16 on GPUs without bf16; --verify on CPU: fp32",
                                help="bf16/fp16: mixed precision; fp32; pure-bf16")
     optimizer: str = _f("adamw", flag="--optimizer", label="Optimizer", faces=("cli", "page", "bench"),
-                        choices=OPTIMIZERS, help="default adamw")
+                        choices=OPTIMIZERS, help="default adamw; adamw-8bit, paged-adamw-8bit, paged-adamw and lion "
+                                                 "are bitsandbytes', adafactor transformers'")
+    lora_rank: int | None = _f(None, flag="--lora-rank", label="LoRA rank", faces=("cli", "page", "bench"), low=1,
+                               high=4096, none="off: full fine-tuning",
+                               help="train LoRA adapters of this rank on a frozen base (peft) instead of every weight")
+    lora_alpha: float = _f(16.0, flag="--lora-alpha", faces=("cli", "bench"), low=0.0, high=1e6,
+                           help="LoRA scaling: updates are scaled by alpha / rank (default 16, the QLoRA paper's)")
+    lora_dropout: float = _f(0.05, flag="--lora-dropout", faces=("cli", "bench"), high=0.9,
+                             help="dropout on the adapters' input, 0-0.9 (default 0.05; 0 saves its mask)")
+    lora_targets: str | None = _f(None, flag="--lora-targets", label="LoRA target modules",
+                                  faces=("cli", "page", "bench"), metavar="NAMES",
+                                  none="peft's default for the architecture",
+                                  help="comma-separated module names (q_proj,v_proj) or all-linear; required for "
+                                       "vision and custom models")
+    lora_dtype: str = _f("auto", flag="--lora-dtype", faces=("cli", "bench"), choices=ADAPTER_DTYPES,
+                         help="the adapters' dtype (auto: fp32 under single, DDP and FSDP2, as peft upcasts them; "
+                              "16-bit under DeepSpeed's bf16/fp16 modes, which cast the module)")
+    quantize: str | None = _f(None, flag="--quantize", label="Quantize the frozen base (QLoRA)",
+                              faces=("cli", "page", "bench"), choices=QUANT_TYPES, none="off",
+                              help="QLoRA: hold the frozen base in 4 bits (nf4, fp4) or 8 bits (int8) with "
+                                   "bitsandbytes; needs --lora-rank")
+    double_quant: bool = _f(False, flag="--double-quant", faces=("cli", "bench"),
+                            help="QLoRA: quantize the 4-bit blocks' scales too (bnb_4bit_use_double_quant)")
+    bnb_compute_dtype: str | None = _f(None, flag="--bnb-compute-dtype", faces=("cli", "bench"),
+                                       choices=COMPUTE_DTYPES, none="the precision's (bf16, fp16; fp32 under fp32)",
+                                       help="QLoRA: the dtype the quantized layers compute in (bnb_4bit_compute_dtype)")
     micro_batch_size: int | None = _f(None, flag="--micro-batch-size", label="Micro-batch size per GPU",
                                       faces=("cli", "page", "bench"), low=1, high=2**20, none="auto",
                                       help="samples per GPU per step (default 1 for transformers, 32 for vision)")
@@ -371,11 +401,55 @@ def validate(inputs: PlanInputs) -> None:
                               ("--epochs", t.epochs)) if v is not None]
     if len(budgets) > 1:
         raise AdvisorError(f"give one training budget, not {' and '.join(budgets)}")
+    _validate_adapter(t)
     if s.input_shape is not None:
         if not s.model_factory:
             raise AdvisorError("--input-shape applies to --model-factory models only")
         if not s.input_shape or len(s.input_shape) > 5 or any(not 1 <= d <= 65536 for d in s.input_shape):
             raise AdvisorError(f"--input-shape needs 1-5 dimensions between 1 and 65536, got {s.input_shape}")
+
+
+_TARGET_NAME = re.compile(r"[A-Za-z0-9_.]+")
+
+
+def lora_targets(text: str | None) -> tuple[str, ...]:
+    """``--lora-targets`` as module names: ``"q_proj, v_proj"`` -> ``("q_proj", "v_proj")``, ``all-linear`` ->
+    ``("all-linear",)``, None -> ``()`` (peft's default).
+
+    Raises:
+        AdvisorError: an empty list or a name that is not a module path.
+    """
+    if text is None:
+        return ()
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if names == ("all-linear",):
+        return names
+    bad = [n for n in names if not _TARGET_NAME.fullmatch(n)]
+    if not names or bad:
+        raise AdvisorError(f"--lora-targets takes module names separated by commas (q_proj,v_proj) or all-linear, "
+                           f"got {text[:60]!r}")
+    return names
+
+
+def _validate_adapter(t: TrainingOptions) -> None:
+    """The LoRA/QLoRA flags against each other (one place, naming every flag)."""
+    if t.lora_rank is None:
+        given = [flag for flag, on in (("--lora-targets", t.lora_targets is not None),
+                                       ("--lora-dtype", t.lora_dtype != "auto"),
+                                       ("--lora-alpha", t.lora_alpha != 16.0),
+                                       ("--lora-dropout", t.lora_dropout != 0.05),
+                                       ("--quantize", t.quantize is not None)) if on]
+        if given:
+            raise AdvisorError(f"{given[0]} configures LoRA adapters: add --lora-rank R (for example 16), or drop "
+                               f"{given[0]} to size full fine-tuning")
+    if not 0.0 <= t.lora_dropout <= 0.9:
+        raise AdvisorError(f"--lora-dropout must be between 0 and 0.9, got {t.lora_dropout}")
+    if t.quantize is None and (t.double_quant or t.bnb_compute_dtype is not None):
+        flag = "--double-quant" if t.double_quant else "--bnb-compute-dtype"
+        raise AdvisorError(f"{flag} configures QLoRA's quantized base: add --quantize nf4 (or fp4, int8)")
+    if t.double_quant and t.quantize == "int8":
+        raise AdvisorError("--double-quant applies to 4-bit bases (--quantize nf4 or fp4); int8 has per-row scales")
+    lora_targets(t.lora_targets)
 
 
 def validate_run(run: RunOptions, strategy_names: tuple[str, ...]) -> None:

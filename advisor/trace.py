@@ -867,10 +867,12 @@ def _materialize(model, device: str = "cpu") -> None:
 
 
 def build_for_trace(spec: ModelSpec, *, dtype, fake, layers: int | None = None, tp_degree: int = 1,
-                    checkpointing: bool = False) -> tuple[Any, int]:
+                    checkpointing: bool = False, half: bool = False) -> tuple[Any, int]:
     """Build ``spec`` for a trace: on ``meta`` (no memory; transformers skips weight initialisation and
     torch's init functions are no-ops there) with floating tensors in ``dtype`` where the default dtype
-    applies (``_build_dtype``), then as fake CPU tensors under ``fake``, in training mode, with
+    applies (``_build_dtype``), LoRA adapters in their dtype (``half``: the module is cast to 16 bits, as
+    DeepSpeed's bf16/fp16 modes and pure bf16 do; ``advisor.models.adapters.cast_for_trace``), then as fake
+    CPU tensors under ``fake``, in training mode, with
     activation checkpointing when asked. Holds ``MODEL_BUILD_LOCK`` throughout (``advisor.locks``).
 
     Returns:
@@ -884,6 +886,10 @@ def build_for_trace(spec: ModelSpec, *, dtype, fake, layers: int | None = None, 
     with MODEL_BUILD_LOCK:
         with torch.device("meta"), _build_dtype(dtype):
             model = build_model(spec, layers=layers, tp_degree=tp_degree)
+            if spec.adapter is not None:  # adapters and a quantized base in the dtypes the script holds them in
+                from .models.adapters import cast_for_trace
+
+                cast_for_trace(model, spec.adapter, half=half)
         with fake:
             _materialize(model, "cpu")
             model.train()
@@ -938,8 +944,11 @@ def _trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, ch
     logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     dtype = torch.bfloat16 if mode == "half" else torch.float32
-    model, blocks = build_for_trace(spec, dtype=dtype, fake=fake, layers=layers, tp_degree=tp_degree,
-                                    checkpointing=checkpointing)
+    # LoRA under autocast holds its frozen base in 16 bits (``from_pretrained(..., dtype=...)``); the adapters follow
+    # ``advisor.models.adapters.cast_for_trace``.
+    build_dtype = torch.bfloat16 if mode == "autocast" and spec.adapter is not None else dtype
+    model, blocks = build_for_trace(spec, dtype=build_dtype, fake=fake, layers=layers, tp_degree=tp_degree,
+                                    checkpointing=checkpointing, half=mode == "half")
     exclude = [t.untyped_storage() for t in list(model.parameters()) + list(model.buffers())]
     tracker = _LiveBytes(exclude, cpu_conv_scratch_threads)
     hooks = [p.register_post_accumulate_grad_hook(tracker.on_grad) for p in model.parameters() if p.requires_grad]

@@ -25,17 +25,14 @@ class Unsupported:
 
 
 UNSUPPORTED: tuple[Unsupported, ...] = (
-    Unsupported(("--lora-rank", "--lora", "--qlora", "--lora-alpha", "--lora-targets"),
-                "LoRA/QLoRA is not supported yet: advisor sizes full fine-tuning only; LoRA/QLoRA support is "
-                "planned; a frozen backbone (requires_grad=False via --model-factory) is sized today"),
-    Unsupported(("--quantize", "--load-in-4bit", "--load-in-8bit"),
-                "quantized weights are not supported yet: advisor sizes 16/32-bit weights (--precision; pure-bf16 "
-                "keeps weights, gradients and optimizer states in bf16); 4/8-bit support is planned"),
+    Unsupported(("--lora", "--qlora"),
+                "LoRA is --lora-rank R (with --lora-targets, --lora-alpha, --lora-dropout); QLoRA adds --quantize nf4 "
+                "(and --double-quant)"),
+    Unsupported(("--load-in-4bit", "--load-in-8bit"),
+                "a quantized frozen base is --quantize nf4 (or fp4, int8) with --lora-rank R (QLoRA)"),
     Unsupported(("--optimizer",),
-                "8-bit optimizers are not supported yet: --optimizer adamw sizes its fp32 states (8 bytes per "
-                "parameter, an upper bound for adamw-8bit's 2); sgd-momentum and sgd are sized too; 8-bit support "
-                "is planned",
-                values=("adamw-8bit", "adam-8bit", "adamw8bit", "adam8bit", "paged-adamw-8bit")),
+                "the 8-bit optimizers are spelled adamw-8bit and paged-adamw-8bit (bitsandbytes)",
+                values=("adam-8bit", "adamw8bit", "adam8bit", "paged-adamw8bit", "pagedadamw8bit")),
     Unsupported(("--strategy",),
                 "FSDP (the first version, FullyShardedDataParallel) is not a strategy here: use fsdp2 "
                 "(fully_shard, its successor; fsdp2_noreshard is SHARD_GRAD_OP) or hsdp across nodes",

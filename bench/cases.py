@@ -30,12 +30,23 @@ class Case:
     seq_len: int | None = None
     image_size: int | None = None
     steps: int = 3
+    # LoRA / QLoRA (issue 16): adapters of this rank on these modules ("all-linear", or names), over a base quantized
+    # to ``quantize`` (nf4) with or without double quantization; None: full fine-tuning.
+    lora_rank: int | None = None
+    lora_targets: str | None = None
+    quantize: str | None = None
+    double_quant: bool = False
 
     @property
     def case_id(self) -> str:
         shape = f"s{self.seq_len}" if self.seq_len else f"i{self.image_size}"
         ac = "-ac" if self.checkpointing else ""
-        return (f"{self.model}-{shape}-b{self.micro_batch}-{self.precision}-{self.optimizer}{ac}"
+        lora = ""
+        if self.lora_rank:
+            where = "all" if self.lora_targets == "all-linear" else (self.lora_targets or "default").replace(",", "+")
+            quant = f"-{self.quantize}{'dq' if self.double_quant else ''}" if self.quantize else ""
+            lora = f"-lora{self.lora_rank}-{where}{quant}"
+        return (f"{self.model}-{shape}-b{self.micro_batch}-{self.precision}-{self.optimizer}{ac}{lora}"
                 f"-{self.strategy}-w{self.world}")
 
     def as_dict(self) -> dict:
@@ -46,9 +57,13 @@ class Case:
         ``world`` NVLink-connected GPUs, no hardware detection."""
         source = {"config_path": str(LLAMA_SMALL)} if self.model == "llama-small" else {"model": self.model}
         shape = {"seq_len": self.seq_len} if self.seq_len else {"image_size": self.image_size}
+        lora = {k: v for k, v in (("lora_rank", self.lora_rank), ("lora_targets", self.lora_targets),
+                                  ("quantize", self.quantize)) if v is not None}
+        if self.double_quant:
+            lora["double_quant"] = True
         return {**source, **shape, "precision": self.precision, "optimizer": self.optimizer,
                 "micro_batch_size": self.micro_batch, "activation_checkpointing": self.checkpointing,
-                "gpus": self.world, "nodes": 1, "interconnect": "nvlink", "detect_hardware": False}
+                "gpus": self.world, "nodes": 1, "interconnect": "nvlink", "detect_hardware": False, **lora}
 
 
 def _vision(model: str, size: int, strategy: str, world: int, mb: int, **kw) -> Case:
@@ -125,6 +140,26 @@ SUITE: tuple[Case, ...] = (
     _lm("gpt2", 256, "single", 1, 2),
     _lm("llama-small", 256, "single", 1, 4, checkpointing=True),
     _lm("llama-small", 128, "single", 1, 4, precision="bf16"),
+    # LoRA (issue 16): ranks 8 and 64, attention-only and all-linear, fp32 and bf16, single, DDP, ZeRO-3 and FSDP2
+    _lm("llama-small", 256, "single", 1, 4, lora_rank=8, lora_targets="q_proj,v_proj"),
+    _lm("llama-small", 256, "single", 1, 8, lora_rank=8, lora_targets="q_proj,v_proj"),
+    _lm("llama-small", 256, "ddp", 2, 4, lora_rank=8, lora_targets="q_proj,v_proj"),
+    _lm("llama-small", 256, "ddp", 2, 4, lora_rank=64, lora_targets="all-linear"),
+    _lm("llama-small", 256, "zero3", 2, 4, lora_rank=8, lora_targets="q_proj,v_proj"),
+    _lm("llama-small", 256, "zero3", 2, 4, lora_rank=64, lora_targets="all-linear"),
+    _lm("llama-small", 256, "fsdp2", 2, 4, lora_rank=8, lora_targets="q_proj,v_proj"),
+    _lm("llama-small", 128, "single", 1, 4, precision="bf16", lora_rank=64, lora_targets="all-linear"),
+    _lm("llama-small", 128, "ddp", 2, 4, precision="bf16", lora_rank=8, lora_targets="q_proj,v_proj"),
+    _lm("gpt2", 256, "ddp", 2, 2, lora_rank=8, lora_targets="c_attn"),
+    _lm("gpt2", 256, "single", 1, 2, lora_rank=64, lora_targets="all-linear", checkpointing=True),
+    # QLoRA: nf4 with and without double quantization (prepare_model_for_kbit_training checkpoints the blocks)
+    _lm("llama-small", 256, "single", 1, 4, checkpointing=True, lora_rank=8, lora_targets="q_proj,v_proj",
+        quantize="nf4"),
+    _lm("llama-small", 256, "ddp", 2, 4, checkpointing=True, lora_rank=64, lora_targets="all-linear", quantize="nf4",
+        double_quant=True),
+    # 8-bit and paged optimizers (bitsandbytes' CPU kernels)
+    _lm("llama-small", 256, "single", 1, 4, optimizer="adamw-8bit"),
+    _lm("llama-small", 256, "ddp", 2, 4, optimizer="paged-adamw", lora_rank=16, lora_targets="all-linear"),
 )
 
 # Two minutes at most on this machine: one DDP, one ZeRO, one TP run of the small models.

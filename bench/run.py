@@ -215,7 +215,9 @@ def summarize(rows: list[dict]) -> dict:
     groups: dict[str, list[float]] = {}
     for r in rows:
         if r.get("errors") and r["errors"].get("ours") is not None:
-            groups.setdefault(STRATEGY_GROUPS.get(r["strategy"], r["strategy"]), []).append(abs(r["errors"]["ours"]))
+            group = ("qlora" if r.get("quantize") else "lora") if r.get("lora_rank") else \
+                STRATEGY_GROUPS.get(r["strategy"], r["strategy"])
+            groups.setdefault(group, []).append(abs(r["errors"]["ours"]))
     out["by_strategy"] = {g: {"n": len(e), "median_abs": statistics.median(e), "worst_abs": max(e)}
                           for g, e in groups.items()}
     return out

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up .venv with everything advisor needs. Idempotent: re-running with the same pyproject.toml
 # is a no-op. Needs only Python 3.11 on a fresh machine.
-#   bash scripts/setup.sh          # the tool (torch, torchvision, transformers, deepspeed, streamlit)
+#   bash scripts/setup.sh          # the tool (torch, torchvision, transformers, peft, deepspeed, streamlit,
+#                                  # bitsandbytes for QLoRA and 8-bit optimizers)
 #   bash scripts/setup.sh --dev    # + test tools, and Debian's chromium/chromedriver for the browser test
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ if [[ ! -f "$STAMP" ]]; then
   [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
   # torch first, pinned: pip takes 2.14.1/0.29.1 from local disk on the dev machines.
   .venv/bin/pip install -q --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1"
-  EXTRAS="deepspeed,app,bench"
+  EXTRAS="deepspeed,app,bench,quant"
   [[ $DEV == 1 ]] && EXTRAS="$EXTRAS,test"
   # DS_BUILD_OPS=0: no CUDA/C++ op builds at install time (DeepSpeed installs pure Python).
   DS_BUILD_OPS=0 .venv/bin/pip install -q --disable-pip-version-check -e ".[$EXTRAS]"

@@ -14,16 +14,20 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any
 
+from advisor import bnb_layout
 from advisor.context import StrategyContext
 from advisor.gpu_presets import GpuPreset
 from advisor.hardware import Hardware
-from advisor.memory import OPTIMIZER_STATES_PER_PARAM, StrategyMemory, trace_mode
+from advisor.memory import StrategyMemory, states_per_element, trace_mode, weight_bytes
 from advisor.schema import TrainingOptions
 from advisor.timing.comm import Fabric
 from advisor.timing.compute import ComputeTime, Efficiency, Rates, efficiency_for, peak_precision, preset_for_gpu, rates
 from advisor.timing.step import StepTime, fused_step_bytes
+from advisor.units import fmt_gib
 
 from .launchers import TORCHRUN, Launcher
+
+TORCH_OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")  # torch.optim's: every strategy steps them
 
 
 @dataclass(frozen=True)
@@ -72,11 +76,10 @@ def fabric_of(ctx: StrategyContext, t: Timing, gpus_per_node: int, nodes: int, c
 def optimizer_step_s(ctx: StrategyContext, t: Timing, numel: int, w: int, g: int, s: int, extra: int = 0,
                      factor: float = 1.0) -> float:
     """Seconds of the optimizer step over ``numel`` elements on the GPU: the bytes a fused step reads and writes
-    (``advisor.timing.step.fused_step_bytes``: parameter ``w``, gradient ``g``, moments ``s`` bytes) plus
+    (``advisor.timing.step.fused_step_bytes``: parameter ``w``, gradient ``g``, states of ``s``-byte elements) plus
     ``extra`` bytes per element, times ``factor`` (a foreach step's extra passes), at the achieved HBM
     bandwidth."""
-    k = OPTIMIZER_STATES_PER_PARAM[ctx.options.optimizer]
-    per = fused_step_bytes(w, g, k, s) + extra
+    per = fused_step_bytes(w, g, states_per_element(ctx.options.optimizer, s)) + extra
     return numel * per * factor / t.rates.bytes_per_s if t.rates.bytes_per_s else 0.0
 
 
@@ -101,6 +104,30 @@ class Strategy(ABC):
     # Model-state sharding stage among the data-parallel strategies without offload: 0 DDP, 1-3 ZeRO
     # stages (None: not comparable that way). A higher stage never holds more model states.
     sharding_stage: int | None = None
+
+    # Fine-tuning: None when LoRA adapters run under this strategy, else why not (one clause); whether a
+    # bitsandbytes-quantized frozen base (QLoRA) is modelled and verified with it; whether optimizers other than
+    # torch's (bitsandbytes', transformers' Adafactor) can step its parameters (DTensor shards: not verified).
+    lora_blocker: str | None = None
+    quantized_base: bool = False
+    client_optimizers: bool = True
+
+    def fine_tuning_blocker(self, ctx: StrategyContext) -> str | None:
+        """Why this strategy does not apply to the plan's LoRA / QLoRA / optimizer choice (None: it does)."""
+        adapter, opt = ctx.profile.spec.adapter, ctx.options.optimizer
+        if adapter is not None and self.lora_blocker:
+            return self.lora_blocker
+        if adapter is not None and self.offload:
+            states = bnb_layout.optimizer_state_bytes(opt, ctx.profile.stats.trainable_shapes, 4)
+            return (f"with LoRA the optimizer states are the adapters' only ({fmt_gib(states)} in fp32): offloading "
+                    "them saves little and adds PCIe traffic; use the row without offload")
+        if adapter is not None and adapter.quantize and not self.quantized_base:
+            return (f"a {adapter.quantize} base (bitsandbytes) is modelled and verified with single and ddp; "
+                    f"{self.name} with a quantized base is not (use ddp, or LoRA on a 16-bit base)")
+        if opt not in TORCH_OPTIMIZERS and not self.client_optimizers:
+            return (f"--optimizer {opt} ({bnb_layout.optimizer_source(opt)}) is not verified on {self.title}'s "
+                    "DTensor shards: use adamw, or ddp / ZeRO with it")
+        return None
 
     def trace_mode(self, precision: str) -> str:
         """The traced step this strategy runs at ``precision`` (``advisor.memory.trace_mode``)."""
@@ -155,7 +182,10 @@ class Strategy(ABC):
         ``build_model()`` on the CPU in fp32 (torch's default dtype; the templates move it to the GPU
         afterwards, which frees the CPU copy), so a node holds ``gpus_per_node`` full fp32 copies at once
         (4 bytes per parameter, plus the buffers)."""
-        stats = ctx.profile.stats
+        stats, adapter = ctx.profile.stats, ctx.profile.spec.adapter
+        if adapter is not None:  # LoRA: the base loads in its held dtype (from_pretrained dtype=; QLoRA quantized as it loads)
+            frozen = weight_bytes(stats, adapter, trace_mode(ctx.options.precision, False)).frozen
+            return ctx.hardware.gpus_per_node * (frozen + 4 * stats.num_trainable + stats.buffer_bytes)
         return ctx.hardware.gpus_per_node * (4 * stats.num_params + stats.buffer_bytes)
 
     def load_fix(self) -> str:

@@ -8,17 +8,21 @@ resident for the whole run; without it the buckets are a second copy ("buffers")
 
 from __future__ import annotations
 
+import math
+
+from advisor import bnb_layout
 from advisor.context import StrategyContext
 from advisor.memory import (
     RULE_OF_THUMB_BYTES_PER_PARAM,
     Breakdown,
     StrategyMemory,
-    bytes_per_element,
+    dequantized_weight_bytes,
     device_overhead,
-    optimizer_state_bytes,
     optimizer_step_temp_bytes,
     peak_of,
+    rule_of_thumb_params,
     trace_mode,
+    weight_bytes,
 )
 from advisor.profile import ParamStats
 from advisor.timing.comm import bucketed_allreduce
@@ -51,16 +55,26 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
     ranks: +1.00x the fp32 gradients). Without DDP (TP's hand-written all-reduce) gradients only
     exist from the backward pass to ``zero_grad(set_to_none=True)``, or across the window when
     accumulating.
+
+    Fine-tuning (``advisor.memory.weight_bytes``): frozen parameters (a LoRA base, 16-bit or quantized) count
+    only as weights; gradients, DDP's buckets (its reducer buckets only parameters that require grad,
+    ``DistributedDataParallel._build_params_for_reducer``) and optimizer states cover the trainable ones, per
+    tensor (``advisor.bnb_layout.optimizer_state_bytes``). QLoRA adds one layer's dequantized weight to the
+    forward and backward temporaries (``advisor.memory.dequantized_weight_bytes``).
     """
     opts = ctx.options
-    w = bytes_per_element(opts.precision, "weights")
+    mode = trace_mode(opts.precision, casts_weights=False)
+    adapter = ctx.profile.spec.adapter
+    wb = weight_bytes(stats, adapter, mode)
+    w = wb.trainable_elem  # the trainable weights' dtype, which their gradients and torch's moments share
     trainable = stats.num_trainable
-    params = stats.num_params * w + stats.buffer_bytes
+    params = wb.frozen + trainable * w + stats.buffer_bytes
     full_grads = trainable * w
-    optim = optimizer_state_bytes(opts.optimizer, trainable, w)
+    optim = bnb_layout.optimizer_state_bytes(opts.optimizer, stats.trainable_shapes, w)
     dp = ctx.world_size // tp_degree if dp_size is None else dp_size
     accumulating = grad_accum_steps(ctx, dp) > 1
-    step = ctx.profile.activations(trace_mode(opts.precision, casts_weights=False), tp_degree).at(micro_batch)
+    step = ctx.profile.activations(mode, tp_degree).at(micro_batch)
+    dequant = dequantized_weight_bytes(stats, adapter)  # QLoRA: one layer's dequantized weight, forward and backward
     if ddp:  # gradients resident in the buckets: the backward peak is the traced peak net of gradients
         buckets = 0 if opts.gradient_as_bucket_view else full_grads
         resident = full_grads * (2 if accumulating else 1)
@@ -72,10 +86,12 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
         bwd_grads = full_grads if accumulating else step.bwd_grads
         bwd_act, in_flight = step.bwd_activations, step.bwd_peak - step.bwd_activations - step.bwd_grads
     fwd = Breakdown(params=params, grads=fwd_grads, optimizer_states=optim, buffers=buckets,
-                    activations=step.activations, other=max(0, step.fwd_peak - step.activations), phase="forward")
+                    activations=step.activations, other=max(0, step.fwd_peak - step.activations) + dequant,
+                    phase="forward")
     bwd = Breakdown(params=params, grads=bwd_grads, optimizer_states=optim, buffers=buckets,
-                    activations=bwd_act, other=max(0, in_flight), phase="backward")
-    temp = optimizer_step_temp_bytes(opts.optimizer, ctx.device, stats.largest_param_numel, w)
+                    activations=bwd_act, other=max(0, in_flight) + dequant, phase="backward")
+    largest = max((math.prod(s) for s in stats.trainable_shapes), default=0) if adapter else stats.largest_param_numel
+    temp = optimizer_step_temp_bytes(opts.optimizer, ctx.device, largest, w)
     opt_step = Breakdown(params=params, grads=full_grads, optimizer_states=optim, buffers=buckets, other=temp,
                          phase="optimizer step")
     peak = peak_of(fwd, bwd, opt_step)
@@ -88,6 +104,7 @@ class DDP(Strategy):
     sharding_stage = 0
     title = "DDP"
     comm_order = 0
+    quantized_base = True  # QLoRA: each rank holds the quantized base; only the adapters' gradients are reduced
     comm_pattern = "all-reduce of the gradients in buckets, overlapped with backward"
     script_imports = ("from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook",
                       "from torch.nn.parallel import DistributedDataParallel as DDP")
@@ -100,7 +117,7 @@ class DDP(Strategy):
         return replicated_memory(ctx, micro_batch, ctx.profile.stats, dp_size=ctx.world_size)
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
-        return RULE_OF_THUMB_BYTES_PER_PARAM * ctx.profile.stats.num_params
+        return RULE_OF_THUMB_BYTES_PER_PARAM * rule_of_thumb_params(ctx.profile.stats, ctx.profile.spec.adapter)
 
     def step_time(self, ctx: StrategyContext, row) -> StepTime | None:
         """Time rule. Every micro-step runs forward + backward (the roofline of the autocast trace); the gradient
@@ -118,7 +135,7 @@ class DDP(Strategy):
         hw, opts, stats = ctx.hardware, ctx.options, ctx.profile.stats
         ga = row.grad_accum_steps or 1
         c = self.compute_time(ctx, t)
-        g = bytes_per_element(opts.precision, "grads")
+        g = weight_bytes(stats, ctx.profile.spec.adapter, self.trace_mode(opts.precision)).trainable_elem
         fabric = fabric_of(ctx, t, hw.gpus_per_node, hw.num_nodes)
         ar = bucketed_allreduce(stats.num_trainable * g, fabric)
         hidden = exposed_s(ar.total_s, c.bwd_s, len(ar.buckets), last_s=ar.last_s)
@@ -126,8 +143,7 @@ class DDP(Strategy):
         coll = (Collective(f"gradient all-reduce ({dtype}, {len(ar.buckets)} buckets, last micro-step only)",
                            "all_reduce", "data-parallel", stats.num_trainable * g, len(ar.buckets), ar.total_s,
                            hidden),) if ar.total_s else ()
-        w = bytes_per_element(opts.precision, "weights")
-        opt = optimizer_step_s(ctx, t, stats.num_trainable, w, g, w, extra=2 * g if opts.precision == "fp16" else 0)
+        opt = optimizer_step_s(ctx, t, stats.num_trainable, g, g, g, extra=2 * g if opts.precision == "fp16" else 0)
         return StepTime(micro_batch=opts.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s,
                         comm_s=ar.total_s, exposed_comm_s=hidden, optimizer_s=opt, flops=ga * c.flops,
                         model_flops=ga * c.model_flops, peak_flops_per_s=t.peak_flops_per_s,

@@ -41,13 +41,17 @@ from dataclasses import dataclass
 
 from advisor.context import StrategyContext
 from advisor.memory import (
-    OPTIMIZER_STATES_PER_PARAM,
     RULE_OF_THUMB_BYTES_PER_PARAM,
     Breakdown,
     StrategyMemory,
     device_overhead,
+    optimizer_state_bytes,
     optimizer_step_temp_bytes,
     peak_of,
+    rule_of_thumb_params,
+    states_per_element,
+    trace_mode,
+    weight_bytes,
 )
 from advisor.timing.comm import pcie_transfer_s
 from advisor.timing.step import FOREACH_FACTOR, HOST_MEM_GBPS, HOST_MEM_SOURCE, Collective, StepTime, exposed_s
@@ -143,12 +147,15 @@ class Dtypes:
     reduce: int
 
 
-def dtypes(precision: str) -> Dtypes:
+def dtypes(precision: str, trainable_elem: int | None = None) -> Dtypes:
+    """``Dtypes`` at ``precision``; ``trainable_elem``: the trainable parameters' own bytes per element when they
+    differ from the precision's (LoRA adapters in bf16, ``advisor.memory.weight_bytes``)."""
     if precision == "pure-bf16":  # the module is bf16 itself; no policy, so gradients are reduced in bf16
         return Dtypes(2, 2, 2)
+    orig = trainable_elem or 4
     if precision in ("bf16", "fp16"):
-        return Dtypes(4, 2, 4)
-    return Dtypes(4, 4, 4)
+        return Dtypes(orig, 2, 4)
+    return Dtypes(orig, 4, 4)
 
 
 class FSDP2(Strategy):
@@ -156,6 +163,7 @@ class FSDP2(Strategy):
     template = "fsdp2.py"
     casts_weights = True  # MixedPrecisionPolicy runs the blocks on 16-bit parameters (no autocast): the half trace
     uses_fsdp_grad_sync = True
+    client_optimizers = False  # bitsandbytes' and Adafactor's steps on DTensor shards are not verified
     script_imports = ("import torch.distributed.checkpoint as dcp",
                       ("from torch.distributed.checkpoint.state_dict import (\n    StateDictOptions,\n"
                        "    get_model_state_dict,\n    get_state_dict,\n)"),
@@ -184,6 +192,12 @@ class FSDP2(Strategy):
             return "HSDP replicates across nodes: it needs at least 2 nodes (on one node use fsdp2)"
         return None
 
+    def dtypes(self, ctx: StrategyContext) -> Dtypes:
+        """``dtypes`` of this plan: the trainable parameters held as under autocast (LoRA adapters in fp32, peft's
+        upcast, unless ``--lora-dtype``), the frozen base apart (``phases``)."""
+        wb = weight_bytes(ctx.profile.stats, ctx.profile.spec.adapter, trace_mode(ctx.options.precision, False))
+        return dtypes(ctx.options.precision, wb.trainable_elem)
+
     def shard_size(self, ctx: StrategyContext) -> int:
         """N: the ranks a parameter is sharded over (HSDP: one node's GPUs)."""
         return ctx.hardware.gpus_per_node if self.hybrid else ctx.world_size
@@ -204,14 +218,16 @@ class FSDP2(Strategy):
         per node) at ``micro_batch``, each term as the module docstring sources it."""
         opts, stats = ctx.options, ctx.profile.stats
         n = self.shard_size(ctx)
-        d = dtypes(opts.precision)
+        d = self.dtypes(ctx)
         us = units(stats, n)
         root, blocks = us[0], us[1:]
         blk = max(blocks, key=lambda u: u.padded) if blocks else Unit(0, 0, 0, 0)
-        k = OPTIMIZER_STATES_PER_PARAM[opts.optimizer]
-        shard_params = sum(u.shard(n) for u in us) * d.orig
+        # Frozen shards (a LoRA base) stay in the dtype they were loaded in, the trainable ones in theirs.
+        frozen_elem = weight_bytes(stats, ctx.profile.spec.adapter, trace_mode(opts.precision, False)).frozen_elem
+        shard_params = sum((u.shard(n) - u.trainable_shard(n)) * frozen_elem + u.trainable_shard(n) * d.orig
+                           for u in us)
         shard_grads = sum(u.trainable_shard(n) for u in us) * d.orig
-        optim = k * sum(u.trainable_shard(n) for u in us) * d.orig
+        optim = optimizer_state_bytes(opts.optimizer, sum(u.trainable_shard(n) for u in us), d.orig)
         accumulating = grad_accum_steps(ctx, self.dp_size(ctx)) > 1
         step = ctx.profile.activations(self.trace_mode(opts.precision)).at(micro_batch)
         # Gathered parameters and collective buffers (module docstring), block by block in forward order, the root
@@ -293,7 +309,7 @@ class FSDP2(Strategy):
         return phases, states, host
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
-        p, n = ctx.profile.stats.num_params, self.shard_size(ctx)
+        p, n = rule_of_thumb_params(ctx.profile.stats, ctx.profile.spec.adapter), self.shard_size(ctx)
         return 0 if self.offload else RULE_OF_THUMB_BYTES_PER_PARAM * p // n
 
     def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
@@ -311,7 +327,7 @@ class FSDP2(Strategy):
         """(gathered bytes in forward, gathered bytes in backward, reduce-scattered bytes) of one micro-step: the
         padded units in param_dtype (the root once: it is not resharded after forward) and the trainable ones in
         reduce_dtype."""
-        n, d = self.shard_size(ctx), dtypes(ctx.options.precision)
+        n, d = self.shard_size(ctx), self.dtypes(ctx)
         us = units(ctx.profile.stats, n)
         fwd = sum(u.padded for u in us) * d.param
         bwd = sum(u.padded for u in us[1:]) * d.param if self.reshard else 0
@@ -346,7 +362,7 @@ class FSDP2(Strategy):
             return None
         hw, opts, stats = ctx.hardware, ctx.options, ctx.profile.stats
         n, ga = self.shard_size(ctx), row.grad_accum_steps or 1
-        d = dtypes(opts.precision)
+        d = self.dtypes(ctx)
         c = self.compute_time(ctx, t)
         nodes = 1 if self.hybrid else hw.num_nodes
         fabric = fabric_of(ctx, t, hw.gpus_per_node, nodes, concurrent_groups=1)
@@ -391,7 +407,6 @@ class FSDP2(Strategy):
         if ar:
             coll.append(Collective("all-reduce of the gradient shards across nodes", "all_reduce", "data-parallel",
                                    rs_b // n, syncs * pieces, syncs * ar, syncs * ar_exposed, passes=syncs))
-        k = OPTIMIZER_STATES_PER_PARAM[opts.optimizer]
         part = sum(u.trainable_shard(n) for u in us)
         host = 0.0
         notes: list[str] = []
@@ -406,7 +421,7 @@ class FSDP2(Strategy):
                                    syncs * down, syncs * down, passes=syncs))
             comm += ga * up + syncs * down
             exposed += ga * up + syncs * down
-            per_elem = (2 * d.orig + d.orig + 2 * k * d.orig) * FOREACH_FACTOR
+            per_elem = (2 * d.orig + d.orig + 2 * states_per_element(opts.optimizer, d.orig)) * FOREACH_FACTOR
             host = part * hw.gpus_per_node * per_elem / (HOST_MEM_GBPS * 1e9)
             opt = host
             notes.append(f"CPU optimizer at {HOST_MEM_GBPS:g} GB/s of host memory bandwidth per node ({HOST_MEM_SOURCE})")

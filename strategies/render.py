@@ -6,6 +6,12 @@ lines and the batch arithmetic, a block of constants (every value written with `
 validated data, so nothing the user typed becomes code), helpers copied from this package with
 ``inspect.getsource`` (the CPU peak meter, activation checkpointing), ``templates/common.py`` and
 the strategy's own template.
+
+Fine-tuning with LoRA / QLoRA (``job.spec.adapter``) is written into the same templates as optional blocks: lines
+between ``# [TAG]`` and ``# [/TAG]`` (each marker alone on its line) are kept, without the markers, only where the
+tag applies (``_block_tags``): ``full`` (no adapter), ``lora`` (any adapter), ``lora16`` (LoRA on a 16/32-bit
+base), ``qlora`` (a bitsandbytes-quantized base), ``generic-base`` (``templates/adapters.py``'s ``build_base``, for
+families whose fragment brings none). A full fine-tuning script is therefore the text it always was.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from advisor.models import ModelSpec, family_of
 from . import get_strategy, strategy_names
 
 TEMPLATES = Path(__file__).parent / "templates"
+BLOCK_TAGS = ("full", "lora", "lora16", "qlora", "generic-base")
+_MARKER = re.compile(r"^[ \t]*# \[(/?)([a-z0-9-]+)\][ \t]*$")
 DEFAULT_STEPS = 100
 MASTER_PORT = 29500
 
@@ -141,11 +149,71 @@ def _constants(job: Job) -> dict[str, Any]:
         "NUM_SAMPLES": job.global_batch_size * 4,
         "ACTIVATION_CHECKPOINTING": job.activation_checkpointing,
     }
+    consts.update(_adapter_constants(job, consts))
     consts.update(strategy.script_constants(job, family))
     consts["ESTIMATE"] = job.estimate
     for k, v in consts.items():
         _check_literal(v, k)
     return consts
+
+
+def _adapter_constants(job: Job, consts: dict[str, Any]) -> dict[str, Any]:
+    """LoRA's constants (none without ``job.spec.adapter``): peft ``LoraConfig``'s fields, the adapters' dtype and
+    peft's task type for the model class; QLoRA adds bitsandbytes' quantization (``BitsAndBytesConfig``)."""
+    adapter = job.spec.adapter
+    if adapter is None:
+        return {}
+    targets: Any = None  # peft's default target modules for the architecture
+    if adapter.targets == ("all-linear",):
+        targets = "all-linear"
+    elif adapter.targets:
+        targets = list(adapter.targets)
+    cls = str(consts.get("HF_MODEL_CLASS") or "")
+    task = "CAUSAL_LM" if cls.endswith("ForCausalLM") else "SEQ_2_SEQ_LM" if cls.endswith(
+        ("ForConditionalGeneration", "ForSeq2SeqLM")) else None
+    out: dict[str, Any] = {"LORA_RANK": adapter.rank, "LORA_ALPHA": adapter.alpha, "LORA_DROPOUT": adapter.dropout,
+                           "LORA_TARGETS": targets, "LORA_DTYPE": adapter.dtype, "LORA_TASK_TYPE": task}
+    if adapter.quantize:
+        out.update({"QUANTIZE": adapter.quantize, "DOUBLE_QUANT": adapter.double_quant,
+                    "BNB_COMPUTE_DTYPE": adapter.compute_dtype})
+    return out
+
+
+def _block_tags(job: Job, family_has_base: bool = False) -> set[str]:
+    """The optional template blocks (module docstring) that apply to ``job``."""
+    adapter = job.spec.adapter
+    if adapter is None:
+        return {"full"}
+    tags = {"lora", "qlora" if adapter.quantize else "lora16"}
+    if not family_has_base and not adapter.quantize:
+        tags.add("generic-base")
+    return tags
+
+
+def select_blocks(text: str, tags: set[str] | frozenset[str]) -> str:
+    """``text`` with each ``# [TAG]`` ... ``# [/TAG]`` block kept (markers dropped) where TAG is in ``tags``, else
+    removed; blocks nest.
+
+    Raises:
+        AdvisorError: an unknown tag, or markers that do not pair up (a template bug).
+    """
+    out, stack = [], []
+    for line in text.splitlines(keepends=True):
+        m = _MARKER.match(line.rstrip("\n"))
+        if m is None:
+            if all(t in tags for t in stack):
+                out.append(line)
+            continue
+        closing, tag = m.group(1) == "/", m.group(2)
+        if tag not in BLOCK_TAGS:
+            raise AdvisorError(f"template block [{tag}]: unknown tag (one of {', '.join(BLOCK_TAGS)})")
+        if not closing:
+            stack.append(tag)
+        elif not stack or stack.pop() != tag:
+            raise AdvisorError(f"template block [/{tag}] closes no open [{tag}]")
+    if stack:
+        raise AdvisorError(f"template block [{stack[-1]}] is never closed")
+    return "".join(out)
 
 
 def _doc_text(text: str) -> str:
@@ -174,10 +242,26 @@ Batch arithmetic:
     ({ranks})
 Learning rate: {job.lr:g} after a linear warmup (linear scaling rule), then cosine decay.
 Model: {name} ({source}), {what}; synthetic data unless --data is given.
-Estimate this script was generated for: peak allocated {est["peak_allocated_bytes"] / 2**30:.3f} GiB per rank
+{_lora_doc(job)}Estimate this script was generated for: peak allocated {est["peak_allocated_bytes"] / 2**30:.3f} GiB per rank
 ({est["device"]}), device total {est["device_total_bytes"] / 2**30:.3f} GiB.
 A JSON report with the measured per-rank peak is written to --out/--report at the end.
 """'''
+
+
+def _lora_doc(job: Job) -> str:
+    """The docstring's fine-tuning paragraph (empty without an adapter)."""
+    adapter = job.spec.adapter
+    if adapter is None:
+        return ""
+    targets = _doc_text(adapter.targets_text)
+    base = (f"a frozen {adapter.quantize}-quantized base (bitsandbytes, computing in {adapter.compute_dtype})"
+            if adapter.quantize else "a frozen base")
+    where = ("--init-from DIR loads the base (a save_pretrained directory); without it a freshly initialised\n"
+             "base is used (smoke tests only)" if job.spec.is_transformer else
+             "--init-from FILE loads the base (a state_dict such as model.pt); without it the base is\n"
+             "freshly initialised (smoke tests only)")
+    return (f"Fine-tuning: LoRA rank {adapter.rank} (alpha {adapter.alpha:g}) on {targets} over {base};\n"
+            f"only the adapters train and are saved (--out/adapter, peft format).\n{where}.\n")
 
 
 def launch_command_for(job: Job) -> str:
@@ -197,10 +281,18 @@ def render_train_py(job: Job) -> str:
     consts = _constants(job)
     launch = launch_command_for(job)
     strategy = job.strategy_unit
-    template = (TEMPLATES / strategy.template).read_text()
-    # The standard-library modules common.py uses, plus those the strategy's template uses (no unused import).
+    lora = job.spec.adapter is not None
+    fragment = family_of(job.spec).script_fragment()
+    # A family's fragment may bring its own LoRA base (``build_base``: the transformer's loads --init-from with
+    # from_pretrained); otherwise templates/adapters.py's generic one is used.
+    tags = _block_tags(job, family_has_base=lora and "def build_base(" in select_blocks(fragment, _block_tags(job)))
+    template = select_blocks((TEMPLATES / strategy.template).read_text(), tags)
+    adapters = select_blocks((TEMPLATES / "adapters.py").read_text(), tags) if lora else ""
+    # The standard-library modules common.py uses, plus those the strategy's template (and LoRA's code) uses (no
+    # unused import).
+    used = template + (adapters + select_blocks(fragment, tags) if lora else "")
     stdlib = sorted({"argparse", "json", "math", "os", "time"}
-                    | {m for m in ("contextlib", "gc") if re.search(rf"\b{m}\.", template)})
+                    | {m for m in ("contextlib", "gc") if re.search(rf"\b{m}\.", used)})
     lines = [_docstring(job, launch), "", *(f"import {m}" for m in stdlib), "",
              "import torch", *(["import torch.distributed as dist"] if strategy.distributes else []),
              *strategy.script_imports, "",
@@ -209,11 +301,12 @@ def render_train_py(job: Job) -> str:
     lines += ["NUM_WORKERS = (min(8, (os.cpu_count() or 1) // max(1, int(os.environ.get('LOCAL_WORLD_SIZE', '1'))))",
               "               if torch.cuda.is_available() else 0)  # pitfall 13: about CPU cores / GPUs",
               "", "", "# --- helpers copied from advisor (activation checkpointing, CPU peak memory) ---",
-              _helpers_source(), "", (TEMPLATES / "common.py").read_text(),
+              _helpers_source(), "", select_blocks((TEMPLATES / "common.py").read_text(), tags),
               # The process group's helpers, or their one-process stand-ins (a one-process script never touches
               # torch.distributed).
               (TEMPLATES / ("collectives.py" if strategy.distributes else "local.py")).read_text(),
-              family_of(job.spec).script_fragment(),
+              select_blocks(fragment, tags),
+              *(["", adapters] if lora else []),
               "", template]
     return "\n".join(lines)
 

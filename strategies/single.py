@@ -9,8 +9,12 @@ GPUs' share).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from advisor.context import StrategyContext
-from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory, bytes_per_element
+from advisor.hardware import Hardware
+from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory, rule_of_thumb_params, weight_bytes
+from advisor.schema import TrainingOptions
 from advisor.timing.step import StepTime
 
 from .base import Strategy, optimizer_step_s, timing_of
@@ -27,23 +31,28 @@ class Single(Strategy):
     distributes = False
     comm_order = -1  # no communication at all: first among ties
     comm_pattern = "none (one process)"
+    quantized_base = True  # QLoRA: bitsandbytes' 4/8-bit layers, checked on CPU here
 
     def dp_size(self, ctx: StrategyContext) -> int:
         return 1
+
+    def verify_cluster(self, hw: Hardware, options: TrainingOptions, row) -> tuple[Hardware, TrainingOptions]:
+        """One process: the verification runs one rank whatever ``--gpus`` says (the script starts no others)."""
+        return replace(hw, gpus_per_node=1, num_nodes=1), options
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         return replicated_memory(ctx, micro_batch, ctx.profile.stats, dp_size=1, ddp=False)
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
-        return RULE_OF_THUMB_BYTES_PER_PARAM * ctx.profile.stats.num_params
+        return RULE_OF_THUMB_BYTES_PER_PARAM * rule_of_thumb_params(ctx.profile.stats, ctx.profile.spec.adapter)
 
     def comm_bytes_per_step(self, ctx: StrategyContext, grad_accum_steps: int = 1) -> int:
         return 0
 
     def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
-        """One process builds the model on the CPU in fp32 (torch's default dtype) before moving it to the GPU."""
-        stats = ctx.profile.stats
-        return 4 * stats.num_params + stats.buffer_bytes
+        """One process builds the model on the CPU in fp32 (torch's default dtype) before moving it to the GPU (LoRA:
+        the base in its held dtype, ``Strategy.load_host_bytes_per_node``): one GPU's share of the base rule."""
+        return super().load_host_bytes_per_node(ctx) // ctx.hardware.gpus_per_node
 
     def step_time(self, ctx: StrategyContext, row) -> StepTime | None:
         """Time rule: ``row.grad_accum_steps`` micro-steps of forward + backward (the roofline of the autocast
@@ -55,7 +64,7 @@ class Single(Strategy):
         opts, stats = ctx.options, ctx.profile.stats
         ga = row.grad_accum_steps or 1
         c = self.compute_time(ctx, t)
-        w = bytes_per_element(opts.precision, "weights")
+        w = weight_bytes(stats, ctx.profile.spec.adapter, self.trace_mode(opts.precision)).trainable_elem
         opt = optimizer_step_s(ctx, t, stats.num_trainable, w, w, w, extra=2 * w if opts.precision == "fp16" else 0)
         return StepTime(micro_batch=opts.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s, comm_s=0.0,
                         exposed_comm_s=0.0, optimizer_s=opt, flops=ga * c.flops, model_flops=ga * c.model_flops,

@@ -28,6 +28,9 @@ from .ddp import replicated_memory
 
 class TensorParallel(Strategy):
     comm_order = 3
+    lora_blocker = ("tensor parallel shards the base's linear layers as DTensors, which peft's LoRA layers do not "
+                    "wrap here: use single, ddp, fsdp2 or ZeRO for LoRA")
+    client_optimizers = False  # bitsandbytes' and Adafactor's steps on DTensor shards are not verified
     template = "tp.py"
     uses_tp_degree = True
     comm_pattern = ("all-reduce of the activations twice per block in forward and in backward (tensor parallel), "

@@ -477,7 +477,7 @@ def test_library_versions(monkeypatch):
     cache_mod._versions.cache_clear()
     monkeypatch.setattr(importlib.metadata, "version", missing)
     try:
-        assert library_versions() == dict.fromkeys(["torch", "transformers", "torchvision", "advisor"], "none")
+        assert library_versions() == dict.fromkeys(["torch", "transformers", "torchvision", "peft", "advisor"], "none")
     finally:
         monkeypatch.undo()
         cache_mod._versions.cache_clear()

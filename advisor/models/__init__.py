@@ -11,16 +11,22 @@ from .configs import load_config_file, parse_config_text, spec_from_hf_config
 from .families import family_of, hf_config, hf_model_class
 from .limits import MAX_CONFIG_FILE_BYTES, check_config_size, num_layers
 from .resolve import known_model_names, resolve_model, resolve_source
-from .spec import ModelSpec
+from .spec import ADAPTER_DTYPES, QUANT_TYPES, AdapterSpec, ModelSpec
 
 
 def build_model(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> Any:
-    """``family_of(spec).build(...)``: ``spec`` as an ``nn.Module`` under the current device/mode.
+    """``family_of(spec).build(...)``: ``spec`` as an ``nn.Module`` under the current device/mode, with
+    ``spec.adapter``'s LoRA adapters when set (``advisor.models.adapters``).
 
     Raises:
         AdvisorError: the model cannot be built.
     """
-    return family_of(spec).build(spec, layers=layers, tp_degree=tp_degree)
+    model = family_of(spec).build(spec, layers=layers, tp_degree=tp_degree)
+    if spec.adapter is not None:  # LoRA / QLoRA: the base frozen, peft's adapters trained
+        from .adapters import apply_adapter
+
+        model = apply_adapter(model, spec.adapter)
+    return model
 
 
 def make_batch(spec: ModelSpec, micro_batch: int, device: Any = None, dtype: Any = None) -> dict[str, Any]:
@@ -33,6 +39,7 @@ def training_loss(spec: ModelSpec, model: Any, batch: dict[str, Any]) -> Any:
     return family_of(spec).loss(spec, model, batch)
 
 
-__all__ = ["MAX_CONFIG_FILE_BYTES", "ModelSpec", "build_model", "check_config_size", "family_of", "hf_config",
+__all__ = ["ADAPTER_DTYPES", "MAX_CONFIG_FILE_BYTES", "QUANT_TYPES", "AdapterSpec",
+           "ModelSpec", "build_model", "check_config_size", "family_of", "hf_config",
            "hf_model_class", "known_model_names", "load_config_file", "make_batch", "num_layers",
            "parse_config_text", "resolve_model", "resolve_source", "spec_from_hf_config", "training_loss"]

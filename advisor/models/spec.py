@@ -7,9 +7,40 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..bnb_layout import QUANT_CHOICES
+
 FAMILY_NAMES = ("transformer", "vision", "custom")
 # Architectures whose attention heads / MLP split cleanly with torch tensor parallel plans.
 TP_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# bitsandbytes' quantized storage of a frozen base (``--quantize``): 4-bit NormalFloat, 4-bit float, LLM.int8().
+QUANT_TYPES = QUANT_CHOICES
+ADAPTER_DTYPES = ("auto", "fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """LoRA adapters on a frozen base (peft ``LoraConfig``), optionally over a quantized base (QLoRA:
+    transformers' ``BitsAndBytesConfig``). Pure data; ``advisor.models.adapters`` applies it to a model.
+
+    ``targets``: module names (peft ``target_modules``), ``("all-linear",)``, or ``()`` for peft's default
+    for the architecture. ``dtype``: the adapters' dtype; ``auto``: what the strategy keeps them in (peft
+    upcasts them to fp32, ``autocast_adapter_dtype=True``; DeepSpeed's bf16/fp16 modes cast them to 16 bits).
+    ``quantize``: one of ``QUANT_TYPES`` or None (a 16/32-bit base). ``compute_dtype``: the dtype the quantized
+    layers compute in (``bnb_4bit_compute_dtype``).
+    """
+
+    rank: int
+    alpha: float = 16.0
+    dropout: float = 0.05
+    targets: tuple[str, ...] = ()
+    dtype: str = "auto"
+    quantize: str | None = None
+    double_quant: bool = False
+    compute_dtype: str = "bf16"
+
+    @property
+    def targets_text(self) -> str:
+        return ",".join(self.targets) if self.targets else "peft's default for the architecture"
 
 
 @dataclass(frozen=True)
@@ -27,6 +58,7 @@ class ModelSpec:
     max_positions: int | None = None
     position_kind: str | None = None  # "learned" | "rotary" | "relative" | None
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    adapter: AdapterSpec | None = None  # LoRA / QLoRA: what is trained is the adapters, not the base
 
     @property
     def is_transformer(self) -> bool:

@@ -26,12 +26,13 @@ HOST_MEM_SOURCE = ("estimate, no run found: half of a 2-socket, 8-channel DDR4-3
                    "(JEDEC DDR4-3200 25.6 GB/s per channel)")
 
 # Bytes an optimizer step reads and writes per parameter element, for a parameter of ``w`` bytes, its gradient of
-# ``g`` bytes and ``k`` moments of ``s`` bytes: a fused (single-kernel) step reads the parameter, the gradient and
-# the moments and writes the parameter and the moments once: 2w + g + 2ks (torch.optim.AdamW(fused=True); SGD
-# with momentum is the k = 1 case, plain SGD k = 0).
-def fused_step_bytes(w: int, g: int, k: int, s: int) -> int:
+# ``g`` bytes and ``states`` bytes of optimizer state: a fused (single-kernel) step reads the parameter, the gradient
+# and the states and writes the parameter and the states once: 2w + g + 2 x states (torch.optim.AdamW(fused=True):
+# states = 2 moments x s; SGD with momentum one; plain SGD none; bitsandbytes' 8-bit optimizers 2 bytes and their
+# block scales, ``advisor.bnb_layout.state_bytes_per_element``).
+def fused_step_bytes(w: int, g: int, states: float) -> float:
     """Bytes per element of a single-kernel optimizer step (comment above)."""
-    return 2 * w + g + 2 * k * s
+    return 2 * w + g + 2 * states
 
 
 # torch's foreach (multi-tensor) Adam (torch/optim/adam.py ``_multi_tensor_adam``: lerp_, mul_, addcmul_, the

@@ -40,11 +40,28 @@ def lr_at(step: int) -> float:
 
 
 def make_optimizer(params, device):
-    """The optimizer the estimate assumed. fused Adam on CUDA: no per-tensor temporaries."""
+    """The optimizer the estimate assumed. fused Adam on CUDA: no per-tensor temporaries. bitsandbytes' 8-bit,
+    paged and Lion optimizers (paged ones page their states to host memory under GPU memory pressure; on a CPU
+    bitsandbytes runs them unpaged) and transformers' Adafactor (factored second moments) are imported only when
+    chosen. Adafactor runs at LR under this script's schedule (relative_step=False, no parameter scaling)."""
     fused = {"fused": True} if device.type == "cuda" else {}
     if OPTIMIZER in ("adam", "adamw"):
         cls = torch.optim.AdamW if OPTIMIZER == "adamw" else torch.optim.Adam
         return cls(params, lr=LR, weight_decay=WEIGHT_DECAY if OPTIMIZER == "adamw" else 0.0, **fused)
+    if OPTIMIZER in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion"):
+        import bitsandbytes as bnb
+
+        cls = {"adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw-8bit": bnb.optim.PagedAdamW8bit,
+               "paged-adamw": bnb.optim.PagedAdamW, "lion": bnb.optim.Lion}[OPTIMIZER]
+        return cls(params, lr=LR, weight_decay=WEIGHT_DECAY)
+    if OPTIMIZER == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=LR, weight_decay=WEIGHT_DECAY, relative_step=False, scale_parameter=False,
+                         warmup_init=False)
+    if OPTIMIZER not in ("sgd", "sgd-momentum"):
+        raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: make_optimizer() knows adamw, adam, sgd, sgd-momentum, "
+                         "adamw-8bit, paged-adamw-8bit, paged-adamw, lion and adafactor")
     return torch.optim.SGD(params, lr=LR, momentum=0.9 if OPTIMIZER == "sgd-momentum" else 0.0)
 
 
@@ -172,6 +189,15 @@ def parse_args():
     p.add_argument("--out", default=".", help="directory for the checkpoint and the report")
     p.add_argument("--report", default="report.json", help="report file name inside --out")
     p.add_argument("--no-save", action="store_true", help="skip the checkpoint")
+    # [lora]
+    p.add_argument("--init-from", metavar="PATH", default=None, help="the pretrained base to train adapters on (a "
+                   "save_pretrained directory for transformers models, else a state_dict file such as model.pt); "
+                   "without it the base is freshly initialised from the config, for smoke tests only")
+    # [/lora]
+    # [lora16]
+    p.add_argument("--export-merged", action="store_true", help="also write the base with the trained adapters "
+                   "merged in (--out/merged): rank 0 holds the whole base in host RAM to do it")
+    # [/lora16]
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
     p.add_argument("--deepspeed_config", default=None, help=argparse.SUPPRESS)
     return p.parse_args()

@@ -24,11 +24,22 @@ def main() -> None:
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
     comm = {"allreduce_calls": 0}
 
+    # [qlora]
+    base_dir = args.init_from or save_test_base(args.out)  # before the meter: the test base's save is not training
+    # [/qlora]
     meter = MemoryMeter(device)
     with meter:
+        # [full]
         model = build_model()
         if PRECISION == "pure-bf16":
             model = model.to(torch.bfloat16)
+        # [/full]
+        # [lora16]
+        model = add_lora(build_base(args, base_dtype()))  # the base frozen in its dtype, the adapters trainable
+        # [/lora16]
+        # [qlora]
+        model = add_lora(load_quantized_base(base_dir, device))  # every rank holds the quantized base
+        # [/qlora]
         if ACTIVATION_CHECKPOINTING:
             log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
         sync_bn, why = use_sync_batchnorm(model, MICRO_BATCH_SIZE, device.type)
@@ -46,7 +57,14 @@ def main() -> None:
             return allreduce_hook(dist.group.WORLD, bucket)
 
         ddp.register_comm_hook(None, counting_allreduce)
+        # [full]
         optimizer = make_optimizer(ddp.parameters(), device)
+        # [/full]
+        # [lora]
+        # The adapters only: DDP reduces their gradients alone (frozen parameters join no bucket).
+        trainable = trainable_parameters(ddp)
+        optimizer = make_optimizer(trainable, device)
+        # [/lora]
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
         # Pitfall 15: fp16 needs a GradScaler; bf16 does not.
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
@@ -77,15 +95,33 @@ def main() -> None:
                     break
             epoch += 1
 
+    # [lora]
+    eval_loss = lora_eval_loss(ddp.module, dataset, device, None, half)
+    # [/lora]
     os.makedirs(args.out, exist_ok=True)
     if not args.no_save:
+        # [full]
         # Pitfall 7: the plain module's weights (no "module." prefix), written by rank 0 only.
         if rank == 0:
             torch.save(ddp.module.state_dict(), os.path.join(args.out, "model.pt"))
             log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
+        # [/full]
+        # [lora]
+        # Pitfall 7: the plain module's adapters (no "module." prefix), written by rank 0 only; the base is unchanged
+        # (--init-from's, or the config's fresh one), so no model.pt.
+        if rank == 0:
+            save_adapter(ddp.module, args.out)
+        # [/lora]
+        # [lora16]
+        if args.export_merged and rank == 0:
+            export_merged(ddp.module.state_dict(), args.out)
+        # [/lora16]
         dist.barrier()
     write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps.losses,
                  steps.step_times, {"allreduce_calls_per_micro_step": calls_per_micro_step, "sample_indices": seen,
+                              # [lora]
+                              "final_eval_loss": eval_loss, "trainable_params": sum(p.numel() for p in trainable),
+                              # [/lora]
                               "sync_batchnorm": sync_bn})
     dist.destroy_process_group()  # pitfall 19
 

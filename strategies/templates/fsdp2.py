@@ -107,8 +107,18 @@ def build_sharded_model(mesh, device):
     Returns (model, blocks, uninitialised parameter names).
     """
     model, buffers = build_on_meta()
+    # [full]
     if PRECISION == "pure-bf16":
         model = model.to(torch.bfloat16)
+    # [/full]
+    # [lora]
+    # LoRA, still on meta: the base's parameters in its dtype (buffers stay as built, as from_pretrained leaves them),
+    # then peft's adapters. fully_shard below shards the frozen base too (each rank holds 1/N of it).
+    for p in model.parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(base_dtype())
+    model = add_lora(model)
+    # [/lora]
     if ACTIVATION_CHECKPOINTING:  # before sharding: fully_shard then wraps the checkpointed blocks
         log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
     shard_args = {"mesh": mesh, "mp_policy": mixed_precision_policy(),
@@ -129,12 +139,51 @@ def build_sharded_model(mesh, device):
     shard_rank = mesh.get_local_rank("shard")
     torch.manual_seed(SEED if device.type != "cpu" else SEED + shard_rank)
     uninitialised = init_parameters(model, device)
+    # [lora]
+    reset_adapters(model)
+    # [/lora]
     if uninitialised:
         log(f"no init function wrote {', '.join(uninitialised)}: drawn from normal(0, 0.02); write your own init")
     restore_buffers(buffers, device)
     return model, blocks, uninitialised
 
 
+# [lora]
+def reset_adapters(model) -> None:
+    """peft's own init of the adapters once more, on the shards (lora_A kaiming-uniform, lora_B zero: the adapted
+    model starts as the base): init_parameters() wrote them with the base's init like every parameter."""
+    from peft.tuners.lora import LoraLayer
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            for name in module.lora_A:
+                module.reset_lora_parameters(name, True)
+
+
+# [/lora]
+# [lora16]
+def load_base_shards(model, args) -> None:
+    """--init-from: rank 0 loads the pretrained base whole into host memory (build_base: from_pretrained) and
+    broadcasts it into every rank's shards (set_model_state_dict, broadcast_from_rank0); the adapters keep their init.
+    peft's names are the base's with base_model.model. in front and .base_layer. inside each adapted module."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    names = [name for name in get_model_state_dict(model) if "lora_" not in name]  # every rank: its shards, no copy
+    state = {}
+    if dist.get_rank() == 0:
+        base = build_base(args, base_dtype()).state_dict()
+        own = {name: name.removeprefix("base_model.model.").replace(".base_layer.", ".") for name in names}
+        missing = [name for name in names if own[name] not in base]
+        if missing:
+            raise SystemExit(f"--init-from {args.init_from}: no {', '.join(own[n] for n in missing[:3])} in its weights")
+        state = {name: base[own[name]] for name in names}
+        del base
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                                strict=False))
+    log(f"base weights loaded from {args.init_from} into every rank's shards")
+
+
+# [/lora16]
 def count_reduce_scatters(model, blocks, comm: dict) -> None:
     """Count reduce-scatters: FSDP2 runs a sharded parameter's post-accumulate-grad hooks right after its
     unit's reduce-scatter has written the sharded gradient, and only then (accumulating without sync, the
@@ -186,11 +235,21 @@ def main() -> None:
     meter = MemoryMeter(device)
     with meter:
         model, blocks, uninitialised = build_sharded_model(mesh, device)
+        # [lora16]
+        if args.init_from:
+            load_base_shards(model, args)
+        # [/lora16]
         local_numel = sum(p.to_local().numel() for p in model.parameters())
         full_numel = sum(p.numel() for p in model.parameters())
         count_reduce_scatters(model, blocks, comm)
         # The optimizer sees the sharded parameters: its states are shards too (offload: a CPU step).
+        # [full]
         optimizer = make_optimizer(model.parameters(), torch.device("cpu") if CPU_OFFLOAD else device)
+        # [/full]
+        # [lora]
+        trainable = trainable_parameters(model)  # the adapters' shards: the optimizer and clipping see only them
+        optimizer = make_optimizer(trainable, torch.device("cpu") if CPU_OFFLOAD else device)
+        # [/lora]
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
         # Pitfall 15: fp16 needs a GradScaler. torch.amp's works on DTensor gradients: DTensor's unscale
         # takes the max of found_inf over the mesh, so every rank skips the same steps.
@@ -223,7 +282,12 @@ def main() -> None:
                 # Clip the true gradients: unscale first (a no-op unless fp16). The norm comes back as a DTensor
                 # reduced over every rank's shards: full_tensor() is the global norm.
                 scaler.unscale_(optimizer)
+                # [full]
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+                # [/full]
+                # [lora]
+                norm = torch.nn.utils.clip_grad_norm_(trainable, MAX_GRAD_NORM)
+                # [/lora]
                 grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
                 optimizer_step(scaler, optimizer, scheduler, steps)
                 if steps.done:
@@ -233,6 +297,7 @@ def main() -> None:
     eval_loss = final_eval_loss(model, dataset, device)
     os.makedirs(args.out, exist_ok=True)
     if not args.no_save:
+        # [full]
         # Resumable: every rank writes its own shards of the model and optimizer states (DCP), in parallel.
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(args.out, "checkpoint"))
@@ -244,6 +309,28 @@ def main() -> None:
             log(f"checkpoints: {os.path.join(args.out, 'checkpoint')} (sharded, DCP) and "
                 f"{os.path.join(args.out, 'model.pt')} (loads into build_model())")
         del full
+        # [/full]
+        # [lora]
+        # Resumable: every rank writes its shards of the adapters and their optimizer states (DCP); the frozen base
+        # is left out (ignore_frozen_params: it is --init-from's, unchanged), so this is cheap. No model.pt either.
+        adapters_only = StateDictOptions(ignore_frozen_params=True)
+        model_state, optim_state = get_state_dict(model, optimizer, options=adapters_only)
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(args.out, "checkpoint"))
+        # Portable: the adapters whole, gathered by every rank (a collective) into rank 0's CPU memory; rank 0 writes
+        # them in peft's format (names of the plain model, pitfall 7).
+        adapter = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                       ignore_frozen_params=True))
+        if rank == 0:
+            save_adapter(model, args.out, adapter)
+            log(f"checkpoint: {os.path.join(args.out, 'checkpoint')} (the adapters' shards and optimizer states, DCP)")
+        # [/lora]
+        # [lora16]
+        if args.export_merged:  # the whole model gathered into rank 0's host memory (a collective)
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if rank == 0:
+                export_merged(full, args.out)
+            del full
+        # [/lora16]
         dist.barrier()
     write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps.losses,
                  steps.step_times, {
@@ -253,6 +340,9 @@ def main() -> None:
                      "grad_sync": "every-micro-step" if GRAD_SYNC_EVERY_MICRO_STEP else "last-micro-step",
                      "reduce_scatters_per_micro_step": per_micro_step, "grad_norms": grad_norms,
                      "final_eval_loss": eval_loss, "uninitialised_parameters": uninitialised,
+                     # [lora]
+                     "trainable_params": sum(p.numel() for p in trainable),
+                     # [/lora]
                      "sample_indices": seen})
     dist.destroy_process_group()  # pitfall 19
 

@@ -17,15 +17,32 @@ def main() -> None:
     # Pure bf16 has no autocast to cast the inputs: image inputs are cast by hand (token ids stay integers).
     input_dtype = torch.bfloat16 if PRECISION == "pure-bf16" else None
 
+    # [qlora]
+    base_dir = args.init_from or save_test_base(args.out)  # before the meter: the test base's save is not training
+    # [/qlora]
     meter = MemoryMeter(device)
     with meter:
+        # [full]
         model = build_model()
         if PRECISION == "pure-bf16":
             model = model.to(torch.bfloat16)
+        # [/full]
+        # [lora16]
+        model = add_lora(build_base(args, base_dtype()))  # the base frozen in its dtype, the adapters trainable
+        # [/lora16]
+        # [qlora]
+        model = add_lora(load_quantized_base(base_dir, device))  # quantized as it loads, onto the device
+        # [/qlora]
         if ACTIVATION_CHECKPOINTING:
             log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
         model = model.to(device)
+        # [full]
         optimizer = make_optimizer(model.parameters(), device)
+        # [/full]
+        # [lora]
+        trainable = trainable_parameters(model)  # the optimizer, clipping and its states cover the adapters only
+        optimizer = make_optimizer(trainable, device)
+        # [/lora]
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
         # Pitfall 15: fp16 needs a GradScaler; bf16 does not.
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
@@ -51,19 +68,43 @@ def main() -> None:
                     continue  # accumulate: the gradients add up until the last micro-step of the window
                 # Clip the true gradients: unscale first (a no-op unless fp16), then clip, then step.
                 scaler.unscale_(optimizer)
+                # [full]
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)))
+                # [/full]
+                # [lora]
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(trainable, MAX_GRAD_NORM)))
+                # [/lora]
                 optimizer_step(scaler, optimizer, scheduler, steps)
                 if steps.done:
                     break
             epoch += 1
 
+    # [lora]
+    eval_loss = lora_eval_loss(model, dataset, device, input_dtype, half)
+    # [/lora]
     os.makedirs(args.out, exist_ok=True)
     if not args.no_save:
+        # [full]
         # The plain module's weights: loads into build_model() as it is.
         torch.save(model.state_dict(), os.path.join(args.out, "model.pt"))
         log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
+        # [/full]
+        # [lora]
+        # The adapters only: the base is unchanged (--init-from's, or the config's fresh one), so no model.pt.
+        save_adapter(model, args.out)
+        # [/lora]
+        # [lora16]
+        if args.export_merged:
+            export_merged(model.state_dict(), args.out)
+        # [/lora16]
     write_report(os.path.join(args.out, args.report), 0, 1, device, meter.result(), steps.losses, steps.step_times,
+                 # [full]
                  {"sample_indices": seen, "grad_norms": grad_norms})
+                 # [/full]
+                 # [lora]
+                 {"sample_indices": seen, "grad_norms": grad_norms, "final_eval_loss": eval_loss,
+                  "trainable_params": sum(p.numel() for p in trainable)})
+                 # [/lora]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,18 @@
 # ---------------------------------------------------------------------------------------------
 # DeepSpeed ZeRO (stage, offload, buckets and precision are in ds_config.json)
 # ---------------------------------------------------------------------------------------------
+# [lora]
+def adapter_state_dict(module) -> dict:
+    """Every rank: the trainable parameters (the adapters) by name, as whole CPU copies: ZeRO-3 partitions them, so
+    they are gathered for the copy (read-only: modifier_rank None); at stages 1 and 2 they are whole already."""
+    import deepspeed
+
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    with deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None):
+        return {name: p.detach().cpu().clone() for name, p in named}
+
+
+# [/lora]
 def main() -> None:
     import deepspeed
 
@@ -26,17 +38,55 @@ def main() -> None:
         # ZERO_INIT: ZeRO-3 partitions the parameters as they are created, so no rank ever holds the full
         # model. torchvision models re-initialise weights after creation, which partitioned weights
         # cannot take; they are small enough to build whole and partition in deepspeed.initialize.
+        # [full]
         init = deepspeed.zero.Init(config_dict_or_path=ds_config) if ZERO_INIT else contextlib.nullcontext()
         with init:
             model = build_model()
+        # [/full]
+        # [lora]
+        # LoRA: the base frozen, partitioned like any parameter under ZeRO-3. --init-from under ZERO_INIT loads through
+        # transformers' DeepSpeed integration: while an HfDeepSpeedConfig is alive, from_pretrained builds the model
+        # under zero.Init itself and copies rank 0's checkpoint into the partitions. The base is built in its dtype
+        # (zero.Init itself builds in the dtype of ds_config's bf16/fp16 mode).
+        hf_ds_config = None
+        if ZERO_INIT and args.init_from:
+            from transformers.integrations import HfDeepSpeedConfig
+
+            hf_ds_config = HfDeepSpeedConfig(ds_config)
+        init = (deepspeed.zero.Init(config_dict_or_path=ds_config) if ZERO_INIT and not args.init_from
+                else contextlib.nullcontext())
+        with init:
+            model = build_base(args, None if ZERO_INIT and not args.init_from else base_dtype())
+        # Outside zero.Init: peft initialises the adapters (lora_B to zero) on whole tensors; deepspeed.initialize then
+        # partitions them too.
+        model = add_lora(model)
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
+        if LORA_DTYPE == "auto" and half is not None:
+            # DeepSpeed's bf16/fp16 modes hold the module in 16 bits (the fp32 master copies live in its optimizer),
+            # but cast nothing of a model zero.Init built: the adapters peft made in fp32 are cast here.
+            for p in trainable_parameters(model):
+                p.data = p.data.to(half)
+        # [/lora]
         if ACTIVATION_CHECKPOINTING:
             log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
+        # [full]
         optimizer = make_optimizer(model.parameters(), torch.device("cpu") if OFFLOAD else device)
+        # [/full]
+        # [lora]
+        trainable = trainable_parameters(model)  # the optimizer (DeepSpeed's fp32 master copies too) sees the adapters
+        optimizer = make_optimizer(trainable, torch.device("cpu") if OFFLOAD else device)
+        # [/lora]
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
         # DeepSpeed owns mixed precision (bf16/fp16 + loss scaling in ds_config), gradient
         # accumulation boundaries (no_sync is implicit) and the gradient reduction.
+        # [full]
         engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
                                                                lr_scheduler=scheduler, config=ds_config)
+        # [/full]
+        # [lora]
+        engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=trainable,
+                                                               lr_scheduler=scheduler, config=ds_config)
+        # [/lora]
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
         dataset = load_real_dataset(args.data) if args.data else SyntheticDataset(NUM_SAMPLES)
         sampler, loader = make_loader(dataset, world_size, rank)
@@ -58,15 +108,42 @@ def main() -> None:
                     break
             epoch += 1
 
+    # [lora]
+    eval_loss = lora_eval_loss(engine, dataset, engine.device, dtype)
+    # [/lora]
     os.makedirs(args.out, exist_ok=True)
     if not args.no_save:
+        # [full]
         # Full 16-bit weights gathered from all ranks (ZeRO-3: stage3_gather_16bit_weights_on_model_save),
         # saved by rank 0 as a plain state_dict without a "module." prefix (pitfall 7).
         engine.save_16bit_model(args.out, "model.pt")
         log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
+        # [/full]
+        # [lora]
+        # The adapters only (the base is unchanged, so no model.pt): under ZeRO-3 every rank takes part in gathering
+        # the trainable parameters whole, the frozen base stays partitioned; rank 0 writes them (pitfall 7: names of
+        # the plain module, engine.module).
+        adapter = adapter_state_dict(engine.module)
+        if rank == 0:
+            save_adapter(engine.module, args.out, adapter)
+        # [/lora]
+        # [lora16]
+        if args.export_merged:
+            # The whole model in rank 0's host memory: ZeRO-3 gathers it module by module (every rank takes part).
+            full = engine._zero3_consolidated_16bit_state_dict() if stage == 3 else engine.module.state_dict()
+            if rank == 0:
+                export_merged(full, args.out)
+        # [/lora16]
         dist.barrier()
     write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps.losses,
+                 # [full]
                  steps.step_times, {"zero_stage": stage, "offload": OFFLOAD})
+                 # [/full]
+                 # [lora]
+                 steps.step_times, {"zero_stage": stage, "offload": OFFLOAD, "final_eval_loss": eval_loss,
+                                    "trainable_params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
+                                                            for p in trainable)})
+                 # [/lora]
     # Clean teardown, so no rank dies on its way out after the work is done. Wait for every rank (rank 0
     # has just written the report), let DeepSpeed remove its hooks and buffers while the process group
     # still works, drop our references to the engine, then destroy the group once (pitfall 19) through
@@ -74,7 +151,12 @@ def main() -> None:
     # exit, all this is freed in no set order while the other rank's connections close.
     dist.barrier()
     engine.destroy()
+    # [full]
     del engine, optimizer, scheduler, model
+    # [/full]
+    # [lora]
+    del engine, optimizer, scheduler, model, trainable, hf_ds_config
+    # [/lora]
     gc.collect()
     deepspeed.comm.destroy_process_group()  # pitfall 19
 
