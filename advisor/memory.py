@@ -118,8 +118,7 @@ def weight_bytes(stats: Any, adapter: Any, mode: str) -> WeightBytes:
     Full fine-tuning (``adapter`` None): every parameter in the mode's weight dtype (fp32 under autocast: PyTorch
     AMP keeps fp32 weights; 16 bits under ``half``). LoRA (``adapter``: ``advisor.models.AdapterSpec``): the frozen
     base in 16 bits unless fp32 (loaded with ``from_pretrained(..., dtype=...)``); the adapters in ``adapter.dtype``,
-    ``auto``
-    being fp32 (peft's ``get_peft_model(..., autocast_adapter_dtype=True)`` upcasts them) except under ``half``
+    ``auto`` being fp32 (peft's ``get_peft_model(..., autocast_adapter_dtype=True)`` upcasts them) except under ``half``
     (DeepSpeed's bf16/fp16 modes and pure bf16 cast the whole module). QLoRA adds ``stats.quantized_bytes`` for the
     quantized weights (``advisor.bnb_layout.quantized_weight_bytes``) and keeps every other frozen parameter in fp32
     (peft's ``prepare_model_for_kbit_training`` upcasts the non-quantized fp16/bf16 parameters).
@@ -146,14 +145,23 @@ def rule_of_thumb_params(stats: Any, adapter: Any) -> int:
     return stats.num_trainable + -(-weight_bytes(stats, adapter, "autocast").frozen // RULE_OF_THUMB_BYTES_PER_PARAM)
 
 
-def dequantized_weight_bytes(stats: Any, adapter: Any) -> int:
+# bitsandbytes' CPU path (bitsandbytes/backends/default/ops.py ``_gemm_4bit_default_impl`` ->
+# ``_dequantize_4bit_compute``: int32 nibbles, the fp32 code lookup, the fp32 scaled copy, then ``F.linear``) holds
+# about 26 bytes per weight element beyond the layer's output in forward and 20 in backward (measured here on a
+# 688 x 256 ``Linear4bit``, nf4 with double quantization: 4,582,144 and 3,522,568 bytes).
+CPU_DEQUANT_BYTES_PER_ELEMENT = {"forward": 26, "backward": 20}
+
+
+def dequantized_weight_bytes(stats: Any, adapter: Any, device: str = "cuda", phase: str = "forward") -> int:
     """QLoRA's largest temporary beyond the trace: bitsandbytes' ``MatMul4Bit`` (and ``Linear8bitLt``'s
-    dequantizing path) multiplies by a dequantized copy of the layer's weight in the compute dtype
-    (``F.dequantize_4bit(B, quant_state).to(A.dtype)``, bitsandbytes/autograd/_functions.py), made in forward and
-    again in backward and freed after the matmul: the largest quantized weight in ``adapter.compute_dtype``.
+    dequantizing path) multiplies by a dequantized copy of the layer's weight, made in forward and again in
+    backward and freed after the matmul. CUDA: one copy in ``adapter.compute_dtype`` (the dequantize kernel's
+    output, then cuBLAS); CPU: ``CPU_DEQUANT_BYTES_PER_ELEMENT`` of the ``phase``. Of the largest quantized weight;
     0 without quantization (the trace already holds 16-bit weights' matmuls)."""
     if adapter is None or not adapter.quantize:
         return 0
+    if device == "cpu":
+        return stats.largest_quantized_numel * CPU_DEQUANT_BYTES_PER_ELEMENT[phase]
     return stats.largest_quantized_numel * (4 if adapter.compute_dtype == "fp32" else 2)
 
 

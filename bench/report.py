@@ -22,7 +22,11 @@ def _pct(x: float | None) -> str:
 def _case_label(r: dict) -> str:
     shape = f"seq {r['seq_len']}" if r.get("seq_len") else f"{r['image_size']} px"
     ac = ", AC" if r["checkpointing"] else ""
-    return f"{r['model']} ({shape}) b{r['micro_batch']} {r['precision']} {r['optimizer']}{ac}"
+    lora = ""
+    if r.get("lora_rank"):  # issue 16: the adapters, and QLoRA's quantized base
+        quant = f"{r['quantize']}{'+dq' if r.get('double_quant') else ''} " if r.get("quantize") else ""
+        lora = f", {'QLoRA ' + quant if quant else 'LoRA '}r{r['lora_rank']} {r.get('lora_targets') or 'default'}"
+    return f"{r['model']} ({shape}) b{r['micro_batch']} {r['precision']} {r['optimizer']}{ac}{lora}"
 
 
 def header(data: dict) -> list[str]:

@@ -74,7 +74,8 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
     dp = ctx.world_size // tp_degree if dp_size is None else dp_size
     accumulating = grad_accum_steps(ctx, dp) > 1
     step = ctx.profile.activations(mode, tp_degree).at(micro_batch)
-    dequant = dequantized_weight_bytes(stats, adapter)  # QLoRA: one layer's dequantized weight, forward and backward
+    # QLoRA: one layer's dequantized weight, in forward and in backward
+    dequant = {ph: dequantized_weight_bytes(stats, adapter, ctx.device, ph) for ph in ("forward", "backward")}
     if ddp:  # gradients resident in the buckets: the backward peak is the traced peak net of gradients
         buckets = 0 if opts.gradient_as_bucket_view else full_grads
         resident = full_grads * (2 if accumulating else 1)
@@ -86,10 +87,10 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
         bwd_grads = full_grads if accumulating else step.bwd_grads
         bwd_act, in_flight = step.bwd_activations, step.bwd_peak - step.bwd_activations - step.bwd_grads
     fwd = Breakdown(params=params, grads=fwd_grads, optimizer_states=optim, buffers=buckets,
-                    activations=step.activations, other=max(0, step.fwd_peak - step.activations) + dequant,
+                    activations=step.activations, other=max(0, step.fwd_peak - step.activations) + dequant["forward"],
                     phase="forward")
     bwd = Breakdown(params=params, grads=bwd_grads, optimizer_states=optim, buffers=buckets,
-                    activations=bwd_act, other=max(0, in_flight) + dequant, phase="backward")
+                    activations=bwd_act, other=max(0, in_flight) + dequant["backward"], phase="backward")
     largest = max((math.prod(s) for s in stats.trainable_shapes), default=0) if adapter else stats.largest_param_numel
     temp = optimizer_step_temp_bytes(opts.optimizer, ctx.device, largest, w)
     opt_step = Breakdown(params=params, grads=full_grads, optimizer_states=optim, buffers=buckets, other=temp,
