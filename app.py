@@ -179,7 +179,10 @@ def _widget(f: Field) -> Any:
         return text.strip() or None
     if f.optional:
         return _optional_number(f)
-    return st.number_input(f.opt.label, min_value=f.opt.low, value=f.default, step=1, key=f.name, help=f.opt.help)
+    # A float's step is a float (Streamlit refuses mixed types): small ones (a dropout) in 0.05 steps.
+    step = 1 if f.kind == "int" else (0.05 if float(f.default) < 1 else 1.0)
+    low = f.opt.low if f.opt.low is not None else (0.0 if f.kind == "float" else None)
+    return st.number_input(f.opt.label, min_value=low, value=f.default, step=step, key=f.name, help=f.opt.help)
 
 
 def _config_text() -> tuple[str | None, str]:

@@ -135,14 +135,14 @@ def weight_bytes(stats: Any, adapter: Any, mode: str) -> WeightBytes:
     return WeightBytes(frozen=stats.num_frozen * base, trainable_elem=trainable, frozen_elem=base)
 
 
-def rule_of_thumb_params(stats: Any, adapter: Any) -> int:
-    """The parameter count the 16-bytes-per-parameter rule of thumb multiplies: every parameter under full
-    fine-tuning; with LoRA the trainable ones plus the frozen base's bytes (``weight_bytes`` at bf16) / 16, so that
-    the rule reads 16 bytes per trainable parameter plus the frozen base as it is held (2 bytes per parameter,
-    about 0.5 for a 4-bit base) instead of 16 for every frozen one."""
+def rule_of_thumb_split(stats: Any, adapter: Any) -> tuple[int, int]:
+    """(frozen bytes, parameters) the 16-bytes-per-parameter rule of thumb is applied to: (0, every parameter)
+    under full fine-tuning; with LoRA the frozen base as it is held (``weight_bytes``: 2 bytes per parameter, about
+    0.5 for a 4-bit base), which each strategy replicates or shards like the weights, and 16 bytes per trainable
+    parameter, sharded as the strategy shards model states."""
     if adapter is None:
-        return stats.num_params
-    return stats.num_trainable + -(-weight_bytes(stats, adapter, "autocast").frozen // RULE_OF_THUMB_BYTES_PER_PARAM)
+        return 0, stats.num_params
+    return weight_bytes(stats, adapter, "autocast").frozen, stats.num_trainable
 
 
 # bitsandbytes' CPU path (bitsandbytes/backends/default/ops.py ``_gemm_4bit_default_impl`` ->

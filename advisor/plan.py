@@ -22,6 +22,7 @@ from .profile import ModelProfile, attention_dropout, build_profile
 from .recommend import Alternative, Checkpointed, choose_micro_batch, recommend, tokens_per_sample
 from .rows import Recommendation, StrategyRow, evaluate_row, single_gpu_step_s, with_speedup
 from .schema import PlanInputs, TrainingOptions, echo, lora_targets, validate
+from .units import fmt_count
 
 SCHEMA_VERSION = 2
 # GPUs on which FlashAttention-2 runs (compute capability >= 8.0, FlashAttention README).
@@ -199,6 +200,13 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
     if opts.activation_checkpointing and profile.activations(mode).checkpointed_blocks == 0:
         warnings.append(f"{spec.name} has no repeated blocks to checkpoint: activation checkpointing changes nothing")
     warnings += _ignored_flags(opts, profile, rows, mode)
+    adapter = spec.adapter
+    unquantized = profile.stats.num_frozen - profile.stats.quantized_numel
+    if adapter is not None and adapter.quantize and unquantized > 0.25 * profile.stats.num_frozen:
+        warnings.append(f"--quantize {adapter.quantize}: bitsandbytes quantizes nn.Linear layers only; "
+                        f"{fmt_count(unquantized)} of the {fmt_count(profile.stats.num_frozen)} frozen parameters "
+                        "(embeddings, norms, the LM head, a mixture of experts' fused expert weights) stay in fp32, "
+                        "so the quantized base saves less here")
     if opts.optimizer in PAGED:
         warnings.append(f"--optimizer {opts.optimizer}: bitsandbytes keeps its states (of 100,000 elements or more) in "
                         "CUDA unified memory (cudaMallocManaged, bitsandbytes.functional.get_paged), whose pages move "
@@ -331,7 +339,8 @@ def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: lis
         return alt, [evaluate_row(s, alt, False) for s in strategies]
 
     if spec.adapter is not None:
-        return (Alternative("full fine-tuning", *evaluate(None, opts.activation_checkpointing)),)
+        label = "full fine-tuning" + (" (with activation checkpointing, as here)" if opts.activation_checkpointing else "")
+        return (Alternative(label, *evaluate(None, opts.activation_checkpointing)),)
     if not spec.is_transformer or any(r.applicable and r.fits is True and not r.strategy.offload for r in rows):
         return ()
     out = []

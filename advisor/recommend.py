@@ -75,7 +75,8 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
         rec = _nothing_fits(ctx, rows, warnings, checkpointed)
         if baseline:
             rec.reasons.insert(1, baseline)
-        rec.reasons[1:1] = [_alternative_reason(ctx, a) for a in alternatives]
+        # LoRA / QLoRA when full fine-tuning fits nowhere (full fine-tuning is no way out of a LoRA plan that does not fit)
+        rec.reasons[1:1] = [_alternative_reason(ctx, a) for a in alternatives if a.ctx.profile.spec.adapter is not None]
         return rec
     order = {r.name: r.strategy.comm_order for r in rows}
     best = _pick(fitting)
@@ -101,7 +102,9 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
                        "buckets); sharding or offload only when it does not fit")
     if baseline:
         reasons.append(baseline)
-    reasons += [_versus_full(ctx, best, a) for a in alternatives]
+    # A LoRA plan beside full fine-tuning; a full fine-tuning that fits only with offload beside LoRA / QLoRA.
+    reasons += [_versus_full(ctx, best, a) if a.ctx.profile.spec.adapter is None else _alternative_reason(ctx, a)
+                for a in alternatives]
     reasons += _time_reasons(ctx, best, fitting)
     sharded = _frameworks_compared(fitting) if hw.num_gpus > 1 else None
     if sharded:
@@ -119,8 +122,10 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
                        "reach it at the end of a linear warmup (e.g. 5 epochs), then decay")
     if best.memory.device_total > HEADROOM_WARN * cap:
         warnings.append(f"{best.title} uses {_pct(best.memory.device_total, cap)} of the GPU's memory: allocator "
-                        "fragmentation or a longer sample can run out; leave headroom (a smaller micro-batch"
-                        + (")" if opts.activation_checkpointing else ", or --activation-checkpointing)"))
+                        "fragmentation or a longer sample can run out; leave headroom ("
+                        + ", or ".join(([] if opts.micro_batch_size <= 1 else ["a smaller micro-batch"])
+                                       + ([] if opts.activation_checkpointing else ["--activation-checkpointing"])
+                                       or ["a shorter sequence or a GPU with more memory"]) + ")")
     if best.strategy.offload and checkpointed is not None:
         faster = _fastest_fitting(eligible(checkpointed.rows, hw.num_gpus), offload=False)
         if faster is not None:
@@ -173,7 +178,8 @@ def _versus_full(ctx: StrategyContext, best: StrategyRow, full: Alternative) -> 
         return f"{head}, where {full.label} does not fit on this cluster{tail}"
     if fit.name == best.name:
         return f"{head}; {full.label} would fit it too ({fmt_gib(fit.memory.device_total)} per GPU)"
-    return f"{head}, where {full.label} would need {fit.title} ({fmt_gib(fit.memory.device_total)} per GPU)"
+    return (f"{head}; {full.label} fits here too, fastest with {fit.title} ({fmt_gib(fit.memory.device_total)} per "
+            "GPU)")
 
 
 def _alternative_reason(ctx: StrategyContext, alt: Alternative) -> str:
@@ -182,13 +188,13 @@ def _alternative_reason(ctx: StrategyContext, alt: Alternative) -> str:
     text = adapter_text(alt.ctx)
     fit = _fastest_fitting(eligible(alt.rows, hw.num_gpus), offload=False)
     if fit is not None:
-        return (f"fine-tune with {alt.label} instead ({text}): {fit.title} then fits, "
+        return (f"fine-tune with {alt.label} instead ({text}): {fit.title} then fits without offload, "
                 f"{fmt_gib(fit.memory.device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU")
-    sized = [r for r in eligible(alt.rows, hw.num_gpus) if r.applicable and r.memory]
+    sized = [r for r in eligible(alt.rows, hw.num_gpus) if r.applicable and r.memory and not r.strategy.offload]
     if not sized:
         return f"{alt.label} ({text}) does not apply here either"
     low = min(sized, key=lambda r: r.memory.device_total)
-    return (f"{alt.label} ({text}) would not fit either: the smallest, {low.title}, needs "
+    return (f"{alt.label} ({text}) would not fit either: the smallest without offload, {low.title}, needs "
             f"{fmt_gib(low.memory.device_total)} per GPU")
 
 
@@ -514,7 +520,13 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
     if need is None:
         blocked = next((r for r in rows if r.strategy.shards_everything and not r.strategy.offload), None)
         if blocked is not None:
-            reasons.append(f"more GPUs would not help here: {blocked.title} does not apply ({blocked.reason})")
+            adapter = ctx.profile.spec.adapter
+            if adapter is not None and adapter.quantize:  # the quantized base is what keeps ZeRO-3 / FSDP2 out
+                reasons.append(f"more GPUs do not shard a {adapter.quantize} base here ({blocked.title} does not apply: "
+                               f"{blocked.reason}); drop --quantize to shard a 16-bit base with ZeRO-3 or FSDP2 across "
+                               "more GPUs, or use a GPU with more memory")
+            else:
+                reasons.append(f"more GPUs would not help here: {blocked.title} does not apply ({blocked.reason})")
     else:
         found = _cluster_that_fits(search_ctx, need.strategy)
         if found is not None:

@@ -106,23 +106,27 @@ class TrainingOptions:
     lora_rank: int | None = _f(None, flag="--lora-rank", label="LoRA rank", faces=("cli", "page", "bench"), low=1,
                                high=4096, none="off: full fine-tuning",
                                help="train LoRA adapters of this rank on a frozen base (peft) instead of every weight")
-    lora_alpha: float = _f(16.0, flag="--lora-alpha", faces=("cli", "bench"), low=0.0, high=1e6,
+    lora_alpha: float = _f(16.0, flag="--lora-alpha", label="LoRA alpha", faces=("cli", "page", "bench"), low=0.0,
+                           high=1e6,
                            help="LoRA scaling: updates are scaled by alpha / rank (default 16, the QLoRA paper's)")
-    lora_dropout: float = _f(0.05, flag="--lora-dropout", faces=("cli", "bench"), high=0.9,
+    lora_dropout: float = _f(0.05, flag="--lora-dropout", label="LoRA dropout", faces=("cli", "page", "bench"),
+                             high=0.9, high_message="--lora-dropout must be between 0 and 0.9, got {value}",
                              help="dropout on the adapters' input, 0-0.9 (default 0.05; 0 saves its mask)")
     lora_targets: str | None = _f(None, flag="--lora-targets", label="LoRA target modules",
                                   faces=("cli", "page", "bench"), metavar="NAMES",
                                   none="peft's default for the architecture",
                                   help="comma-separated module names (q_proj,v_proj) or all-linear; required for "
                                        "vision and custom models")
-    lora_dtype: str = _f("auto", flag="--lora-dtype", faces=("cli", "bench"), choices=ADAPTER_DTYPES,
+    lora_dtype: str = _f("auto", flag="--lora-dtype", label="LoRA adapters' dtype", faces=("cli", "page", "bench"),
+                         choices=ADAPTER_DTYPES,
                          help="the adapters' dtype (auto: fp32 under single, DDP and FSDP2, as peft upcasts them; "
                               "16-bit under DeepSpeed's bf16/fp16 modes, which cast the module)")
     quantize: str | None = _f(None, flag="--quantize", label="Quantize the frozen base (QLoRA)",
                               faces=("cli", "page", "bench"), choices=QUANT_TYPES, none="off",
                               help="QLoRA: hold the frozen base in 4 bits (nf4, fp4) or 8 bits (int8) with "
                                    "bitsandbytes; needs --lora-rank")
-    double_quant: bool = _f(False, flag="--double-quant", faces=("cli", "bench"),
+    double_quant: bool = _f(False, flag="--double-quant", label="Double quantization (QLoRA)",
+                            faces=("cli", "page", "bench"),
                             help="QLoRA: quantize the 4-bit blocks' scales too (bnb_4bit_use_double_quant)")
     bnb_compute_dtype: str | None = _f(None, flag="--bnb-compute-dtype", faces=("cli", "bench"),
                                        choices=COMPUTE_DTYPES, none="the precision's (bf16, fp16; fp32 under fp32)",
@@ -445,8 +449,8 @@ def _validate_adapter(t: TrainingOptions) -> None:
     if not 0.0 <= t.lora_dropout <= 0.9:
         raise AdvisorError(f"--lora-dropout must be between 0 and 0.9, got {t.lora_dropout}")
     if t.quantize is None and (t.double_quant or t.bnb_compute_dtype is not None):
-        flag = "--double-quant" if t.double_quant else "--bnb-compute-dtype"
-        raise AdvisorError(f"{flag} configures QLoRA's quantized base: add --quantize nf4 (or fp4, int8)")
+        flag, kinds = ("--double-quant", "nf4 (or fp4)") if t.double_quant else ("--bnb-compute-dtype", "nf4 (or fp4, int8)")
+        raise AdvisorError(f"{flag} configures QLoRA's quantized base: add --quantize {kinds}")
     if t.double_quant and t.quantize == "int8":
         raise AdvisorError("--double-quant applies to 4-bit bases (--quantize nf4 or fp4); int8 has per-row scales")
     lora_targets(t.lora_targets)

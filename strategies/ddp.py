@@ -20,7 +20,7 @@ from advisor.memory import (
     device_overhead,
     optimizer_step_temp_bytes,
     peak_of,
-    rule_of_thumb_params,
+    rule_of_thumb_split,
     trace_mode,
     weight_bytes,
 )
@@ -118,7 +118,8 @@ class DDP(Strategy):
         return replicated_memory(ctx, micro_batch, ctx.profile.stats, dp_size=ctx.world_size)
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
-        return RULE_OF_THUMB_BYTES_PER_PARAM * rule_of_thumb_params(ctx.profile.stats, ctx.profile.spec.adapter)
+        frozen, p = rule_of_thumb_split(ctx.profile.stats, ctx.profile.spec.adapter)
+        return frozen + RULE_OF_THUMB_BYTES_PER_PARAM * p
 
     def step_time(self, ctx: StrategyContext, row) -> StepTime | None:
         """Time rule. Every micro-step runs forward + backward (the roofline of the autocast trace); the gradient

@@ -48,7 +48,7 @@ from advisor.memory import (
     optimizer_state_bytes,
     optimizer_step_temp_bytes,
     peak_of,
-    rule_of_thumb_params,
+    rule_of_thumb_split,
     states_per_element,
     trace_mode,
     weight_bytes,
@@ -309,8 +309,8 @@ class FSDP2(Strategy):
         return phases, states, host
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
-        p, n = rule_of_thumb_params(ctx.profile.stats, ctx.profile.spec.adapter), self.shard_size(ctx)
-        return 0 if self.offload else RULE_OF_THUMB_BYTES_PER_PARAM * p // n
+        (frozen, p), n = rule_of_thumb_split(ctx.profile.stats, ctx.profile.spec.adapter), self.shard_size(ctx)
+        return 0 if self.offload else (frozen + RULE_OF_THUMB_BYTES_PER_PARAM * p) // n
 
     def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
         """The generated script builds the model on the meta device (no memory) and materialises only each rank's

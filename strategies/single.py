@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from advisor.context import StrategyContext
 from advisor.hardware import Hardware
-from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory, rule_of_thumb_params, weight_bytes
+from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory, rule_of_thumb_split, weight_bytes
 from advisor.schema import TrainingOptions
 from advisor.timing.step import StepTime
 
@@ -44,7 +44,8 @@ class Single(Strategy):
         return replicated_memory(ctx, micro_batch, ctx.profile.stats, dp_size=1, ddp=False)
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
-        return RULE_OF_THUMB_BYTES_PER_PARAM * rule_of_thumb_params(ctx.profile.stats, ctx.profile.spec.adapter)
+        frozen, p = rule_of_thumb_split(ctx.profile.stats, ctx.profile.spec.adapter)
+        return frozen + RULE_OF_THUMB_BYTES_PER_PARAM * p
 
     def comm_bytes_per_step(self, ctx: StrategyContext, grad_accum_steps: int = 1) -> int:
         return 0

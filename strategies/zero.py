@@ -39,7 +39,7 @@ from advisor.memory import (
     optimizer_state_bytes,
     optimizer_step_temp_bytes,
     peak_of,
-    rule_of_thumb_params,
+    rule_of_thumb_split,
     states_per_element,
 )
 from advisor.models import family_of
@@ -257,8 +257,10 @@ class Zero(Strategy):
         return super().load_host_bytes_per_node(ctx)
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
-        p, n = rule_of_thumb_params(ctx.profile.stats, ctx.profile.spec.adapter), ctx.world_size
-        sharded = {1: 4 * p + 12 * p // n, 2: 2 * p + 14 * p // n, 3: RULE_OF_THUMB_BYTES_PER_PARAM * p // n}
+        (frozen, p), n = rule_of_thumb_split(ctx.profile.stats, ctx.profile.spec.adapter), ctx.world_size
+        # A frozen LoRA base is replicated by stages 1-2 and sharded by stage 3, like the 16-bit weights.
+        sharded = {1: frozen + 4 * p + 12 * p // n, 2: frozen + 2 * p + 14 * p // n,
+                   3: (frozen + RULE_OF_THUMB_BYTES_PER_PARAM * p) // n}
         if self.offload:
             return 2 * p if self.stage == 2 else 2 * p // n
         return sharded[self.stage]

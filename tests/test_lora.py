@@ -183,6 +183,11 @@ def test_llama_7b_lora_fits_ddp_on_4_rtx4090_full_does_not():
     assert p.recommendation.strategy == "ddp"
     text = " ".join(p.recommendation.reasons)
     assert "LoRA rank 8 on q_proj,v_proj: 4.19M trainable parameters; fits DDP on 4 x RTX4090" in text
+    # The rule of thumb: ZeRO-1/2 replicate the 16-bit base (2 bytes per frozen parameter) and shard the rest.
+    st = p.profile.stats
+    frozen, t = 2 * st.num_frozen, st.num_trainable
+    assert p.row("zero1").rule_of_thumb_bytes == int((frozen + 4 * t + 12 * t // 4) * 1.2)
+    assert p.row("zero3").rule_of_thumb_bytes == int((frozen + 16 * t) // 4 * 1.2)
     assert "where full fine-tuning does not fit on this cluster" in text
 
 
@@ -202,7 +207,11 @@ def test_qlora_65b_fits_one_48gb_gpu():
     st = p.profile.stats
     # 4-bit weights (0.5 byte + about 1/64 byte of 8-bit scales per parameter), the rest fp32, bf16 adapters.
     assert st.quantized_bytes == pytest.approx(st.quantized_numel * (0.5 + 1 / 64), rel=0.01)
-    assert "full fine-tuning does not fit" in " ".join(p.recommendation.reasons)
+    assert "where full fine-tuning (with activation checkpointing, as here) does not fit on this cluster" in \
+        " ".join(p.recommendation.reasons)
+    # 16 bytes per trainable parameter plus the base as held (about 0.5 byte per quantized weight), unsharded
+    frozen = st.quantized_bytes + 4 * (st.num_frozen - st.quantized_numel)
+    assert single.rule_of_thumb_bytes == int((frozen + 16 * st.num_trainable) * 1.2)
     assert any("paged-adamw" in w and "unified memory" in w for w in p.warnings)
 
 
@@ -215,7 +224,7 @@ def test_nothing_fits_names_lora_and_qlora_before_more_gpus():
     qlora = next(i for i, r in enumerate(reasons) if r.startswith("fine-tune with QLoRA instead"))
     more = next(i for i, r in enumerate(reasons) if "would fit on" in r)
     assert lora < more and qlora < more
-    assert "Single GPU then fits" in reasons[lora]
+    assert "Single GPU then fits without offload" in reasons[lora]
 
 
 def test_bad_adapter_inputs():

@@ -69,9 +69,13 @@ def apply_adapter(model: Any, adapter: AdapterSpec) -> Any:
     try:
         return get_peft_model(model, lora_config(adapter, fan_in_fan_out=_has_conv1d(model)))
     except (ValueError, TypeError, KeyError, RuntimeError) as err:
-        first = str(err).splitlines()[0][:200] if str(err) else err.__class__.__name__
-        hint = ("give --lora-targets (module names such as q_proj,v_proj, or all-linear)" if not adapter.targets
-                else "check --lora-targets against the model's module names")
+        first = " ".join(str(err).split())[:200] or err.__class__.__name__  # one line, module reprs included
+        if "lora_dropout" in str(err):  # peft's ParamWrapper (MoE experts' fused weights) takes no dropout
+            hint = "give --lora-dropout 0"
+        elif not adapter.targets:
+            hint = "give --lora-targets (module names such as q_proj,v_proj, or all-linear)"
+        else:
+            hint = "check --lora-targets against the model's module names"
         raise AdvisorError(f"peft could not add LoRA adapters ({first}): {hint}")
 
 
