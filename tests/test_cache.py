@@ -465,7 +465,7 @@ def test_library_versions(monkeypatch):
     import importlib.metadata
 
     v = library_versions()
-    assert set(v) == {"torch", "transformers", "torchvision", "advisor"}
+    assert set(v) == {"torch", "transformers", "torchvision", "peft", "advisor"}
     assert v["torch"] == importlib.metadata.version("torch")
     assert v["advisor"] == importlib.metadata.version("advisor")
     v["torch"] = "changed"
