@@ -29,6 +29,17 @@ def _spec(adapter: AdapterSpec | None, **source):
     return dataclasses.replace(spec, adapter=adapter)
 
 
+_BASES: dict[str, object] = {}
+
+
+def _base_stats(spec):
+    """``param_stats`` of ``spec`` without its adapter, once per model (the parametrized cases share it)."""
+    key = spec.name
+    if key not in _BASES:
+        _BASES[key] = param_stats(dataclasses.replace(spec, adapter=None))
+    return _BASES[key]
+
+
 def _peft_count(spec) -> tuple[int, int]:
     """peft's own (trainable, all) on a fresh meta model: ``get_nb_trainable_parameters``."""
     import torch
@@ -77,7 +88,7 @@ def test_trainable_counts_equal_peft_and_the_hand_formula(source, targets, rank)
     trainable, total = _peft_count(spec)
     assert (stats.num_trainable, stats.num_params) == (trainable, total)
     assert stats.num_trainable == _hand_lora(spec.config, rank, targets)
-    base = param_stats(dataclasses.replace(spec, adapter=None))
+    base = _base_stats(spec)
     assert stats.num_params == base.num_params + stats.num_trainable  # peft's all-parameter count adds the adapters
     assert sum(math.prod(s) for s in stats.trainable_shapes) == stats.num_trainable
 
