@@ -76,6 +76,13 @@ class ParamStats:
     def num_frozen(self) -> int:
         return self.num_params - self.num_trainable
 
+    @property
+    def late_trainable_numel(self) -> int:
+        """Trainable elements whose gradient is ready only when backward ends: the input embedding's
+        (``fsdp_units``' ``late`` flag; 0 without a unit list)."""
+        root = self.fsdp_units[0] if self.fsdp_units else ()
+        return sum(size for _dim0, size, trainable, late in root if trainable and late)
+
 
 def param_stats(spec: ModelSpec, tp_degree: int = 1) -> ParamStats:
     """Build ``spec`` on the meta device (no memory) and count. ``tp_degree`` > 1 counts one

@@ -78,7 +78,7 @@ from .checkpointing import enable_activation_checkpointing
 from .errors import AdvisorError
 from .locks import MODEL_BUILD_LOCK
 from .models import ModelSpec, build_model, family_of, make_batch, training_loss
-from .timing.compute import ComputeTime, Rates, roofline_s
+from .timing.compute import ATTENTION, CONV, MEMORY, TRANSCENDENTAL, ComputeTime, Rates, roofline_s
 
 PRECISION_TRACE_MODES = ("fp32", "autocast", "half")
 ATTENTION_KERNELS = ("flash", "mem-efficient", "math")
@@ -503,6 +503,17 @@ _GATHER_OPS = ("embedding", "nll_loss_forward", "nll_loss2d_forward", "gather", 
 _SCATTER_OPS = ("nll_loss_backward", "nll_loss2d_backward")
 
 
+# Element-wise ops that evaluate a transcendental function (exp, log, sqrt, the activations and softmax built on
+# them) per element. A GPU runs them at memory bandwidth like any element-wise op; a CPU core's vector units
+# compute them slower than its caches deliver the bytes (measured here: fp32 add 87 GB/s, sqrt 12.6, exp 5.6,
+# silu 6.0 GB/s read + written, one thread, 1 MiB tensors), so on CPU they get their own measured rate
+# (``advisor.timing.calibrate``).
+_TRANSCENDENTAL_OPS = ("exp", "exp_", "log", "log1p", "sqrt", "sqrt_", "rsqrt", "pow", "pow_", "silu",
+                       "silu_backward", "gelu", "gelu_backward", "tanh", "tanh_backward", "sigmoid",
+                       "sigmoid_backward", "erf", "erfinv", "sin", "cos", "_softmax", "_softmax_backward_data",
+                       "_log_softmax", "_log_softmax_backward_data", "logsumexp", "reciprocal")
+
+
 def _nbytes(*tensors) -> int:
     """Bytes of the elements a kernel touches in each tensor: ``numel x element size``, at most the storage
     (a broadcast with stride 0 reads its storage once)."""
@@ -556,6 +567,7 @@ class _LiveBytes:
         aten = torch.ops.aten
         conv_ops = {aten.convolution.default, conv_backward}
         no_data = {getattr(aten, n) for n in _NO_DATA_OPS if hasattr(aten, n)}  # overload packets
+        transcendental = {getattr(aten, n) for n in _TRANSCENDENTAL_OPS if hasattr(aten, n)}
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -572,7 +584,8 @@ class _LiveBytes:
                 if formula is not None:  # called as FlopCounterMode._count_flops calls it
                     flops = int(formula(*args, **kwargs, out_val=out))
                     tracker.flops += flops
-                tracker.record_op(flops, _op_bytes(func, args, kwargs, out, no_data), func in conv_ops)
+                kind = CONV if func in conv_ops else TRANSCENDENTAL if func._overloadpacket in transcendental else MEMORY
+                tracker.record_op(flops, _op_bytes(func, args, kwargs, out, no_data), kind)
                 return out
 
         self.mode = _Mode()
@@ -595,12 +608,13 @@ class _LiveBytes:
         self.recompute_depth = 0
         self.recompute_flops = 0
 
-    def record_op(self, flops: int, nbytes: int, conv: bool = False) -> None:
-        """One op's cost for the roofline; ops that neither compute nor move data are not kept."""
+    def record_op(self, flops: int, nbytes: int, kind: int = MEMORY) -> None:
+        """One op's cost for the roofline (``advisor.timing.compute``: kind ``MEMORY``, ``CONV``,
+        ``TRANSCENDENTAL`` or ``ATTENTION``); ops that neither compute nor move data are not kept."""
         if self.recompute_depth:
             self.recompute_flops += flops
         if flops or nbytes:
-            self.ops.append((flops, nbytes, 1) if conv else (flops, nbytes))
+            self.ops.append((flops, nbytes, kind) if kind else (flops, nbytes))
 
     def _free(self, key: int) -> None:
         _, n = self._live.pop(key, (None, 0))
@@ -638,7 +652,7 @@ class _LiveBytes:
     def add_flops(self, n: int, nbytes: int = 0) -> None:
         """FLOPs of an op the dispatch mode does not see (the fused-attention stand-in), with its bytes."""
         self.flops += int(n)
-        self.record_op(int(n), int(nbytes))
+        self.record_op(int(n), int(nbytes), ATTENTION)
 
     def on_grad(self, param) -> None:
         self.grads_cur += param.grad.untyped_storage().nbytes()

@@ -26,8 +26,16 @@ from strategies.render import job_from_plan, render_job, write_files
 
 from .errors import AdvisorError
 from .hardware import HOST_DETECTED, Hardware, host_memory_bytes
-from .plan import plan
-from .processes import MachineLock, VerifyBusy, free_port, kill_group, lock_path, root_cause
+from .plan import Plan, plan
+from .processes import (
+    MachineLock,
+    VerifyBusy,
+    free_port,
+    kill_group,
+    lock_path,
+    root_cause,
+)
+from .schema import PlanInputs
 from .timing.calibrate import OtherCpu
 
 __all__ = ["MAX_CPU_RANKS", "TIMING_STEPS", "TOLERANCE", "WARMUP_STEPS", "MachineLock", "VerifyBusy", "VerifyResult",
@@ -204,30 +212,11 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
         raise AdvisorError(f"--steps must be between 1 and 10000, got {steps}")
     if not timeout_s > 0:
         raise AdvisorError(f"--timeout must be positive, got {timeout_s}")
-    target = plan(inputs)
-    name = strategy or target.recommendation.strategy
-    if name is None:
-        raise AdvisorError("nothing fits the target hardware, so there is no recommended strategy to verify: "
-                           "pass --strategy NAME to verify one anyway")
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    notes: list[str] = []
-    opts = target.options
-    if device == "cpu" and opts.precision != "fp32" and not precision_explicit:
-        notes.append(f"CPU run: {opts.precision} is emulated and slow on CPUs without native bf16, so this "
-                     "verification runs fp32 (pass --precision explicitly to force it)")
-        opts = replace(opts, precision="fp32")
-    if name not in strategy_names():
-        raise AdvisorError(f"--strategy must be one of {', '.join(strategy_names())}, got {name!r}")
-    strategy = get_strategy(name)
-    hw = run_hardware(target.hardware.num_gpus, device, notes)
-    hw, opts = strategy.verify_cluster(hw, opts, target.row(name))
-    hw = calibrated(hw, device, inputs.use_cache, say, notes)
-    run_plan = plan(replace(inputs, training=opts), device=device, hardware=hw)
-    run_row = run_plan.row(name)
-    if not run_row.applicable:
-        raise AdvisorError(f"cannot verify {name}: {run_row.reason}")
+    name, run_plan, hw, notes = verify_plan(inputs, strategy, device, precision_explicit, inputs.use_cache, say)
+    run_row, strategy = run_plan.row(name), get_strategy(name)
     need = run_row.memory.peak.total * hw.num_gpus
     if device == "cpu" and need > 0.8 * available_memory_bytes():
         raise AdvisorError(f"verifying {name} on {hw.num_gpus} CPU ranks needs about {need / 2**30:.1f} GiB of RAM "
@@ -355,6 +344,39 @@ def _compare(result: VerifyResult, report: dict) -> VerifyResult:
     result.message = ("completed" if result.ok else
                       f"report has {len(result.per_rank)} ranks, expected {result.world_size}")
     return result
+
+
+def verify_plan(inputs: PlanInputs, strategy: str | None, device: str, precision_explicit: bool = False,
+                use_cache: bool = True, say: Callable[[str], None] = lambda _m: None
+                ) -> tuple[str, Plan, Hardware, list[str]]:
+    """The plan a verification on ``device`` runs: the target plan's row ``strategy`` (default: the recommended
+    one) re-planned for this machine (``run_hardware``, the strategy's ``verify_cluster``, fp32 on CPU unless the
+    precision was explicit, and on CPU this machine's calibration, ``calibrated``). Returns (the strategy's name,
+    the plan, its hardware, notes for the user). Used by ``verify`` and by bench's re-prediction of step times (no run).
+
+    Raises:
+        AdvisorError: nothing fits and no strategy was named; an unknown strategy; the row does not apply here.
+    """
+    target = plan(inputs)
+    name = strategy or target.recommendation.strategy
+    if name is None:
+        raise AdvisorError("nothing fits the target hardware, so there is no recommended strategy to verify: "
+                           "pass --strategy NAME to verify one anyway")
+    notes: list[str] = []
+    opts = target.options
+    if device == "cpu" and opts.precision != "fp32" and not precision_explicit:
+        notes.append(f"CPU run: {opts.precision} is emulated and slow on CPUs without native bf16, so this "
+                     "verification runs fp32 (pass --precision explicitly to force it)")
+        opts = replace(opts, precision="fp32")
+    if name not in strategy_names():
+        raise AdvisorError(f"--strategy must be one of {', '.join(strategy_names())}, got {name!r}")
+    hw = run_hardware(target.hardware.num_gpus, device, notes)
+    hw, opts = get_strategy(name).verify_cluster(hw, opts, target.row(name))
+    hw = calibrated(hw, device, use_cache, say, notes)
+    run_plan = plan(replace(inputs, training=opts), device=device, hardware=hw)
+    if not run_plan.row(name).applicable:
+        raise AdvisorError(f"cannot verify {name}: {run_plan.row(name).reason}")
+    return name, run_plan, hw, notes
 
 
 def calibrated(hw: Hardware, device: str, use_cache: bool, say: Callable[[str], None], notes: list[str]) -> Hardware:

@@ -229,10 +229,45 @@ STRATEGY_GROUPS = {"zero1": "zero", "zero2": "zero", "zero3": "zero", "tp": "tp"
 
 
 def summarize_step_time(rows: list[dict]) -> dict:
-    """Median and worst absolute step-time error, over the cases that measured and predicted one."""
-    errs = [abs(r["step_time_error"]) for r in rows if r.get("ok") and r.get("step_time_error") is not None]
-    return {"n": len(errs), "median_abs": statistics.median(errs) if errs else None,
-            "worst_abs": max(errs) if errs else None}
+    """Median and worst absolute step-time error, over the cases that measured and predicted one, and the same over
+    the quiet ones (``quiet``: other processes took at most ``CONTENDED_SHARE`` of the CPUs during the run, so the
+    measured time is this machine's own)."""
+    from advisor.timing.calibrate import CONTENDED_SHARE
+
+    def stats(errs: list[float]) -> dict:
+        return {"n": len(errs), "median_abs": statistics.median(errs) if errs else None,
+                "worst_abs": max(errs) if errs else None}
+
+    timed = [r for r in rows if r.get("ok") and r.get("step_time_error") is not None]
+    quiet = [r for r in timed if (r.get("cpu_contention") or 0.0) <= CONTENDED_SHARE]
+    return stats([abs(r["step_time_error"]) for r in timed]) | {
+        "quiet": stats([abs(r["step_time_error"]) for r in quiet]), "contended_share": CONTENDED_SHARE}
+
+
+def repredict(data: dict, log) -> dict:
+    """``data`` (a results.json) with every measured case's predicted step time computed again by today's step-time
+    model and this machine's CPU calibration, as ``verify`` would predict it (``advisor.verify.verify_plan``), no
+    training run: the measured step times keep the date and the CPU contention of their runs. Cases measured
+    while other processes took more than ``CONTENDED_SHARE`` of the CPUs stay in the table and are counted
+    separately in the summary (``report``)."""
+    from dataclasses import fields
+
+    from advisor.verify import predicted_step_s, verify_plan
+
+    names = {f.name for f in fields(Case)}
+    for row in data["cases"]:
+        measured = row.get("measured_step_s")
+        if not row.get("ok") or not measured:
+            continue
+        case = Case(**{k: row[k] for k in names if k in row})
+        name, p, hw, _ = verify_plan(plan_inputs(case), case.strategy, "cpu", case.precision != "fp32")
+        predicted = predicted_step_s(hw, p.row(name).time)
+        log(f"{case.case_id}: measured {1e3 * measured:.1f} ms, predicted {1e3 * row['predicted_step_s']:.1f} -> "
+            f"{1e3 * predicted:.1f} ms")
+        row["predicted_step_s"], row["step_time_error"] = predicted, (predicted - measured) / measured
+    data["step_time_repredicted"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    data["summary"] = summarize(data["cases"])
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--merge", metavar="RESULTS_JSON", help="with --only: replace or add the cases run in this earlier "
                    "full results.json and re-render it (in --out, default bench/); the cases not run keep their "
                    "figures and the date of their run")
+    p.add_argument("--repredict", metavar="RESULTS_JSON", help="predict every measured case's step time again with "
+                   "today's model and this machine's calibration (no training) and re-render (in --out, default bench/)")
     args = p.parse_args(argv)
     if args.time:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -272,6 +309,13 @@ def main(argv: list[str] | None = None) -> int:
         data["cli_date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         write_outputs(data, out)
         log(f"re-measured the CLI cost into {out / 'results.json'} and {out / 'RESULTS.md'}")
+        return 0
+    if args.repredict:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        data = repredict(json.loads(Path(args.repredict).read_text()), log)
+        write_outputs(data, out)
+        log(f"re-predicted the step times into {out / 'results.json'} and {out / 'RESULTS.md'}")
         return 0
     if args.render:
         data = json.loads(Path(args.render).read_text())

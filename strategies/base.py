@@ -21,7 +21,15 @@ from advisor.hardware import Hardware
 from advisor.memory import StrategyMemory, states_per_element, trace_mode, weight_bytes
 from advisor.schema import TrainingOptions
 from advisor.timing.comm import Fabric
-from advisor.timing.compute import ComputeTime, Efficiency, Rates, efficiency_for, peak_precision, preset_for_gpu, rates
+from advisor.timing.compute import (
+    ComputeTime,
+    Efficiency,
+    Rates,
+    efficiency_for,
+    peak_precision,
+    preset_for_gpu,
+    rates,
+)
 from advisor.timing.step import StepTime, fused_step_bytes
 from advisor.units import fmt_gib
 
@@ -55,7 +63,8 @@ def timing_of(ctx: StrategyContext) -> Timing | None:
                      fitted.source if opts.mfu is None and opts.bandwidth_efficiency is None else "flags --mfu / "
                      "--bandwidth-efficiency where given, else " + fitted.source)
     peak = (preset.peak_tflops(peak_precision(opts.precision, preset)) or preset.tflops_fp32 or 0.0) * 1e12
-    return Timing(preset, eff, rates(preset, opts.precision, eff.compute, eff.bandwidth), peak)
+    r = rates(preset, opts.precision, eff.compute, eff.bandwidth)
+    return Timing(preset, eff, cal.extend(r, opts.precision) if cal is not None else r, peak)
 
 
 def fabric_of(ctx: StrategyContext, t: Timing, gpus_per_node: int, nodes: int, concurrent_groups: int = 1) -> Fabric:
@@ -80,6 +89,8 @@ def optimizer_step_s(ctx: StrategyContext, t: Timing, numel: int, w: int, g: int
     ``extra`` bytes per element, times ``factor`` (a foreach step's extra passes), at the achieved HBM
     bandwidth."""
     per = fused_step_bytes(w, g, states_per_element(ctx.options.optimizer, s)) + extra
+    if t.rates.optimizer_bytes_per_s:  # a calibrated CPU: its measured AdamW step (its loop passes included)
+        return numel * per / t.rates.optimizer_bytes_per_s
     return numel * per * factor / t.rates.bytes_per_s if t.rates.bytes_per_s else 0.0
 
 

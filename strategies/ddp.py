@@ -25,7 +25,7 @@ from advisor.memory import (
     weight_bytes,
 )
 from advisor.profile import ParamStats
-from advisor.timing.comm import bucketed_allreduce
+from advisor.timing.comm import allreduce_s, bucketed_allreduce
 from advisor.timing.step import Collective, StepTime, exposed_s
 
 from .base import Strategy, fabric_of, optimizer_step_s, timing_of
@@ -128,7 +128,12 @@ class DDP(Strategy):
         gradients' dtype (fp32 under autocast, whose gradients follow the fp32 weights; bf16 under pure bf16).
         Overlap (PyTorch DDP design notes: a bucket's all-reduce starts as soon as its gradients are ready, on
         its own stream): the buckets hide behind the rest of that backward except the last, which starts when
-        backward ends (``advisor.timing.step.exposed_s``). Optimizer: fused AdamW / foreach SGD over the full
+        backward ends (``advisor.timing.step.exposed_s``). The last bucket holds at least the input embedding's
+        gradient: DDP fills buckets in reverse order of ``model.parameters()`` and gives a parameter larger than the
+        cap a bucket of its own (torch ``dist._compute_bucket_assignment_by_size``, called from
+        ``DistributedDataParallel._build_params_for_reducer``), the embedding is registered first, and its gradient
+        is the last that backward produces (its lookup is the first op of forward; a tied LM head's share waits in
+        autograd's input buffer for it): GPT-2's 154 MB fp32 ``wte`` gradient is all-reduced after backward. Optimizer: fused AdamW / foreach SGD over the full
         fp32 (pure bf16: bf16) states at HBM bandwidth (fp16 adds GradScaler's unscale: a read and write of the
         gradients)."""
         t = timing_of(ctx)
@@ -140,7 +145,9 @@ class DDP(Strategy):
         g = weight_bytes(stats, ctx.profile.spec.adapter, self.trace_mode(opts.precision)).trainable_elem
         fabric = fabric_of(ctx, t, hw.gpus_per_node, hw.num_nodes)
         ar = bucketed_allreduce(stats.num_trainable * g, fabric)
-        hidden = exposed_s(ar.total_s, c.bwd_s, len(ar.buckets), last_s=ar.last_s)
+        late = stats.late_trainable_numel * g
+        last_s = max(ar.last_s, allreduce_s(late, fabric) if late else 0.0)
+        hidden = exposed_s(ar.total_s, c.bwd_s, len(ar.buckets), last_s=min(last_s, ar.total_s))
         dtype = "fp32" if g == 4 else "bf16"
         coll = (Collective(f"gradient all-reduce ({dtype}, {len(ar.buckets)} buckets, last micro-step only)",
                            "all_reduce", "data-parallel", stats.num_trainable * g, len(ar.buckets), ar.total_s,

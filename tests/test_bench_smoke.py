@@ -1,5 +1,6 @@
-"""The benchmark's --smoke mode end to end: 3 generated scripts run on CPU ranks (DDP, ZeRO-2, TP),
-measured, compared with every estimate, rendered as RESULTS.md, results.json and the PNG plot."""
+"""The benchmark end to end on the smoke set's one-rank DDP case (``--only``; the ZeRO and TP verify runs are
+tests/test_scripts.py's): a generated script run on a CPU rank, measured, compared with every estimate, rendered as
+RESULTS.md, results.json and the PNG plot; then ``--repredict`` on that results.json."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ import sys
 import pytest
 
 from advisor.verify import TOLERANCE
+from bench.cases import SMOKE
 
 
 @pytest.mark.slow
 def test_bench_smoke(tmp_path, root):
-    proc = subprocess.run([sys.executable, "-m", "bench.run", "--smoke", "--no-cli", "--out", str(tmp_path)],
+    case_id = next(c.case_id for c in SMOKE if c.strategy == "ddp")
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--only", case_id, "--no-cli", "--out", str(tmp_path)],
                           cwd=root, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "results.json").read_text())
-    assert data["suite"] == "smoke" and len(data["cases"]) == 3
-    assert {c["strategy"] for c in data["cases"]} == {"ddp", "zero2", "tp"}
+    assert data["suite"] == "partial" and [c["case_id"] for c in data["cases"]] == [case_id]
     for case in data["cases"]:
         assert case["ok"], case.get("message")
         assert len(case["per_rank_peak_bytes"]) == case["world"]
@@ -37,3 +39,13 @@ def test_bench_smoke(tmp_path, root):
     assert "| # | case | strategy |" in text and "median" in text and "worst" in text
     assert "torch " in text and "deepspeed " in text  # versions in the header
     assert (tmp_path / "estimate_vs_measured.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The step time is measured and predicted; --repredict computes the prediction again without a run.
+    case = data["cases"][0]
+    assert case["measured_step_s"] > 0 and case["predicted_step_s"] > 0
+    again = subprocess.run([sys.executable, "-m", "bench.run", "--repredict", str(tmp_path / "results.json"),
+                            "--out", str(tmp_path / "again")], cwd=root, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    redone = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert redone["step_time_repredicted"] and redone["cases"][0]["measured_step_s"] == case["measured_step_s"]
+    assert redone["cases"][0]["predicted_step_s"] == pytest.approx(case["predicted_step_s"], rel=0.5)
+    assert "recomputed" in (tmp_path / "again" / "RESULTS.md").read_text()

@@ -15,19 +15,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "data" / "tiny_llama.json")
-LLAMA_SMALL = str(ROOT / "bench" / "llama_small.json")
 
-# Eight questions (small sequence lengths / images: two CPU cores), each planned for the cluster
-# ("cuda") and as the estimate of a 2-rank CPU verification run ("cpu"): 16 plans. Flat field values,
+# Four questions of four model families (small sequence lengths / images: two CPU cores), each planned for the
+# cluster ("cuda") and as the estimate of a 2-rank CPU verification run ("cpu"): 8 plans at once. (16 plans of 8
+# questions found nothing these do not; they took a minute of CI.) Flat field values,
 # as in tests/golden/corpus.py, turned into plans by tests/golden/build.py.
 QUESTIONS: dict[str, dict] = {
     "gpt2-s256": dict(model="gpt2", seq_len=256),
-    "resnet50-64px": dict(model="resnet50", image_size=64),
     "resnet18-64px": dict(model="resnet18", image_size=64, optimizer="sgd-momentum"),
-    "vit_b_16-64px-ac": dict(model="vit_b_16", image_size=64, activation_checkpointing=True),
-    "bert-base-s128": dict(model="bert-base", seq_len=128),
     "tiny_llama": dict(config_path=TINY),
-    "llama_small-s128": dict(config_path=LLAMA_SMALL, seq_len=128, micro_batch_size=4),
     "t5-base-s128": dict(model="t5-base", seq_len=128),
 }
 CLUSTER = dict(gpus=2, gpu="A100-80GB", host_mem_gib=512)
@@ -65,7 +61,7 @@ def _first_difference(a, b, path: str = "") -> str:
     return f"{path}: serial {str(a)[:120]} vs threads {str(b)[:120]}"
 
 
-def test_sixteen_concurrent_plans_equal_serial_plans(tmp_path, monkeypatch):
+def test_concurrent_plans_equal_serial_plans(tmp_path, monkeypatch):
     from advisor.plan import plan_to_dict
     from advisor.profile import clear_trace_cache
     from tests.golden.build import plan_for
@@ -98,7 +94,7 @@ def test_sixteen_concurrent_plans_equal_serial_plans(tmp_path, monkeypatch):
     differ = {name: _first_difference(json.loads(reference[name]), json.loads(threaded[name]))
               for name in CASES if reference[name] != threaded[name]}
     assert not differ, differ
-    print(f"16 threaded plans in {threaded_s:.1f} s")
+    print(f"{len(CASES)} threaded plans in {threaded_s:.1f} s")
 
 
 def test_a_trace_changes_nothing_other_threads_see():

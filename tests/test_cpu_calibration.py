@@ -15,7 +15,10 @@ from advisor.verify import VerifyResult, add_step_time, median_step_s, step_time
 
 FAKE = CpuCalibration(ranks=2, threads=1, matmul_fp32_flops_per_s=50e9, matmul_bf16_flops_per_s=1e9,
                       conv_fp32_flops_per_s=40e9, mem_bytes_per_s=20e9, dram_bytes_per_s=10e9, op_overhead_s=3e-6,
-                      allreduce_busbw_gbps=1.0, allreduce_latency_s=200e-6, cpu="test cpu", torch="0", measured_s=0.0)
+                      exp_bytes_per_s=5e9, attention_fp32_flops_per_s=30e9, attention_bf16_flops_per_s=3e9,
+                      eager_op_s=15e-6, adamw_bytes_per_s=7e9, allreduce_busbw_gbps=1.0,
+                      reduce_scatter_busbw_gbps=0.3, all_gather_busbw_gbps=0.6, allreduce_latency_s=200e-6,
+                      cpu="test cpu", torch="0", measured_s=0.0)
 
 
 def test_calibration_is_positive_and_cached(monkeypatch, tmp_path):
@@ -29,8 +32,10 @@ def test_calibration_is_positive_and_cached(monkeypatch, tmp_path):
     assert calibrate.MEASUREMENTS == before + 1 and not cal.cached
     assert took < 30, took  # about 10 s on 2 cores, most of it the workers' import torch
     for figure in (cal.matmul_fp32_flops_per_s, cal.matmul_bf16_flops_per_s, cal.conv_fp32_flops_per_s,
-                   cal.mem_bytes_per_s, cal.dram_bytes_per_s, cal.op_overhead_s, cal.allreduce_busbw_gbps,
-                   cal.allreduce_latency_s):
+                   cal.mem_bytes_per_s, cal.dram_bytes_per_s, cal.op_overhead_s, cal.exp_bytes_per_s,
+                   cal.attention_fp32_flops_per_s, cal.attention_bf16_flops_per_s, cal.eager_op_s,
+                   cal.adamw_bytes_per_s, cal.allreduce_busbw_gbps, cal.reduce_scatter_busbw_gbps,
+                   cal.all_gather_busbw_gbps, cal.allreduce_latency_s):
         assert figure is not None and figure > 0
     assert cal.ranks == 2 and cal.threads == 1 and cal.torch
     again = cpu_calibration(2, 1, cache=cache)
@@ -83,6 +88,16 @@ def test_calibrated_cpu_hardware_is_timed():
     assert slow.peak_flops_per_s == pytest.approx(FAKE.matmul_fp32_flops_per_s)
     # gloo's measured latency replaces NCCL's: one all-reduce of the first 1 MiB bucket at least pays it
     assert slow.comm_s >= FAKE.allreduce_latency_s
+
+
+def test_calibrated_fabric_uses_gloos_own_collective_bandwidths():
+    from advisor.timing.comm import Fabric
+
+    f = FAKE.fabric(Fabric(gpus_per_node=2, intra_busbw_gbps=FAKE.allreduce_busbw_gbps))
+    s = 2**30  # 1 GiB over 2 ranks: all-reduce 2(n-1)/n = 1 x S at 1 GB/s; reduce-scatter (n-1)/n at 0.3 GB/s
+    assert f.time_s("all_reduce", s) == pytest.approx(FAKE.allreduce_latency_s + s / 1e9)
+    assert f.time_s("reduce_scatter", s) == pytest.approx(FAKE.allreduce_latency_s + 0.5 * s / 0.3e9)
+    assert f.time_s("all_gather", s) == pytest.approx(FAKE.allreduce_latency_s + 0.5 * s / 0.6e9)
 
 
 def test_a_contended_calibration_is_measured_again_later(monkeypatch, tmp_path):

@@ -15,7 +15,15 @@ from advisor.recommend import MB_TIE, TIE, _pick
 from advisor.rows import StrategyRow, time_at
 from advisor.schema import plan_inputs
 from advisor.timing.comm import Fabric, bucketed_allreduce
-from advisor.timing.compute import Rates, conv_peak_precision, peak_precision, preset_for_gpu, roofline_s
+from advisor.timing.compute import (
+    ATTENTION,
+    TRANSCENDENTAL,
+    Rates,
+    conv_peak_precision,
+    peak_precision,
+    preset_for_gpu,
+    roofline_s,
+)
 from advisor.timing.step import StepTime, exposed_s
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +54,20 @@ def test_roofline_per_op_is_linear_in_the_micro_batch():
     assert roofline_s([(10**12, 0, 1)], [(10**12, 0, 1)], 2, 2, r) == 0.5  # a convolution: the conv rate
 
 
+def test_cpu_rates_bound_attention_and_transcendental_ops_and_add_overhead_per_op():
+    gpu = Rates(flops_per_s=1e12, conv_flops_per_s=2e12, bytes_per_s=1e9, dispatch_s=1e-3)
+    cpu = replace(gpu, attention_flops_per_s=0.5e12, transcendental_bytes_per_s=0.25e9, op_overhead_s=0.01,
+                  dispatch_s=0.0)
+    attention, exp = (10**12, 10**8, ATTENTION), (0, 10**9, TRANSCENDENTAL)
+    # GPU: attention at the matmul peak, exp at memory bandwidth; 2 ops x 1 ms of dispatch is below 2 s of work.
+    assert roofline_s([attention, exp], [attention, exp], 2, 2, gpu) == 1.0 + 1.0
+    # CPU: attention at its own rate (2 s), exp at the transcendental rate (4 s), 10 ms of overhead each.
+    assert roofline_s([attention, exp], [attention, exp], 2, 2, cpu) == pytest.approx(2.0 + 4.0 + 2 * 0.01)
+    # A GPU phase of 1000 tiny ops (1 us of work each) waits for the CPU to queue them: 1000 x 1 ms.
+    tiny = [(10**6, 0)] * 1000
+    assert roofline_s(tiny, tiny, 2, 2, gpu) == pytest.approx(1.0)
+
+
 def test_which_peak_each_precision_runs_at():
     a100, v100 = get_gpu_preset("A100-80GB"), get_gpu_preset("V100-32GB")
     assert peak_precision("bf16", a100) == "bf16" and peak_precision("fp16", a100) == "fp16"
@@ -67,6 +89,12 @@ def test_trace_records_every_flop_per_op_and_the_recompute():
     ac, _, _ = trace_step(spec, 2, "fp32", "flash", True)
     assert sum(op[0] for op in plain.fwd_ops + plain.bwd_ops) == plain.flops > 0
     assert all(op[1] >= 0 for op in plain.fwd_ops + plain.bwd_ops) and plain.recompute_flops == 0
+    # The kinds a CPU times at their own rates: the fused attention stand-in (its FLOPs are SDPA's) and the
+    # transcendental element-wise ops (SiLU, softmax of the loss, RMSNorm's rsqrt), in both phases.
+    for ops in (plain.fwd_ops, plain.bwd_ops):
+        kinds = {op[2] for op in ops if len(op) > 2}
+        assert {ATTENTION, TRANSCENDENTAL} <= kinds, kinds
+    assert all(op[0] > 0 for op in plain.fwd_ops if len(op) > 2 and op[2] == ATTENTION)
     # Checkpointing recomputes the blocks' forward: model FLOPs (recompute excluded) are the plain trace's.
     assert ac.recompute_flops > 0 and ac.flops - ac.recompute_flops == plain.flops
 
@@ -90,6 +118,26 @@ def test_ddp_all_reduces_fp32_gradients_once_per_step_and_nothing_on_one_gpu():
         if row.applicable and row.time is not None:
             assert row.comm_bytes_per_step == 0  # no collective runs (offload's PCIe copies still do)
             assert all(c.group == "host" for c in row.time.collectives), row.name
+
+
+def test_ddp_last_bucket_is_the_input_embeddings_gradient(tmp_path):
+    """DDP's last bucket holds the input embedding's gradient, ready only when backward ends: with a 32 MiB
+    embedding (vocab 32000 x 256, fp32 gradients) it is all-reduced after backward, not hidden behind it."""
+    import json
+
+    from advisor.timing.comm import allreduce_s
+
+    config = tmp_path / "big_vocab.json"
+    config.write_text(json.dumps(json.loads(Path(SMALL).read_text()) | {"vocab_size": 32000}))
+    p = _plan(config_path=str(config), seq_len=64, gpus=2, gpu="A100-80GB", interconnect="pcie", precision="bf16",
+              micro_batch_size=2)
+    assert p.profile.stats.late_trainable_numel == 32000 * 256
+    t = p.row("ddp").time
+    late_s = allreduce_s(4 * 32000 * 256, Fabric.from_preset(get_gpu_preset("A100-80GB"), 2, interconnect="pcie"))
+    even_last_s = bucketed_allreduce(4 * p.profile.stats.num_trainable,
+                                     Fabric.from_preset(get_gpu_preset("A100-80GB"), 2, interconnect="pcie")).last_s
+    assert late_s > even_last_s  # the embedding's bucket is the larger one here
+    assert t.exposed_comm_s >= late_s * (1 - 1e-9)
 
 
 def test_zero3_traffic_scales_with_accumulation_steps_and_zero1_does_not():

@@ -5,16 +5,28 @@ A verification on a machine without a GPU runs its ranks as CPU processes over g
 "GPU", so its figures are measured, with the ranks' thread counts and as many processes at once as the run
 has ranks (they share the cores, the caches and the memory bus as the ranks do):
 
-* matmul FLOP/s per dtype: ``torch.mm`` of fp32 512 x 512 and bf16 256 x 256 matrices (bf16 is emulated on
-  CPUs without native bf16 and ~100x slower: a smaller product keeps the run short);
+* matmul FLOP/s per dtype (fp32, bf16), as a linear layer trains: forward and backward of ``F.linear`` on
+  512 x 512 (the three products of a training step, whose layouts run at up to 8x different speeds where bf16 is
+  emulated, on CPUs without native bf16);
 * convolution FLOP/s: forward + backward of a 3x3, 64 -> 64 channel fp32 convolution on 16 x 64 x 16 x 16 (a
   ResNet block at the small image sizes CPU runs use; oneDNN runs it at about 3/4 of the matmul rate here);
 * memory bandwidth: ``torch.add(a, b, out=c)`` over fp32 tensors of 4 MiB (cache-resident, the size of a
   small model's activations; the figure the model uses) and 64 MiB (DRAM), bytes read + written as the
   roofline counts an op's bytes;
-* the per-op dispatch cost of eager PyTorch (an add of 8 elements), recorded for reference;
+* transcendental element-wise ops: ``torch.exp`` over 1 MiB of fp32, bytes read + written (CPU vector units
+  compute exp, log, sqrt and the activations and softmax built on them slower than the caches deliver bytes);
+* fused attention FLOP/s, forward + backward of causal SDPA on 2 x 8 x 256 x 32, counted with
+  ``torch.utils.flop_counter``'s SDPA formulas as the trace counts them;
+* eager overhead per op: forward + backward of a tiny block (linear, layer norm, GELU, residual) whose kernels do
+  almost nothing, per op that reads or writes data (the ops the trace records); the per-op dispatch of an add of
+  8 elements is kept for reference;
+* the optimizer step: ``torch.optim.AdamW`` over 16 fp32 tensors of 64 K elements, as bytes per second of the
+  step model's 28 bytes per element;
 * gloo all-reduce between the ranks (runs of 2 ranks or more): latency from an 8-byte buffer, bus bandwidth from
-  16 MiB (``2(n-1)/n x S / (t - latency)``, nccl-tests' busbw definition).
+  16 MiB (``2(n-1)/n x S / (t - latency)``, nccl-tests' busbw definition); reduce-scatter and all-gather of 16 MiB
+  too (``(n-1)/n x S / (t - latency)``): gloo does not run them as an all-reduce's halves.
+
+Each rate is the best of 3 short rounds (noise only slows a benchmark down).
 
 Every rank measures at the same time as the others (a barrier before each benchmark); a figure is the slowest
 rank's (synchronous ranks wait for it). One calibration takes about 10 s on 2 cores, most of it the workers'
@@ -40,10 +52,10 @@ from pathlib import Path
 from ..cache import DiskCache, NullCache, library_versions, open_cache
 from ..gpu_presets import BusBw, GpuPreset
 from ..processes import MachineLock, free_port
-from .compute import Efficiency
+from .compute import Efficiency, Rates
 
 NAMESPACE = "cpu-calibration"
-FORMAT = 2  # bump when what is measured changes: older cached calibrations then miss
+FORMAT = 4  # bump when what is measured changes: older cached calibrations then miss
 SECONDS_PER_BENCHMARK = 0.5
 TIMEOUT_S = 120.0
 CONTENDED_SHARE = 0.25  # other processes' CPU time above this share of all cores' time: contended
@@ -66,8 +78,15 @@ class CpuCalibration:
     conv_fp32_flops_per_s: float  # forward + backward of a 3x3 convolution
     mem_bytes_per_s: float  # cache-resident add (4 MiB tensors): the figure the roofline uses
     dram_bytes_per_s: float  # 64 MiB tensors, for reference
-    op_overhead_s: float  # eager dispatch of one tiny op, for reference (the roofline has no per-op term)
+    op_overhead_s: float  # eager dispatch of one tiny op, for reference
+    exp_bytes_per_s: float  # transcendental element-wise ops (exp, 1 MiB), bytes read + written
+    attention_fp32_flops_per_s: float  # fused SDPA forward + backward, fp32
+    attention_bf16_flops_per_s: float  # the same in bf16
+    eager_op_s: float  # eager overhead per recorded op of a training step: added to every op of the roofline
+    adamw_bytes_per_s: float  # torch.optim.AdamW's step, bytes as the step model counts them
     allreduce_busbw_gbps: float | None
+    reduce_scatter_busbw_gbps: float | None
+    all_gather_busbw_gbps: float | None
     allreduce_latency_s: float | None
     cpu: str
     torch: str
@@ -77,12 +96,15 @@ class CpuCalibration:
     cached: bool = False  # read from the cache
 
     def source(self) -> str:
-        bw = (f", gloo all-reduce busbw {self.allreduce_busbw_gbps:.2f} GB/s, latency "
+        bw = (f", gloo busbw all-reduce {self.allreduce_busbw_gbps:.2f} GB/s, reduce-scatter "
+              f"{self.reduce_scatter_busbw_gbps:.2f}, all-gather {self.all_gather_busbw_gbps:.2f}, latency "
               f"{1e6 * self.allreduce_latency_s:.0f} us" if self.allreduce_busbw_gbps else "")
         return (f"measured on this machine ({self.cpu}, {self.ranks} rank(s) x {self.threads} thread(s) at once): "
                 f"matmul fp32 {self.matmul_fp32_flops_per_s / 1e9:.1f} GFLOP/s, bf16 "
                 f"{self.matmul_bf16_flops_per_s / 1e9:.2f} GFLOP/s, fp32 convolution "
-                f"{self.conv_fp32_flops_per_s / 1e9:.1f} GFLOP/s, memory {self.mem_bytes_per_s / 1e9:.1f} GB/s" + bw)
+                f"{self.conv_fp32_flops_per_s / 1e9:.1f} GFLOP/s, attention {self.attention_fp32_flops_per_s / 1e9:.1f} "
+                f"GFLOP/s (bf16 {self.attention_bf16_flops_per_s / 1e9:.2f}), memory {self.mem_bytes_per_s / 1e9:.1f} GB/s, exp {self.exp_bytes_per_s / 1e9:.1f} GB/s, "
+                f"AdamW {self.adamw_bytes_per_s / 1e9:.1f} GB/s, {1e6 * self.eager_op_s:.1f} us per op" + bw)
 
     def preset(self) -> GpuPreset:
         """This CPU as the step-time model's "GPU": the measured rates as its peaks (fp32 also for fp16, which a
@@ -99,18 +121,35 @@ class CpuCalibration:
                          busbw=busbw, sources={f: src for f in ("tflops_bf16", "tflops_tf32", "tflops_fp32",
                                                                 "hbm_gbps")})
 
+    def extend(self, r: Rates, precision: str) -> Rates:
+        """``r`` (the roofline's rates of ``preset()`` at ``precision``) with what only a CPU has: the attention
+        rate of the precision's dtype (bf16 under bf16 autocast and pure bf16, else fp32), the transcendental
+        rate, the eager overhead in series with every op, the optimizer step's measured rate, and no GPU
+        dispatch floor (a CPU's dispatch is already in series)."""
+        from dataclasses import replace
+
+        attention = self.attention_bf16_flops_per_s if precision in ("bf16", "pure-bf16") else \
+            self.attention_fp32_flops_per_s
+        return replace(r, attention_flops_per_s=attention,
+                       transcendental_bytes_per_s=self.exp_bytes_per_s, op_overhead_s=self.eager_op_s,
+                       optimizer_bytes_per_s=self.adamw_bytes_per_s, dispatch_s=0.0)
+
     def efficiency(self) -> Efficiency:
         """1 and 1: the rates are achieved ones already (``--mfu`` / ``--bandwidth-efficiency`` still apply)."""
         return Efficiency(1.0, 1.0, self.source())
 
     def fabric(self, f):
-        """``advisor.timing.comm.Fabric`` ``f`` with gloo's measured latency in place of NCCL's model: the
-        whole measured all-reduce latency per collective, nothing per ring step."""
+        """``advisor.timing.comm.Fabric`` ``f`` with gloo's measured latency in place of NCCL's model (the
+        whole measured all-reduce latency per collective, nothing per ring step) and its measured reduce-scatter
+        and all-gather bandwidths."""
         from dataclasses import replace
 
         if self.allreduce_latency_s is None:
             return f
-        return replace(f, base_latency_s=self.allreduce_latency_s, intra_step_latency_s=0.0)
+        own = tuple((k, v) for k, v in (("reduce_scatter", self.reduce_scatter_busbw_gbps),
+                                        ("all_gather", self.all_gather_busbw_gbps)) if v)
+        return replace(f, base_latency_s=self.allreduce_latency_s, intra_step_latency_s=0.0,
+                       collective_busbw_gbps=own)
 
     def step_s(self, t) -> float:
         """Seconds of ``t`` (an ``advisor.timing.step.StepTime``) on these CPU ranks. When the ranks' threads fill
@@ -184,18 +223,29 @@ def _from_ranks(per_rank: list[dict], ranks: int, threads: int, seconds: float, 
     def slowest(key: str) -> float:
         return min(r[key] for r in per_rank)
 
-    busbw = latency = None
+    busbw = latency = rs_busbw = ag_busbw = None
     if ranks > 1:
         latency = max(r["allreduce_8B_s"] for r in per_rank)
-        big = max(r["allreduce_16MiB_s"] for r in per_rank)
         n, nbytes = len(per_rank), 4 * 2**22
-        busbw = 2 * (n - 1) / n * nbytes / max(big - latency, 1e-9) / 1e9
+
+        def gbps(key: str, factor: float) -> float:  # nccl-tests' busbw: factor x S / (t - latency)
+            return factor * nbytes / max(max(r[key] for r in per_rank) - latency, 1e-9) / 1e9
+
+        busbw = gbps("allreduce_16MiB_s", 2 * (n - 1) / n)
+        rs_busbw = gbps("reduce_scatter_16MiB_s", (n - 1) / n)
+        ag_busbw = gbps("all_gather_16MiB_s", (n - 1) / n)
     return CpuCalibration(ranks=ranks, threads=threads, matmul_fp32_flops_per_s=slowest("matmul_fp32_flops_per_s"),
                           matmul_bf16_flops_per_s=slowest("matmul_bf16_flops_per_s"),
                           conv_fp32_flops_per_s=slowest("conv_fp32_flops_per_s"),
                           mem_bytes_per_s=slowest("add_cache_bytes_per_s"),
                           dram_bytes_per_s=slowest("add_dram_bytes_per_s"),
-                          op_overhead_s=max(r["tiny_op_s"] for r in per_rank), allreduce_busbw_gbps=busbw,
+                          op_overhead_s=max(r["tiny_op_s"] for r in per_rank),
+                          exp_bytes_per_s=slowest("exp_bytes_per_s"),
+                          attention_fp32_flops_per_s=slowest("attention_fp32_flops_per_s"),
+                          attention_bf16_flops_per_s=slowest("attention_bf16_flops_per_s"),
+                          eager_op_s=max(r["eager_op_s"] for r in per_rank),
+                          adamw_bytes_per_s=slowest("adamw_bytes_per_s"), allreduce_busbw_gbps=busbw,
+                          reduce_scatter_busbw_gbps=rs_busbw, all_gather_busbw_gbps=ag_busbw,
                           allreduce_latency_s=latency, cpu=cpu_model(), torch=library_versions()["torch"],
                           measured_s=seconds, contended=contended, measured_at=time.time())
 

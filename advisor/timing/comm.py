@@ -139,6 +139,14 @@ class Fabric:
     intra_step_latency_s: float = NCCL_STEP_LATENCY_S["nvlink"]
     inter_step_latency_s: float = NCCL_STEP_LATENCY_S["net"]
     base_latency_s: float = NCCL_BASE_LATENCY_S
+    # Inside a node, a bus bandwidth per collective where it differs from the all-reduce's: (collective, GB/s)
+    # pairs. Empty for NCCL (nccl-tests' busbw is the same for the three ring collectives); a calibrated CPU's
+    # gloo measures its own (``advisor.timing.calibrate``).
+    collective_busbw_gbps: tuple[tuple[str, float], ...] = ()
+
+    def intra_gbps(self, collective: str) -> float:
+        """Bus bandwidth inside a node for ``collective`` (``collective_busbw_gbps``, else the all-reduce's)."""
+        return dict(self.collective_busbw_gbps).get(collective, self.intra_busbw_gbps)
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1 or self.nodes < 1:
@@ -177,7 +185,7 @@ class Fabric:
     def ring_s(self, collective: str, nbytes: int) -> float:
         """One ring through all ranks: busbw min(intra, inter) across nodes; NCCL's ring latency."""
         n = self.gpus
-        busbw = self.intra_busbw_gbps if self.nodes == 1 else min(self.intra_busbw_gbps, self.inter_gbps)
+        busbw = self.intra_gbps(collective) if self.nodes == 1 else min(self.intra_gbps(collective), self.inter_gbps)
         return _RING[collective](nbytes, n, busbw, self._lat(collective, n, self.nodes, self.intra_step_latency_s))
 
     def hierarchical_s(self, collective: str, nbytes: int) -> float:
@@ -188,7 +196,7 @@ class Fabric:
         inside = 0.0
         if g > 1:  # one inside phase for reduce-scatter / all-gather, two (RS then AG) for all-reduce
             lat = self._lat("reduce_scatter", g, 1, self.intra_step_latency_s)
-            inside = reduce_scatter_s(nbytes, g, self.intra_busbw_gbps, lat)
+            inside = reduce_scatter_s(nbytes, g, self.intra_gbps("reduce_scatter"), lat)
             inside *= 2 if collective == "all_reduce" else 1
         # Across: g concurrent collectives of S/g over N ranks, each with 1/g of the NICs: the g cancel out.
         across_lat = self._lat(collective, nn, nn, self.inter_step_latency_s)

@@ -9,7 +9,13 @@ One op takes (roofline model, Williams, Waterman and Patterson, CACM 2009)
 
 so matmuls, convolutions and attention run at the GPU's dense peak for the precision and memory-bound ops
 (norms, softmax, elementwise, casts) at its memory bandwidth; a step is the sum over its ops (one stream, ops
-in order: kernels of one step do not overlap). The efficiencies are at most two per GPU generation, fitted
+in order: kernels of one step do not overlap), and at least the ops x eager PyTorch's CPU-side cost per op
+(``GPU_DISPATCH_S``: the GPU runs ahead of the CPU only while kernels take longer than queueing them).
+
+A calibrated CPU (``advisor.timing.calibrate``) is its own "GPU" with measured rates, and three more terms
+(``Rates``): fused attention at its measured rate, transcendental element-wise ops (exp, log, sqrt, the
+activations and softmax) bounded by the measured exp rate as well as by memory, and the eager overhead per
+op added to every op (a CPU runs dispatch and kernels on the same cores, in series). The efficiencies are at most two per GPU generation, fitted
 to public measurements (``EFFICIENCY``; the fit and its residuals: ``bench/TIME.md``, ``python -m bench.run
 --time``); ``--mfu`` sets the compute efficiency and ``--bandwidth-efficiency`` the other.
 
@@ -38,7 +44,23 @@ from ..gpu_presets import GPU_PRESETS, GpuPreset
 TFLOP = 1e12
 GB = 1e9
 
-Op = tuple[int, int]  # (flops, bytes read + written) of one traced op; conv ops carry a third element 1
+Op = tuple[int, ...]  # (flops, bytes read + written[, kind]) of one traced op; no kind: MEMORY
+# Kinds of traced op (``advisor.trace``): which rate bounds its compute term.
+MEMORY = 0  # matmul-class ops (FLOPs at the matmul peak) and every other op (bytes at memory bandwidth)
+CONV = 1  # convolutions: FLOPs at the convolution peak
+TRANSCENDENTAL = 2  # exp/log/sqrt/activations/softmax: bytes at the transcendental rate where one is known (CPU)
+ATTENTION = 3  # the fused SDPA kernel: FLOPs at the attention rate where one is known (CPU), else the matmul peak
+
+# Eager PyTorch's CPU-side cost of one op on a GPU (Python, autograd, the dispatcher and cudaLaunchKernel):
+# about 5-25 us per op (J. Lin, "From PyTorch op to kernel launch", gpu_kernel_serving lesson 18: Python ~1 us,
+# pybind ~1, autograd 1-3, dispatcher 1-2, backend 1-5, cudaLaunchKernel 1-3; H. He, "Making Deep Learning Go
+# Brrrr From First Principles", 2022, "Overhead"). 10 us, the middle of that range. The GPU runs its queue
+# asynchronously, so this bounds a phase from below rather than adding to it (``roofline_s``): it shows only
+# when the kernels are too small to keep the GPU busy (tiny models, tiny micro-batches).
+GPU_DISPATCH_S = 10e-6
+GPU_DISPATCH_SOURCE = ("10 us per op: eager PyTorch's CPU-side cost of one op (Python, autograd, dispatcher, "
+                       "cudaLaunchKernel: 5-25 us; horace.io/brrr_intro.html 'Overhead'; "
+                       "jiahuanglin.xyz gpu_kernel_serving lesson 18)")
 
 
 @dataclass(frozen=True)
@@ -120,11 +142,21 @@ def conv_peak_precision(precision: str, preset: GpuPreset) -> str:
 @dataclass(frozen=True)
 class Rates:
     """Achieved rates of one GPU: FLOP/s for matmul-class ops (``conv_flops_per_s`` for convolutions) and bytes/s
-    for memory traffic."""
+    for memory traffic. The rest are known for a calibrated CPU (``advisor.timing.calibrate``) and None / 0 on a
+    GPU: ``attention_flops_per_s`` (the fused attention kernel; None: the matmul rate), ``transcendental_bytes_per_s``
+    (exp/log/sqrt/softmax element-wise ops; None: memory bandwidth alone bounds them), ``op_overhead_s`` (seconds
+    each op costs on top of its work, in series: a CPU runs dispatch and kernels on the same cores),
+    ``optimizer_bytes_per_s`` (the optimizer step's bytes, measured on a real step; None: ``bytes_per_s``);
+    ``dispatch_s``: the CPU-side cost per op that bounds a GPU phase from below (``GPU_DISPATCH_S``)."""
 
     flops_per_s: float
     conv_flops_per_s: float
     bytes_per_s: float
+    attention_flops_per_s: float | None = None
+    transcendental_bytes_per_s: float | None = None
+    op_overhead_s: float = 0.0
+    optimizer_bytes_per_s: float | None = None
+    dispatch_s: float = 0.0
 
 
 def rates(preset: GpuPreset, precision: str, compute_efficiency: float, bandwidth_efficiency: float) -> Rates:
@@ -132,7 +164,7 @@ def rates(preset: GpuPreset, precision: str, compute_efficiency: float, bandwidt
     peak = preset.peak_tflops(peak_precision(precision, preset)) or preset.tflops_fp32 or 0.0
     conv = preset.peak_tflops(conv_peak_precision(precision, preset)) or peak
     return Rates(peak * TFLOP * compute_efficiency, conv * TFLOP * compute_efficiency,
-                 preset.hbm_gbps * GB * bandwidth_efficiency)
+                 preset.hbm_gbps * GB * bandwidth_efficiency, dispatch_s=GPU_DISPATCH_S)
 
 
 def _ops_at(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int) -> list[tuple[float, float, int]]:
@@ -146,18 +178,32 @@ def _ops_at(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int) -> list[tup
         else:
             o2 = [o2[i * n2 // n1] for i in range(n1)]
     k = b - base_b
-    return [(max(0.0, x[0] + k * (y[0] - x[0])), max(0.0, x[1] + k * (y[1] - x[1])), x[2] if len(x) > 2 else 0)
+    return [(max(0.0, x[0] + k * (y[0] - x[0])), max(0.0, x[1] + k * (y[1] - x[1])), x[2] if len(x) > 2 else MEMORY)
             for x, y in zip(o1, o2)]
+
+
+def op_s(flops: float, nbytes: float, kind: int, r: Rates) -> float:
+    """Seconds of one op of ``kind`` (module docstring): the larger of its compute time (FLOPs at the kind's rate;
+    a transcendental op's bytes at the transcendental rate where one is known) and its memory time, plus the
+    per-op overhead of a CPU (``Rates.op_overhead_s``; 0 on a GPU)."""
+    rate = r.flops_per_s
+    if kind == CONV:
+        rate = r.conv_flops_per_s
+    elif kind == ATTENTION and r.attention_flops_per_s:
+        rate = r.attention_flops_per_s
+    compute = flops / rate if rate else 0.0
+    if kind == TRANSCENDENTAL and r.transcendental_bytes_per_s:
+        compute = max(compute, nbytes / r.transcendental_bytes_per_s)
+    return max(compute, nbytes / r.bytes_per_s if r.bytes_per_s else 0.0) + r.op_overhead_s
 
 
 def roofline_s(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int, r: Rates) -> float:
     """Seconds for one phase's ops at micro-batch ``b`` (module docstring: each op the larger of its compute
-    time and its memory time, summed)."""
-    total = 0.0
-    for flops, nbytes, conv in _ops_at(o1, o2, b, base_b):
-        rate = r.conv_flops_per_s if conv else r.flops_per_s
-        total += max(flops / rate if rate else 0.0, nbytes / r.bytes_per_s if r.bytes_per_s else 0.0)
-    return total
+    time and its memory time, summed), at least the phase's ops x ``Rates.dispatch_s`` (a GPU waits for the
+    CPU to queue kernels that finish faster than they are queued)."""
+    ops = _ops_at(o1, o2, b, base_b)
+    total = sum(op_s(flops, nbytes, kind, r) for flops, nbytes, kind in ops)
+    return max(total, len(ops) * r.dispatch_s)
 
 
 @dataclass(frozen=True)

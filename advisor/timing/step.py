@@ -6,8 +6,8 @@ states its overlap rule) and the optimizer step (``optimizer_s``)::
 
     step_s = compute_s + exposed_comm_s + optimizer_s
 
-Data loading, the host's Python overhead and kernel launch latency are not modelled (a step is assumed to be
-GPU-bound with the input ready). Seconds are floats; bytes ints.
+Data loading is not modelled (the input is assumed ready); eager PyTorch's per-op host cost enters only as the
+floor of each phase (``advisor.timing.compute.GPU_DISPATCH_S``). Seconds are floats; bytes ints.
 """
 
 from __future__ import annotations
