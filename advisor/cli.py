@@ -119,7 +119,8 @@ def render_text(p, strategy: str | None = None) -> str:
         f"           {fmt_count(st.num_params)} parameters ({st.num_params:,}; trainable {st.num_trainable:,}"
         + (f"; {fmt_count(st.num_active_params)} active per token, top-{st.experts_per_token} of "
            f"{st.num_experts} experts" if st.num_experts else "") + "), "
-        f"{spec.shape_text}, {act.flops_per_sample / 1e9:.1f} GFLOP/sample fwd+bwd, "
+        f"{spec.shape_text}, {act.flops_per_sample / 1e9:.1f} GFLOP/sample fwd+bwd"
+        + (" (recompute included; MFU counts without it)" if p.options.activation_checkpointing else "") + ", "
         f"activations {gib(act.activation_bytes_per_sample):.3f} GiB/sample",
         f"Hardware   {hw.num_gpus} x {hw.gpu_name} ({hw.gpus_per_node} per node x {hw.num_nodes} node(s)), "
         f"{gib(hw.gpu_memory_bytes):.2f} GiB usable each [{hw.sources.get('gpu_memory_bytes')}], "
@@ -213,12 +214,23 @@ def _time_lines(p) -> list[str]:
                 f"{fmt_rate(per or 0):>9}{mfu:>6}{speed:>9}")
         if budget:
             h, g, c = d.get("train_hours"), d.get("gpu_hours"), d.get("cost")
-            line += (f"{'-' if h is None else f'{h:.3g}':>9}{'-' if g is None else f'{g:.3g}':>9}"
-                     f"{'-' if c is None else f'{c:.4g}':>10}")
+            line += f"{_amount(h):>9}{_amount(g):>9}{_amount(c, cents=True):>10}"
         lines.append(line)
     lines.append("comm: all communication per step; exposed: the part compute does not hide; speedup: against one GPU "
                  "at the same global batch by accumulation")
     return lines
+
+
+def _amount(x: float | None, cents: bool = False) -> str:
+    """Hours, GPU-hours or a cost for the budget columns, without scientific notation: thousands with separators
+    (12,345), smaller figures with 1 decimal (cents: 2), tiny ones with 2 significant digits; '-' for None."""
+    if x is None:
+        return "-"
+    if x >= 1000:
+        return f"{x:,.0f}"
+    if x >= 1:
+        return f"{x:.2f}" if cents else f"{x:.1f}"
+    return f"{x:.2g}"
 
 
 def _fits_word(fits: bool | None, short_of: str | None = None) -> str:

@@ -23,11 +23,17 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def positive_int(text: str) -> int:
-    """An integer >= 1 (argparse type)."""
+    """An integer >= 1 (argparse type); a whole number in exponent form counts (``--train-tokens 1e9``)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+        try:
+            as_float = float(text)
+        except ValueError:
+            as_float = math.nan
+        if not (math.isfinite(as_float) and as_float.is_integer() and "e" in text.lower()):
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        value = int(as_float)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value

@@ -8,6 +8,7 @@ The rules (issue 12):
   plus the device overhead, and both are >= 0;
 * among the data-parallel strategies without offload (``Strategy.sharding_stage``: 0 DDP, 1-3 ZeRO),
   a higher stage never holds more model states than a lower one (DDP from world size 2, see below);
+* a timed row's terms are >= 0 and the exposed communication is at most all of it;
 * a row that does not surely fit names what is short (``short_of``: GPU memory, host RAM, or host RAM
   unknown) and says it with the figures (``fit_note``);
 * the recommended strategy fits;
@@ -46,6 +47,12 @@ def violations(plan: Any) -> list[str]:
             out.append(f"{r.name}: device total {m.device_total} below the peak {b.total}")
         if m.host_bytes_per_node < 0 or r.load_host_bytes_per_node < 0:
             out.append(f"{r.name}: negative host RAM")
+        t = r.time
+        if t is not None:
+            if min(t.compute_s, t.comm_s, t.exposed_comm_s, t.optimizer_s) < 0 \
+                    or t.exposed_comm_s > t.comm_s * (1 + 1e-9):
+                out.append(f"{r.name}: a negative time term, or exposed communication {t.exposed_comm_s} above all "
+                           f"of it ({t.comm_s})")
         if r.fits is not True:
             if r.short_of not in SHORT_OF:
                 out.append(f"{r.name}: does not fit and names no short resource ({r.short_of!r})")

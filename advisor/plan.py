@@ -20,7 +20,8 @@ from .models import AdapterSpec, ModelSpec, family_of, resolve_source
 from .models.adapters import default_targets
 from .profile import ModelProfile, attention_dropout, build_profile
 from .recommend import Alternative, Checkpointed, choose_micro_batch, recommend, tokens_per_sample
-from .rows import Recommendation, StrategyRow, evaluate_row, single_gpu_step_s, with_speedup
+from .rows import (Recommendation, StrategyRow, evaluate_row, gpus_used, own_one_gpu_step_s, single_gpu_step_s,
+                   with_speedup)
 from .schema import PlanInputs, TrainingOptions, echo, lora_targets, validate
 from .units import fmt_count
 
@@ -182,7 +183,7 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
         reasons = list(dict.fromkeys(r.reason for r in rows))
         raise AdvisorError("no strategy applies to these choices (" + "; ".join(reasons[:3]) + "): change "
                            "--framework or --precision")
-    mb_note = None
+    mb_note, asked_micro_batch = None, opts.micro_batch_size  # the user's, else the family's default
     if inputs.training.micro_batch_size is None and device == "cuda":
         # Unless the user set it, the micro-batch with the best throughput among those that fit (issue 13).
         chosen = choose_micro_batch(ctx, rows)
@@ -213,7 +214,7 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
                         "to host RAM under memory pressure; sized here as resident on the GPU, and "
                         "torch.cuda.max_memory_allocated does not count them")
     rec = recommend(ctx, rows, _checkpointed(ctx, rows, strategies, cache, scratch_threads, mode),
-                    _alternatives(ctx, rows, strategies, cache, scratch_threads))
+                    _alternatives(ctx, rows, strategies, cache, scratch_threads, asked_micro_batch))
     rec.micro_batch_size, rec.micro_batch_note = opts.micro_batch_size, mb_note
     if mb_note and rec.strategy is not None:
         rec.reasons.append(mb_note)
@@ -237,7 +238,11 @@ def _add_speedups(ctx: StrategyContext, rows: list[StrategyRow], strategies: Any
             continue
         if r.global_batch_size not in baselines:
             baselines[r.global_batch_size] = single_gpu_step_s(strategies, ctx, r.global_batch_size)
-        r.time = with_speedup(r.time, baselines[r.global_batch_size], ctx.hardware.num_gpus)
+        # The row's own recipe on one GPU where it fits there (``advisor.rows.own_one_gpu_step_s``), else plain
+        # training's: a 16-bit DeepSpeed module against autocast would credit the cluster with the casts it skips.
+        own = own_one_gpu_step_s(r.strategy, ctx, r.global_batch_size) if r.strategy is not None else None
+        r.time = with_speedup(r.time, own if own is not None else baselines[r.global_batch_size],
+                              gpus_used(r, ctx.hardware.num_gpus))
 
 
 def training_budget(opts: TrainingOptions, ctx: StrategyContext, r: StrategyRow) -> dict[str, float | None] | None:
@@ -256,7 +261,7 @@ def training_budget(opts: TrainingOptions, ctx: StrategyContext, r: StrategyRow)
     if samples is None or r.time is None or not r.global_batch_size:
         return {"train_hours": None, "gpu_hours": None, "cost": None}
     hours = samples / r.global_batch_size * r.time.step_s / 3600
-    gpu_hours = hours * ctx.hardware.num_gpus
+    gpu_hours = hours * gpus_used(r, ctx.hardware.num_gpus)
     cost = gpu_hours * opts.gpu_hour_price if opts.gpu_hour_price is not None else None
     return {"train_hours": hours, "gpu_hours": gpu_hours, "cost": cost}
 
@@ -280,7 +285,7 @@ def time_to_dict(p: "Plan", r: StrategyRow) -> dict[str, Any] | None:
     ctx = p.context()
     per_s = r.global_batch_size / t.step_s if t.step_s else None
     tokens = tokens_per_sample(ctx)
-    n = p.hardware.num_gpus
+    n = gpus_used(r, p.hardware.num_gpus)
     d: dict[str, Any] = {
         "compute_s": t.compute_s, "comm_s": t.comm_s, "exposed_comm_s": t.exposed_comm_s, "optimizer_s": t.optimizer_s,
         "step_s": t.step_s, "micro_batch_size": t.micro_batch, "micro_steps": t.micro_steps,
@@ -325,17 +330,22 @@ _LORA_OFFERS = (("LoRA", AdapterSpec(rank=16)),
 
 
 def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: list, cache: Any,
-                  scratch_threads: int) -> tuple[Alternative, ...]:
+                  scratch_threads: int, asked_micro_batch: int | None = None) -> tuple[Alternative, ...]:
     """What the recommender compares the plan with (``advisor.recommend.Alternative``): a LoRA plan beside full
-    fine-tuning of the same model on the same cluster (one more trace); a full fine-tuning of a transformer that
-    fits nowhere without offload beside LoRA and QLoRA (``_LORA_OFFERS``; skipped where peft has no default
-    targets for the architecture). Empty otherwise."""
+    fine-tuning of the same model on the same cluster at the same micro-batch (one more trace); a full fine-tuning
+    of a transformer that fits nowhere without offload beside LoRA and QLoRA (``_LORA_OFFERS``; skipped where peft
+    has no default targets for the architecture) at ``asked_micro_batch`` (the user's, else the family's default:
+    not the micro-batch chosen for an offload row, which a 24 GB GPU cannot hold without offload). Empty
+    otherwise."""
     spec, opts = ctx.profile.spec, ctx.options
 
-    def evaluate(adapter: AdapterSpec | None, checkpointing: bool) -> tuple[StrategyContext, list[StrategyRow]]:
+    def evaluate(adapter: AdapterSpec | None, checkpointing: bool,
+                 micro_batch: int | None = None) -> tuple[StrategyContext, list[StrategyRow]]:
         profile = build_profile(replace(spec, adapter=adapter), ctx.profile.attention, checkpointing, cache=cache,
                                 cpu_conv_scratch_threads=scratch_threads)
-        alt = StrategyContext(profile, ctx.hardware, replace(opts, activation_checkpointing=checkpointing), ctx.device)
+        alt_opts = replace(opts, activation_checkpointing=checkpointing,
+                           micro_batch_size=micro_batch or opts.micro_batch_size)
+        alt = StrategyContext(profile, ctx.hardware, alt_opts, ctx.device)
         return alt, [evaluate_row(s, alt, False) for s in strategies]
 
     if spec.adapter is not None:
@@ -351,7 +361,8 @@ def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: lis
             return ()
         try:  # QLoRA turns on activation checkpointing (prepare_model_for_kbit_training)
             out.append(Alternative(label, *evaluate(replace(offer, targets=targets, compute_dtype=compute),
-                                                    opts.activation_checkpointing or bool(offer.quantize))))
+                                                    opts.activation_checkpointing or bool(offer.quantize),
+                                                    asked_micro_batch)))
         except AdvisorError:  # peft cannot wrap the modules it names by default here
             return ()
     return tuple(out)

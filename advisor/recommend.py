@@ -143,8 +143,31 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
     if best.time is not None:
         warnings.append("step times model compute, communication and the optimizer step; data loading is not "
                         "modelled (a slow input pipeline lowers every figure)")
+        borrowed = _borrowed_efficiency(ctx)
+        if borrowed:
+            warnings.append(borrowed)
     return Recommendation(strategy=best.name, reasons=reasons, warnings=warnings,
                           micro_batch_size=opts.micro_batch_size)
+
+
+def _borrowed_efficiency(ctx: StrategyContext) -> str | None:
+    """A warning when this GPU's generation has no public measurement fitted and its step times use another
+    generation's efficiencies (``advisor.timing.compute.EFFICIENCY``; the JSON's ``efficiency_source``)."""
+    from .timing.compute import GENERATION, efficiency_for, preset_for_gpu
+
+    hw, opts = ctx.hardware, ctx.options
+    if hw.calibration is not None or opts.mfu is not None or opts.bandwidth_efficiency is not None:
+        return None
+    preset = preset_for_gpu(hw.gpu_name, hw.gpu_memory_bytes)
+    if preset is None:
+        return None
+    eff = efficiency_for(preset)
+    if not eff.source.startswith("no public measurement fitted"):
+        return None
+    generation = GENERATION.get(preset.name.lower(), "this generation")
+    return (f"{preset.name} ({generation}) has no published run fitted here: its step times use another "
+            f"generation's efficiencies (compute {eff.compute:.2f}, bandwidth {eff.bandwidth:.2f}; "
+            "bench/TIME.md), so they may be optimistic; --mfu and --bandwidth-efficiency set them")
 
 
 def adapter_text(ctx: StrategyContext) -> str:
@@ -305,8 +328,14 @@ def _time_reasons(ctx: StrategyContext, best: StrategyRow, fitting: list[Strateg
     for r in shown:
         ratio = r.time.step_s / t.step_s
         if ratio < 1 + TIE:
-            why = ("by the field notes' order (least communication first)"
-                   if r.strategy.comm_order != best.strategy.comm_order else "for its lower device total")
+            if r.strategy.comm_order != best.strategy.comm_order:
+                why = "by the field notes' order (least communication first)"
+            elif r.memory.device_total != best.memory.device_total:
+                why = (f"for its lower device total ({fmt_gib(best.memory.device_total)} against "
+                       f"{fmt_gib(r.memory.device_total)})")
+            else:  # the same order and memory: the registry's order decides (``_pick``'s min keeps the first)
+                why = (f"as the first listed (the same field-notes order and the same "
+                       f"{fmt_gib(best.memory.device_total)} per GPU)")
             out.append(f"{r.title} is as fast within {100 * TIE:.0f}% ({fmt_s(r.time.step_s)} per step); "
                        f"{best.title} is preferred {why}")
         else:

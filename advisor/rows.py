@@ -176,6 +176,32 @@ def time_at(strategy: Any, ctx: StrategyContext, row: StrategyRow, micro_batch: 
     return strategy.step_time(trial, shadow), shadow
 
 
+def gpus_used(row: StrategyRow, num_gpus: int) -> int:
+    """GPUs a row's plan runs on: all ``num_gpus`` of the cluster, or one for a strategy that does not distribute
+    (``single``): its per-GPU throughput, GPU-hours and cost count one GPU."""
+    return num_gpus if row.strategy is None or row.strategy.distributes else 1
+
+
+def own_one_gpu_step_s(strategy: Any, ctx: StrategyContext, global_batch: int) -> float | None:
+    """Seconds per optimizer step of ``strategy`` itself on one GPU of this kind at ``global_batch`` by
+    accumulation, when it fits there without offload: the same recipe (DeepSpeed's 16-bit module runs no autocast
+    casts; plain training does), so the speed-up against it is the recipe's scaling, never above the GPU count
+    for a reason other than a sharded optimizer step. None when it does not fit one GPU or is not timed."""
+    if strategy.offload or not strategy.distributes:
+        return None
+    hw, mb = ctx.hardware, ctx.options.micro_batch_size
+    one = replace(ctx, hardware=replace(hw, gpus_per_node=1, num_nodes=1, network=None),
+                  options=replace(ctx.options, global_batch_size=None))
+    if strategy.not_applicable(one) or fit_verdict(strategy.memory(one, mb), one.hardware,
+                                                   strategy.load_host_bytes_per_node(one))[0] is not True:
+        return None
+    ga = max(1, -(-global_batch // mb))
+    row = StrategyRow(name=strategy.name, title=strategy.title, applicable=True, strategy=strategy, dp_size=1,
+                      tp_degree=1, grad_accum_steps=ga, global_batch_size=ga * mb)
+    t = strategy.step_time(one, row)
+    return t.step_s if t is not None else None
+
+
 def single_gpu_step_s(strategies: Any, ctx: StrategyContext, global_batch: int) -> float | None:
     """Seconds per optimizer step of the fastest strategy that surely fits on one GPU of this kind without CPU
     offload, training the same model at the same micro-batch and reaching ``global_batch`` by accumulation: what

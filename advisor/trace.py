@@ -78,7 +78,8 @@ from .checkpointing import enable_activation_checkpointing
 from .errors import AdvisorError
 from .locks import MODEL_BUILD_LOCK
 from .models import ModelSpec, build_model, family_of, make_batch, training_loss
-from .timing.compute import ATTENTION, CONV, MEMORY, TRANSCENDENTAL, ComputeTime, Rates, roofline_s
+from .timing.compute import (ATTENTION, CONV, MEMORY, TRANSCENDENTAL, ComputeTime, Rates, floored_s,
+                             roofline_work)
 
 PRECISION_TRACE_MODES = ("fp32", "autocast", "half")
 ATTENTION_KERNELS = ("flash", "mem-efficient", "math")
@@ -290,20 +291,22 @@ class ActivationProfile:
         if micro_batch < 1:
             raise ValueError("micro_batch must be >= 1")
 
-        def one(t1: Timeline, t2: Timeline) -> tuple[float, float, float, float]:
+        def one(t1: Timeline, t2: Timeline) -> tuple[float, ...]:
             lin = lambda x, y: x + (micro_batch - BASE_B) * (y - x)  # noqa: E731
-            return (roofline_s(t1.fwd_ops, t2.fwd_ops, micro_batch, BASE_B, r),
-                    roofline_s(t1.bwd_ops, t2.bwd_ops, micro_batch, BASE_B, r),
-                    lin(t1.flops, t2.flops), lin(t1.recompute_flops, t2.recompute_flops))
+            fwd, fwd_ops = roofline_work(t1.fwd_ops, t2.fwd_ops, micro_batch, BASE_B, r)
+            bwd, bwd_ops = roofline_work(t1.bwd_ops, t2.bwd_ops, micro_batch, BASE_B, r)
+            return (fwd, fwd_ops, bwd, bwd_ops, lin(t1.flops, t2.flops), lin(t1.recompute_flops, t2.recompute_flops))
 
         if len(self.depths) == 1:
             _, t1, t2 = self.depths[0]
-            fwd, bwd, flops, rec = one(t1, t2)
+            fwd, fwd_ops, bwd, bwd_ops, flops, rec = one(t1, t2)
         else:
             (d1, a1, a2), (d2, b1, b2) = self.depths
             x, y = one(a1, a2), one(b1, b2)
             extra = (self.full_depth - d1) / (d2 - d1)
-            fwd, bwd, flops, rec = (max(0.0, (1 - extra) * u + extra * v) for u, v in zip(x, y))
+            fwd, fwd_ops, bwd, bwd_ops, flops, rec = (max(0.0, (1 - extra) * u + extra * v) for u, v in zip(x, y))
+        # The dispatch floor on the whole (extrapolated) phase (``advisor.timing.compute.floored_s``).
+        fwd, bwd = floored_s(fwd, fwd_ops, r), floored_s(bwd, bwd_ops, r)
         return ComputeTime(fwd_s=fwd, bwd_s=bwd, flops=int(round(flops)), recompute_flops=int(round(rec)))
 
     @property

@@ -384,7 +384,8 @@ class FSDP2(Strategy):
         if self.hybrid:
             across = fabric_of(ctx, t, 1, hw.num_nodes, concurrent_groups=hw.gpus_per_node)
             ar = across.time_s("all_reduce", rs_b // n) if hw.num_nodes > 1 else 0.0
-            ar_exposed = max(0.0, ar - c.bwd_s) + (ar / pieces)  # the root's shard after backward, and any overrun
+            # The root's shard after backward, and any overrun; never more than the all-reduce itself.
+            ar_exposed = min(ar, max(0.0, ar - c.bwd_s) + (ar / pieces))
         fwd_x = exposed_s(ag_f, c.fwd_s, pieces, first_s=ag_f / pieces)
         bwd_x = exposed_s(ag_b + rs, c.bwd_s, pieces + len(rs_times), first_s=ag_b / pieces if ag_b else 0.0,
                           last_s=rs_last)

@@ -15,10 +15,10 @@ from advisor.invariants import violations
 from advisor.plan import plan
 from advisor.schema import plan_inputs
 
-# 8 examples (each plans 13 strategy rows, several with a cluster search); two model shapes (one traced whole,
+# 6 examples (each plans 13 strategy rows, several with a cluster search); two model shapes (one traced whole,
 # one extrapolated in depth) so traces repeat from the in-process cache.
 # No shrinking: a failing example is printed as found (shrinking a plan search took minutes).
-SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
+SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
                     phases=[Phase.explicit, Phase.generate])
 
 SHAPES = [  # (hidden, layers, heads, kv heads, vocab): deep ones go through the depth extrapolation

@@ -236,6 +236,14 @@ def test_nothing_fits_names_lora_and_qlora_before_more_gpus():
     more = next(i for i, r in enumerate(reasons) if "would fit on" in r)
     assert lora < more and qlora < more
     assert "Single GPU then fits without offload" in reasons[lora]
+    # With host RAM given, an offload row fits at a micro-batch chosen for it (dozens); the offers are still
+    # judged at the user's micro-batch, where QLoRA fits a 24 GB GPU (a fresh user saw "QLoRA would not fit").
+    offload = plan(plan_inputs(model="llama-2-7b", gpus=1, gpu="RTX4090", detect_hardware=False, seq_len=512,
+                               activation_checkpointing=True, host_mem_gib=256))
+    assert offload.row(offload.recommendation.strategy).strategy.offload
+    assert offload.recommendation.micro_batch_size > 1
+    said = " ".join(offload.recommendation.reasons)
+    assert "QLoRA" in said and "then fits without offload" in said and "would not fit either" not in said
 
 
 def test_bad_adapter_inputs():

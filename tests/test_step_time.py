@@ -68,6 +68,34 @@ def test_cpu_rates_bound_attention_and_transcendental_ops_and_add_overhead_per_o
     assert roofline_s(tiny, tiny, 2, 2, gpu) == pytest.approx(1.0)
 
 
+def test_a_deep_stack_never_computes_faster_at_a_larger_micro_batch():
+    """The dispatch floor applies after the depth extrapolation: gpt2's 12 blocks from its 1- and 2-block traces,
+    small kernels on an H100 (seq 128). Per micro-step compute never falls as the micro-batch grows (a floor
+    applied per traced depth and then extrapolated made micro-batch 16 faster than micro-batch 1)."""
+    per_micro = []
+    for mb in (1, 4, 8, 16, 32):
+        t = _plan(model="gpt2", seq_len=128, gpus=1, gpu="H100-80GB", precision="bf16",
+                  micro_batch_size=mb).row("single").time
+        per_micro.append(t.compute_s / t.micro_steps)
+    assert per_micro == sorted(per_micro), per_micro
+
+
+def test_speedup_is_against_the_same_recipe_and_single_counts_one_gpu():
+    """A fresh user's finds: FSDP2's 16-bit parameters against autocast's single made 8 GPUs 10x faster than one;
+    the single row's per-GPU throughput and GPU-hours counted all 8 GPUs."""
+    p = _plan(model="gpt2", seq_len=128, gpus=8, gpu="H100-80GB", precision="bf16", micro_batch_size=8,
+              train_tokens=10**9, gpu_hour_price=2.0)
+    d = {s["name"]: s["time"] for s in plan_to_dict(p)["strategies"] if s.get("time")}
+    for name, t in d.items():
+        assert t["speedup_vs_single_gpu"] is None or t["speedup_vs_single_gpu"] <= 8 * 1.0001, (name, t)
+        assert t["exposed_comm_s"] <= t["comm_s"] * (1 + 1e-9), name
+    single = d["single"]
+    assert single["tokens_per_s_per_gpu"] == pytest.approx(single["tokens_per_s"])
+    assert single["gpu_hours"] == pytest.approx(single["train_hours"])
+    assert single["cost"] == pytest.approx(2.0 * single["train_hours"])
+    assert d["ddp"]["gpu_hours"] == pytest.approx(8 * d["ddp"]["train_hours"])
+
+
 def test_which_peak_each_precision_runs_at():
     a100, v100 = get_gpu_preset("A100-80GB"), get_gpu_preset("V100-32GB")
     assert peak_precision("bf16", a100) == "bf16" and peak_precision("fp16", a100) == "fp16"
@@ -195,7 +223,8 @@ def test_json_time_object_and_training_budget():
         assert t["tokens_per_s"] == pytest.approx(t["samples_per_s"] * 64)
         steps = 10**9 / 64 / s["global_batch_size"]
         assert t["train_hours"] == pytest.approx(steps * t["step_s"] / 3600)
-        assert t["gpu_hours"] == pytest.approx(2 * t["train_hours"]) and t["cost"] == pytest.approx(2 * t["gpu_hours"])
+        gpus = 1 if s["name"] == "single" else 2  # plain training runs on one of the two GPUs
+        assert t["gpu_hours"] == pytest.approx(gpus * t["train_hours"]) and t["cost"] == pytest.approx(2 * t["gpu_hours"])
         assert 0 < t["mfu"] < 1 and t["speedup_vs_single_gpu"] > 0
     vision = plan_to_dict(_plan(model="resnet18", image_size=32, gpus=2, gpu="A100-80GB", micro_batch_size=8))
     assert all(s["time"]["tokens_per_s"] is None for s in vision["strategies"] if s["applicable"])

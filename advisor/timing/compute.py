@@ -197,13 +197,24 @@ def op_s(flops: float, nbytes: float, kind: int, r: Rates) -> float:
     return max(compute, nbytes / r.bytes_per_s if r.bytes_per_s else 0.0) + r.op_overhead_s
 
 
-def roofline_s(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int, r: Rates) -> float:
-    """Seconds for one phase's ops at micro-batch ``b`` (module docstring: each op the larger of its compute
-    time and its memory time, summed), at least the phase's ops x ``Rates.dispatch_s`` (a GPU waits for the
-    CPU to queue kernels that finish faster than they are queued)."""
+def roofline_work(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int, r: Rates) -> tuple[float, int]:
+    """One phase's ops at micro-batch ``b``: (seconds of work, each op the larger of its compute time and its
+    memory time, summed; the number of ops). The dispatch floor (``floored_s``) applies to the whole phase after
+    any extrapolation in depth: a floor applied per traced depth and then extrapolated would not be a floor."""
     ops = _ops_at(o1, o2, b, base_b)
-    total = sum(op_s(flops, nbytes, kind, r) for flops, nbytes, kind in ops)
-    return max(total, len(ops) * r.dispatch_s)
+    return sum(op_s(flops, nbytes, kind, r) for flops, nbytes, kind in ops), len(ops)
+
+
+def floored_s(work_s: float, ops: float, r: Rates) -> float:
+    """A phase's seconds: its work, at least its ops x ``Rates.dispatch_s`` (a GPU waits for the CPU to queue
+    kernels that finish faster than they are queued)."""
+    return max(work_s, ops * r.dispatch_s)
+
+
+def roofline_s(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int, r: Rates) -> float:
+    """Seconds for one phase's ops at micro-batch ``b`` (module docstring): ``roofline_work`` with the dispatch
+    floor (``floored_s``)."""
+    return floored_s(*roofline_work(o1, o2, b, base_b, r), r)
 
 
 @dataclass(frozen=True)
