@@ -20,7 +20,7 @@ from .models import AdapterSpec, ModelSpec, family_of, resolve_source
 from .models.adapters import default_targets
 from .profile import ModelProfile, attention_dropout, build_profile
 from .recommend import Alternative, Checkpointed, choose_micro_batch, recommend, tokens_per_sample
-from .rows import (Recommendation, StrategyRow, evaluate_row, gpus_used, own_one_gpu_step_s, single_gpu_step_s,
+from .rows import (Recommendation, StrategyRow, evaluate_row, gpus_used, one_gpu_step_times, single_gpu_step_s,
                    with_speedup)
 from .schema import PlanInputs, TrainingOptions, echo, lora_targets, validate
 from .units import fmt_count
@@ -231,17 +231,17 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
 
 def _add_speedups(ctx: StrategyContext, rows: list[StrategyRow], strategies: Any) -> None:
     """Each timed row's speed-up over one GPU of this kind at the same global batch (by accumulation) and its
-    scaling efficiency (``advisor.rows.single_gpu_step_s``; None when one GPU cannot hold the model)."""
-    baselines: dict[int, float | None] = {}
+    scaling efficiency: against the row's own recipe on one GPU where it fits there, else plain training's
+    (``advisor.rows.one_gpu_step_times``, ``single_gpu_step_s``; None when one GPU cannot hold the model)."""
+    times: dict[int, dict[str, float]] = {}
     for r in rows:
         if r.time is None or not r.global_batch_size:
             continue
-        if r.global_batch_size not in baselines:
-            baselines[r.global_batch_size] = single_gpu_step_s(strategies, ctx, r.global_batch_size)
-        # The row's own recipe on one GPU where it fits there (``advisor.rows.own_one_gpu_step_s``), else plain
-        # training's: a 16-bit DeepSpeed module against autocast would credit the cluster with the casts it skips.
-        own = own_one_gpu_step_s(r.strategy, ctx, r.global_batch_size) if r.strategy is not None else None
-        r.time = with_speedup(r.time, own if own is not None else baselines[r.global_batch_size],
+        if r.global_batch_size not in times:
+            times[r.global_batch_size] = one_gpu_step_times(strategies, ctx, r.global_batch_size)
+        one = times[r.global_batch_size]
+        baseline = one.get(r.name) if r.strategy is not None and r.strategy.distributes else None
+        r.time = with_speedup(r.time, baseline if baseline is not None else single_gpu_step_s(strategies, one),
                               gpus_used(r, ctx.hardware.num_gpus))
 
 

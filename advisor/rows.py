@@ -182,47 +182,36 @@ def gpus_used(row: StrategyRow, num_gpus: int) -> int:
     return num_gpus if row.strategy is None or row.strategy.distributes else 1
 
 
-def own_one_gpu_step_s(strategy: Any, ctx: StrategyContext, global_batch: int) -> float | None:
-    """Seconds per optimizer step of ``strategy`` itself on one GPU of this kind at ``global_batch`` by
-    accumulation, when it fits there without offload: the same recipe (DeepSpeed's 16-bit module runs no autocast
-    casts; plain training does), so the speed-up against it is the recipe's scaling, never above the GPU count
-    for a reason other than a sharded optimizer step. None when it does not fit one GPU or is not timed."""
-    if strategy.offload or not strategy.distributes:
-        return None
+def one_gpu_step_times(strategies: Any, ctx: StrategyContext, global_batch: int) -> dict[str, float]:
+    """Seconds per optimizer step of each strategy that surely fits on one GPU of this kind without CPU offload,
+    training the same model at the same micro-batch and reaching ``global_batch`` by accumulation, by name (the
+    untimed ones left out). What speed-ups are against: a row's own recipe on one GPU where it fits there
+    (DeepSpeed's 16-bit module runs no autocast casts; plain training does, so a cluster is not credited with
+    the casts it skips), else ``single_gpu_step_s``. Offload is left out: its host step would make any cluster
+    look super-linear."""
     hw, mb = ctx.hardware, ctx.options.micro_batch_size
     one = replace(ctx, hardware=replace(hw, gpus_per_node=1, num_nodes=1, network=None),
                   options=replace(ctx.options, global_batch_size=None))
-    if strategy.not_applicable(one) or fit_verdict(strategy.memory(one, mb), one.hardware,
-                                                   strategy.load_host_bytes_per_node(one))[0] is not True:
-        return None
     ga = max(1, -(-global_batch // mb))
-    row = StrategyRow(name=strategy.name, title=strategy.title, applicable=True, strategy=strategy, dp_size=1,
-                      tp_degree=1, grad_accum_steps=ga, global_batch_size=ga * mb)
-    t = strategy.step_time(one, row)
-    return t.step_s if t is not None else None
-
-
-def single_gpu_step_s(strategies: Any, ctx: StrategyContext, global_batch: int) -> float | None:
-    """Seconds per optimizer step of the fastest strategy that surely fits on one GPU of this kind without CPU
-    offload, training the same model at the same micro-batch and reaching ``global_batch`` by accumulation: what
-    the speed-up of a plan is against. None when the GPU cannot hold the model states itself (offload's host
-    step would make any cluster look super-linear) or nothing can be timed."""
-    hw, mb = ctx.hardware, ctx.options.micro_batch_size
-    one = replace(ctx, hardware=replace(hw, gpus_per_node=1, num_nodes=1, network=None),
-                  options=replace(ctx.options, global_batch_size=None))
-    best = None
-    fitting = [s for s in strategies if not s.offload and not s.not_applicable(one)
-               and fit_verdict(s.memory(one, mb), one.hardware, s.load_host_bytes_per_node(one))[0] is True]
-    # Plain one-process training is the baseline when it fits (its time, not a faster wrapper's).
-    plain = [s for s in fitting if not s.distributes]
-    for s in plain or fitting:
-        ga = max(1, -(-global_batch // mb))
+    out: dict[str, float] = {}
+    for s in strategies:
+        if s.offload or s.not_applicable(one) or fit_verdict(s.memory(one, mb), one.hardware,
+                                                             s.load_host_bytes_per_node(one))[0] is not True:
+            continue
         row = StrategyRow(name=s.name, title=s.title, applicable=True, strategy=s, dp_size=1, tp_degree=1,
                           grad_accum_steps=ga, global_batch_size=ga * mb)
         t = s.step_time(one, row)
-        if t is not None and (best is None or t.step_s < best):
-            best = t.step_s
-    return best
+        if t is not None:
+            out[s.name] = t.step_s
+    return out
+
+
+def single_gpu_step_s(strategies: Any, times: dict[str, float]) -> float | None:
+    """The plain baseline among ``times`` (``one_gpu_step_times``): plain one-process training's time when it fits
+    (its time, not a faster wrapper's), else the fastest that fits; None when the GPU cannot hold the model states
+    itself or nothing can be timed."""
+    plain = [times[s.name] for s in strategies if not s.distributes and s.name in times]
+    return min(plain or times.values(), default=None)
 
 
 def with_speedup(t: Any, baseline_s: float | None, gpus: int) -> Any:

@@ -102,8 +102,9 @@ class CpuCalibration:
         return (f"measured on this machine ({self.cpu}, {self.ranks} rank(s) x {self.threads} thread(s) at once): "
                 f"matmul fp32 {self.matmul_fp32_flops_per_s / 1e9:.1f} GFLOP/s, bf16 "
                 f"{self.matmul_bf16_flops_per_s / 1e9:.2f} GFLOP/s, fp32 convolution "
-                f"{self.conv_fp32_flops_per_s / 1e9:.1f} GFLOP/s, attention {self.attention_fp32_flops_per_s / 1e9:.1f} "
-                f"GFLOP/s (bf16 {self.attention_bf16_flops_per_s / 1e9:.2f}), memory {self.mem_bytes_per_s / 1e9:.1f} GB/s, exp {self.exp_bytes_per_s / 1e9:.1f} GB/s, "
+                f"{self.conv_fp32_flops_per_s / 1e9:.1f} GFLOP/s, attention "
+                f"{self.attention_fp32_flops_per_s / 1e9:.1f} GFLOP/s (bf16 {self.attention_bf16_flops_per_s / 1e9:.2f}), "
+                f"memory {self.mem_bytes_per_s / 1e9:.1f} GB/s, exp {self.exp_bytes_per_s / 1e9:.1f} GB/s, "
                 f"AdamW {self.adamw_bytes_per_s / 1e9:.1f} GB/s, {1e6 * self.eager_op_s:.1f} us per op" + bw)
 
     def preset(self) -> GpuPreset:
