@@ -12,7 +12,7 @@ from __future__ import annotations
 
 def repeated_blocks(model) -> list:
     """Outermost modules that sit in a run of >= 2 same-class siblings inside a Sequential/ModuleList."""
-    import torch.nn as nn
+    from torch import nn
 
     chosen: list = []
     taken: set[int] = set()
@@ -42,12 +42,13 @@ def enable_activation_checkpointing(model, checkpoint_kwargs=None) -> int:
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False)) or 1
+    from functools import partial
+
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         apply_activation_checkpointing,
         checkpoint_wrapper,
     )
-    from functools import partial
 
     blocks = {id(b) for b in repeated_blocks(model)}
     if not blocks:

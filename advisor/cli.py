@@ -163,7 +163,7 @@ def render_text(p, strategy: str | None = None) -> str:
         if r.applicable and r.fits is False and r.short_of == "host RAM":
             short.setdefault(r.fit_note, []).append(r.name)
     lines += [f"RAM! {', '.join(names)}: {note}" for note, names in short.items()]
-    load = _load_line(p.rows)
+    load = _load_line(p.rows, p.options.init_from)
     if load:
         lines.append(load)
     lines.append("peak in: the moment of the step with the largest total (fwd, bwd, bwd-end: gradient reduction, "
@@ -238,8 +238,9 @@ def _fits_word(fits: bool | None, short_of: str | None = None) -> str:
     return "?" if fits is None else "yes" if fits else "RAM!" if short_of == "host RAM" else "NO"
 
 
-def _load_line(rows: list) -> str | None:
-    """Host RAM each strategy's script needs per node while it builds the model, grouped by value."""
+def _load_line(rows: list, init_from: str | None = None) -> str | None:
+    """Host RAM each strategy's script needs per node while it builds the model (``init_from``: while it loads the
+    pretrained weights), grouped by value."""
     groups: dict[int, list[str]] = {}
     for r in rows:
         if r.applicable and r.load_host_bytes_per_node:
@@ -247,6 +248,11 @@ def _load_line(rows: list) -> str | None:
     if not groups:
         return None
     parts = [f"{'/'.join(names)} {gib(n):.2f}" for n, names in sorted(groups.items(), reverse=True)]
+    if init_from:
+        return ("host RAM per node while the script loads the pretrained weights from --init-from (each rank loads "
+                "them on the CPU in fp32, twice over where a torch.load'ed state_dict sits beside the model; ZeRO-3 "
+                "under zero.Init: rank 0 alone reads the checkpoint; FSDP2: the shards plus rank 0's whole copy, "
+                "which it broadcasts into them, on node 0; single is one process), GiB: " + ", ".join(parts))
     return ("host RAM per node while the script builds the model (each rank builds it on the CPU in fp32; "
             "ZeRO-3 partitions as it builds; FSDP2 builds on the meta device and materialises only its shards; "
             "single is one process), GiB: " + ", ".join(parts))
@@ -282,10 +288,17 @@ def _check_run_flags(run: RunOptions) -> RunOptions:
 def _emit(result, args: RunOptions) -> None:
     from strategies.render import job_from_plan, launch_command_for, render_job, write_files
 
+    from .plan import training_budget
+
     name = args.strategy or result.recommendation.strategy
     if name is None:
         raise AdvisorError("nothing fits, so there is no recommended strategy to emit: pass --strategy NAME")
     job = job_from_plan(result, name)
+    budget = training_budget(result.options, result.context(), result.row(name)) or {}
+    if budget.get("train_hours"):
+        # slurm.sbatch's time limit: the estimated training time, plus 20% and 30 minutes for loading, evaluation
+        # and checkpoints (a job past its limit is killed; --signal gives it 120 s to save first).
+        job = replace(job, time_limit_s=budget["train_hours"] * 3600 * 1.2 + 1800)
     written = write_files(render_job(job), args.emit, force=args.force)
     stream = sys.stderr if args.json else sys.stdout
     row = result.row(name)

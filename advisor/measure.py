@@ -34,7 +34,7 @@ class CpuPeakMeter:
         self.ranges: dict = {}
         self._prof = None
 
-    def __enter__(self) -> "CpuPeakMeter":
+    def __enter__(self):  # -> CpuPeakMeter (unannotated: the scripts that copy this class import no typing.Self)
         import torch
 
         self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)

@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -273,15 +273,27 @@ def _spec_key(spec: ModelSpec) -> str:
 _TRACE_CACHE_SIZE = 64
 _TRACE_CACHE = OnceCache(maxsize=_TRACE_CACHE_SIZE)
 
+# Kernels whose trace is another kernel's: the trace stands in for both fused kernels with one autograd function
+# (``advisor.trace``: ``FusedAttention`` saves q, k, v, the output and the log-sum-exp, and counts the same FLOPs and
+# bytes, for FlashAttention-2 and the memory-efficient kernel alike), so their traces differ only in the kernel's
+# name in the label. The memory-efficient profile is the flash one relabelled: one trace (and one disk entry) for both.
+_TRACED_AS = {"mem-efficient": "flash"}
+
 
 def _cached_activations(key: str, spec: ModelSpec, mode: str, attention: str, checkpointing: bool,
                         tp_degree: int, cache: Any = None, cpu_conv_scratch_threads: int = 0) -> ActivationProfile:
     """Traces are pure functions of their inputs and immutable: keep the last few (the page and
     repeated plans of one model re-use them) and, with a ``DiskCache``, keep them on disk. Threads asking
-    for the same trace at once trace (or read) it once."""
+    for the same trace at once trace (or read) it once. A kernel in ``_TRACED_AS`` gets the profile of the
+    kernel it is traced as, with its own label."""
     cache = cache or NullCache()
-    # Per cache location: a process that planned with --no-cache and then with the cache still writes it.
     threads = int(cpu_conv_scratch_threads)
+    traced_as = _TRACED_AS.get(attention)
+    if traced_as is not None:
+        same = _cached_activations(key, spec, mode, traced_as, checkpointing, tp_degree, cache, threads)
+        # The label is the kernel's name for a model that calls SDPA, else the model's own attention's.
+        return replace(same, attention=attention) if same.attention == traced_as else same
+    # Per cache location: a process that planned with --no-cache and then with the cache still writes it.
     full_key = (key, mode, attention, checkpointing, tp_degree, threads, _where(cache))
 
     def compute() -> ActivationProfile:

@@ -27,7 +27,9 @@ class StrategyRow:
     fits: bool | None = False
     short_of: str | None = None  # what is short when it does not fit: "GPU memory" / "host RAM" / "host RAM unknown"
     fit_note: str | None = None  # when it does not surely fit: the short resource with both figures
-    load_host_bytes_per_node: int = 0  # host RAM while the script builds the model (Strategy.load_host_bytes_per_node)
+    # host RAM while the script builds the model, or with --init-from loads the pretrained weights
+    # (Strategy.load_host_bytes_per_node)
+    load_host_bytes_per_node: int = 0
     memory: StrategyMemory | None = None
     rule_of_thumb_bytes: int | None = None  # after the safety factor
     rule_of_thumb_fits: bool | None = None
@@ -70,8 +72,9 @@ def fit_verdict(memory: StrategyMemory, hw: Hardware, load_bytes: int = 0) -> tu
     return True, None
 
 
-def fit_note(row: "StrategyRow", hw: Hardware) -> str | None:
-    """The short resource of a row that does not surely fit, with the need and what there is."""
+def fit_note(row: "StrategyRow", hw: Hardware, ctx: StrategyContext | None = None) -> str | None:
+    """The short resource of a row that does not surely fit, with the need and what there is (``ctx``: the plan's,
+    which says whether the script loads ``--init-from``'s pretrained weights or builds a fresh model)."""
     mem = row.memory
     if row.fits is True or mem is None:
         return None
@@ -84,9 +87,12 @@ def fit_note(row: "StrategyRow", hw: Hardware) -> str | None:
     if mem.host_bytes_per_node >= row.load_host_bytes_per_node:
         return (f"needs {fmt_gib(mem.host_bytes_per_node)} of host RAM per node for offloaded model states, the "
                 f"node has {have}")
+    if ctx is not None and ctx.options.init_from:
+        return (f"needs {fmt_gib(row.load_host_bytes_per_node)} of host RAM per node while the script loads the "
+                f"pretrained weights (--init-from), the node has {have}: {row.strategy.load_fix(ctx)}")
     ranks = f"{hw.gpus_per_node} ranks build" if hw.gpus_per_node > 1 else "the rank builds"
     return (f"needs {fmt_gib(row.load_host_bytes_per_node)} of host RAM per node while {ranks} the model, the node "
-            f"has {have}: {row.strategy.load_fix()}")
+            f"has {have}: {row.strategy.load_fix(ctx)}")
 
 
 FRAMEWORK_NAMES = {"torch": "PyTorch alone", "deepspeed": "DeepSpeed"}
@@ -142,7 +148,7 @@ def evaluate_row(strategy: Any, ctx: StrategyContext, compare: bool, max_hint: i
     row.memory = strategy.memory(ctx, opts.micro_batch_size)
     row.load_host_bytes_per_node = strategy.load_host_bytes_per_node(ctx)
     row.fits, row.short_of = fit_verdict(row.memory, hw, row.load_host_bytes_per_node)
-    row.fit_note = fit_note(row, hw)
+    row.fit_note = fit_note(row, hw, ctx)
     rule = int(strategy.rule_of_thumb_bytes(ctx) * opts.safety_factor)
     row.rule_of_thumb_bytes, row.rule_of_thumb_fits = rule, rule <= hw.gpu_memory_bytes
     row.max_micro_batch_size = max_micro_batch(strategy, ctx, max_hint)

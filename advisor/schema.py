@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Iterator
 
@@ -103,6 +104,11 @@ class TrainingOptions:
     optimizer: str = _f("adamw", flag="--optimizer", label="Optimizer", faces=("cli", "page", "bench"),
                         choices=OPTIMIZERS, help="default adamw; adamw-8bit, paged-adamw-8bit, paged-adamw and lion "
                                                  "are bitsandbytes', adafactor transformers'")
+    init_from: str | None = _f(None, flag="--init-from", label="Pretrained weights (path or hub id)",
+                               faces=("cli", "page", "bench"), metavar="PATH", none="off: freshly initialised",
+                               help="the generated script will load pretrained weights from PATH (a save_pretrained "
+                                    "directory or a state_dict file) or a hub id; sizes the host RAM that loading "
+                                    "takes (advisor never reads or downloads it)")
     lora_rank: int | None = _f(None, flag="--lora-rank", label="LoRA rank", faces=("cli", "page", "bench"), low=1,
                                high=4096, none="off: full fine-tuning",
                                help="train LoRA adapters of this rank on a frozen base (peft) instead of every weight")
@@ -406,6 +412,7 @@ def validate(inputs: PlanInputs) -> None:
     if len(budgets) > 1:
         raise AdvisorError(f"give one training budget, not {' and '.join(budgets)}")
     _validate_adapter(t)
+    init_from(t.init_from)
     if s.input_shape is not None:
         if not s.model_factory:
             raise AdvisorError("--input-shape applies to --model-factory models only")
@@ -433,6 +440,35 @@ def lora_targets(text: str | None) -> tuple[str, ...]:
         raise AdvisorError(f"--lora-targets takes module names separated by commas (q_proj,v_proj) or all-linear, "
                            f"got {text[:60]!r}")
     return names
+
+
+INIT_FROM_MAX_CHARS = 512
+# What ``--init-from`` may not contain: control and format characters (Unicode categories C*, which include
+# newlines, NUL and bidirectional overrides), line and paragraph separators, quotes and backslashes. The value is
+# written into a generated script; a plain path or hub id needs none of them.
+_INIT_FROM_BAD = re.compile(r"[\"'\\\u2028\u2029]")
+
+
+def init_from(text: str | None) -> str | None:
+    """``--init-from`` as given, checked: a path or hub id on one line, at most ``INIT_FROM_MAX_CHARS`` characters,
+    without control characters, quotes or backslashes (advisor never reads or downloads it). None: not given.
+
+    Raises:
+        AdvisorError: an empty value, one over the length limit, or one with a character it may not contain.
+    """
+    if text is None:
+        return None
+    if not text.strip():
+        raise AdvisorError("--init-from needs a path or hub id (a save_pretrained directory, a state_dict file or "
+                           "an org/name id): give one, or drop --init-from to size a freshly initialised model")
+    if len(text) > INIT_FROM_MAX_CHARS:
+        raise AdvisorError(f"--init-from is {len(text)} characters long, more than {INIT_FROM_MAX_CHARS}: give a "
+                           "shorter path (a symlink, or a path relative to where the script runs)")
+    if _INIT_FROM_BAD.search(text) or any(unicodedata.category(c).startswith("C") for c in text):
+        raise AdvisorError(f"--init-from must be a path or hub id on one line without control characters, quotes "
+                           f"or backslashes, got {text[:60]!r}: rename or link the directory (use / between "
+                           "folders)")
+    return text
 
 
 def _validate_adapter(t: TrainingOptions) -> None:

@@ -243,8 +243,11 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
         say(f"launching {name} on {world} {device} rank(s) in {run_dir}")
         started = time.time()
         try:
+            # No evaluation and no periodic checkpoint among the measured steps (they would run under the memory
+            # meter); the run's last checkpoint is still written after training.
             cmd = strategy.launcher.verify_argv(world, port, ["--steps", str(steps), "--timing-steps",
-                                                              str(timing_steps), "--out", "out"])
+                                                              str(timing_steps), "--out", "out", "--eval-every", "0",
+                                                              "--save-every", "0"])
             others = OtherCpu()
             rc, timed_out = _launch(cmd, run_dir, env, timeout_s, steps, say)
             result.cpu_contention = others.share() if device == "cpu" else None

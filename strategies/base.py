@@ -19,6 +19,7 @@ from advisor.context import StrategyContext
 from advisor.gpu_presets import GpuPreset
 from advisor.hardware import Hardware
 from advisor.memory import StrategyMemory, states_per_element, trace_mode, weight_bytes
+from advisor.models import family_of
 from advisor.schema import TrainingOptions
 from advisor.timing.comm import Fabric
 from advisor.timing.compute import (
@@ -92,6 +93,28 @@ def optimizer_step_s(ctx: StrategyContext, t: Timing, numel: int, w: int, g: int
     if t.rates.optimizer_bytes_per_s:  # a calibrated CPU: its measured AdamW step (its loop passes included)
         return numel * per / t.rates.optimizer_bytes_per_s
     return numel * per * factor / t.rates.bytes_per_s if t.rates.bytes_per_s else 0.0
+
+
+def pretrained_bytes(ctx: StrategyContext) -> int:
+    """One copy of the model as a generated script loads ``--init-from``'s weights into it: every parameter in fp32
+    (``from_pretrained(path, dtype=torch.float32)``; ``build_model()`` then ``load_state_dict`` for vision and
+    custom models) and the buffers. LoRA: the frozen base alone, in the dtype it is held in (``from_pretrained(path,
+    dtype=...)``, ``advisor.memory.weight_bytes``; the adapters are added after it is loaded), and the buffers."""
+    stats, adapter = ctx.profile.stats, ctx.profile.spec.adapter
+    if adapter is not None:
+        return weight_bytes(stats, adapter, trace_mode(ctx.options.precision, False)).frozen + stats.buffer_bytes
+    return 4 * stats.num_params + stats.buffer_bytes
+
+
+def pretrained_copies(ctx: StrategyContext) -> int:
+    """Copies of ``pretrained_bytes`` one process holds at once while it loads ``--init-from``'s weights: the family's
+    (``ModelFamily.pretrained_copies``: 1 for transformers' ``from_pretrained``, which fills a meta-built model from
+    the memory-mapped checkpoint; 2 for a ``torch.load``'ed state_dict, alive beside the model until
+    ``load_state_dict`` has copied it). 1 without ``--init-from``, and under LoRA (the adapter rule: the base as
+    ``from_pretrained(..., dtype=...)`` loads it)."""
+    if not ctx.options.init_from or ctx.profile.spec.adapter is not None:
+        return 1
+    return family_of(ctx.profile.spec).pretrained_copies
 
 
 class Strategy(ABC):
@@ -192,15 +215,28 @@ class Strategy(ABC):
         """Host RAM per node while the emitted script builds the model: every rank calls
         ``build_model()`` on the CPU in fp32 (torch's default dtype; the templates move it to the GPU
         afterwards, which frees the CPU copy), so a node holds ``gpus_per_node`` full fp32 copies at once
-        (4 bytes per parameter, plus the buffers)."""
+        (4 bytes per parameter, plus the buffers).
+
+        With ``--init-from`` every rank loads the pretrained weights the same way, on the CPU in fp32, before
+        moving them to the GPU: ``pretrained_copies`` copies per rank (transformers' ``from_pretrained(path,
+        dtype=torch.float32)``: one, ``PreTrainedModel._load_pretrained_model`` fills the meta-built model from the
+        memory-mapped checkpoint; vision and custom models: two, the ``torch.load``'ed state_dict beside the model
+        until ``load_state_dict`` has copied it in). LoRA keeps its rule with or without it: the base loads in its
+        held dtype (``from_pretrained(..., dtype=...)``; QLoRA quantized as it loads)."""
         stats, adapter = ctx.profile.stats, ctx.profile.spec.adapter
         if adapter is not None:  # LoRA: the base loads in its held dtype (from_pretrained dtype=; QLoRA quantized as it loads)
             frozen = weight_bytes(stats, adapter, trace_mode(ctx.options.precision, False)).frozen
             return ctx.hardware.gpus_per_node * (frozen + 4 * stats.num_trainable + stats.buffer_bytes)
-        return ctx.hardware.gpus_per_node * (4 * stats.num_params + stats.buffer_bytes)
+        return ctx.hardware.gpus_per_node * pretrained_copies(ctx) * pretrained_bytes(ctx)
 
-    def load_fix(self) -> str:
-        """What to change when the model does not fit host RAM while loading (one clause)."""
+    def load_fix(self, ctx: StrategyContext | None = None) -> str:
+        """What to change when the model does not fit host RAM while loading (one clause); ``ctx`` says whether the
+        script loads ``--init-from``'s pretrained weights and which family it loads them for."""
+        if ctx is not None and ctx.options.init_from:
+            zero3 = (", or ZeRO-3, where transformers' DeepSpeed integration has rank 0 alone read the checkpoint "
+                     "into the partitions" if family_of(ctx.profile.spec).zero_init else "")
+            return ("every rank loads its own fp32 copy of the pretrained weights: use FSDP2, where rank 0 alone "
+                    f"loads them and broadcasts them into the shards{zero3}")
         return ("build the model on the meta device and load the checkpoint in 16 bits, or use ZeRO-3, whose "
                 "deepspeed.zero.Init partitions the parameters as they are built")
 
@@ -216,6 +252,9 @@ class Strategy(ABC):
 
     # Imports the strategy's template needs beyond common.py's (one statement per line).
     script_imports: tuple[str, ...] = ()
+    # Shared template parts (strategies/templates/) rendered before the strategy's own template: how it writes and
+    # reads resumable checkpoints (torch.distributed.checkpoint by default).
+    script_parts: tuple[str, ...] = ("checkpoint_dcp.py",)
 
     def script_constants(self, job: Any, family: Any) -> dict[str, Any]:
         """Constants the strategy's template reads (JSON-like values), given the job and its model family."""

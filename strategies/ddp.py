@@ -107,7 +107,8 @@ class DDP(Strategy):
     comm_order = 0
     quantized_base = True  # QLoRA: each rank holds the quantized base; only the adapters' gradients are reduced
     comm_pattern = "all-reduce of the gradients in buckets, overlapped with backward"
-    script_imports = ("from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook",
+    script_imports = ("import torch.distributed.checkpoint as dcp",
+                      "from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook",
                       "from torch.nn.parallel import DistributedDataParallel as DDP")
 
     def script_constants(self, job, family) -> dict:

@@ -56,7 +56,7 @@ from advisor.memory import (
 from advisor.timing.comm import pcie_transfer_s
 from advisor.timing.step import FOREACH_FACTOR, HOST_MEM_GBPS, HOST_MEM_SOURCE, Collective, StepTime, exposed_s
 
-from .base import Strategy, fabric_of, optimizer_step_s, timing_of
+from .base import Strategy, fabric_of, optimizer_step_s, pretrained_bytes, pretrained_copies, timing_of
 from .ddp import grad_accum_steps
 
 
@@ -166,7 +166,7 @@ class FSDP2(Strategy):
     client_optimizers = False  # bitsandbytes' and Adafactor's steps on DTensor shards are not verified
     script_imports = ("import torch.distributed.checkpoint as dcp",
                       ("from torch.distributed.checkpoint.state_dict import (\n    StateDictOptions,\n"
-                       "    get_model_state_dict,\n    get_state_dict,\n)"),
+                       "    get_model_state_dict,\n)"),
                       "from torch.distributed.device_mesh import init_device_mesh",
                       ("from torch.distributed.fsdp import (\n    CPUOffloadPolicy,\n    FSDPModule,\n"
                        "    MixedPrecisionPolicy,\n    OffloadPolicy,\n    fully_shard,\n)"))
@@ -315,11 +315,26 @@ class FSDP2(Strategy):
     def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
         """The generated script builds the model on the meta device (no memory) and materialises only each rank's
         shards (``to_empty`` after ``fully_shard``), so loading needs no full copy in host RAM: the rank's fp32
-        shards (offload: they stay there)."""
-        stats = ctx.profile.stats
-        return ctx.hardware.gpus_per_node * (-(-4 * stats.num_params // self.shard_size(ctx)) + stats.buffer_bytes)
+        shards (offload: they stay there).
 
-    def load_fix(self) -> str:
+        ``--init-from``: rank 0 alone then loads the whole pretrained model into host memory (``build_model(path)``:
+        ``from_pretrained(path, dtype=torch.float32)``, or a ``torch.load``'ed state_dict beside the model; LoRA:
+        the base in its held dtype) and broadcasts it into every rank's shards with
+        ``torch.distributed.checkpoint.state_dict.set_model_state_dict(..., StateDictOptions(full_state_dict=True,
+        broadcast_from_rank0=True))``, which sends it tensor by tensor from the GPU
+        (``torch.distributed._state_dict_utils._broadcast_state_dict``): node 0 holds ``pretrained_copies`` x
+        ``pretrained_bytes`` on top of its ranks' shards (the per-node figure is node 0's; the others keep the
+        shards alone)."""
+        stats = ctx.profile.stats
+        shards = ctx.hardware.gpus_per_node * (-(-4 * stats.num_params // self.shard_size(ctx)) + stats.buffer_bytes)
+        if not ctx.options.init_from:
+            return shards
+        return shards + pretrained_copies(ctx) * pretrained_bytes(ctx)
+
+    def load_fix(self, ctx: StrategyContext | None = None) -> str:
+        if ctx is not None and ctx.options.init_from:
+            return ("rank 0 holds a whole copy of the pretrained model while it broadcasts it into the shards: give "
+                    "node 0 more host RAM (more GPUs per node shrink only the shards)")
         return "use more GPUs per node (each rank materialises only its shard)"
 
     # --- communication and time -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import pprint
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,15 @@ from advisor.errors import AdvisorError
 from advisor.models import ModelSpec, family_of
 
 from . import get_strategy, strategy_names
+from .slurm import SLURM_FILE, render_slurm
 
 TEMPLATES = Path(__file__).parent / "templates"
-BLOCK_TAGS = ("full", "lora", "lora16", "qlora", "generic-base")
+BLOCK_TAGS = ("full", "lora", "lora16", "qlora", "generic-base", "text", "image", "adam", "sgd", "bnb", "adafactor")
+# make_optimizer's branch for each optimizer (only the one the job uses is written).
+_OPTIMIZER_TAGS = {"adam": "adam", "adamw": "adam", "sgd": "sgd", "sgd-momentum": "sgd", "adamw-8bit": "bnb",
+                   "paged-adamw-8bit": "bnb", "paged-adamw": "bnb", "lion": "bnb", "adafactor": "adafactor"}
+# The data a family's script reads (``--data``): token blocks for transformers, an ImageFolder for vision.
+_FAMILY_TAGS = {"transformer": "text", "vision": "image"}
 _MARKER = re.compile(r"^[ \t]*# \[(/?)([a-z0-9-]+)\][ \t]*$")
 DEFAULT_STEPS = 100
 MASTER_PORT = 29500
@@ -56,6 +63,9 @@ class Job:
     steps: int = DEFAULT_STEPS
     master_port: int = MASTER_PORT
     fsdp_grad_sync: str = "every-micro-step"  # FSDP2 with accumulation: reduce-scatter every micro-step or the last
+    lr_source: str = "given"  # where ``lr`` comes from (the docstring says it)
+    time_limit_s: float | None = None  # slurm.sbatch's --time (None: 24 h)
+    init_from: str | None = None  # --init-from's default in the script: the pretrained weights the plan was made for
 
     @property
     def world_size(self) -> int:
@@ -85,8 +95,12 @@ def job_from_plan(plan, strategy: str, steps: int = DEFAULT_STEPS, master_port: 
     strat = get_strategy(strategy)
     ctx = plan.context()
     opts, hw = plan.options, plan.hardware
-    # Linear scaling rule (Goyal et al. 2017): lr x global batch / base batch, when given.
-    lr = row.learning_rate if row.learning_rate is not None else (opts.base_lr or default_lr(plan.spec))
+    # Linear scaling rule (Goyal et al. 2017): lr x global batch / base batch, when given; else the family's default.
+    if row.learning_rate is not None:
+        lr, lr_source = row.learning_rate, (f"--base-lr {opts.base_lr:g} at batch {opts.base_batch_size}, linearly "
+                                            "scaled (Goyal et al. 2017)")
+    else:
+        lr, lr_source = family_of(plan.spec).default_lr(plan.spec, opts.optimizer, row.global_batch_size)
     mem = row.memory
     estimate = {"peak_allocated_bytes": mem.peak.total, "device_total_bytes": mem.device_total,
                 "breakdown_bytes": mem.peak.as_dict(), "peak_phase": mem.peak.phase, "device": plan.device,
@@ -96,13 +110,7 @@ def job_from_plan(plan, strategy: str, steps: int = DEFAULT_STEPS, master_port: 
                gpus_per_node=hw.gpus_per_node, num_nodes=hw.num_nodes, dp_size=row.dp_size,
                tp_degree=row.tp_degree, lr=lr, activation_checkpointing=opts.activation_checkpointing,
                estimate=estimate, ds_config=strat.ds_config(ctx, row), steps=steps, master_port=master_port,
-               fsdp_grad_sync=opts.fsdp_grad_sync)
-
-
-def default_lr(spec: ModelSpec) -> float:
-    """A conventional starting LR when none is given: 3e-4 (AdamW, transformers) / 0.1-equivalent
-    for vision is optimizer-specific; we keep 3e-4 for Adam-family and 0.1 for SGD at batch 256."""
-    return 3e-4
+               fsdp_grad_sync=opts.fsdp_grad_sync, lr_source=lr_source, init_from=opts.init_from)
 
 
 def _check_literal(value: Any, where: str) -> None:
@@ -143,11 +151,18 @@ def _constants(job: Job) -> dict[str, Any]:
         "WEIGHT_DECAY": 0.01,
         "WARMUP_STEPS": warmup,
         "TOTAL_STEPS": job.steps,
+        "MAX_GRAD_NORM": 1.0,
+        "EVAL_EVERY": max(1, job.steps // 4),
+        "SAVE_EVERY": max(1, job.steps // 2),
+        "EVAL_BATCHES": 50,
+        "HELD_OUT_FRACTION": 0.05,
         "SEED": 1234,
         "DATA_SEED": 4321,
         # A small fixed synthetic set, revisited every epoch (4 optimizer steps per epoch).
         "NUM_SAMPLES": job.global_batch_size * 4,
+        "EVAL_SAMPLES": job.micro_batch_size * job.dp_size * 2,
         "ACTIVATION_CHECKPOINTING": job.activation_checkpointing,
+        "INIT_FROM": job.init_from,  # pretrained weights (advisor's --init-from); None: fresh weights
     }
     consts.update(_adapter_constants(job, consts))
     consts.update(strategy.script_constants(job, family))
@@ -155,6 +170,52 @@ def _constants(job: Job) -> dict[str, Any]:
     for k, v in consts.items():
         _check_literal(v, k)
     return consts
+
+
+# One short comment per constant of a script (those without one explain themselves by name).
+CONSTANT_NOTES = {
+    "STRATEGY": "how the work is split over the GPUs", "MODEL": "what advisor planned",
+    "HF_CONFIG": "the model's config (a fresh build; --init-from brings its own)",
+    "HF_MODEL_CLASS": "the transformers class built", "ATTN_IMPLEMENTATION": "the attention kernel",
+    "SEQ_LEN": "tokens per sample", "VOCAB_SIZE": "token ids are below this", "PRECISION": "fp32, bf16, fp16 or pure-bf16",
+    "OPTIMIZER": "the optimizer the memory estimate assumed", "MICRO_BATCH_SIZE": "samples per GPU per forward pass",
+    "GRAD_ACCUM_STEPS": "micro-batches per optimizer step", "GLOBAL_BATCH_SIZE": "samples per optimizer step, all GPUs",
+    "LR": "peak learning rate (the docstring gives its source)", "WEIGHT_DECAY": "AdamW's decoupled weight decay",
+    "WARMUP_STEPS": "linear warmup to LR", "TOTAL_STEPS": "default --steps; the cosine decay ends here",
+    "MAX_GRAD_NORM": "gradient clipping: total L2 norm", "EVAL_EVERY": "default --eval-every (optimizer steps)",
+    "SAVE_EVERY": "default --save-every (optimizer steps)", "EVAL_BATCHES": "held-out micro-batches per rank per evaluation",
+    "HELD_OUT_FRACTION": "share of --data held out for evaluation", "SEED": "initial weights and dropout",
+    "DATA_SEED": "data order and synthetic samples", "NUM_SAMPLES": "synthetic training samples (without --data)",
+    "EVAL_SAMPLES": "synthetic held-out samples (without --data)",
+    "ACTIVATION_CHECKPOINTING": "recompute each block in backward instead of keeping its activations",
+    "INIT_FROM": "default --init-from: pretrained weights (None: freshly initialised)",
+    "SYNC_BN_MAX_MICRO_BATCH": "SyncBatchNorm at or below this per-GPU batch", "TP_DEGREE": "GPUs per tensor-parallel group",
+    "ZERO_INIT": "ZeRO-3: partition the parameters while the model is built", "DS_CONFIG_FILE": "DeepSpeed's config",
+    "OFFLOAD": "optimizer states (ZeRO-3: and parameters) in host memory", "CPU_OFFLOAD": "shards in host memory",
+    "RESHARD_AFTER_FORWARD": "free the gathered parameters after each block's forward",
+    "REPLICATE_DEGREE": "HSDP: replicas across nodes (1: plain FSDP2)",
+    "GRAD_SYNC_EVERY_MICRO_STEP": "reduce-scatter every micro-step (else only the last)",
+    "MODEL_NAME": "the torchvision builder", "INPUT_SHAPE": "one sample's shape (channels, height, width)",
+    "NUM_CLASSES": "the classifier's outputs", "MODEL_FACTORY": "your model's module:function",
+    "LORA_RANK": "the adapters' rank r", "LORA_ALPHA": "the adapters' scale is alpha / r",
+    "LORA_DROPOUT": "dropout on the adapters' input", "LORA_TARGETS": "adapted modules (None: peft's default)",
+    "LORA_DTYPE": "the adapters' dtype (auto: peft's)", "LORA_TASK_TYPE": "peft's task type",
+    "QUANTIZE": "the frozen base's bitsandbytes format", "DOUBLE_QUANT": "quantize the quantization constants too",
+    "BNB_COMPUTE_DTYPE": "dtype the quantized layers compute in",
+    "ESTIMATE": "advisor's estimate for this job, in bytes (the report compares)",
+}
+
+
+def _constant_line(name: str, value: Any) -> str:
+    """``NAME = value  # note``; a dict or list too long for a line is written one item per line (pprint)."""
+    text = repr(value)
+    if len(text) > 100 and isinstance(value, (dict, list)):
+        text = pprint.pformat(value, width=100, sort_dicts=False)
+    note = CONSTANT_NOTES.get(name)
+    if note is None:
+        return f"{name} = {text}"
+    return f"# {note}\n{name} = {text}" if "\n" in text or len(name) + len(text) + len(note) > 110 else \
+        f"{name} = {text}  # {note}"
 
 
 def _adapter_constants(job: Job, consts: dict[str, Any]) -> dict[str, Any]:
@@ -182,9 +243,11 @@ def _adapter_constants(job: Job, consts: dict[str, Any]) -> dict[str, Any]:
 def _block_tags(job: Job, family_has_base: bool = False) -> set[str]:
     """The optional template blocks (module docstring) that apply to ``job``."""
     adapter = job.spec.adapter
+    data = {_FAMILY_TAGS[job.spec.family]} if job.spec.family in _FAMILY_TAGS else set()
+    data.add(_OPTIMIZER_TAGS[job.optimizer])
     if adapter is None:
-        return {"full"}
-    tags = {"lora", "qlora" if adapter.quantize else "lora16"}
+        return {"full"} | data
+    tags = {"lora", "qlora" if adapter.quantize else "lora16"} | data
     if not family_has_base and not adapter.quantize:
         tags.add("generic-base")
     return tags
@@ -236,12 +299,16 @@ def _docstring(job: Job, launch: str) -> str:
 Launch ({where}):
     {launch}
 {job.strategy_unit.launcher.multi_node_doc(job.gpus_per_node, job.master_port)}
+Under SLURM: sbatch slurm.sbatch [train.py options]. SIGTERM (SLURM's --signal, a preemption) saves a checkpoint
+at the next step and exits 0; --resume continues from --out/checkpoints.
 Batch arithmetic:
     global batch = micro-batch {job.micro_batch_size} per GPU x data-parallel size {job.dp_size}
                    x gradient accumulation steps {job.grad_accum_steps} = {job.global_batch_size}
     ({ranks})
-Learning rate: {job.lr:g} after a linear warmup (linear scaling rule), then cosine decay.
-Model: {name} ({source}), {what}; synthetic data unless --data is given.
+Learning rate: {job.lr:g} ({_doc_text(job.lr_source)}),
+    after a linear warmup, then cosine decay; gradients clipped to a total norm of 1.0.
+Model: {name} ({source}), {what}; pretrained weights with --init-from; synthetic data unless --data is given;
+    evaluation on held-out data every --eval-every steps.
 {_lora_doc(job)}Estimate this script was generated for: peak allocated {est["peak_allocated_bytes"] / 2**30:.3f} GiB per rank
 ({est["device"]}), device total {est["device_total_bytes"] / 2**30:.3f} GiB.
 A JSON report with the measured per-rank peak is written to --out/--report at the end.
@@ -291,15 +358,15 @@ def render_train_py(job: Job) -> str:
     # The standard-library modules common.py uses, plus those the strategy's template (and LoRA's code) uses (no
     # unused import).
     used = template + (adapters + select_blocks(fragment, tags) if lora else "")
-    stdlib = sorted({"argparse", "json", "math", "os", "time"}
+    stdlib = sorted({"argparse", "itertools", "json", "math", "os", "shutil", "signal", "time"}
                     | {m for m in ("contextlib", "gc") if re.search(rf"\b{m}\.", used)})
     lines = [_docstring(job, launch), "", *(f"import {m}" for m in stdlib), "",
              "import torch", *(["import torch.distributed as dist"] if strategy.distributes else []),
              *strategy.script_imports, "",
              "# --- constants written by advisor (edit freely) ---"]
-    lines += [f"{k} = {v!r}" for k, v in consts.items()]
+    lines += [_constant_line(k, v) for k, v in consts.items()]
     lines += ["NUM_WORKERS = (min(8, (os.cpu_count() or 1) // max(1, int(os.environ.get('LOCAL_WORLD_SIZE', '1'))))",
-              "               if torch.cuda.is_available() else 0)  # pitfall 13: about CPU cores / GPUs",
+              "               if torch.cuda.is_available() else 0)  # data-loading workers: about CPU cores / GPUs",
               "", "", "# --- helpers copied from advisor (activation checkpointing, CPU peak memory) ---",
               _helpers_source(), "", select_blocks((TEMPLATES / "common.py").read_text(), tags),
               # The process group's helpers, or their one-process stand-ins (a one-process script never touches
@@ -307,6 +374,7 @@ def render_train_py(job: Job) -> str:
               (TEMPLATES / ("collectives.py" if strategy.distributes else "local.py")).read_text(),
               select_blocks(fragment, tags),
               *(["", adapters] if lora else []),
+              *("\n" + select_blocks((TEMPLATES / part).read_text(), tags) for part in strategy.script_parts),
               "", template]
     return "\n".join(lines)
 
@@ -325,7 +393,8 @@ def render_launch_sh(job: Job) -> str:
 
 def render_job(job: Job) -> dict[str, str]:
     """File name -> text for ``job``."""
-    files = {"train.py": render_train_py(job), "launch.sh": render_launch_sh(job)}
+    files = {"train.py": render_train_py(job), "launch.sh": render_launch_sh(job),
+             SLURM_FILE: render_slurm(job, job.time_limit_s)}
     files.update(job.strategy_unit.extra_files(job))
     return files
 
@@ -348,7 +417,7 @@ def launch_command(plan, strategy: str) -> str | None:
     return get_strategy(strategy).launcher.command(hw.gpus_per_node, hw.num_nodes, MASTER_PORT)
 
 
-OWN_FILES = ("train.py", "launch.sh", "ds_config.json", "hostfile")
+OWN_FILES = ("train.py", "launch.sh", "slurm.sbatch", "ds_config.json", "hostfile")
 
 
 def check_emit_dir(out_dir: str | Path, force: bool, names: list[str] | tuple[str, ...] = OWN_FILES) -> Path:

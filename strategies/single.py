@@ -28,6 +28,7 @@ class Single(Strategy):
     framework = "torch"
     launcher = PYTHON
     template = "single.py"
+    script_parts = ("checkpoint_local.py",)  # one process: torch.save, no torch.distributed
     distributes = False
     comm_order = -1  # no communication at all: first among ties
     comm_pattern = "none (one process)"
@@ -52,7 +53,8 @@ class Single(Strategy):
 
     def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
         """One process builds the model on the CPU in fp32 (torch's default dtype) before moving it to the GPU (LoRA:
-        the base in its held dtype, ``Strategy.load_host_bytes_per_node``): one GPU's share of the base rule."""
+        the base in its held dtype; ``--init-from``: the pretrained weights loaded the same way, twice over for a
+        ``torch.load``'ed state_dict, ``Strategy.load_host_bytes_per_node``): one GPU's share of the base rule."""
         return super().load_host_bytes_per_node(ctx) // ctx.hardware.gpus_per_node
 
     def step_time(self, ctx: StrategyContext, row) -> StepTime | None:

@@ -32,6 +32,7 @@ class TensorParallel(Strategy):
                     "wrap here: use single, ddp, fsdp2 or ZeRO for LoRA")
     client_optimizers = False  # bitsandbytes' and Adafactor's steps on DTensor shards are not verified
     template = "tp.py"
+    script_imports = ("import torch.distributed.checkpoint as dcp",)
     uses_tp_degree = True
     comm_pattern = ("all-reduce of the activations twice per block in forward and in backward (tensor parallel), "
                     "plus a gradient all-reduce across the data-parallel groups")

@@ -46,7 +46,7 @@ from advisor.models import family_of
 from advisor.timing.comm import pcie_transfer_s, split_buckets
 from advisor.timing.step import FOREACH_FACTOR, HOST_MEM_GBPS, HOST_MEM_SOURCE, Collective, StepTime, exposed_s
 
-from .base import Strategy, fabric_of, optimizer_step_s, timing_of
+from .base import Strategy, fabric_of, optimizer_step_s, pretrained_bytes, timing_of
 from .launchers import DEEPSPEED
 
 # DeepSpeed defaults (deepspeed/runtime/zero/config.py) and what generated ds_configs use.
@@ -164,6 +164,7 @@ class Zero(Strategy):
     framework = "deepspeed"
     launcher = DEEPSPEED
     template = "zero.py"
+    script_parts = ()  # DeepSpeed writes its own checkpoints (engine.save_checkpoint)
     casts_weights = True  # DeepSpeed's bf16/fp16 modes cast the whole module to 16 bits (no autocast)
 
     def __init__(self, stage: int, offload: bool = False) -> None:
@@ -250,11 +251,33 @@ class Zero(Strategy):
         """ZeRO-3 builds the model inside ``deepspeed.zero.Init`` where the family allows it
         (``script_constants``' ZERO_INIT): each parameter is partitioned as its module is created
         (partition_parameters.py, ``_post_init_method``), so a rank holds at most one module's full
-        parameters in fp32 at a time; otherwise every rank builds the full fp32 model (the base rule)."""
+        parameters in fp32 at a time; otherwise every rank builds the full fp32 model (the base rule,
+        ``--init-from`` included: every rank loads the pretrained weights whole).
+
+        ``--init-from`` under ZERO_INIT goes through transformers' DeepSpeed integration (transformers 5.24; the
+        script keeps an ``HfDeepSpeedConfig`` alive): ``from_pretrained`` builds the model under ``zero.Init``
+        (``PreTrainedModel.get_init_context``: the rule above), then ``PreTrainedModel._load_pretrained_model`` reads
+        the checkpoint with ``load_state_dict(ckpt_file, map_location="cpu" if rank 0 else "meta")`` for every
+        checkpoint shard file, merged into one dict before anything is copied: rank 0 holds the whole checkpoint,
+        the other ranks only its shapes. ``integrations.deepspeed._load_state_dict_into_zero3_model`` then gathers
+        each module's partitions on the GPU (``deepspeed.zero.GatheredParameters(params, modifier_rank=0)``), rank 0
+        alone copies the values in (``module._load_from_state_dict``), and they are re-partitioned; buffers are
+        broadcast from rank 0 on the GPU. Node 0 needs the larger of the build and rank 0's checkpoint (they do not
+        overlap: the loading starts after the build, and each gather is a collective). The checkpoint's own dtype is
+        not known to advisor: counted as ``pretrained_bytes`` (fp32; a 16-bit checkpoint needs half; safetensors'
+        memory-mapped pages count as they are touched)."""
         if self.stage == 3 and family_of(ctx.profile.spec).zero_init:
             stats = ctx.profile.stats
-            return ctx.hardware.gpus_per_node * 4 * stats.largest_module_params
+            build = ctx.hardware.gpus_per_node * 4 * stats.largest_module_params
+            return max(build, pretrained_bytes(ctx)) if ctx.options.init_from else build
         return super().load_host_bytes_per_node(ctx)
+
+    def load_fix(self, ctx: StrategyContext | None = None) -> str:
+        """ZeRO-3 loading ``--init-from`` under zero.Init: what rank 0 holds is the checkpoint itself."""
+        if ctx is not None and ctx.options.init_from and self.stage == 3 and family_of(ctx.profile.spec).zero_init:
+            return ("rank 0 reads the whole checkpoint into host RAM while it copies it into the partitions: give node "
+                    "0 more host RAM, or save the checkpoint in 16 bits (half the bytes)")
+        return super().load_fix(ctx)
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
         (frozen, p), n = rule_of_thumb_split(ctx.profile.stats, ctx.profile.spec.adapter), ctx.world_size
@@ -295,6 +318,8 @@ class Zero(Strategy):
             "gradient_accumulation_steps": row.grad_accum_steps,
             "train_batch_size": opts.micro_batch_size * row.dp_size * row.grad_accum_steps,
             "zero_optimization": zero,
+            # Set explicitly, as every other strategy's script clips (DeepSpeed's default is also 1.0).
+            "gradient_clipping": 1.0,
             "steps_per_print": 1_000_000,
             "wall_clock_breakdown": False,
         }

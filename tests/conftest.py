@@ -18,3 +18,15 @@ os.environ["ADVISOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="advisor-test-cache-")
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def no_what_if_traces(monkeypatch):
+    """Plans skip the what-if traces: the tensor-parallel shards of other GPU counts that ``plan()`` traces into
+    the disk cache for later questions (``Strategy.what_if_traces``). They are no part of the plan (nothing in it
+    reads them) and cost a trace each, so tests of a plan's figures do without them; tests of the cache
+    (tests/test_trace_cache.py) keep them."""
+    from strategies import all_strategies
+
+    for cls in {type(s) for s in all_strategies()}:
+        monkeypatch.setattr(cls, "what_if_traces", lambda self, ctx: [])

@@ -149,7 +149,7 @@ def test_zoomed_chart_renders(at: AppTest) -> None:
     assert not at.exception and not at.error
 
 
-def test_model_too_large_says_nothing_fits(at: AppTest) -> None:
+def test_model_too_large_says_nothing_fits(no_what_if_traces, at: AppTest) -> None:
     at.selectbox(key="model").select("llama-2-70b")
     at.selectbox(key="gpu").select("T4-16GB")
     at.number_input(key="gpus").set_value(1)

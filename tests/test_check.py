@@ -115,7 +115,7 @@ MUTATIONS = [
     ("llama", "ddp", "if rank == 0:\n            torch.save(", "if 1:\n            torch.save(", "MG009"),
     ("llama", "ddp", "torch.save(ddp.module.state_dict()", "torch.save(ddp.state_dict()", "MG007"),
     ("llama", "ddp", "torch.save(ddp.module.state_dict()", "torch.save(ddp", "MG006"),
-    ("llama", "ddp", "    dist.destroy_process_group()  # pitfall 19", "    pass", "MG013"),
+    ("llama", "ddp", "    dist.destroy_process_group()\n", "    pass\n", "MG013"),
     ("llama", "ddp", 'if int(os.environ.get("RANK", "0")) == 0:\n        print', "if True:\n        print", "MG009"),
     ("llama", "ddp", "torch.cuda.set_device(local_rank)", "torch.cuda.set_device(rank)", "MG004"),
     ("llama", "ddp", "sampler=sampler, num_workers", "sampler=sampler, shuffle=True, num_workers", "MG002"),

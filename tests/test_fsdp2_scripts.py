@@ -208,7 +208,7 @@ def test_fsdp2_dcp_checkpoint_converts(run, request, tmp_path):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     out = request.getfixturevalue(run)[1] / "out"
-    ckpt = out / "checkpoint"
+    ckpt = out / "checkpoints" / (out / "checkpoints" / "latest").read_text()  # the last step's
     assert (ckpt / ".metadata").exists()
     assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]  # one per rank
     dcp_to_torch_save(ckpt, tmp_path / "full.pt")

@@ -10,6 +10,9 @@ import pytest
 
 from tests.golden.corpus import CASES, GOLDEN, ROOT, plan_case
 
+# The plans, not the cache: no what-if traces (tests/conftest.py), which were 19 of the 83 traces made here.
+pytestmark = pytest.mark.usefixtures("no_what_if_traces")
+
 # Fields issue 11 added (schema_version 2): the inputs echo, where host RAM came from, and what each
 # strategy declares about itself.
 ADDED_TOP = {"inputs", "schema_version"}

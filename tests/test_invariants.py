@@ -27,12 +27,17 @@ SHAPES = [  # (hidden, layers, heads, kv heads, vocab): deep ones go through the
 
 
 def _config(tmp_path_factory, shape) -> str:
+    """The config file of ``shape``, written once per session: every example of a shape plans the same model, so
+    its traces repeat from the in-process cache (which keys a model by its source too: a file per example traced
+    each example again)."""
     hidden, layers, heads, kv, vocab = shape
-    path = tmp_path_factory.mktemp("cfg") / f"llama-{hidden}-{layers}.json"
-    path.write_text(json.dumps({"model_type": "llama", "hidden_size": hidden, "intermediate_size": 2 * hidden,
-                                "num_hidden_layers": layers, "num_attention_heads": heads,
-                                "num_key_value_heads": kv, "vocab_size": vocab,
-                                "max_position_embeddings": 512}))
+    path = tmp_path_factory.getbasetemp() / "invariant-configs" / ("llama-" + "-".join(map(str, shape)) + ".json")
+    if not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps({"model_type": "llama", "hidden_size": hidden, "intermediate_size": 2 * hidden,
+                                    "num_hidden_layers": layers, "num_attention_heads": heads,
+                                    "num_key_value_heads": kv, "vocab_size": vocab,
+                                    "max_position_embeddings": 512}))
     return str(path)
 
 
@@ -95,7 +100,7 @@ def test_deep_stack_split_is_never_negative(tmp_path):
     assert violations(p) == []
 
 
-def test_nothing_fits_names_checkpointing_before_a_larger_cluster(tmp_path):
+def test_nothing_fits_names_checkpointing_before_a_larger_cluster(tmp_path, no_what_if_traces):
     """Issue 12: "ZeRO-3 would fit on 234 x RTX3090 (117 nodes)" for a 3.8B model at seq 4096, where the
     answer is activation checkpointing. Now the checkpointing figure comes first."""
     p = plan(plan_inputs(model="llama-2-7b", seq_len=4096, gpus=2, gpu="RTX3090"))

@@ -202,7 +202,7 @@ def test_llama_7b_lora_fits_ddp_on_4_rtx4090_full_does_not():
     assert "where full fine-tuning does not fit on this cluster" in text
 
 
-def test_qlora_65b_fits_one_48gb_gpu():
+def test_qlora_65b_fits_one_48gb_gpu(no_what_if_traces):
     """The QLoRA paper's headline: 65B Llama architecture, nf4 + double quantization, rank 64 on all linear layers,
     bf16 adapters, paged AdamW, seq 512, micro-batch 1, activation checkpointing: under 48 GB on one 48 GB GPU;
     full fine-tuning of the same does not fit (named in the reasons)."""
@@ -226,7 +226,7 @@ def test_qlora_65b_fits_one_48gb_gpu():
     assert any("paged-adamw" in w and "unified memory" in w for w in p.warnings)
 
 
-def test_nothing_fits_names_lora_and_qlora_before_more_gpus():
+def test_nothing_fits_names_lora_and_qlora_before_more_gpus(no_what_if_traces):
     p = plan(plan_inputs(model="llama-2-7b", gpus=1, gpu="RTX4090", detect_hardware=False, seq_len=512,
                          micro_batch_size=1))
     assert p.recommendation.strategy is None

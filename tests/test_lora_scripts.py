@@ -8,9 +8,11 @@ weights, by the adapters' product."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from advisor.processes import free_port
 from advisor.schema import plan_inputs
 from advisor.verify import remove_deepspeed_shm
 from strategies import get_strategy
-from strategies.render import render_files, select_blocks, write_files
+from strategies.render import job_from_plan, render_files, render_job, select_blocks, write_files
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_LLAMA = str(ROOT / "tests" / "data" / "small_llama.json")
@@ -39,7 +41,7 @@ OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "sgd-momentum": "S
               "paged-adamw-8bit": "PagedAdamW8bit", "paged-adamw": "PagedAdamW", "lion": "Lion",
               "adafactor": "Adafactor"}
 # What LoRA adds to a script; none of it may appear in a full fine-tuning one.
-LORA_WORDS = ("LORA_", "peft", "add_lora", "--init-from", "adapter", "QUANTIZE", "# [")
+LORA_WORDS = ("LORA_", "peft", "add_lora", "--export-merged", "adapter", "QUANTIZE", "# [")
 
 
 def _inputs(config: str, gpus: int, **training):
@@ -80,8 +82,8 @@ def test_lora_scripts_render_and_full_scripts_carry_no_lora():
         assert "model.pt" in text
         text = render_files(lora, name)["train.py"]
         compile(text, "train.py", "exec")
-        assert "LORA_RANK = 8\n" in text and "LORA_TARGETS = ['q_proj', 'v_proj']\n" in text, name
-        assert "LORA_DTYPE = 'auto'\n" in text and "--init-from" in text and "--export-merged" in text, name
+        assert _const(text, "LORA_RANK") == "8" and _const(text, "LORA_TARGETS") == "['q_proj', 'v_proj']", name
+        assert _const(text, "LORA_DTYPE") == "'auto'" and "--init-from" in text and "--export-merged" in text, name
         assert "QUANTIZE" not in text and "# [" not in text, name
         assert "make_optimizer(trainable" in text and "save_adapter(" in text, name
         assert 'torch.save(model.state_dict(), os.path.join(args.out, "model.pt"))' not in text, name
@@ -89,11 +91,18 @@ def test_lora_scripts_render_and_full_scripts_carry_no_lora():
     for name in QLORA_STRATEGIES:
         text = render_files(qlora, name)["train.py"]
         compile(text, "train.py", "exec")
-        assert "QUANTIZE = 'nf4'\n" in text and "DOUBLE_QUANT = True\n" in text, name
-        assert "BNB_COMPUTE_DTYPE = 'fp32'\n" in text and "ACTIVATION_CHECKPOINTING = True\n" in text, name
+        assert _const(text, "QUANTIZE") == "'nf4'" and _const(text, "DOUBLE_QUANT") == "True", name
+        assert _const(text, "BNB_COMPUTE_DTYPE") == "'fp32'" and _const(text, "ACTIVATION_CHECKPOINTING") == "True", name
         assert "prepare_model_for_kbit_training" in text and "save_test_base(" in text, name
         assert "--export-merged" not in text and "# [" not in text, name  # no merging into a quantized base
     assert not qlora.row("zero3").applicable and not qlora.row("fsdp2").applicable
+
+
+def _const(text: str, name: str) -> str | None:
+    """The value written for constant ``name`` in a rendered script (its line's text after ``NAME = ``, without the
+    comment), or None."""
+    m = re.search(rf"^{name} = (.*?)(  # .*)?$", text, re.M)
+    return m.group(1) if m else None
 
 
 def _script_module(text: str, path: Path):
@@ -118,12 +127,15 @@ def test_add_lora_freezes_the_base_and_trains(tmp_path):
 
 
 def test_make_optimizer_builds_every_optimizer(tmp_path):
-    """Every optimizer name a plan can hold builds its class (bitsandbytes and transformers imported on demand);
-    Adafactor follows the script's LambdaLR schedule."""
-    p = plan(_inputs(SMALL_LLAMA, 2), device="cpu")
-    script = _script_module(render_files(p, "ddp")["train.py"], tmp_path / "optimizers")
+    """Every optimizer name a plan can hold builds its class (bitsandbytes and transformers imported on demand), from
+    a script written for it (make_optimizer holds only that optimizer's code); Adafactor follows the script's
+    LambdaLR schedule."""
+    job = job_from_plan(plan(_inputs(SMALL_LLAMA, 2), device="cpu"), "ddp")
     for name, cls in OPTIMIZERS.items():
-        script.OPTIMIZER = name
+        text = render_job(dataclasses.replace(job, optimizer=name))["train.py"]
+        script = _script_module(text, tmp_path / name)
+        assert text.count("torch.optim.") + text.count("bnb.optim.") + text.count("Adafactor(") >= 1
+        assert ("bitsandbytes" in text) == (name in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion")), name
         w = torch.nn.Parameter(torch.randn(8, 8))
         opt = script.make_optimizer([w], torch.device("cpu"))
         assert type(opt).__name__ == cls, name

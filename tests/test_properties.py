@@ -87,7 +87,8 @@ def test_random_cli_flags(capsys, flags):
 @settings(SETTINGS, max_examples=6)  # each example traces a new random model (about 3 s): 6 keep CI short
 @given(config=tiny_configs, gpus=st.integers(1, 8), micro=st.integers(1, 4),
        precision=st.sampled_from(["bf16", "fp32"]))
-def test_zero_states_shrink_and_activations_linear(tmp_path_factory, capsys, config, gpus, micro, precision):
+def test_zero_states_shrink_and_activations_linear(tmp_path_factory, capsys, no_what_if_traces, config, gpus, micro,
+                                                   precision):
     path = tmp_path_factory.mktemp("cfg") / "config.json"
     path.write_text(json.dumps(config))
     base = ["--config", str(path), "--seq-len", "32", "--precision", precision, "--json"]

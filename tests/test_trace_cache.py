@@ -145,3 +145,19 @@ def test_no_cache_neither_reads_nor_writes(counted, tmp_path, capsys):
     capsys.readouterr()
     assert main(["cache", "clear"]) == 0 and "removed" in capsys.readouterr().out
     assert DiskCache().info().entries == 0
+
+
+def test_mem_efficient_is_the_flash_trace_relabelled(counted):
+    """One stand-in traces both fused kernels (``advisor.trace``: ``FusedAttention``), so the memory-efficient
+    profile is the flash one under its own name (``advisor.profile._TRACED_AS``): asked after flash, it traces
+    nothing, and it equals its own uncached trace (were the stand-in ever to tell the kernels apart, that last
+    check fails: drop the kernel from ``_TRACED_AS``)."""
+    from advisor.models import resolve_model
+
+    spec = resolve_model(None, config_path=TINY, seq_len=32)
+    flash = profile.build_profile(spec, "flash", False).activations("autocast")
+    assert len(counted["traces"]) == 1 and flash.attention == "flash"
+    mem = profile.build_profile(spec, "mem-efficient", False).activations("autocast")
+    assert len(counted["traces"]) == 1
+    assert mem.attention == "mem-efficient" and mem.depths == flash.depths
+    assert mem == trace.profile_activations(spec, "autocast", "mem-efficient", False)

@@ -67,6 +67,9 @@ def resolve_model(name: str | None, *, config_path: str | None = None, config_di
     if not name:
         raise AdvisorError("no model given: pass a name (e.g. resnet50, gpt2, llama-2-7b) or --config config.json")
     if not _NAME_RE.fullmatch(name):
+        if name.endswith(".json") or "/" in name:
+            raise AdvisorError(f"model name {short_value(name)} looks like a path: pass a config file as --config "
+                               "PATH (a directory's config.json)")
         raise AdvisorError(f"model name {short_value(name)} has characters a model name cannot have (or is over 128 "
                            "characters): use a name like resnet50")
     preset = find_transformer_preset(name)

@@ -4,8 +4,8 @@
 def init_torchrun():
     """Rank, local rank, world size and device from torchrun's environment, then the process group.
 
-    LOCAL_RANK (not RANK) picks the GPU (pitfall 2); the process group exists before anything wraps
-    the model or loads a checkpoint (pitfall 1).
+    LOCAL_RANK (not RANK, which counts across nodes) picks the GPU; the process group exists before anything
+    wraps the model or loads a checkpoint.
     """
     rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     cuda = torch.cuda.is_available()
@@ -17,15 +17,26 @@ def init_torchrun():
 
 
 def make_loader(dataset, num_replicas: int, rank: int):
-    """DistributedSampler by data-parallel rank (pitfall 3: the sampler shuffles, so the DataLoader
-    gets no shuffle=True); workers about CPU cores / GPUs, pinned memory on CUDA (pitfall 13)."""
-    sampler = torch.utils.data.distributed.DistributedSampler(
-        dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=DATA_SEED, drop_last=True)
+    """DistributedSampler by data-parallel rank (the sampler shuffles, so the DataLoader gets no shuffle=True);
+    workers about CPU cores / GPUs, pinned memory on CUDA."""
+    sampler = ResumableSampler(torch.utils.data.distributed.DistributedSampler(
+        dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=DATA_SEED, drop_last=True))
     workers = NUM_WORKERS
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=MICRO_BATCH_SIZE, sampler=sampler, num_workers=workers,
         pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0, drop_last=True)
+    if len(loader) < GRAD_ACCUM_STEPS:
+        raise SystemExit(f"the training set has {len(dataset)} samples: too few for one optimizer step of "
+                         f"{MICRO_BATCH_SIZE} x {GRAD_ACCUM_STEPS} samples on each of {num_replicas} ranks")
     return sampler, loader
+
+
+def make_eval_loader(dataset, num_replicas: int, rank: int):
+    """The held-out set in a fixed order, split between the data-parallel ranks without repeats (drop_last: every
+    rank gets the same number of samples, so the same number of forward passes)."""
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=True)
+    return torch.utils.data.DataLoader(dataset, batch_size=MICRO_BATCH_SIZE, sampler=sampler)
 
 
 def all_reduce_sum(t) -> None:
@@ -45,3 +56,8 @@ def gather_objects(obj, world_size: int) -> list:
     return everyone
 
 
+
+
+def teardown() -> None:
+    """The end of every run, finished or stopped: destroy the process group, so no rank is left waiting."""
+    dist.destroy_process_group()

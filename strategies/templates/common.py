@@ -2,37 +2,74 @@
 # Model, data, loss, learning rate, memory measurement and the report: shared by every strategy.
 # ---------------------------------------------------------------------------------------------
 def log(msg: str) -> None:
-    """Rank-0-only logging (field notes pitfall 12); a single process (no RANK) is rank 0."""
+    """Rank-0-only logging (one line per step, not one per rank); a single process (no RANK) is rank 0."""
     if int(os.environ.get("RANK", "0")) == 0:
         print(msg, flush=True)
 
 
 class SyntheticDataset(torch.utils.data.Dataset):
-    """NUM_SAMPLES fixed random samples of the right shape; sample i is the same on every rank.
+    """``num_samples`` fixed random samples of the right shape; sample i is the same on every rank. ``offset`` keeps
+    the held-out samples apart from the training ones. Used when no --data is given (smoke tests, --verify)."""
 
-    To train on real data, pass --data PATH and fill in load_real_dataset() below: it must return
-    a map-style Dataset yielding the same dict keys.
-    """
-
-    def __init__(self, num_samples: int) -> None:
-        self.num_samples = num_samples
+    def __init__(self, num_samples: int, offset: int = 0) -> None:
+        self.num_samples, self.offset = num_samples, offset
 
     def __len__(self) -> int:
         return self.num_samples
 
     def __getitem__(self, index: int) -> dict:
-        return make_sample(torch.Generator().manual_seed(DATA_SEED + index), index)
+        return make_sample(torch.Generator().manual_seed(DATA_SEED + self.offset + index), index)
 
 
-def load_real_dataset(path: str):
-    """Plug your dataset in here (one place): return a torch Dataset of dicts with the keys that
-    SyntheticDataset yields ("input_ids"/"labels" for language models, "x"/"target" for images)."""
-    raise SystemExit(f"--data {path}: edit load_real_dataset() in this script to read your data")
+class ResumableSampler(torch.utils.data.Sampler):
+    """A sampler whose next epoch can start part-way (a resumed run): set_epoch(epoch, skip) passes over the first
+    ``skip`` indices of that epoch's order without loading their samples."""
+
+    def __init__(self, sampler) -> None:
+        self.sampler, self.skip = sampler, 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.sampler.set_epoch(epoch)
+        self.skip = skip
+
+    def __iter__(self):
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.sampler) - self.skip)
+
+
+def make_datasets(args):
+    """(training set, held-out set): --data's (load_real_dataset), else synthetic samples."""
+    if args.data:
+        if not os.path.exists(args.data):
+            raise SystemExit(f"--data {args.data}: no such file or directory")
+        return load_real_dataset(args)
+    return SyntheticDataset(NUM_SAMPLES), SyntheticDataset(EVAL_SAMPLES, offset=NUM_SAMPLES)
+
+
+def evaluate(model, dataset, num_replicas: int, rank: int, device, autocast_dtype=None, input_dtype=None) -> float:
+    """Mean loss on the held-out set, at most EVAL_BATCHES micro-batches per data-parallel rank, without gradients.
+    Each rank takes its own shard; the loss sums and sample counts are added over every rank, so the figure is the
+    mean over all samples, not a mean of per-rank means. Every rank runs the same number of forward passes
+    (sharded models gather parameters inside forward)."""
+    loader = make_eval_loader(dataset, num_replicas, rank)
+    total, count = 0.0, 0
+    model.eval()
+    with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        for i, batch in enumerate(loader):
+            if i == EVAL_BATCHES:
+                break
+            n = len(batch["index"])
+            total += compute_loss(model, batch, device, input_dtype).item() * n
+            count += n
+    model.train()
+    return aggregate_mean(total, count, device)
 
 
 def lr_at(step: int) -> float:
     """Linear warmup to the scaled LR (reached at the end of warmup, not at step 0), then cosine
-    decay to 10% (field notes 000 section 3.4: linear scaling rule with warmup)."""
+    decay to 10% (Goyal et al. 2017: a large batch's scaled LR needs a warmup)."""
     if step < WARMUP_STEPS:
         return LR * (step + 1) / WARMUP_STEPS
     progress = min(1.0, (step - WARMUP_STEPS) / max(1, TOTAL_STEPS - WARMUP_STEPS))
@@ -40,33 +77,46 @@ def lr_at(step: int) -> float:
 
 
 def make_optimizer(params, device):
-    """The optimizer the estimate assumed. fused Adam on CUDA: no per-tensor temporaries. bitsandbytes' 8-bit,
-    paged and Lion optimizers (paged ones page their states to host memory under GPU memory pressure; on a CPU
-    bitsandbytes runs them unpaged) and transformers' Adafactor (factored second moments) are imported only when
-    chosen. Adafactor runs at LR under this script's schedule (relative_step=False, no parameter scaling)."""
+    """The optimizer the estimate assumed (OPTIMIZER), over ``params``."""
+    # [adam]
+    if OPTIMIZER not in ("adam", "adamw"):
+        raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: this script holds Adam's code: emit it again with --optimizer")
+    # Fused Adam on CUDA: one kernel for all parameters, no per-tensor temporaries.
     fused = {"fused": True} if device.type == "cuda" else {}
-    if OPTIMIZER in ("adam", "adamw"):
-        cls = torch.optim.AdamW if OPTIMIZER == "adamw" else torch.optim.Adam
-        return cls(params, lr=LR, weight_decay=WEIGHT_DECAY if OPTIMIZER == "adamw" else 0.0, **fused)
-    if OPTIMIZER in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion"):
-        import bitsandbytes as bnb
-
-        cls = {"adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw-8bit": bnb.optim.PagedAdamW8bit,
-               "paged-adamw": bnb.optim.PagedAdamW, "lion": bnb.optim.Lion}[OPTIMIZER]
-        return cls(params, lr=LR, weight_decay=WEIGHT_DECAY)
-    if OPTIMIZER == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=LR, weight_decay=WEIGHT_DECAY, relative_step=False, scale_parameter=False,
-                         warmup_init=False)
+    cls = torch.optim.AdamW if OPTIMIZER == "adamw" else torch.optim.Adam
+    return cls(params, lr=LR, weight_decay=WEIGHT_DECAY if OPTIMIZER == "adamw" else 0.0, **fused)
+    # [/adam]
+    # [sgd]
     if OPTIMIZER not in ("sgd", "sgd-momentum"):
-        raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: make_optimizer() knows adamw, adam, sgd, sgd-momentum, "
-                         "adamw-8bit, paged-adamw-8bit, paged-adamw, lion and adafactor")
+        raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: this script holds SGD's code: emit it again with --optimizer")
     return torch.optim.SGD(params, lr=LR, momentum=0.9 if OPTIMIZER == "sgd-momentum" else 0.0)
+    # [/sgd]
+    # [bnb]
+    # bitsandbytes' 8-bit, paged and Lion optimizers; the paged ones move their states to host memory under GPU
+    # memory pressure (on a CPU bitsandbytes runs them unpaged).
+    import bitsandbytes as bnb
+
+    classes = {"adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw-8bit": bnb.optim.PagedAdamW8bit,
+               "paged-adamw": bnb.optim.PagedAdamW, "lion": bnb.optim.Lion}
+    if OPTIMIZER not in classes:
+        raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: this script holds bitsandbytes' optimizers: emit it again with "
+                         "--optimizer")
+    return classes[OPTIMIZER](params, lr=LR, weight_decay=WEIGHT_DECAY)
+    # [/bnb]
+    # [adafactor]
+    if OPTIMIZER != "adafactor":
+        raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: this script holds Adafactor's code: emit it again with --optimizer")
+    # transformers' Adafactor (factored second moments) at LR under this script's schedule: no relative step, no
+    # parameter scaling.
+    from transformers.optimization import Adafactor
+
+    return Adafactor(params, lr=LR, weight_decay=WEIGHT_DECAY, relative_step=False, scale_parameter=False,
+                     warmup_init=False)
+    # [/adafactor]
 
 
 def aggregate_mean(total: float, count: int, device) -> float:
-    """Global mean from per-rank sums and counts (pitfall 10: not a mean of means)."""
+    """Global mean from per-rank sums and counts (not a mean of per-rank means)."""
     t = torch.tensor([total, float(count)], dtype=torch.float64, device=device)
     all_reduce_sum(t)
     return (t[0] / t[1]).item() if t[1] > 0 else float("nan")
@@ -74,7 +124,7 @@ def aggregate_mean(total: float, count: int, device) -> float:
 
 class StepLog:
     """Per-optimizer-step bookkeeping shared by every strategy: the global mean loss from per-rank
-    sums and counts (pitfall 10), the step time and a rank-0 log line (pitfall 12).
+    sums and counts, the step time and a rank-0 log line.
 
     ``timing_steps`` more steps run after the ``total_steps`` measured ones, to time steps without the
     memory meter: once the last measured step ends, ``meter`` stops (on CPU the profiler it runs slows every
@@ -84,12 +134,35 @@ class StepLog:
     def __init__(self, total_steps: int, device, meter=None, timing_steps: int = 0) -> None:
         self.total_steps, self.device = total_steps, device
         self.meter, self.timing_steps = meter, max(0, timing_steps)
-        self.losses, self.step_times = [], []
+        self.losses, self.step_times, self.eval_losses = [], [], []
+        self.start = 0  # optimizer steps done before this run (a resumed one starts after its checkpoint's)
+        self.stopped = False  # SIGTERM: the run ends at this step boundary (checkpoint_due)
+        self.at, self.saved_step = (0, 0), None  # (epoch, micro-batch) of the last step; the step last checkpointed
         self._sum, self._count, self._t0 = 0.0, 0, time.perf_counter()
 
     @property
+    def step(self) -> int:
+        """Optimizer steps done, counting those before a resume."""
+        return self.start + len(self.step_times)
+
+    def restart_clock(self) -> None:
+        """Leave what just ran (evaluation, a checkpoint) out of the next step's time."""
+        self._t0 = time.perf_counter()
+
+    def evaluate(self, every: int, run, *args) -> None:
+        """After every ``every`` optimizer steps and after the last one (``every`` 0: never), ``run(*args)``: the
+        held-out mean loss, logged and kept as (step, loss). Its time is not counted in any step's time."""
+        step = self.step
+        if every <= 0 or (step % every and not self.done):
+            return
+        loss = run(*args)
+        self.eval_losses.append([step, loss])
+        log(f"eval after step {step}: held-out loss {loss:.4f}")
+        self._t0 = time.perf_counter()
+
+    @property
     def done(self) -> bool:
-        return len(self.step_times) >= self.total_steps + self.timing_steps
+        return self.stopped or self.step >= self.total_steps + self.timing_steps
 
     def micro_step(self, loss) -> None:
         self._sum += loss.item()
@@ -98,22 +171,118 @@ class StepLog:
     def end_step(self, lr: float) -> None:
         mean = aggregate_mean(self._sum, self._count, self.device)
         self.step_times.append(time.perf_counter() - self._t0)
-        if len(self.losses) < self.total_steps:
+        if self.start + len(self.losses) < self.total_steps:
             self.losses.append(mean)
-            log(f"step {len(self.losses)}/{self.total_steps} loss {mean:.4f} lr {lr:.3g} {self.step_times[-1]:.2f}s")
-            if len(self.losses) == self.total_steps and self.timing_steps and self.meter is not None:
+            log(f"step {self.step}/{self.total_steps} loss {mean:.4f} lr {lr:.3g} {self.step_times[-1]:.2f}s")
+            if self.start + len(self.losses) == self.total_steps and self.timing_steps and self.meter is not None:
                 self.meter.stop()  # the memory figures cover the measured steps; the timing steps run unprofiled
                 barrier()  # ranks finish the meter at different times: start the timing steps together
         else:
-            timed = len(self.step_times) - self.total_steps
+            timed = self.step - self.total_steps
             log(f"timing step {timed}/{self.timing_steps} (memory meter off) loss {mean:.4f} "
                 f"{self.step_times[-1]:.3f}s")
         self._sum, self._count, self._t0 = 0.0, 0, time.perf_counter()
 
 
+class Preemption:
+    """SIGTERM (SLURM's --signal before the time limit, a preemption, kill) ends the run at the next optimizer step,
+    with a checkpoint. The handler only raises a flag; the ranks agree on it at a step boundary (a one-number
+    all-reduce), so every rank saves the same step, then the script exits 0."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum, frame) -> None:
+        self.requested = True
+
+    def agreed(self, device) -> bool:
+        flag = torch.tensor([float(self.requested)], device=device)
+        all_reduce_sum(flag)
+        return bool(flag.item() > 0)
+
+
+def checkpoint_due(args, steps, preemption, device, epoch: int, micro: int) -> bool:
+    """At an optimizer-step boundary (``micro`` micro-batches into ``epoch``, recorded in ``steps.at``): is a
+    checkpoint due? Every --save-every steps, and when any rank got SIGTERM (then steps.stopped is set,
+    steps.done becomes true and the run ends after saving). The run's last step is saved after training."""
+    steps.at = (epoch, micro)
+    if preemption.agreed(device):
+        steps.stopped = True
+    due = steps.stopped or (args.save_every > 0 and steps.step % args.save_every == 0 and not steps.done)
+    if due:
+        steps.saved_step = steps.step
+    return due
+
+
+def final_checkpoint_due(args, steps) -> bool:
+    """After training: the last step's checkpoint (to continue or extend the run), unless --no-save or saved."""
+    return not args.no_save and steps.saved_step != steps.step
+
+
+def checkpoint_dir(out: str, step: int) -> str:
+    return os.path.join(out, "checkpoints", f"step-{step}")
+
+
+def latest_checkpoint(out: str) -> str:
+    """--resume: the newest complete checkpoint under --out/checkpoints (named by its 'latest' file)."""
+    root = os.path.join(out, "checkpoints")
+    try:
+        with open(os.path.join(root, "latest")) as f:
+            return os.path.join(root, f.read().strip())
+    except FileNotFoundError:
+        raise SystemExit(f"--resume: no checkpoint in {root}: checkpoints are written every --save-every steps "
+                         "and on SIGTERM") from None
+
+
+def commit_checkpoint(out: str, step: int, rank: int) -> None:
+    """Once every rank has written step-N, rank 0 points 'latest' at it (a temporary file renamed over it: a crash
+    never leaves it half-written) and removes the older checkpoints."""
+    barrier()
+    if rank == 0:
+        root, name = os.path.join(out, "checkpoints"), f"step-{step}"
+        with open(os.path.join(root, "latest.tmp"), "w") as f:
+            f.write(name)
+        os.replace(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))
+        for old in os.listdir(root):
+            if old.startswith("step-") and old != name:
+                shutil.rmtree(os.path.join(root, old))
+        log(f"checkpoint: {os.path.join(root, name)} (continue with --resume)")
+    barrier()
+
+
+def training_state(steps, scheduler=None, scaler=None) -> dict:
+    """What a resumed run needs besides the model and the optimizer: the step, the position in the epoch (``steps.at``:
+    epoch, micro-batches consumed), the LR schedule, the fp16 loss scale and this rank's random number generators."""
+    epoch, micro = steps.at
+    return {"step": steps.step, "epoch": epoch, "micro": micro,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "scaler": scaler.state_dict() if scaler is not None else None, "cpu_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+
+
+def restore_training_state(path: str, rank: int, steps, scheduler=None, scaler=None) -> tuple[int, int]:
+    """This rank's training state from checkpoint ``path``; returns (epoch, micro-batches of it already done)."""
+    state = torch.load(os.path.join(path, f"training-state-rank{rank}.pt"), map_location="cpu", weights_only=True)
+    if scheduler is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None:
+        scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["cpu_rng"])
+    if state["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda_rng"])
+    steps.start = state["step"]
+    log(f"resumed from {path}: step {state['step']}, epoch {state['epoch']}, micro-batch {state['micro']}")
+    return state["epoch"], state["micro"]
+
+
+def save_training_state(path: str, rank: int, state: dict) -> None:
+    torch.save(state, os.path.join(path, f"training-state-rank{rank}.pt"))
+
+
 def optimizer_step(scaler, optimizer, scheduler, steps: StepLog) -> None:
     """End of an accumulation window: step through the GradScaler (a pass-through unless fp16,
-    pitfall 15), release the gradients, advance the LR schedule, log."""
+    bf16 needs none), release the gradients, advance the LR schedule, log."""
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
@@ -162,22 +331,32 @@ class MemoryMeter:
                 "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device))}
 
 
-def write_report(path: str, rank: int, world_size: int, device, memory: dict, losses: list, step_times: list,
-                 extra: dict) -> None:
-    """Gather every rank's figures; rank 0 writes one JSON report (pitfall 12)."""
+def write_report(path: str, rank: int, world_size: int, device, memory: dict, steps: StepLog, extra: dict) -> None:
+    """Gather every rank's figures; rank 0 writes one JSON report."""
     # step_times_s: one per step, the measured steps' (one per loss) first; profiled_steps: how many of them ran
     # under the CPU memory profiler (the timing steps after them never do; nothing is profiled on CUDA).
     mine = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), **memory,
-            "losses": losses, "step_times_s": step_times, "profiled_steps": 0 if device.type == "cuda" else len(losses),
-            **extra}
+            "losses": steps.losses, "step_times_s": steps.step_times,
+            "profiled_steps": 0 if device.type == "cuda" else len(steps.losses), **extra}
     everyone = gather_objects(mine, world_size)
     if rank == 0:
         report = {"strategy": STRATEGY, "device": device.type, "world_size": world_size,
-                  "steps": len(losses), "precision": PRECISION, "micro_batch_size": MICRO_BATCH_SIZE,
-                  "gradient_accumulation_steps": GRAD_ACCUM_STEPS, "estimate": ESTIMATE, "per_rank": everyone}
+                  "steps": len(steps.losses), "precision": PRECISION, "micro_batch_size": MICRO_BATCH_SIZE,
+                  "gradient_accumulation_steps": GRAD_ACCUM_STEPS, "eval_losses": steps.eval_losses,
+                  "estimate": ESTIMATE, "per_rank": everyone}
         with open(path, "w") as f:
             json.dump(report, f, indent=2)
         log(f"report written to {path}")
+
+
+def check_args(args):
+    """One-line errors instead of tracebacks for local paths that do not exist (a hub id, org/name, is not one)."""
+    for flag, value in (("--init-from", args.init_from), ("--tokenizer", getattr(args, "tokenizer", None))):
+        local = value and (value.startswith((".", "/", "~")) or value.count("/") > 1
+                           or value.endswith((".pt", ".pth", ".bin", ".safetensors")))
+        if local and not os.path.exists(os.path.expanduser(value)):
+            raise SystemExit(f"{flag} {value}: no such file or directory")
+    return args
 
 
 def parse_args():
@@ -185,19 +364,25 @@ def parse_args():
     p.add_argument("--steps", type=int, default=TOTAL_STEPS, help="optimizer steps to run")
     p.add_argument("--timing-steps", type=int, default=0, help="optimizer steps run after --steps with the memory "
                    "meter stopped, to time steps without the CPU profiler (their losses are only logged)")
-    p.add_argument("--data", help="path to a real dataset (see load_real_dataset)")
+    p.add_argument("--init-from", metavar="PATH", default=INIT_FROM, help=INIT_FROM_HELP)
+    p.add_argument("--data", metavar="PATH", default=None, help=DATA_HELP)
+    # [text]
+    p.add_argument("--tokenizer", metavar="DIR", default=None, help="the tokenizer for --data (a save_pretrained "
+                   "directory or hub id; default: --init-from)")
+    # [/text]
+    p.add_argument("--save-every", type=int, default=SAVE_EVERY, help="write a resumable checkpoint every N optimizer "
+                   "steps into --out/checkpoints (0: only on SIGTERM); the last one is kept")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/checkpoints: "
+                   "model, optimizer, LR schedule, step, position in the epoch and every rank's random state")
+    p.add_argument("--eval-every", type=int, default=EVAL_EVERY, help="evaluate on the held-out set every N optimizer "
+                   "steps and after the last (0: never)")
     p.add_argument("--out", default=".", help="directory for the checkpoint and the report")
     p.add_argument("--report", default="report.json", help="report file name inside --out")
     p.add_argument("--no-save", action="store_true", help="skip the checkpoint")
-    # [lora]
-    p.add_argument("--init-from", metavar="PATH", default=None, help="the pretrained base to train adapters on (a "
-                   "save_pretrained directory for transformers models, else a state_dict file such as model.pt); "
-                   "without it the base is freshly initialised from the config, for smoke tests only")
-    # [/lora]
     # [lora16]
     p.add_argument("--export-merged", action="store_true", help="also write the base with the trained adapters "
                    "merged in (--out/merged): rank 0 holds the whole base in host RAM to do it")
     # [/lora16]
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
     p.add_argument("--deepspeed_config", default=None, help=argparse.SUPPRESS)
-    return p.parse_args()
+    return check_args(p.parse_args())

@@ -2,8 +2,8 @@
 # DDP
 # ---------------------------------------------------------------------------------------------
 def use_sync_batchnorm(model, micro_batch_size: int, device_type: str) -> tuple[bool, str]:
-    """SyncBatchNorm when the model has BatchNorm, the per-GPU batch is small (<= 32, field notes
-    pitfall 8) and the device is CUDA (SyncBatchNorm refuses CPU tensors)."""
+    """SyncBatchNorm when the model has BatchNorm, the per-GPU batch is small (<= 32: too few samples for
+    per-GPU statistics) and the device is CUDA (SyncBatchNorm refuses CPU tensors)."""
     has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
     if not has_bn:
         return False, "no BatchNorm layers"
@@ -16,7 +16,7 @@ def use_sync_batchnorm(model, micro_batch_size: int, device_type: str) -> tuple[
 
 def main() -> None:
     args = parse_args()
-    rank, local_rank, world_size, device = init_torchrun()  # pitfalls 1 and 2
+    rank, local_rank, world_size, device = init_torchrun()  # the process group first; LOCAL_RANK picks the GPU
     torch.manual_seed(SEED)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     log(f"DDP: world size {world_size}, micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation {GRAD_ACCUM_STEPS} "
         f"-> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
@@ -30,7 +30,7 @@ def main() -> None:
     meter = MemoryMeter(device)
     with meter:
         # [full]
-        model = build_model()
+        model = build_model(args.init_from)
         if PRECISION == "pure-bf16":
             model = model.to(torch.bfloat16)
         # [/full]
@@ -68,16 +68,22 @@ def main() -> None:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
         # Pitfall 15: fp16 needs a GradScaler; bf16 does not.
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
-        dataset = load_real_dataset(args.data) if args.data else SyntheticDataset(NUM_SAMPLES)
+        dataset, held_out = make_datasets(args)
         sampler, loader = make_loader(dataset, world_size, rank)
-        torch.manual_seed(SEED + rank)  # pitfall 11: per-rank randomness for augmentation/dropout
+        torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
 
         steps, seen, calls_per_micro_step = StepLog(args.steps, device, meter, args.timing_steps), {}, []
-        epoch = 0
+        grad_norms = []
+        preemption = Preemption()
+        epoch, done_micro = 0, 0
+        if args.resume:
+            path = load_checkpoint(args.out, ddp, optimizer)
+            epoch, done_micro = restore_training_state(path, rank, steps, scheduler, scaler)
         while not steps.done:
-            sampler.set_epoch(epoch)  # pitfall 4: a new order every epoch
+            # Pitfall 4: a new order every epoch; a resumed run starts where its checkpoint stopped.
+            sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
             seen[epoch] = []
-            for micro, batch in enumerate(loader, start=1):
+            for micro, batch in enumerate(loader, start=done_micro + 1):
                 seen[epoch] += batch["index"].tolist()
                 last_micro = micro % GRAD_ACCUM_STEPS == 0
                 # Pitfall 16: skip the gradient all-reduce on non-final accumulation steps.
@@ -90,15 +96,30 @@ def main() -> None:
                 comm["allreduce_calls"] = 0
                 if not last_micro:
                     continue
+                # Clip the true gradients: unscale first (a no-op unless fp16), then clip, then step. The gradients
+                # are already averaged over the ranks, so every rank computes the same norm.
+                scaler.unscale_(optimizer)
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(ddp.parameters(), MAX_GRAD_NORM)))
                 optimizer_step(scaler, optimizer, scheduler, steps)
+                steps.evaluate(args.eval_every, evaluate, ddp.module, held_out, world_size, rank, device, half)
+                if checkpoint_due(args, steps, preemption, device, epoch, micro):
+                    save_checkpoint(args.out, ddp, optimizer, training_state(steps, scheduler, scaler), rank)
+                    steps.restart_clock()
                 if steps.done:
                     break
-            epoch += 1
+            epoch, done_micro = epoch + 1, 0
+
+    if steps.stopped:
+        log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
+        teardown()
+        return
 
     # [lora]
     eval_loss = lora_eval_loss(ddp.module, dataset, device, None, half)
     # [/lora]
     os.makedirs(args.out, exist_ok=True)
+    if final_checkpoint_due(args, steps):
+        save_checkpoint(args.out, ddp, optimizer, training_state(steps, scheduler, scaler), rank)
     if not args.no_save:
         # [full]
         # Pitfall 7: the plain module's weights (no "module." prefix), written by rank 0 only.
@@ -117,13 +138,13 @@ def main() -> None:
             export_merged(ddp.module.state_dict(), args.out)
         # [/lora16]
         dist.barrier()
-    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps.losses,
-                 steps.step_times, {"allreduce_calls_per_micro_step": calls_per_micro_step, "sample_indices": seen,
+    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps,
+                 {"allreduce_calls_per_micro_step": calls_per_micro_step, "sample_indices": seen, "grad_norms": grad_norms,
                               # [lora]
                               "final_eval_loss": eval_loss, "trainable_params": sum(p.numel() for p in trainable),
                               # [/lora]
                               "sync_batchnorm": sync_bn})
-    dist.destroy_process_group()  # pitfall 19
+    teardown()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,6 @@
 # ---------------------------------------------------------------------------------------------
 # FSDP2 (torch.distributed.fsdp.fully_shard): parameters, gradients and optimizer states sharded
 # ---------------------------------------------------------------------------------------------
-MAX_GRAD_NORM = 1.0  # gradient clipping (total L2 norm over every rank's gradient shards)
-
-
 @contextlib.contextmanager
 def parameters_on_meta():
     """While active, every parameter a module registers is moved to the meta device at once (no memory, and
@@ -161,18 +158,29 @@ def reset_adapters(model) -> None:
 
 
 # [/lora]
-# [lora16]
-def load_base_shards(model, args) -> None:
-    """--init-from: rank 0 loads the pretrained base whole into host memory (build_base: from_pretrained) and
-    broadcasts it into every rank's shards (set_model_state_dict, broadcast_from_rank0); the adapters keep their init.
-    peft's names are the base's with base_model.model. in front and .base_layer. inside each adapted module."""
+def load_pretrained_shards(model, args) -> None:
+    """--init-from: rank 0 loads the pretrained weights whole into host memory and broadcasts them into every rank's
+    shards (set_model_state_dict, broadcast_from_rank0)."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    names = [name for name in get_model_state_dict(model) if "lora_" not in name]  # every rank: its shards, no copy
+    # [full]
+    names = list(get_model_state_dict(model))  # every rank: its shards, no copy
+    # [/full]
+    # [lora]
+    # The base's weights only (the adapters keep their init); peft's names are the base's with base_model.model. in
+    # front and .base_layer. inside each adapted module.
+    names = [name for name in get_model_state_dict(model) if "lora_" not in name]
+    # [/lora]
     state = {}
     if dist.get_rank() == 0:
+        # [full]
+        base = build_model(args.init_from).state_dict()
+        own = {name: name for name in names}
+        # [/full]
+        # [lora]
         base = build_base(args, base_dtype()).state_dict()
         own = {name: name.removeprefix("base_model.model.").replace(".base_layer.", ".") for name in names}
+        # [/lora]
         missing = [name for name in names if own[name] not in base]
         if missing:
             raise SystemExit(f"--init-from {args.init_from}: no {', '.join(own[n] for n in missing[:3])} in its weights")
@@ -180,10 +188,9 @@ def load_base_shards(model, args) -> None:
         del base
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
                                                                 strict=False))
-    log(f"base weights loaded from {args.init_from} into every rank's shards")
+    log(f"pretrained weights loaded from {args.init_from} into every rank's shards")
 
 
-# [/lora16]
 def count_reduce_scatters(model, blocks, comm: dict) -> None:
     """Count reduce-scatters: FSDP2 runs a sharded parameter's post-accumulate-grad hooks right after its
     unit's reduce-scatter has written the sharded gradient, and only then (accumulating without sync, the
@@ -198,6 +205,16 @@ def count_reduce_scatters(model, blocks, comm: dict) -> None:
         first = next((p for p in params if p.requires_grad), None)
         if first is not None:
             first.register_post_accumulate_grad_hook(counted)
+
+
+def evaluate_sharded(model, dataset, num_replicas: int, rank: int, device, input_dtype) -> float:
+    """evaluate() (no autocast: the policy casts), then every unit resharded: without gradients nothing reshards
+    the root (nor, unresharded, the blocks)."""
+    loss = evaluate(model, dataset, num_replicas, rank, device, None, input_dtype)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    return loss
 
 
 def final_eval_loss(model, dataset, device) -> float:
@@ -216,7 +233,7 @@ def final_eval_loss(model, dataset, device) -> float:
 
 def main() -> None:
     args = parse_args()
-    rank, _, world_size, device = init_torchrun()  # pitfalls 1 and 2
+    rank, _, world_size, device = init_torchrun()  # the process group first; LOCAL_RANK picks the GPU
     if world_size % REPLICATE_DEGREE:
         raise SystemExit(f"world size {world_size} is not a multiple of the replicate degree {REPLICATE_DEGREE}")
     if REPLICATE_DEGREE > 1:
@@ -235,10 +252,8 @@ def main() -> None:
     meter = MemoryMeter(device)
     with meter:
         model, blocks, uninitialised = build_sharded_model(mesh, device)
-        # [lora16]
         if args.init_from:
-            load_base_shards(model, args)
-        # [/lora16]
+            load_pretrained_shards(model, args)
         local_numel = sum(p.to_local().numel() for p in model.parameters())
         full_numel = sum(p.numel() for p in model.parameters())
         count_reduce_scatters(model, blocks, comm)
@@ -254,18 +269,23 @@ def main() -> None:
         # Pitfall 15: fp16 needs a GradScaler. torch.amp's works on DTensor gradients: DTensor's unscale
         # takes the max of found_inf over the mesh, so every rank skips the same steps.
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
-        dataset = load_real_dataset(args.data) if args.data else SyntheticDataset(NUM_SAMPLES)
+        dataset, held_out = make_datasets(args)
         sampler, loader = make_loader(dataset, world_size, rank)  # every rank is a data-parallel rank
-        torch.manual_seed(SEED + rank)  # pitfall 11: per-rank randomness for augmentation/dropout
+        torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
         # Pure bf16: no policy casts the inputs, so image inputs are cast by hand (token ids stay integers).
         input_dtype = torch.bfloat16 if PRECISION == "pure-bf16" else None
 
         steps, seen, per_micro_step, grad_norms = StepLog(args.steps, device, meter, args.timing_steps), {}, [], []
-        epoch = 0
+        preemption = Preemption()
+        epoch, done_micro = 0, 0
+        if args.resume:  # each rank reads its own shards
+            path = load_checkpoint(args.out, model, optimizer)
+            epoch, done_micro = restore_training_state(path, rank, steps, scheduler, scaler)
         while not steps.done:
-            sampler.set_epoch(epoch)  # pitfall 4: a new order every epoch
+            # Pitfall 4: a new order every epoch; a resumed run starts where its checkpoint stopped.
+            sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
             seen[epoch] = []
-            for micro, batch in enumerate(loader, start=1):
+            for micro, batch in enumerate(loader, start=done_micro + 1):
                 seen[epoch] += batch["index"].tolist()
                 last_micro = micro % GRAD_ACCUM_STEPS == 0
                 # Pitfall 16: syncing only on the last micro-step skips the reduce-scatters before it, but every
@@ -290,39 +310,43 @@ def main() -> None:
                 # [/lora]
                 grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
                 optimizer_step(scaler, optimizer, scheduler, steps)
+                steps.evaluate(args.eval_every, evaluate_sharded, model, held_out, world_size, rank, device,
+                               input_dtype)
+                if checkpoint_due(args, steps, preemption, device, epoch, micro):
+                    save_checkpoint(args.out, model, optimizer, training_state(steps, scheduler, scaler), rank)
+                    steps.restart_clock()
                 if steps.done:
                     break
-            epoch += 1
+            epoch, done_micro = epoch + 1, 0
+
+    if steps.stopped:
+        log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
+        teardown()
+        return
 
     eval_loss = final_eval_loss(model, dataset, device)
     os.makedirs(args.out, exist_ok=True)
+    if final_checkpoint_due(args, steps):  # resumable: every rank writes its own shards (DCP), in parallel
+        save_checkpoint(args.out, model, optimizer, training_state(steps, scheduler, scaler), rank)
     if not args.no_save:
         # [full]
-        # Resumable: every rank writes its own shards of the model and optimizer states (DCP), in parallel.
-        model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(args.out, "checkpoint"))
         # Portable: the full weights, gathered by every rank (a collective) into rank 0's CPU memory; rank 0
-        # alone writes model.pt, which loads into build_model() (no prefix, pitfall 7).
+        # alone writes model.pt, which loads into build_model() (no wrapper prefix in the names).
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank == 0:
             torch.save(full, os.path.join(args.out, "model.pt"))
-            log(f"checkpoints: {os.path.join(args.out, 'checkpoint')} (sharded, DCP) and "
-                f"{os.path.join(args.out, 'model.pt')} (loads into build_model())")
+            log(f"full weights: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
         del full
         # [/full]
         # [lora]
-        # Resumable: every rank writes its shards of the adapters and their optimizer states (DCP); the frozen base
-        # is left out (ignore_frozen_params: it is --init-from's, unchanged), so this is cheap. No model.pt either.
-        adapters_only = StateDictOptions(ignore_frozen_params=True)
-        model_state, optim_state = get_state_dict(model, optimizer, options=adapters_only)
-        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(args.out, "checkpoint"))
+        # The checkpoint above holds the adapters' shards and their optimizer states only (the frozen base is
+        # --init-from's, unchanged), so it is cheap. No model.pt either.
         # Portable: the adapters whole, gathered by every rank (a collective) into rank 0's CPU memory; rank 0 writes
-        # them in peft's format (names of the plain model, pitfall 7).
+        # them in peft's format (names of the plain model).
         adapter = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
                                                                        ignore_frozen_params=True))
         if rank == 0:
             save_adapter(model, args.out, adapter)
-            log(f"checkpoint: {os.path.join(args.out, 'checkpoint')} (the adapters' shards and optimizer states, DCP)")
         # [/lora]
         # [lora16]
         if args.export_merged:  # the whole model gathered into rank 0's host memory (a collective)
@@ -332,8 +356,7 @@ def main() -> None:
             del full
         # [/lora16]
         dist.barrier()
-    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps.losses,
-                 steps.step_times, {
+    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps, {
                      "fsdp_units": len(blocks) + 1, "local_param_numel": local_numel, "full_param_numel": full_numel,
                      "reshard_after_forward": RESHARD_AFTER_FORWARD, "cpu_offload": CPU_OFFLOAD,
                      "mesh_shape": list(mesh.shape), "mesh_dim_names": list(mesh.mesh_dim_names),
@@ -344,7 +367,7 @@ def main() -> None:
                      "trainable_params": sum(p.numel() for p in trainable),
                      # [/lora]
                      "sample_indices": seen})
-    dist.destroy_process_group()  # pitfall 19
+    teardown()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,6 @@
 # ---------------------------------------------------------------------------------------------
 # One process, one device: no launcher, no process group, no wrapper
 # ---------------------------------------------------------------------------------------------
-MAX_GRAD_NORM = 1.0  # gradient clipping (total L2 norm of all gradients)
-
-
 def main() -> None:
     args = parse_args()
     cuda = torch.cuda.is_available()
@@ -23,7 +20,7 @@ def main() -> None:
     meter = MemoryMeter(device)
     with meter:
         # [full]
-        model = build_model()
+        model = build_model(args.init_from)
         if PRECISION == "pure-bf16":
             model = model.to(torch.bfloat16)
         # [/full]
@@ -46,19 +43,18 @@ def main() -> None:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
         # Pitfall 15: fp16 needs a GradScaler; bf16 does not.
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
-        dataset = load_real_dataset(args.data) if args.data else SyntheticDataset(NUM_SAMPLES)
-        # One process reads the whole data set, so there is nothing to shard: a plain shuffling DataLoader
-        # (a DistributedSampler with one replica would do the same plus set_epoch bookkeeping). The seeded
-        # generator makes the order reproducible; it advances, so every epoch gets a new order.
-        loader = torch.utils.data.DataLoader(
-            dataset, batch_size=MICRO_BATCH_SIZE, shuffle=True, generator=torch.Generator().manual_seed(DATA_SEED),
-            num_workers=NUM_WORKERS, pin_memory=cuda, persistent_workers=NUM_WORKERS > 0, drop_last=True)
-
+        dataset, held_out = make_datasets(args)
+        sampler, loader = make_loader(dataset, 1, 0)
         steps, seen, grad_norms = StepLog(args.steps, device, meter, args.timing_steps), {}, []
-        epoch = 0
+        preemption = Preemption()
+        epoch, done_micro = 0, 0
+        if args.resume:
+            path = load_checkpoint(args.out, model, optimizer)
+            epoch, done_micro = restore_training_state(path, 0, steps, scheduler, scaler)
         while not steps.done:
+            sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)  # a new order every epoch
             seen[epoch] = []
-            for micro, batch in enumerate(loader, start=1):
+            for micro, batch in enumerate(loader, start=done_micro + 1):
                 seen[epoch] += batch["index"].tolist()
                 with torch.autocast(device.type, dtype=half, enabled=half is not None):
                     loss = compute_loss(model, batch, device, input_dtype)
@@ -75,14 +71,24 @@ def main() -> None:
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(trainable, MAX_GRAD_NORM)))
                 # [/lora]
                 optimizer_step(scaler, optimizer, scheduler, steps)
+                steps.evaluate(args.eval_every, evaluate, model, held_out, 1, 0, device, half, input_dtype)
+                if checkpoint_due(args, steps, preemption, device, epoch, micro):
+                    save_checkpoint(args.out, model, optimizer, training_state(steps, scheduler, scaler), 0)
+                    steps.restart_clock()
                 if steps.done:
                     break
-            epoch += 1
+            epoch, done_micro = epoch + 1, 0
+
+    if steps.stopped:
+        log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
+        return
 
     # [lora]
     eval_loss = lora_eval_loss(model, dataset, device, input_dtype, half)
     # [/lora]
     os.makedirs(args.out, exist_ok=True)
+    if final_checkpoint_due(args, steps):
+        save_checkpoint(args.out, model, optimizer, training_state(steps, scheduler, scaler), 0)
     if not args.no_save:
         # [full]
         # The plain module's weights: loads into build_model() as it is.
@@ -97,7 +103,7 @@ def main() -> None:
         if args.export_merged:
             export_merged(model.state_dict(), args.out)
         # [/lora16]
-    write_report(os.path.join(args.out, args.report), 0, 1, device, meter.result(), steps.losses, steps.step_times,
+    write_report(os.path.join(args.out, args.report), 0, 1, device, meter.result(), steps,
                  # [full]
                  {"sample_indices": seen, "grad_norms": grad_norms})
                  # [/full]

@@ -5,7 +5,11 @@ def parallelize(model, tp_mesh) -> None:
     """Megatron-style plan per decoder layer: q/k/v and gate/up column-wise, o and down row-wise
     (one all-reduce after attention and one after the MLP). HF attention infers the local head
     count from the sharded projection (view(..., -1, head_dim))."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     plan = {
         "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
@@ -16,9 +20,34 @@ def parallelize(model, tp_mesh) -> None:
         parallelize_module(layer, tp_mesh, plan)
 
 
+def clip_grad_norm(model, max_norm: float, tp_group) -> float:
+    """Clip the gradients to a total L2 norm of ``max_norm``; returns the norm before clipping. torch's
+    clip_grad_norm_ cannot mix the TP-sharded (DTensor) gradients of the projections with the plain, replicated
+    ones of the embeddings and norms: the squares of each rank's shards are summed over the TP group, the
+    replicated ones counted once."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    sharded = [g.to_local() for g in grads if isinstance(g, DTensor) and any(pl.is_shard() for pl in g.placements)]
+    whole = [g.to_local() if isinstance(g, DTensor) else g for g in grads
+             if not (isinstance(g, DTensor) and any(pl.is_shard() for pl in g.placements))]
+    squares = torch.zeros(2, dtype=torch.float32, device=grads[0].device if grads else "cpu")
+    for i, part in enumerate((sharded, whole)):
+        for g in part:
+            squares[i] += g.float().pow(2).sum()
+    shard_squares = squares[:1].clone()
+    dist.all_reduce(shard_squares, group=tp_group)
+    norm = float((shard_squares[0] + squares[1]).sqrt())
+    scale = max_norm / (norm + 1e-6)
+    if scale < 1.0:
+        for g in sharded + whole:
+            g.mul_(scale)
+    return norm
+
+
 def full_state_dict(model) -> dict:
     """Every rank gathers full tensors from the TP shards (collective), so rank 0 can save a
-    checkpoint that loads into the plain single-GPU model (pitfall 7)."""
+    checkpoint that loads into the plain single-GPU model."""
     from torch.distributed.tensor import DTensor
 
     return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
@@ -30,7 +59,7 @@ def main() -> None:
     from torch.distributed.tensor import DTensor
 
     args = parse_args()
-    rank, local_rank, world_size, device = init_torchrun()  # pitfalls 1 and 2
+    rank, _, world_size, device = init_torchrun()  # the process group first; LOCAL_RANK picks the GPU
     if world_size % TP_DEGREE:
         raise SystemExit(f"world size {world_size} is not a multiple of the TP degree {TP_DEGREE}")
     dp_size = world_size // TP_DEGREE
@@ -45,7 +74,7 @@ def main() -> None:
 
     meter = MemoryMeter(device)
     with meter:
-        model = build_model()
+        model = build_model(args.init_from)  # every rank loads it whole; parallelize() keeps only its shards
         if PRECISION == "pure-bf16":
             model = model.to(torch.bfloat16)
         model = model.to(device)
@@ -54,48 +83,65 @@ def main() -> None:
             log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
         optimizer = make_optimizer(model.parameters(), torch.device("cpu"))  # fused kernels lack DTensor support
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
-        scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")  # pitfall 15
-        dataset = load_real_dataset(args.data) if args.data else SyntheticDataset(NUM_SAMPLES)
+        scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")  # loss scaling for fp16 only
+        dataset, held_out = make_datasets(args)
         # The sampler shards by data-parallel rank: every rank of a TP group sees the same batch.
         sampler, loader = make_loader(dataset, dp_size, dp_rank)
-        torch.manual_seed(SEED + dp_rank)  # pitfall 11, identical inside a TP group
+        torch.manual_seed(SEED + dp_rank)  # per data-parallel rank; identical inside a TP group
 
-        steps, seen = StepLog(args.steps, device, meter, args.timing_steps), {}
-        epoch = 0
+        steps, seen, grad_norms = StepLog(args.steps, device, meter, args.timing_steps), {}, []
+        preemption = Preemption()
+        epoch, done_micro = 0, 0
+        if args.resume:  # each rank reads its own shards
+            path = load_checkpoint(args.out, model, optimizer)
+            epoch, done_micro = restore_training_state(path, rank, steps, scheduler, scaler)
         while not steps.done:
-            sampler.set_epoch(epoch)  # pitfall 4
+            sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)  # a new order every epoch; resumed: where it stopped
             seen[epoch] = []
-            for micro, batch in enumerate(loader, start=1):
+            for micro, batch in enumerate(loader, start=done_micro + 1):
                 seen[epoch] += batch["index"].tolist()
                 with torch.autocast(device.type, dtype=half, enabled=half is not None):
                     loss = compute_loss(model, batch, device)
                 scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
                 steps.micro_step(loss)
                 if micro % GRAD_ACCUM_STEPS:
-                    continue  # pitfall 16: no gradient all-reduce on non-final accumulation steps
+                    continue  # no gradient all-reduce on non-final accumulation steps
                 if dp_size > 1:
                     for p in model.parameters():
                         if p.grad is None:
                             continue
                         g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
                         dist.all_reduce(g, group=dp_group)
-                        g.div_(dp_size)  # pitfall 6: a hand-written all-reduce divides by the world size
+                        g.div_(dp_size)  # all_reduce sums: divide for the mean
+                scaler.unscale_(optimizer)  # clip the true gradients (a no-op unless fp16)
+                grad_norms.append(clip_grad_norm(model, MAX_GRAD_NORM, mesh["tp"].get_group()))
                 optimizer_step(scaler, optimizer, scheduler, steps)
+                steps.evaluate(args.eval_every, evaluate, model, held_out, dp_size, dp_rank, device, half)
+                if checkpoint_due(args, steps, preemption, device, epoch, micro):
+                    save_checkpoint(args.out, model, optimizer, training_state(steps, scheduler, scaler), rank)
+                    steps.restart_clock()
                 if steps.done:
                     break
-            epoch += 1
+            epoch, done_micro = epoch + 1, 0
+
+    if steps.stopped:
+        log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
+        teardown()
+        return
 
     os.makedirs(args.out, exist_ok=True)
+    if final_checkpoint_due(args, steps):
+        save_checkpoint(args.out, model, optimizer, training_state(steps, scheduler, scaler), rank)
     if not args.no_save:
         state = full_state_dict(model)  # collective: every rank takes part
         if rank == 0:
             torch.save(state, os.path.join(args.out, "model.pt"))
             log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
         dist.barrier()
-    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps.losses,
-                 steps.step_times, {"tp_degree": TP_DEGREE, "dp_size": dp_size, "dp_rank": dp_rank,
-                              "sample_indices": seen})
-    dist.destroy_process_group()  # pitfall 19
+    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps,
+                 {"tp_degree": TP_DEGREE, "dp_size": dp_size, "dp_rank": dp_rank, "sample_indices": seen,
+                  "grad_norms": grad_norms})
+    teardown()
 
 
 if __name__ == "__main__":

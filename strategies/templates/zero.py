@@ -13,6 +13,43 @@ def adapter_state_dict(module) -> dict:
 
 
 # [/lora]
+def save_checkpoint(out: str, engine, state: dict, rank: int) -> None:
+    """DeepSpeed's own checkpoint: every rank writes its partition of the optimizer states (and, under ZeRO-3, of
+    the weights), with the LR schedule; plus every rank's training state; then commit_checkpoint."""
+    tag = f"step-{state['step']}"
+    # [full]
+    engine.save_checkpoint(os.path.join(out, "checkpoints"), tag=tag, save_latest=False)
+    # [/full]
+    # [lora]
+    # The frozen base is --init-from's, unchanged: only the adapters and their optimizer states are written.
+    engine.save_checkpoint(os.path.join(out, "checkpoints"), tag=tag, save_latest=False,
+                           exclude_frozen_parameters=True)
+    # [/lora]
+    save_training_state(checkpoint_dir(out, state["step"]), rank, state)
+    commit_checkpoint(out, state["step"], rank)
+
+
+def load_checkpoint(out: str, engine) -> str:
+    """--resume: the latest checkpoint into the engine (weights, optimizer states, LR schedule); returns its path."""
+    path = latest_checkpoint(out)
+    # [full]
+    engine.load_checkpoint(os.path.dirname(path), tag=os.path.basename(path))
+    # [/full]
+    # [lora]
+    engine.load_checkpoint(os.path.dirname(path), tag=os.path.basename(path), load_module_strict=False)
+    # [/lora]
+    return path
+
+
+def partition_numels(module, stage: int) -> dict:
+    """ZeRO-3: the elements of this rank's partitions (ds_tensor) against the full parameters' (ds_numel)."""
+    if stage != 3:
+        return {}
+    params = list(module.parameters())
+    return {"local_param_numel": sum(p.ds_tensor.numel() for p in params),
+            "full_param_numel": sum(p.ds_numel for p in params)}
+
+
 def main() -> None:
     import deepspeed
 
@@ -38,16 +75,9 @@ def main() -> None:
         # ZERO_INIT: ZeRO-3 partitions the parameters as they are created, so no rank ever holds the full
         # model. torchvision models re-initialise weights after creation, which partitioned weights
         # cannot take; they are small enough to build whole and partition in deepspeed.initialize.
-        # [full]
-        init = deepspeed.zero.Init(config_dict_or_path=ds_config) if ZERO_INIT else contextlib.nullcontext()
-        with init:
-            model = build_model()
-        # [/full]
-        # [lora]
-        # LoRA: the base frozen, partitioned like any parameter under ZeRO-3. --init-from under ZERO_INIT loads through
-        # transformers' DeepSpeed integration: while an HfDeepSpeedConfig is alive, from_pretrained builds the model
-        # under zero.Init itself and copies rank 0's checkpoint into the partitions. The base is built in its dtype
-        # (zero.Init itself builds in the dtype of ds_config's bf16/fp16 mode).
+        # --init-from under ZERO_INIT loads through transformers' DeepSpeed integration: while an HfDeepSpeedConfig
+        # is alive, from_pretrained builds the model under zero.Init itself and copies the checkpoint into the
+        # partitions, so no rank holds the whole model either.
         hf_ds_config = None
         if ZERO_INIT and args.init_from:
             from transformers.integrations import HfDeepSpeedConfig
@@ -55,6 +85,13 @@ def main() -> None:
             hf_ds_config = HfDeepSpeedConfig(ds_config)
         init = (deepspeed.zero.Init(config_dict_or_path=ds_config) if ZERO_INIT and not args.init_from
                 else contextlib.nullcontext())
+        # [full]
+        with init:
+            model = build_model(args.init_from)
+        # [/full]
+        # [lora]
+        # LoRA: the base frozen, partitioned like any parameter under ZeRO-3. The base is built in its dtype
+        # (zero.Init itself builds in the dtype of ds_config's bf16/fp16 mode).
         with init:
             model = build_base(args, None if ZERO_INIT and not args.init_from else base_dtype())
         # Outside zero.Init: peft initialises the adapters (lora_B to zero) on whole tensors; deepspeed.initialize then
@@ -88,15 +125,18 @@ def main() -> None:
                                                                lr_scheduler=scheduler, config=ds_config)
         # [/lora]
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
-        dataset = load_real_dataset(args.data) if args.data else SyntheticDataset(NUM_SAMPLES)
+        dataset, held_out = make_datasets(args)
         sampler, loader = make_loader(dataset, world_size, rank)
-        torch.manual_seed(SEED + rank)  # pitfall 11
+        torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
 
         steps = StepLog(args.steps, device, meter, args.timing_steps)
-        epoch = 0
+        preemption = Preemption()
+        epoch, done_micro = 0, 0
+        if args.resume:  # the LR schedule is in DeepSpeed's checkpoint
+            epoch, done_micro = restore_training_state(load_checkpoint(args.out, engine), rank, steps)
         while not steps.done:
-            sampler.set_epoch(epoch)  # pitfall 4
-            for micro, batch in enumerate(loader, start=1):
+            sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)  # a new order every epoch; resumed: where it stopped
+            for micro, batch in enumerate(loader, start=done_micro + 1):
                 loss = compute_loss(engine, batch, engine.device, dtype)
                 engine.backward(loss)
                 engine.step()  # steps the optimizer only at accumulation boundaries
@@ -104,24 +144,38 @@ def main() -> None:
                 if micro % GRAD_ACCUM_STEPS:  # not yet an accumulation boundary
                     continue
                 steps.end_step(scheduler.get_last_lr()[0])
+                steps.evaluate(args.eval_every, evaluate, engine, held_out, world_size, rank, engine.device,
+                               None, dtype)
+                if checkpoint_due(args, steps, preemption, engine.device, epoch, micro):
+                    save_checkpoint(args.out, engine, training_state(steps), rank)
+                    steps.restart_clock()
                 if steps.done:
                     break
-            epoch += 1
+            epoch, done_micro = epoch + 1, 0
+
+    if steps.stopped:
+        log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
+        dist.barrier()
+        engine.destroy()
+        deepspeed.comm.destroy_process_group()
+        return
 
     # [lora]
     eval_loss = lora_eval_loss(engine, dataset, engine.device, dtype)
     # [/lora]
     os.makedirs(args.out, exist_ok=True)
+    if final_checkpoint_due(args, steps):
+        save_checkpoint(args.out, engine, training_state(steps), rank)
     if not args.no_save:
         # [full]
         # Full 16-bit weights gathered from all ranks (ZeRO-3: stage3_gather_16bit_weights_on_model_save),
-        # saved by rank 0 as a plain state_dict without a "module." prefix (pitfall 7).
+        # saved by rank 0 as a plain state_dict without a "module." prefix.
         engine.save_16bit_model(args.out, "model.pt")
         log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
         # [/full]
         # [lora]
         # The adapters only (the base is unchanged, so no model.pt): under ZeRO-3 every rank takes part in gathering
-        # the trainable parameters whole, the frozen base stays partitioned; rank 0 writes them (pitfall 7: names of
+        # the trainable parameters whole, the frozen base stays partitioned; rank 0 writes them (names of
         # the plain module, engine.module).
         adapter = adapter_state_dict(engine.module)
         if rank == 0:
@@ -135,30 +189,30 @@ def main() -> None:
                 export_merged(full, args.out)
         # [/lora16]
         dist.barrier()
-    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps.losses,
+    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps,
                  # [full]
-                 steps.step_times, {"zero_stage": stage, "offload": OFFLOAD})
+                 {"zero_stage": stage, "offload": OFFLOAD, **partition_numels(engine.module, stage)})
                  # [/full]
                  # [lora]
-                 steps.step_times, {"zero_stage": stage, "offload": OFFLOAD, "final_eval_loss": eval_loss,
+                 {"zero_stage": stage, "offload": OFFLOAD, "final_eval_loss": eval_loss,
                                     "trainable_params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
                                                             for p in trainable)})
                  # [/lora]
     # Clean teardown, so no rank dies on its way out after the work is done. Wait for every rank (rank 0
     # has just written the report), let DeepSpeed remove its hooks and buffers while the process group
-    # still works, drop our references to the engine, then destroy the group once (pitfall 19) through
+    # still works, drop our references to the engine, then destroy the group once through
     # DeepSpeed, which also drops the references to its groups that it keeps. Left to the interpreter's
     # exit, all this is freed in no set order while the other rank's connections close.
     dist.barrier()
     engine.destroy()
     # [full]
-    del engine, optimizer, scheduler, model
+    del engine, optimizer, scheduler, model, hf_ds_config
     # [/full]
     # [lora]
     del engine, optimizer, scheduler, model, trainable, hf_ds_config
     # [/lora]
     gc.collect()
-    deepspeed.comm.destroy_process_group()  # pitfall 19
+    deepspeed.comm.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -15,10 +15,15 @@ _LOADER_USES = {"enumerate", "iter", "next", "len", "zip", "tqdm", "print"}
 
 
 def _sampler_call(ctx: Context, expr: ast.AST | None) -> ast.Call | None:
-    """The ``DistributedSampler(...)`` call ``expr`` is (or one branch of ``X if c else None``)."""
+    """The ``DistributedSampler(...)`` call ``expr`` is (or one branch of ``X if c else None``, or the first argument
+    of a call wrapping it, such as a sampler that resumes mid-epoch: ``Resumable(DistributedSampler(...))``)."""
     if isinstance(expr, ast.IfExp):
         return _sampler_call(ctx, expr.body) or _sampler_call(ctx, expr.orelse)
-    return expr if isinstance(expr, ast.Call) and ctx.call_name(expr) == SAMPLER else None
+    if not isinstance(expr, ast.Call):
+        return None
+    if ctx.call_name(expr) == SAMPLER:
+        return expr
+    return _sampler_call(ctx, expr.args[0]) if expr.args else None
 
 
 @rule("MG002", "error", (3,), "DistributedSampler with shuffle=True",

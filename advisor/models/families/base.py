@@ -19,6 +19,11 @@ class ModelFamily(ABC):
     # Generated ZeRO-3 scripts build the model under deepspeed.zero.Init (partitioned as parameters are
     # created). torchvision re-initialises weights after creation, which partitioned weights cannot take.
     zero_init: bool = False
+    # Full fp32 copies of the model one process holds while the generated script's ``build_model(init_from)`` loads
+    # pretrained weights (``--init-from``): 2 for a ``torch.load``'ed state_dict file, which is alive beside the model
+    # until ``load_state_dict`` has copied it in (torchvision's named weights likewise: ``weights.get_state_dict`` then
+    # ``load_state_dict``); families whose loader fills the model in place say 1.
+    pretrained_copies: int = 2
 
     @abstractmethod
     def build(self, spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> Any:
@@ -53,6 +58,14 @@ class ModelFamily(ABC):
     @abstractmethod
     def script_constants(self, spec: ModelSpec) -> dict[str, Any]:
         """The constants the family's script fragment reads (JSON-like values only)."""
+
+    def default_lr(self, spec: ModelSpec, optimizer: str, global_batch_size: int) -> tuple[float, str]:
+        """(learning rate, its source) when the user gives none: SGD 0.1 per 256 samples, linearly scaled (Goyal et
+        al. 2017, "Accurate, Large Minibatch SGD", section 2.1); Adam-family 1e-3 (``torch.optim.Adam``'s default).
+        Families that know their task better override it."""
+        if optimizer.startswith("sgd"):
+            return 0.1 * global_batch_size / 256, "SGD 0.1 per 256 samples, linearly scaled (Goyal et al. 2017)"
+        return 1e-3, "the default of torch.optim.Adam"
 
     def script_fragment(self) -> str:
         """Source of ``build_model()``, ``make_sample(g, index)`` and ``compute_loss(...)`` for scripts."""

@@ -39,7 +39,14 @@ class VisionFamily(ModelFamily):
 
         return F.cross_entropy(model(batch["x"]), batch["target"])
 
+    def default_lr(self, spec: ModelSpec, optimizer: str, global_batch_size: int) -> tuple[float, str]:
+        """SGD 0.1 per 256 images (Goyal et al. 2017, section 2.1: ResNet-50 on ImageNet); AdamW 5e-4 per 512 images
+        (DeiT, Touvron et al. 2021, section 6), both linearly scaled to the global batch size."""
+        if optimizer in ("adam", "adamw"):
+            return 5e-4 * global_batch_size / 512, "AdamW 5e-4 per 512 images, linearly scaled (DeiT)"
+        return super().default_lr(spec, optimizer, global_batch_size)
+
     def script_constants(self, spec: ModelSpec) -> dict[str, Any]:
         if not _SAFE_NAME.fullmatch(spec.model_type or ""):
             raise AdvisorError(f"model name {spec.model_type!r} cannot go into a script")
-        return {"MODEL_NAME": spec.model_type, "INPUT_SHAPE": tuple(spec.input_shape)}
+        return {"MODEL_NAME": spec.model_type, "INPUT_SHAPE": tuple(spec.input_shape), "NUM_CLASSES": NUM_CLASSES}

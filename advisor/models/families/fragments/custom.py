@@ -1,12 +1,20 @@
 # ---------------------------------------------------------------------------------------------
 # The model (your factory) and its data
 # ---------------------------------------------------------------------------------------------
-def build_model():
-    """The model this script was generated for: your factory, called as advisor called it."""
+INIT_FROM_HELP = "weights to start from: a state_dict file (such as the model.pt this script writes)"
+DATA_HELP = "your data: write load_real_dataset() in this script first"
+
+
+def build_model(init_from=None):
+    """The model this script was generated for: your factory, called as advisor called it, with --init-from's
+    state_dict loaded into it when given."""
     import importlib
 
     module_name, fn_name = MODEL_FACTORY.split(":")
-    return getattr(importlib.import_module(module_name), fn_name)()
+    model = getattr(importlib.import_module(module_name), fn_name)()
+    if init_from:
+        model.load_state_dict(torch.load(init_from, map_location="cpu", weights_only=True))
+    return model
 
 
 def make_sample(g: torch.Generator, index: int) -> dict:
@@ -22,3 +30,9 @@ def compute_loss(model, batch: dict, device, dtype=None):
     out = model(x)
     out = out if not isinstance(out, (tuple, list)) else out[0]
     return out.float().pow(2).mean()
+
+
+def load_real_dataset(args):
+    """(training set, held-out set) of your data: map-style datasets of dicts with the keys make_sample() yields
+    plus "index" (the sample's position). advisor cannot know your model's data, so this is yours to write."""
+    raise SystemExit(f"--data {args.data}: write load_real_dataset() in this script to read your data")

@@ -1,15 +1,31 @@
 # ---------------------------------------------------------------------------------------------
-# The model (a Hugging Face transformer built from its config) and its data
+# The model (a Hugging Face transformer) and its data
 # ---------------------------------------------------------------------------------------------
-def build_model():
-    """The model this script was generated for, freshly initialised from its config (no download)."""
+INIT_FROM_HELP = ("pretrained weights to start from: a save_pretrained directory or a hub id (from_pretrained); "
+                  "without it the model is freshly initialised from its config")
+DATA_HELP = ("training text: a .txt file, a .jsonl file with a 'text' field per line, or a datasets directory "
+             "(save_to_disk) with a 'text' column; tokenized with --tokenizer, cut into SEQ_LEN-token blocks, "
+             "the last HELD_OUT_FRACTION of them held out for evaluation")
+
+
+def build_model(init_from=None):
+    """The model this script was generated for: --init-from's pretrained weights, in fp32 (mixed precision casts
+    per op; the optimizer needs fp32 weights), or, without it, freshly initialised from its config (no download)."""
     import transformers
 
+    cls = getattr(transformers, HF_MODEL_CLASS)
+    if init_from:
+        model = cls.from_pretrained(init_from, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION)
+        changed = [k for k, v in HF_CONFIG.items() if isinstance(v, int) and getattr(model.config, k, v) != v]
+        if changed:
+            log(f"warning: {init_from} differs from the config this script was planned for ({', '.join(changed[:4])}):"
+                " the memory estimate does not apply")
+        return model
     cfg = dict(HF_CONFIG)
     model_type = cfg.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **cfg)
     config._attn_implementation = ATTN_IMPLEMENTATION
-    return getattr(transformers, HF_MODEL_CLASS)(config)
+    return cls(config)
 
 
 def make_sample(g: torch.Generator, index: int) -> dict:
@@ -18,8 +34,64 @@ def make_sample(g: torch.Generator, index: int) -> dict:
     return {"input_ids": ids, "labels": ids, "index": index}
 
 
+class PackedText(torch.utils.data.Dataset):
+    """Consecutive SEQ_LEN-token blocks of one token stream (documents joined by the EOS token): no padding, every
+    token is trained on. The model shifts the labels by one itself."""
+
+    def __init__(self, tokens: torch.Tensor) -> None:
+        self.blocks = tokens[: len(tokens) // SEQ_LEN * SEQ_LEN].view(-1, SEQ_LEN)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, index: int) -> dict:
+        return {"input_ids": self.blocks[index], "labels": self.blocks[index], "index": index}
+
+
+def read_documents(path: str) -> list[str]:
+    """The documents in --data: a datasets directory's 'text' column (its train split), a JSONL file's 'text'
+    fields, or a whole text file as one document."""
+    if os.path.isdir(path):
+        import datasets  # optional: only for directories written by Dataset.save_to_disk
+
+        data = datasets.load_from_disk(path)
+        data = data["train"] if isinstance(data, datasets.DatasetDict) else data
+        return list(data["text"])
+    with open(path, encoding="utf-8") as f:
+        if path.endswith((".jsonl", ".json")):
+            return [json.loads(line)["text"] for line in f if line.strip()]
+        return [f.read()]
+
+
+def load_real_dataset(args):
+    """(training blocks, held-out blocks) from --data. Every rank tokenizes the same file the same way, so the
+    blocks agree without communication; for a corpus of many GB, tokenize it once ahead into a datasets directory."""
+    import transformers
+
+    source = args.tokenizer or args.init_from
+    if not source:
+        raise SystemExit("--data needs a tokenizer: pass --tokenizer DIR (or --init-from DIR, which has one)")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ids = []
+    for doc in read_documents(args.data):
+        ids += tokenizer(doc, add_special_tokens=False)["input_ids"] + eos
+    tokens = torch.tensor(ids, dtype=torch.long)
+    if len(tokens) and int(tokens.max()) >= VOCAB_SIZE:
+        raise SystemExit(f"--tokenizer {source}: token id {int(tokens.max())} is outside the model's vocabulary "
+                         f"({VOCAB_SIZE}): use the model's own tokenizer")
+    blocks = len(tokens) // SEQ_LEN
+    held_out = max(1, round(blocks * HELD_OUT_FRACTION))
+    if blocks - held_out < 1:
+        raise SystemExit(f"--data {args.data}: {len(tokens)} tokens make {blocks} blocks of {SEQ_LEN}: too few to "
+                         "train and hold some out")
+    split = (blocks - held_out) * SEQ_LEN
+    log(f"data: {len(tokens):,} tokens -> {blocks - held_out} training and {held_out} held-out blocks of {SEQ_LEN}")
+    return PackedText(tokens[:split]), PackedText(tokens[split:])
+
+
 def compute_loss(model, batch: dict, device, dtype=None):
-    """Forward pass and per-rank mean loss (pitfall 9: a mean per rank; DDP averages gradients)."""
+    """Forward pass and per-rank mean loss (a mean per rank; DDP averages the gradients over ranks)."""
     ids = batch["input_ids"].to(device, non_blocking=True)
     return model(input_ids=ids, labels=batch["labels"].to(device, non_blocking=True)).loss
 # [lora]

@@ -1,22 +1,75 @@
 # ---------------------------------------------------------------------------------------------
 # The model (a torchvision classifier) and its data
 # ---------------------------------------------------------------------------------------------
-def build_model():
-    """The model this script was generated for, freshly initialised (no download)."""
+INIT_FROM_HELP = ("pretrained weights to start from: a state_dict file (such as the model.pt this script writes) or "
+                  "a torchvision weights name such as IMAGENET1K_V2 (downloaded); without it freshly initialised")
+DATA_HELP = ("an ImageFolder tree (one sub-directory of images per class): DIR/train and DIR/val when both exist, "
+             "else DIR with a seeded HELD_OUT_FRACTION of it held out for evaluation")
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # what torchvision's weights expect
+
+
+def build_model(init_from=None):
+    """The model this script was generated for: --init-from's weights (a state_dict file, or a torchvision weights
+    name), or freshly initialised (no download)."""
     import torchvision
 
     size = {"image_size": INPUT_SHAPE[-1]} if MODEL_NAME.startswith("vit_") else {}
-    return torchvision.models.get_model(MODEL_NAME, weights=None, **size)
+    named = init_from if init_from and not os.path.isfile(init_from) else None
+    model = torchvision.models.get_model(MODEL_NAME, weights=named, **size)
+    if init_from and named is None:
+        model.load_state_dict(torch.load(init_from, map_location="cpu", weights_only=True))
+    return model
 
 
 def make_sample(g: torch.Generator, index: int) -> dict:
-    """One synthetic training sample: a random image of INPUT_SHAPE and one of 1000 classes."""
+    """One synthetic training sample: a random image of INPUT_SHAPE and one of NUM_CLASSES classes."""
     x = torch.randn(INPUT_SHAPE, generator=g)
-    return {"x": x, "target": torch.randint(0, 1000, (), generator=g), "index": index}
+    return {"x": x, "target": torch.randint(0, NUM_CLASSES, (), generator=g), "index": index}
+
+
+class LabelledImages(torch.utils.data.Dataset):
+    """An image dataset's (image, class) pairs as the dicts the training loop reads."""
+
+    def __init__(self, images) -> None:
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> dict:
+        x, target = self.images[index]
+        return {"x": x, "target": target, "index": index}
+
+
+def load_real_dataset(args):
+    """(training images, held-out images) from --data, with the usual ImageNet transforms: a random resized crop and
+    a horizontal flip for training, a resize and centre crop for evaluation."""
+    from torchvision import datasets, transforms
+
+    size = INPUT_SHAPE[-1]
+    normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+    train_tf = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
+                                   transforms.ToTensor(), normalize])
+    eval_tf = transforms.Compose([transforms.Resize(size * 256 // 224), transforms.CenterCrop(size),
+                                  transforms.ToTensor(), normalize])
+    train_dir, val_dir = os.path.join(args.data, "train"), os.path.join(args.data, "val")
+    if os.path.isdir(train_dir) and os.path.isdir(val_dir):
+        train, held_out = datasets.ImageFolder(train_dir, train_tf), datasets.ImageFolder(val_dir, eval_tf)
+    else:
+        train, held_out = datasets.ImageFolder(args.data, train_tf), datasets.ImageFolder(args.data, eval_tf)
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(DATA_SEED)).tolist()
+        cut = max(1, round(len(order) * HELD_OUT_FRACTION))
+        train, held_out = torch.utils.data.Subset(train, order[cut:]), torch.utils.data.Subset(held_out, order[:cut])
+    classes = len(train.dataset.classes if isinstance(train, torch.utils.data.Subset) else train.classes)
+    if classes > NUM_CLASSES:
+        raise SystemExit(f"--data {args.data}: {classes} classes, the model has {NUM_CLASSES} outputs: replace its "
+                         "classifier layer in build_model()")
+    log(f"data: {len(train)} training and {len(held_out)} held-out images in {classes} classes")
+    return LabelledImages(train), LabelledImages(held_out)
 
 
 def compute_loss(model, batch: dict, device, dtype=None):
-    """Forward pass and per-rank mean cross-entropy (pitfall 9: a mean per rank; DDP averages gradients)."""
+    """Forward pass and per-rank mean cross-entropy (a mean per rank; DDP averages the gradients over ranks)."""
     x = batch["x"].to(device, non_blocking=True)
     if dtype is not None:
         x = x.to(dtype)

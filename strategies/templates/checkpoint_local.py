@@ -1,0 +1,22 @@
+# ---------------------------------------------------------------------------------------------
+# Checkpoints (one process: torch.save of the model's and the optimizer's state dicts)
+# ---------------------------------------------------------------------------------------------
+def save_checkpoint(out: str, model, optimizer, state: dict, rank: int) -> None:
+    """The trainable parameters and the optimizer states (frozen parameters left out: they are --init-from's),
+    plus the training state; then commit_checkpoint."""
+    path = checkpoint_dir(out, state["step"])
+    os.makedirs(path, exist_ok=True)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    weights = {k: v for k, v in model.state_dict().items() if k in trainable or k not in dict(model.named_parameters())}
+    torch.save({"model": weights, "optimizer": optimizer.state_dict()}, os.path.join(path, "model_and_optimizer.pt"))
+    save_training_state(path, rank, state)
+    commit_checkpoint(out, state["step"], rank)
+
+
+def load_checkpoint(out: str, model, optimizer) -> str:
+    """--resume: the latest checkpoint's weights and optimizer states; returns its path."""
+    path = latest_checkpoint(out)
+    saved = torch.load(os.path.join(path, "model_and_optimizer.pt"), map_location="cpu", weights_only=True)
+    model.load_state_dict(saved["model"], strict=False)
+    optimizer.load_state_dict(saved["optimizer"])
+    return path
