@@ -247,7 +247,7 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
             # meter); the run's last checkpoint is still written after training.
             cmd = strategy.launcher.verify_argv(world, port, ["--steps", str(steps), "--timing-steps",
                                                               str(timing_steps), "--out", "out", "--eval-every", "0",
-                                                              "--save-every", "0"])
+                                                              "--save-every", "0", "--measure-memory"])
             others = OtherCpu()
             rc, timed_out = _launch(cmd, run_dir, env, timeout_s, steps, say)
             result.cpu_contention = others.share() if device == "cpu" else None

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = Path(tmp)
         peak, port = render_case(case, run_dir)
         argv = get_strategy(case.strategy).launcher.verify_argv(case.world, port, ["--steps", str(case.steps),
-                                                                                   "--out", "out"])
+                                                                                   "--out", "out", "--measure-memory"])
         cmd = [("diag_wrap.py" if a == "train.py" else a) for a in argv]
         env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=os.getcwd(),
                    DIAG_CATEGORIES="1" if categories else "0")

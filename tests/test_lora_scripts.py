@@ -174,7 +174,8 @@ def _run(tmp_path_factory, tiny, strategy: str, gpus: int, export: bool = True, 
     write_files(render_files(p, strategy, steps=STEPS), run)
     launcher = get_strategy(strategy).launcher
     port = free_port()
-    args = ["--steps", str(STEPS), "--out", "out", "--init-from", str(base), *(["--export-merged"] if export else [])]
+    args = ["--steps", str(STEPS), "--out", "out", "--measure-memory", "--init-from", str(base),
+            *(["--export-merged"] if export else [])]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=str(ROOT), **dict(launcher.cpu_env))
     try:

@@ -1,17 +1,17 @@
 # ---------------------------------------------------------------------------------------------
 # Checkpoints (torch.distributed.checkpoint): every rank writes its own part, in parallel
 # ---------------------------------------------------------------------------------------------
-def save_checkpoint(out: str, model, optimizer, state: dict, rank: int) -> None:
+def save_checkpoint(args, model, optimizer, state: dict, rank: int) -> None:
     """Model and optimizer states through torch.distributed.checkpoint (sharded tensors as each rank's shards,
     replicated ones written once; frozen parameters left out: they are --init-from's), plus every rank's training
     state; then commit_checkpoint."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    path = checkpoint_dir(out, state["step"])
+    path = checkpoint_dir(args.out, state["step"])
     model_state, optim_state = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=True))
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=path)
     save_training_state(path, rank, state)
-    commit_checkpoint(out, state["step"], rank)
+    commit_checkpoint(args, state["step"], rank)
 
 
 def load_checkpoint(out: str, model, optimizer) -> str:

@@ -1,16 +1,16 @@
 # ---------------------------------------------------------------------------------------------
 # Checkpoints (one process: torch.save of the model's and the optimizer's state dicts)
 # ---------------------------------------------------------------------------------------------
-def save_checkpoint(out: str, model, optimizer, state: dict, rank: int) -> None:
+def save_checkpoint(args, model, optimizer, state: dict, rank: int) -> None:
     """The trainable parameters and the optimizer states (frozen parameters left out: they are --init-from's),
     plus the training state; then commit_checkpoint."""
-    path = checkpoint_dir(out, state["step"])
+    path = checkpoint_dir(args.out, state["step"])
     os.makedirs(path, exist_ok=True)
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     weights = {k: v for k, v in model.state_dict().items() if k in trainable or k not in dict(model.named_parameters())}
     torch.save({"model": weights, "optimizer": optimizer.state_dict()}, os.path.join(path, "model_and_optimizer.pt"))
     save_training_state(path, rank, state)
-    commit_checkpoint(out, state["step"], rank)
+    commit_checkpoint(args, state["step"], rank)
 
 
 def load_checkpoint(out: str, model, optimizer) -> str:

@@ -7,6 +7,8 @@ def init_torchrun():
     LOCAL_RANK (not RANK, which counts across nodes) picks the GPU; the process group exists before anything
     wraps the model or loads a checkpoint.
     """
+    if "RANK" not in os.environ:
+        raise SystemExit("no RANK in the environment: start this script with its launcher (bash launch.sh, torchrun)")
     rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
@@ -27,15 +29,17 @@ def make_loader(dataset, num_replicas: int, rank: int):
         pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0, drop_last=True)
     if len(loader) < GRAD_ACCUM_STEPS:
         raise SystemExit(f"the training set has {len(dataset)} samples: too few for one optimizer step of "
-                         f"{MICRO_BATCH_SIZE} x {GRAD_ACCUM_STEPS} samples on each of {num_replicas} ranks")
+                         f"{MICRO_BATCH_SIZE} x {GRAD_ACCUM_STEPS} samples on each of {num_replicas} ranks: give more "
+                         "data, or lower MICRO_BATCH_SIZE in this script (advisor --micro-batch-size)")
     return sampler, loader
 
 
 def make_eval_loader(dataset, num_replicas: int, rank: int):
     """The held-out set in a fixed order, split between the data-parallel ranks without repeats (drop_last: every
-    rank gets the same number of samples, so the same number of forward passes)."""
+    rank gets the same number of samples, so the same number of forward passes); a set smaller than the ranks is
+    padded with repeats instead, so every rank evaluates something."""
     sampler = torch.utils.data.distributed.DistributedSampler(
-        dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=True)
+        dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=len(dataset) >= num_replicas)
     return torch.utils.data.DataLoader(dataset, batch_size=MICRO_BATCH_SIZE, sampler=sampler)
 
 

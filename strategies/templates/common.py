@@ -67,12 +67,14 @@ def evaluate(model, dataset, num_replicas: int, rank: int, device, autocast_dtyp
     return aggregate_mean(total, count, device)
 
 
-def lr_at(step: int) -> float:
-    """Linear warmup to the scaled LR (reached at the end of warmup, not at step 0), then cosine
-    decay to 10% (Goyal et al. 2017: a large batch's scaled LR needs a warmup)."""
-    if step < WARMUP_STEPS:
-        return LR * (step + 1) / WARMUP_STEPS
-    progress = min(1.0, (step - WARMUP_STEPS) / max(1, TOTAL_STEPS - WARMUP_STEPS))
+def lr_at(step: int, total_steps: int) -> float:
+    """Linear warmup to LR over WARMUP_STEPS (at most a tenth of the run), reached at the end of warmup, not at
+    step 0, then cosine decay to 10% at ``total_steps`` (--steps). Goyal et al. 2017: a large batch's scaled LR
+    needs a warmup."""
+    warmup = min(WARMUP_STEPS, max(1, total_steps // 10))
+    if step < warmup:
+        return LR * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
     return LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -235,18 +237,18 @@ def latest_checkpoint(out: str) -> str:
                          "and on SIGTERM") from None
 
 
-def commit_checkpoint(out: str, step: int, rank: int) -> None:
+def commit_checkpoint(args, step: int, rank: int) -> None:
     """Once every rank has written step-N, rank 0 points 'latest' at it (a temporary file renamed over it: a crash
-    never leaves it half-written) and removes the older checkpoints."""
+    never leaves it half-written) and removes all but the newest --keep-checkpoints."""
     barrier()
     if rank == 0:
-        root, name = os.path.join(out, "checkpoints"), f"step-{step}"
+        root, name = os.path.join(args.out, "checkpoints"), f"step-{step}"
         with open(os.path.join(root, "latest.tmp"), "w") as f:
             f.write(name)
         os.replace(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))
-        for old in os.listdir(root):
-            if old.startswith("step-") and old != name:
-                shutil.rmtree(os.path.join(root, old))
+        done = sorted(int(d.removeprefix("step-")) for d in os.listdir(root) if re.fullmatch(r"step-\d+", d))
+        for old in done[:-args.keep_checkpoints]:
+            shutil.rmtree(os.path.join(root, f"step-{old}"))
         log(f"checkpoint: {os.path.join(root, name)} (continue with --resume)")
     barrier()
 
@@ -264,6 +266,9 @@ def training_state(steps, scheduler=None, scaler=None) -> dict:
 def restore_training_state(path: str, rank: int, steps, scheduler=None, scaler=None) -> tuple[int, int]:
     """This rank's training state from checkpoint ``path``; returns (epoch, micro-batches of it already done)."""
     state = torch.load(os.path.join(path, f"training-state-rank{rank}.pt"), map_location="cpu", weights_only=True)
+    if state["step"] >= steps.total_steps:
+        raise SystemExit(f"--resume: {path} is at step {state['step']} and --steps is {steps.total_steps}: raise "
+                         "--steps to train further")
     if scheduler is not None:
         scheduler.load_state_dict(state["scheduler"])
     if scaler is not None:
@@ -297,15 +302,17 @@ class MemoryMeter:
     events; max_memory_reserved has no CPU equivalent and is reported as null).
     """
 
-    def __init__(self, device) -> None:
+    def __init__(self, device, cpu_profile: bool = False) -> None:
         self.device = device
-        self.cpu = None if device.type == "cuda" else CpuPeakMeter()
+        # On CPU the profiler's memory events are the only peak figure, and they slow every step down: --verify asks
+        # for them (--measure-memory); a training run on CPU goes without.
+        self.cpu = CpuPeakMeter() if device.type != "cuda" and cpu_profile else None
         self.stopped = None  # the figures at stop(), once stopped
 
     def __enter__(self):
         if self.cpu is not None:
             self.cpu.__enter__()
-        else:
+        elif self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         return self
 
@@ -323,7 +330,9 @@ class MemoryMeter:
     def result(self) -> dict:
         if self.stopped is not None:
             return dict(self.stopped)
-        if self.cpu is not None:
+        if self.device.type != "cuda":
+            if self.cpu is None:
+                return {"peak_allocated_bytes": None, "peak_reserved_bytes": None}
             # raw: the profiler's own running total, before the frees it did not see were put back (CpuPeakMeter)
             return {"peak_allocated_bytes": int(self.cpu.peak_bytes), "peak_reserved_bytes": None,
                     "raw_peak_allocated_bytes": int(self.cpu.raw_peak_bytes), "unseen_frees": self.cpu.unseen_frees}
@@ -350,7 +359,14 @@ def write_report(path: str, rank: int, world_size: int, device, memory: dict, st
 
 
 def check_args(args):
-    """One-line errors instead of tracebacks for local paths that do not exist (a hub id, org/name, is not one)."""
+    """One-line errors instead of tracebacks: counts out of range, local paths that do not exist (a hub id,
+    org/name, is not one)."""
+    if args.steps < 1:
+        raise SystemExit(f"--steps must be 1 or more, got {args.steps}")
+    for flag, value in (("--eval-every", args.eval_every), ("--save-every", args.save_every),
+                        ("--timing-steps", args.timing_steps), ("--keep-checkpoints", args.keep_checkpoints - 1)):
+        if value < 0:
+            raise SystemExit(f"{flag} must be 0 or more, got {value}")
     for flag, value in (("--init-from", args.init_from), ("--tokenizer", getattr(args, "tokenizer", None))):
         local = value and (value.startswith((".", "/", "~")) or value.count("/") > 1
                            or value.endswith((".pt", ".pth", ".bin", ".safetensors")))
@@ -362,6 +378,8 @@ def check_args(args):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=TOTAL_STEPS, help="optimizer steps to run")
+    p.add_argument("--measure-memory", action="store_true", help="on CPU, measure the peak allocated memory with "
+                   "the profiler (slow; --verify uses it); on CUDA it is always measured")
     p.add_argument("--timing-steps", type=int, default=0, help="optimizer steps run after --steps with the memory "
                    "meter stopped, to time steps without the CPU profiler (their losses are only logged)")
     p.add_argument("--init-from", metavar="PATH", default=INIT_FROM, help=INIT_FROM_HELP)
@@ -372,6 +390,8 @@ def parse_args():
     # [/text]
     p.add_argument("--save-every", type=int, default=SAVE_EVERY, help="write a resumable checkpoint every N optimizer "
                    "steps into --out/checkpoints (0: only on SIGTERM); the last one is kept")
+    p.add_argument("--keep-checkpoints", type=int, default=KEEP_CHECKPOINTS, help="how many of the newest "
+                   "checkpoints to keep")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/checkpoints: "
                    "model, optimizer, LR schedule, step, position in the epoch and every rank's random state")
     p.add_argument("--eval-every", type=int, default=EVAL_EVERY, help="evaluate on the held-out set every N optimizer "

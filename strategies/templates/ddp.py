@@ -27,7 +27,7 @@ def main() -> None:
     # [qlora]
     base_dir = args.init_from or save_test_base(args.out)  # before the meter: the test base's save is not training
     # [/qlora]
-    meter = MemoryMeter(device)
+    meter = MemoryMeter(device, args.measure_memory)
     with meter:
         # [full]
         model = build_model(args.init_from)
@@ -65,7 +65,7 @@ def main() -> None:
         trainable = trainable_parameters(ddp)
         optimizer = make_optimizer(trainable, device)
         # [/lora]
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
         # Pitfall 15: fp16 needs a GradScaler; bf16 does not.
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
         dataset, held_out = make_datasets(args)
@@ -103,7 +103,7 @@ def main() -> None:
                 optimizer_step(scaler, optimizer, scheduler, steps)
                 steps.evaluate(args.eval_every, evaluate, ddp.module, held_out, world_size, rank, device, half)
                 if checkpoint_due(args, steps, preemption, device, epoch, micro):
-                    save_checkpoint(args.out, ddp, optimizer, training_state(steps, scheduler, scaler), rank)
+                    save_checkpoint(args, ddp, optimizer, training_state(steps, scheduler, scaler), rank)
                     steps.restart_clock()
                 if steps.done:
                     break
@@ -119,7 +119,7 @@ def main() -> None:
     # [/lora]
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):
-        save_checkpoint(args.out, ddp, optimizer, training_state(steps, scheduler, scaler), rank)
+        save_checkpoint(args, ddp, optimizer, training_state(steps, scheduler, scaler), rank)
     if not args.no_save:
         # [full]
         # Pitfall 7: the plain module's weights (no "module." prefix), written by rank 0 only.

@@ -249,7 +249,7 @@ def main() -> None:
         f"{world_size} x {GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * world_size * GRAD_ACCUM_STEPS}; lr {LR:g}")
     comm = {"reduce_scatters": 0}
 
-    meter = MemoryMeter(device)
+    meter = MemoryMeter(device, args.measure_memory)
     with meter:
         model, blocks, uninitialised = build_sharded_model(mesh, device)
         if args.init_from:
@@ -265,7 +265,7 @@ def main() -> None:
         trainable = trainable_parameters(model)  # the adapters' shards: the optimizer and clipping see only them
         optimizer = make_optimizer(trainable, torch.device("cpu") if CPU_OFFLOAD else device)
         # [/lora]
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
         # Pitfall 15: fp16 needs a GradScaler. torch.amp's works on DTensor gradients: DTensor's unscale
         # takes the max of found_inf over the mesh, so every rank skips the same steps.
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
@@ -313,7 +313,7 @@ def main() -> None:
                 steps.evaluate(args.eval_every, evaluate_sharded, model, held_out, world_size, rank, device,
                                input_dtype)
                 if checkpoint_due(args, steps, preemption, device, epoch, micro):
-                    save_checkpoint(args.out, model, optimizer, training_state(steps, scheduler, scaler), rank)
+                    save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
                     steps.restart_clock()
                 if steps.done:
                     break
@@ -327,7 +327,7 @@ def main() -> None:
     eval_loss = final_eval_loss(model, dataset, device)
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):  # resumable: every rank writes its own shards (DCP), in parallel
-        save_checkpoint(args.out, model, optimizer, training_state(steps, scheduler, scaler), rank)
+        save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
     if not args.no_save:
         # [full]
         # Portable: the full weights, gathered by every rank (a collective) into rank 0's CPU memory; rank 0

@@ -51,5 +51,7 @@ def make_loader(dataset, num_replicas: int, rank: int):
         dataset, batch_size=MICRO_BATCH_SIZE, sampler=sampler, num_workers=NUM_WORKERS,
         pin_memory=torch.cuda.is_available(), persistent_workers=NUM_WORKERS > 0, drop_last=True)
     if len(loader) < GRAD_ACCUM_STEPS:
-        raise SystemExit(f"the training set has {len(dataset)} samples: too few for one optimizer step")
+        raise SystemExit(f"the training set has {len(dataset)} samples: too few for one optimizer step of "
+                         f"{MICRO_BATCH_SIZE} x {GRAD_ACCUM_STEPS}: give more data, or lower MICRO_BATCH_SIZE in "
+                         "this script (advisor --micro-batch-size)")
     return sampler, loader

@@ -17,7 +17,7 @@ def main() -> None:
     # [qlora]
     base_dir = args.init_from or save_test_base(args.out)  # before the meter: the test base's save is not training
     # [/qlora]
-    meter = MemoryMeter(device)
+    meter = MemoryMeter(device, args.measure_memory)
     with meter:
         # [full]
         model = build_model(args.init_from)
@@ -40,7 +40,7 @@ def main() -> None:
         trainable = trainable_parameters(model)  # the optimizer, clipping and its states cover the adapters only
         optimizer = make_optimizer(trainable, device)
         # [/lora]
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
         # Pitfall 15: fp16 needs a GradScaler; bf16 does not.
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
         dataset, held_out = make_datasets(args)
@@ -73,7 +73,7 @@ def main() -> None:
                 optimizer_step(scaler, optimizer, scheduler, steps)
                 steps.evaluate(args.eval_every, evaluate, model, held_out, 1, 0, device, half, input_dtype)
                 if checkpoint_due(args, steps, preemption, device, epoch, micro):
-                    save_checkpoint(args.out, model, optimizer, training_state(steps, scheduler, scaler), 0)
+                    save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), 0)
                     steps.restart_clock()
                 if steps.done:
                     break
@@ -88,7 +88,7 @@ def main() -> None:
     # [/lora]
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):
-        save_checkpoint(args.out, model, optimizer, training_state(steps, scheduler, scaler), 0)
+        save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), 0)
     if not args.no_save:
         # [full]
         # The plain module's weights: loads into build_model() as it is.

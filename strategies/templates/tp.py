@@ -72,7 +72,7 @@ def main() -> None:
         f"{GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * dp_size * GRAD_ACCUM_STEPS}; lr {LR:g} (linear scaling)")
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
 
-    meter = MemoryMeter(device)
+    meter = MemoryMeter(device, args.measure_memory)
     with meter:
         model = build_model(args.init_from)  # every rank loads it whole; parallelize() keeps only its shards
         if PRECISION == "pure-bf16":
@@ -82,7 +82,7 @@ def main() -> None:
         if ACTIVATION_CHECKPOINTING:
             log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
         optimizer = make_optimizer(model.parameters(), torch.device("cpu"))  # fused kernels lack DTensor support
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
         scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")  # loss scaling for fp16 only
         dataset, held_out = make_datasets(args)
         # The sampler shards by data-parallel rank: every rank of a TP group sees the same batch.
@@ -118,7 +118,7 @@ def main() -> None:
                 optimizer_step(scaler, optimizer, scheduler, steps)
                 steps.evaluate(args.eval_every, evaluate, model, held_out, dp_size, dp_rank, device, half)
                 if checkpoint_due(args, steps, preemption, device, epoch, micro):
-                    save_checkpoint(args.out, model, optimizer, training_state(steps, scheduler, scaler), rank)
+                    save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
                     steps.restart_clock()
                 if steps.done:
                     break
@@ -131,7 +131,7 @@ def main() -> None:
 
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):
-        save_checkpoint(args.out, model, optimizer, training_state(steps, scheduler, scaler), rank)
+        save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
     if not args.no_save:
         state = full_state_dict(model)  # collective: every rank takes part
         if rank == 0:

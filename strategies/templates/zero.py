@@ -13,20 +13,20 @@ def adapter_state_dict(module) -> dict:
 
 
 # [/lora]
-def save_checkpoint(out: str, engine, state: dict, rank: int) -> None:
+def save_checkpoint(args, engine, state: dict, rank: int) -> None:
     """DeepSpeed's own checkpoint: every rank writes its partition of the optimizer states (and, under ZeRO-3, of
     the weights), with the LR schedule; plus every rank's training state; then commit_checkpoint."""
     tag = f"step-{state['step']}"
     # [full]
-    engine.save_checkpoint(os.path.join(out, "checkpoints"), tag=tag, save_latest=False)
+    engine.save_checkpoint(os.path.join(args.out, "checkpoints"), tag=tag, save_latest=False)
     # [/full]
     # [lora]
     # The frozen base is --init-from's, unchanged: only the adapters and their optimizer states are written.
-    engine.save_checkpoint(os.path.join(out, "checkpoints"), tag=tag, save_latest=False,
+    engine.save_checkpoint(os.path.join(args.out, "checkpoints"), tag=tag, save_latest=False,
                            exclude_frozen_parameters=True)
     # [/lora]
-    save_training_state(checkpoint_dir(out, state["step"]), rank, state)
-    commit_checkpoint(out, state["step"], rank)
+    save_training_state(checkpoint_dir(args.out, state["step"]), rank, state)
+    commit_checkpoint(args, state["step"], rank)
 
 
 def load_checkpoint(out: str, engine) -> str:
@@ -70,7 +70,7 @@ def main() -> None:
     log(f"ZeRO-{stage}: world size {world_size}, micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation "
         f"{GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
         f"{ds_config['train_batch_size']}; lr {LR:g} (linear scaling)")
-    meter = MemoryMeter(device)
+    meter = MemoryMeter(device, args.measure_memory)
     with meter:
         # ZERO_INIT: ZeRO-3 partitions the parameters as they are created, so no rank ever holds the full
         # model. torchvision models re-initialise weights after creation, which partitioned weights
@@ -113,7 +113,7 @@ def main() -> None:
         trainable = trainable_parameters(model)  # the optimizer (DeepSpeed's fp32 master copies too) sees the adapters
         optimizer = make_optimizer(trainable, torch.device("cpu") if OFFLOAD else device)
         # [/lora]
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s) / LR)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
         # DeepSpeed owns mixed precision (bf16/fp16 + loss scaling in ds_config), gradient
         # accumulation boundaries (no_sync is implicit) and the gradient reduction.
         # [full]
@@ -147,7 +147,7 @@ def main() -> None:
                 steps.evaluate(args.eval_every, evaluate, engine, held_out, world_size, rank, engine.device,
                                None, dtype)
                 if checkpoint_due(args, steps, preemption, engine.device, epoch, micro):
-                    save_checkpoint(args.out, engine, training_state(steps), rank)
+                    save_checkpoint(args, engine, training_state(steps), rank)
                     steps.restart_clock()
                 if steps.done:
                     break
@@ -165,7 +165,7 @@ def main() -> None:
     # [/lora]
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):
-        save_checkpoint(args.out, engine, training_state(steps), rank)
+        save_checkpoint(args, engine, training_state(steps), rank)
     if not args.no_save:
         # [full]
         # Full 16-bit weights gathered from all ranks (ZeRO-3: stage3_gather_16bit_weights_on_model_save),

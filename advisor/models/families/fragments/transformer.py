@@ -52,15 +52,36 @@ def read_documents(path: str) -> list[str]:
     """The documents in --data: a datasets directory's 'text' column (its train split), a JSONL file's 'text'
     fields, or a whole text file as one document."""
     if os.path.isdir(path):
-        import datasets  # optional: only for directories written by Dataset.save_to_disk
-
-        data = datasets.load_from_disk(path)
+        try:
+            import datasets  # optional: only for directories written by Dataset.save_to_disk
+        except ImportError:
+            raise SystemExit(f"--data {path}: a directory is read as a datasets save_to_disk directory: pip install "
+                             "datasets, or pass a .txt or .jsonl file") from None
+        try:
+            data = datasets.load_from_disk(path)
+        except FileNotFoundError:
+            raise SystemExit(f"--data {path}: not a datasets save_to_disk directory: pass one, or a .txt or .jsonl "
+                             "file") from None
         data = data["train"] if isinstance(data, datasets.DatasetDict) else data
+        if "text" not in data.column_names:
+            raise SystemExit(f"--data {path}: no 'text' column (columns: {', '.join(data.column_names)})")
         return list(data["text"])
-    with open(path, encoding="utf-8") as f:
-        if path.endswith((".jsonl", ".json")):
-            return [json.loads(line)["text"] for line in f if line.strip()]
-        return [f.read()]
+    try:
+        with open(path, encoding="utf-8") as f:
+            if not path.endswith((".jsonl", ".json")):
+                return [f.read()]
+            docs = []
+            for number, line in enumerate(f, start=1):
+                if line.strip():
+                    record = json.loads(line)
+                    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                        raise SystemExit(f"--data {path}:{number}: each line needs a 'text' string")
+                    docs.append(record["text"])
+            return docs
+    except UnicodeDecodeError:
+        raise SystemExit(f"--data {path}: not UTF-8 text: pass a .txt or .jsonl file") from None
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"--data {path}:{number}: not JSON ({err.msg})") from None
 
 
 def load_real_dataset(args):

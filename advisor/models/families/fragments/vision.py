@@ -46,6 +46,9 @@ def load_real_dataset(args):
     a horizontal flip for training, a resize and centre crop for evaluation."""
     from torchvision import datasets, transforms
 
+    if not os.path.isdir(args.data):
+        raise SystemExit(f"--data {args.data}: an image dataset is a directory (ImageFolder: one sub-directory per "
+                         "class)")
     size = INPUT_SHAPE[-1]
     normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
     train_tf = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
@@ -53,6 +56,14 @@ def load_real_dataset(args):
     eval_tf = transforms.Compose([transforms.Resize(size * 256 // 224), transforms.CenterCrop(size),
                                   transforms.ToTensor(), normalize])
     train_dir, val_dir = os.path.join(args.data, "train"), os.path.join(args.data, "val")
+    try:
+        return split_images(args, train_dir, val_dir, train_tf, eval_tf, datasets)
+    except FileNotFoundError as err:  # ImageFolder: no class directory or no image in one
+        raise SystemExit(f"--data {args.data}: {err}") from None
+
+
+def split_images(args, train_dir: str, val_dir: str, train_tf, eval_tf, datasets):
+    """(training images, held-out images): DIR/train and DIR/val, or a seeded split of DIR."""
     if os.path.isdir(train_dir) and os.path.isdir(val_dir):
         train, held_out = datasets.ImageFolder(train_dir, train_tf), datasets.ImageFolder(val_dir, eval_tf)
     else:
