@@ -6,8 +6,8 @@ def save_checkpoint(args, model, optimizer, state: dict, rank: int) -> None:
     plus the training state; then commit_checkpoint."""
     path = checkpoint_dir(args.out, state["step"])
     os.makedirs(path, exist_ok=True)
-    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    weights = {k: v for k, v in model.state_dict().items() if k in trainable or k not in dict(model.named_parameters())}
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    weights = {k: v for k, v in model.state_dict().items() if k not in frozen}  # buffers stay
     torch.save({"model": weights, "optimizer": optimizer.state_dict()}, os.path.join(path, "model_and_optimizer.pt"))
     save_training_state(path, rank, state)
     commit_checkpoint(args, state["step"], rank)

@@ -364,9 +364,11 @@ def check_args(args):
     if args.steps < 1:
         raise SystemExit(f"--steps must be 1 or more, got {args.steps}")
     for flag, value in (("--eval-every", args.eval_every), ("--save-every", args.save_every),
-                        ("--timing-steps", args.timing_steps), ("--keep-checkpoints", args.keep_checkpoints - 1)):
+                        ("--timing-steps", args.timing_steps)):
         if value < 0:
             raise SystemExit(f"{flag} must be 0 or more, got {value}")
+    if args.keep_checkpoints < 1:
+        raise SystemExit(f"--keep-checkpoints must be 1 or more, got {args.keep_checkpoints}")
     for flag, value in (("--init-from", args.init_from), ("--tokenizer", getattr(args, "tokenizer", None))):
         local = value and (value.startswith((".", "/", "~")) or value.count("/") > 1
                            or value.endswith((".pt", ".pth", ".bin", ".safetensors")))
