@@ -71,6 +71,7 @@ class VerifyResult:
     measured_step_s: float | None = None  # max over ranks of each rank's median (``median_step_s``)
     step_time_error: float | None = None  # (predicted - measured) / measured
     cpu_contention: float | None = None  # share of all cores' time other processes took during the run (CPU runs)
+    estimate: dict = field(default_factory=dict)  # the job's estimate (``Job.estimate``: bytes, breakdown, phase)
 
     def to_dict(self) -> dict:
         return {"strategy": self.strategy, "device": self.device, "world_size": self.world_size,
@@ -239,17 +240,19 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
         write_files(render_job(job), run_dir, force=force)
         result = VerifyResult(strategy=name, device=device, world_size=world, steps=steps, log_dir=str(run_dir),
                               notes=notes, estimated_peak_bytes=run_row.memory.peak.total,
-                              predicted_step_s=predicted_step_s(hw, run_row.time))
+                              predicted_step_s=predicted_step_s(hw, run_row.time), estimate=job.estimate)
         say(f"launching {name} on {world} {device} rank(s) in {run_dir}")
         started = time.time()
         try:
             # No evaluation and no periodic checkpoint among the measured steps (they would run under the memory
             # meter); the run's last checkpoint is still written after training.
-            cmd = strategy.launcher.verify_argv(world, port, ["--steps", str(steps), "--timing-steps",
-                                                              str(timing_steps), "--out", "out", "--eval-every", "0",
-                                                              "--save-every", "0", "--measure-memory"])
+            # The probe measures memory over the first ``steps`` steps, then the ``timing_steps`` after them run
+            # unmetered for the step time.
+            cmd = strategy.launcher.verify_argv(world, port, ["--steps", str(steps + timing_steps), "--out", "out",
+                                                              "--eval-every", "0", "--save-every", "0"],
+                                                probe=["--measured-steps", str(steps)])
             others = OtherCpu()
-            rc, timed_out = _launch(cmd, run_dir, env, timeout_s, steps, say)
+            rc, timed_out = _launch(cmd, run_dir, env, timeout_s, steps + timing_steps, say)
             result.cpu_contention = others.share() if device == "cpu" else None
         finally:
             remove_deepspeed_shm(port)

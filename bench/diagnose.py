@@ -8,8 +8,8 @@ optimizer state, activation, ...; slow and memory-hungry, fine for single-rank D
 
     .venv/bin/python -m bench.diagnose llama-small-s256-b4-fp32-adamw-zero2-w2
 
-The script is the one ``--verify`` runs, unchanged: a small wrapper imports it as a module and swaps
-its ``CpuPeakMeter`` for the recording one below before calling ``main()``.
+The script is the one ``--verify`` runs, unchanged: a small wrapper runs it through advisor's measurement probe
+(``strategies/probe/_advisor_probe.py``) with the probe's CPU meter swapped for the recording one below.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ _WRAPPER = r'''
 import functools, importlib, importlib.util, json, os, sys, tempfile
 import torch
 
-spec = importlib.util.spec_from_file_location("train_diag", os.path.join(os.path.dirname(__file__), "train.py"))
-train = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(train)
+sys.path.insert(0, os.environ["DIAG_PROBE_DIR"])
+import _advisor_probe
 CATEGORIES = os.environ.get("DIAG_CATEGORIES") == "1"
 # Methods wrapped in a named profiler range, so allocations can be attributed to them.
 ANNOTATE = [
@@ -147,9 +146,8 @@ class RecordingMeter:
 
 
 _annotate()
-train.CpuPeakMeter = RecordingMeter
-sys.argv[0] = "train.py"
-train.main()
+_advisor_probe.CPU_METER = RecordingMeter
+_advisor_probe.main(["train.py", *sys.argv[1:]])
 '''
 
 
@@ -184,6 +182,7 @@ def render_case(case, run_dir: Path):
 
 def main(argv: list[str] | None = None) -> int:
     from strategies import get_strategy
+    from strategies.launchers import PROBE
 
     args = list(argv if argv is not None else sys.argv[1:])
     categories = "--categories" in args
@@ -193,10 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = Path(tmp)
         peak, port = render_case(case, run_dir)
         argv = get_strategy(case.strategy).launcher.verify_argv(case.world, port, ["--steps", str(case.steps),
-                                                                                   "--out", "out", "--measure-memory"])
+                                                                                   "--out", "out"])
         cmd = [("diag_wrap.py" if a == "train.py" else a) for a in argv]
         env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=os.getcwd(),
-                   DIAG_CATEGORIES="1" if categories else "0")
+                   DIAG_CATEGORIES="1" if categories else "0", DIAG_PROBE_DIR=str(PROBE.parent))
         proc = subprocess.run(cmd + ([] if "--save" in args else ["--no-save"]), cwd=run_dir, env=env, capture_output=True, text=True)
         if proc.returncode:
             print(proc.stdout[-3000:], proc.stderr[-3000:])

@@ -126,9 +126,8 @@ def run_case(case: Case, work: Path, log) -> dict:
         row["measured_step_s"], row["predicted_step_s"] = result.measured_step_s, result.predicted_step_s
         row["step_time_error"] = result.step_time_error
         row["cpu_contention"] = result.cpu_contention  # other processes' share of the CPUs during the run
-        report = run_dir / "out" / "report.json"
-        if report.exists():
-            est = json.loads(report.read_text())["estimate"]
+        if result.estimate:
+            est = result.estimate
             row["our_breakdown_bytes"], row["our_peak_phase"] = est["breakdown_bytes"], est["peak_phase"]
         if not result.ok:
             log_path = run_dir / "run.log"

@@ -108,12 +108,12 @@ class DDP(Strategy):
     quantized_base = True  # QLoRA: each rank holds the quantized base; only the adapters' gradients are reduced
     comm_pattern = "all-reduce of the gradients in buckets, overlapped with backward"
     script_imports = ("import torch.distributed.checkpoint as dcp",
-                      "from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook",
                       "from torch.nn.parallel import DistributedDataParallel as DDP")
 
     def script_constants(self, job, family) -> dict:
-        # SyncBatchNorm below this per-GPU batch (field notes pitfall 8: small batches need global statistics).
-        return {"SYNC_BN_MAX_MICRO_BATCH": 32}
+        # SyncBatchNorm below this per-GPU batch (field notes pitfall 8: small batches need global statistics);
+        # transformers have no BatchNorm, and their scripts no SyncBatchNorm decision.
+        return {} if job.spec.is_transformer else {"SYNC_BN_MAX_MICRO_BATCH": 32}
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         return replicated_memory(ctx, micro_batch, ctx.profile.stats, dp_size=ctx.world_size)

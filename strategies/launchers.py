@@ -47,9 +47,13 @@ class Launcher:
                 f"--master_port={port} {tail}\n"
                 "    (or a rendezvous endpoint: --rdzv_backend=c10d --rdzv_endpoint=HOST0:29400 --rdzv_id=JOB)")
 
-    def verify_argv(self, world: int, port: int, script_args: list[str]) -> list[str]:
-        """The command ``--verify`` runs here, with this interpreter's launcher."""
+    def verify_argv(self, world: int, port: int, script_args: list[str], probe: list[str] | None = None) -> list[str]:
+        """The command that runs ``train.py`` here, with this interpreter's launcher. ``probe``: run it through the
+        measurement probe (``PROBE``, with these options, e.g. ``["--measured-steps", "6"]``), which writes
+        --out/report.json; None: the script alone, as a user runs it."""
         args = ["train.py", *script_args]
+        if probe is not None:
+            args = [str(PROBE), *probe, *args]
         if self.name == "python":
             return [sys.executable, *args, *self.script_args]
         if self.name == "deepspeed":
@@ -60,6 +64,9 @@ class Launcher:
                 "--master_addr=127.0.0.1", f"--master_port={port}", *args, *self.script_args]
 
 
+# The measurement wrapper --verify, bench and the tests launch in place of train.py (its docstring says what it
+# records); it runs the script unchanged.
+PROBE = Path(__file__).parent / "probe" / "_advisor_probe.py"
 TORCHRUN = Launcher("torchrun")
 PYTHON = Launcher("python")  # one process: ``python train.py``
 DEEPSPEED = Launcher("deepspeed", script_args=("--deepspeed_config", "ds_config.json"),

@@ -4,14 +4,16 @@
 A generated ``train.py`` is flat and import-free of this project: a docstring with the launch
 lines and the batch arithmetic, a block of constants (every value written with ``repr`` of
 validated data, so nothing the user typed becomes code), helpers copied from this package with
-``inspect.getsource`` (the CPU peak meter, activation checkpointing), ``templates/common.py`` and
-the strategy's own template.
+``inspect.getsource`` (activation checkpointing, where used), ``templates/common.py`` and
+the strategy's own template. Nothing of the measurement is in it: ``--verify``, bench and the tests run it through
+``strategies/probe/_advisor_probe.py``.
 
 Fine-tuning with LoRA / QLoRA (``job.spec.adapter``) is written into the same templates as optional blocks: lines
 between ``# [TAG]`` and ``# [/TAG]`` (each marker alone on its line) are kept, without the markers, only where the
 tag applies (``_block_tags``): ``full`` (no adapter), ``lora`` (any adapter), ``lora16`` (LoRA on a 16/32-bit
 base), ``qlora`` (a bitsandbytes-quantized base), ``generic-base`` (``templates/adapters.py``'s ``build_base``, for
-families whose fragment brings none). A full fine-tuning script is therefore the text it always was.
+families whose fragment brings none), ``text`` / ``not-text`` / ``image`` (the data a family reads), ``ac``
+(activation checkpointing on), and one per optimizer family.
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ from . import get_strategy, strategy_names
 from .slurm import SLURM_FILE, render_slurm
 
 TEMPLATES = Path(__file__).parent / "templates"
-BLOCK_TAGS = ("full", "lora", "lora16", "qlora", "generic-base", "text", "image", "adam", "sgd", "bnb", "adafactor")
+# The standard-library modules a script may use; each is imported where its text uses it.
+_STDLIB = ("argparse", "contextlib", "datetime", "gc", "itertools", "json", "math", "os", "re", "shutil", "signal",
+           "time")
+BLOCK_TAGS = ("full", "lora", "lora16", "qlora", "generic-base", "text", "not-text", "image", "adam", "sgd", "bnb",
+              "adafactor", "ac")
 # make_optimizer's branch for each optimizer (only the one the job uses is written).
 _OPTIMIZER_TAGS = {"adam": "adam", "adamw": "adam", "sgd": "sgd", "sgd-momentum": "sgd", "adamw-8bit": "bnb",
                    "paged-adamw-8bit": "bnb", "paged-adamw": "bnb", "lion": "bnb", "adafactor": "adafactor"}
@@ -162,12 +168,12 @@ def _constants(job: Job) -> dict[str, Any]:
         # A small fixed synthetic set, revisited every epoch (4 optimizer steps per epoch).
         "NUM_SAMPLES": job.global_batch_size * 4,
         "EVAL_SAMPLES": job.micro_batch_size * job.dp_size * 2,
-        "ACTIVATION_CHECKPOINTING": job.activation_checkpointing,
         "INIT_FROM": job.init_from,  # pretrained weights (advisor's --init-from); None: fresh weights
     }
+    if job.strategy_unit.distributes:
+        consts["COLLECTIVE_TIMEOUT_MINUTES"] = 30
     consts.update(_adapter_constants(job, consts))
     consts.update(strategy.script_constants(job, family))
-    consts["ESTIMATE"] = job.estimate
     for k, v in consts.items():
         _check_literal(v, k)
     return consts
@@ -189,8 +195,8 @@ CONSTANT_NOTES = {
     "HELD_OUT_FRACTION": "share of --data held out for evaluation", "SEED": "initial weights and dropout",
     "DATA_SEED": "data order and synthetic samples", "NUM_SAMPLES": "synthetic training samples (without --data)",
     "EVAL_SAMPLES": "synthetic held-out samples (without --data)",
-    "ACTIVATION_CHECKPOINTING": "recompute each block in backward instead of keeping its activations",
     "INIT_FROM": "default --init-from: pretrained weights (None: freshly initialised)",
+    "COLLECTIVE_TIMEOUT_MINUTES": "a rank waiting this long in a collective fails instead of hanging",
     "SYNC_BN_MAX_MICRO_BATCH": "SyncBatchNorm at or below this per-GPU batch", "TP_DEGREE": "GPUs per tensor-parallel group",
     "ZERO_INIT": "ZeRO-3: partition the parameters while the model is built", "DS_CONFIG_FILE": "DeepSpeed's config",
     "OFFLOAD": "optimizer states (ZeRO-3: and parameters) in host memory", "CPU_OFFLOAD": "shards in host memory",
@@ -204,7 +210,6 @@ CONSTANT_NOTES = {
     "LORA_DTYPE": "the adapters' dtype (auto: peft's)", "LORA_TASK_TYPE": "peft's task type",
     "QUANTIZE": "the frozen base's bitsandbytes format", "DOUBLE_QUANT": "quantize the quantization constants too",
     "BNB_COMPUTE_DTYPE": "dtype the quantized layers compute in",
-    "ESTIMATE": "advisor's estimate for this job, in bytes (the report compares)",
 }
 
 
@@ -247,6 +252,10 @@ def _block_tags(job: Job, family_has_base: bool = False) -> set[str]:
     adapter = job.spec.adapter
     data = {_FAMILY_TAGS[job.spec.family]} if job.spec.family in _FAMILY_TAGS else set()
     data.add(_OPTIMIZER_TAGS[job.optimizer])
+    if "text" not in data:
+        data.add("not-text")  # images or your own model: samples/s, SyncBatchNorm's decision
+    if job.activation_checkpointing:
+        data.add("ac")
     if adapter is None:
         return {"full"} | data
     tags = {"lora", "qlora" if adapter.quantize else "lora16"} | data
@@ -313,7 +322,8 @@ Model: {name} ({source}), {what}; pretrained weights with --init-from; synthetic
     evaluation on held-out data every --eval-every steps.
 {_lora_doc(job)}Estimate this script was generated for: peak allocated {est["peak_allocated_bytes"] / 2**30:.3f} GiB per rank
 ({est["device"]}), device total {est["device_total_bytes"] / 2**30:.3f} GiB.
-A JSON report with the measured per-rank peak is written to --out/--report at the end.
+Every step logs the loss, learning rate, gradient norm, seconds and throughput (and on CUDA the peak allocated
+memory); the trained weights go to --out at the end.
 """'''
 
 
@@ -338,12 +348,18 @@ def launch_command_for(job: Job) -> str:
     return job.strategy_unit.launcher.command(job.gpus_per_node, job.num_nodes, job.master_port)
 
 
-def _helpers_source() -> str:
+def _helpers_source(job: Job, template: str) -> str:
+    """advisor's own activation-checkpointing helpers, copied in (``inspect.getsource``) where the job uses them:
+    with activation checkpointing, and where the strategy's ``template`` text calls ``repeated_blocks`` (FSDP2's
+    units, one per repeated block)."""
     from advisor.checkpointing import enable_activation_checkpointing, repeated_blocks
-    from advisor.measure import CpuPeakMeter
 
-    parts = [inspect.getsource(f) for f in (repeated_blocks, enable_activation_checkpointing, CpuPeakMeter)]
-    return "\n\n".join(parts)
+    parts = [repeated_blocks] if job.activation_checkpointing or "repeated_blocks(" in template else []
+    if job.activation_checkpointing:
+        parts.append(enable_activation_checkpointing)
+    if not parts:
+        return ""
+    return "\n\n# --- helpers copied from advisor ---\n" + "\n\n".join(inspect.getsource(f) for f in parts) + "\n"
 
 
 def render_train_py(job: Job) -> str:
@@ -357,11 +373,17 @@ def render_train_py(job: Job) -> str:
     tags = _block_tags(job, family_has_base=lora and "def build_base(" in select_blocks(fragment, _block_tags(job)))
     template = select_blocks((TEMPLATES / strategy.template).read_text(), tags)
     adapters = select_blocks((TEMPLATES / "adapters.py").read_text(), tags) if lora else ""
-    # The standard-library modules common.py uses, plus those the strategy's template (and LoRA's code) uses (no
-    # unused import).
-    used = template + (adapters + select_blocks(fragment, tags) if lora else "")
-    stdlib = sorted({"argparse", "itertools", "json", "math", "os", "re", "shutil", "signal", "time"}
-                    | {m for m in ("contextlib", "gc") if re.search(rf"\b{m}\.", used)})
+    body = [_helpers_source(job, template), select_blocks((TEMPLATES / "common.py").read_text(), tags),
+            # The process group's helpers, or their one-process stand-ins (a one-process script never touches
+            # torch.distributed).
+            (TEMPLATES / ("collectives.py" if strategy.distributes else "local.py")).read_text(),
+            select_blocks(fragment, tags),
+            *(["", adapters] if lora else []),
+            *("\n" + select_blocks((TEMPLATES / part).read_text(), tags) for part in strategy.script_parts),
+            "", template]
+    text = "\n".join(body)
+    # The standard-library modules the script uses (no unused import).
+    stdlib = sorted(m for m in _STDLIB if re.search(rf"\b{m}\.[A-Za-z_]", text))
     lines = [_docstring(job, launch), "", *(f"import {m}" for m in stdlib), "",
              "import torch", *(["import torch.distributed as dist"] if strategy.distributes else []),
              *strategy.script_imports, "",
@@ -369,15 +391,7 @@ def render_train_py(job: Job) -> str:
     lines += [_constant_line(k, v) for k, v in consts.items()]
     lines += ["NUM_WORKERS = (min(8, (os.cpu_count() or 1) // max(1, int(os.environ.get('LOCAL_WORLD_SIZE', '1'))))",
               "               if torch.cuda.is_available() else 0)  # data-loading workers: about CPU cores / GPUs",
-              "", "", "# --- helpers copied from advisor (activation checkpointing, CPU peak memory) ---",
-              _helpers_source(), "", select_blocks((TEMPLATES / "common.py").read_text(), tags),
-              # The process group's helpers, or their one-process stand-ins (a one-process script never touches
-              # torch.distributed).
-              (TEMPLATES / ("collectives.py" if strategy.distributes else "local.py")).read_text(),
-              select_blocks(fragment, tags),
-              *(["", adapters] if lora else []),
-              *("\n" + select_blocks((TEMPLATES / part).read_text(), tags) for part in strategy.script_parts),
-              "", template]
+              "", text]
     return "\n".join(lines)
 
 

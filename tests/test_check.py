@@ -112,16 +112,16 @@ def test_generated_scripts_are_clean(generated, model, strategy):
 # Remove one safeguard from a generated script: the rule guarding it must fire (so "clean" above is
 # not clean by blindness). (model, strategy, text in the script, replacement, expected rule)
 MUTATIONS = [
-    ("llama", "ddp", "if rank == 0:\n            torch.save(", "if 1:\n            torch.save(", "MG009"),
-    ("llama", "ddp", "torch.save(ddp.module.state_dict()", "torch.save(ddp.state_dict()", "MG007"),
-    ("llama", "ddp", "torch.save(ddp.module.state_dict()", "torch.save(ddp", "MG006"),
+    ("resnet18", "ddp", "if rank == 0:\n            export_weights(", "if 1:\n            export_weights(", "MG009"),
+    ("llama", "ddp", "export_weights(ddp.module, args)", "torch.save(ddp.state_dict(), 'model.pt')", "MG007"),
+    ("llama", "ddp", "export_weights(ddp.module, args)", "torch.save(ddp, 'model.pt')", "MG006"),
     ("llama", "ddp", "    dist.destroy_process_group()\n", "    pass\n", "MG013"),
     ("llama", "ddp", 'if int(os.environ.get("RANK", "0")) == 0:\n        print', "if True:\n        print", "MG009"),
     ("llama", "ddp", "torch.cuda.set_device(local_rank)", "torch.cuda.set_device(rank)", "MG004"),
     ("llama", "ddp", "sampler=sampler, num_workers", "sampler=sampler, shuffle=True, num_workers", "MG002"),
-    ("resnet18", "ddp", "            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)",
-     "            model = torch.nn.Sequential(model, torch.nn.BatchNorm1d(8))", "MG010"),
-    ("llama", "tp", "                        g.div_(dp_size)", "                        pass", "MG012"),
+    ("resnet18", "ddp", "        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)",
+     "        model = torch.nn.Sequential(model, torch.nn.BatchNorm1d(8))", "MG010"),
+    ("llama", "tp", "                    g.div_(dp_size)", "                    pass", "MG012"),
     ("llama", "zero3", "deepspeed.init_distributed(", "print(", "MG009"),
 ]
 

@@ -62,13 +62,13 @@ def _load_script(path: Path):
 
 
 def _run_script(job_dir: Path, strategy: str, *script_args: str, steps: int = STEPS) -> dict:
-    """Run the emitted train.py on 2 CPU ranks with its strategy's launcher for ``steps`` optimizer steps; returns
-    its report."""
+    """Run the emitted train.py on 2 CPU ranks with its strategy's launcher for ``steps`` optimizer steps, through
+    advisor's measurement probe; returns the probe's report."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     launcher = get_strategy(strategy).launcher
     env.update(dict(launcher.cpu_env))
     port = 29600 + sum(map(ord, strategy)) % 200
-    argv = launcher.verify_argv(2, port, [*script_args, "--steps", str(steps), "--out", "out"])
+    argv = launcher.verify_argv(2, port, [*script_args, "--steps", str(steps), "--out", "out"], probe=[])
     done = subprocess.run(argv, cwd=job_dir, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((job_dir / "out" / "report.json").read_text())
@@ -156,10 +156,25 @@ def test_fine_tuned_weights_load_into_the_plain_model(lm_run, pretrained):
     import transformers
 
     strategy, job_dir, report = lm_run
-    state = torch.load(job_dir / "out" / "model.pt", map_location="cpu", weights_only=True)
-    base = transformers.LlamaForCausalLM.from_pretrained(pretrained / "base", dtype=torch.float32)
-    missing, unexpected = base.load_state_dict(state, strict=False)
-    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    exported = job_dir / "out" / "model"
+    # A Hugging Face directory: safetensors weights, the config, and the tokenizer of --init-from.
+    assert (exported / "model.safetensors").exists() and (exported / "tokenizer.json").exists()
+    model = transformers.AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
+    assert type(model) is transformers.LlamaForCausalLM
+    state = model.state_dict()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
+    assert tokenizer("hello")["input_ids"] == transformers.AutoTokenizer.from_pretrained(pretrained / "base")(
+        "hello")["input_ids"]
+    # The exported model is the trained one: its loss on the first micro-batch is the probe's figure for the
+    # model in memory at the end of training (ZeRO exports DeepSpeed's 16-bit module weights: fp32 here).
+    script = _load_script(job_dir / "train.py")
+    args = argparse.Namespace(data=str(pretrained / "train.txt"), tokenizer=None, init_from=str(pretrained / "base"))
+    train, _ = script.load_real_dataset(args)
+    batch = torch.utils.data.default_collate([train[i] for i in range(script.MICRO_BATCH_SIZE)])
+    model.eval()
+    with torch.no_grad():
+        loss = script.compute_loss(model, batch, torch.device("cpu")).item()
+    assert loss == pytest.approx(report["per_rank"][0]["final_eval_loss"], rel=1e-4), strategy
     # Trained: the weights moved away from the pretrained ones.
     pretrained_state = transformers.LlamaForCausalLM.from_pretrained(pretrained / "base").state_dict()
     assert not torch.equal(state["model.layers.0.self_attn.q_proj.weight"].float(),

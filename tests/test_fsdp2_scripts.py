@@ -44,7 +44,11 @@ for i, path in enumerate(sys.argv[2:]):
     spec = importlib.util.spec_from_file_location(f"probe_script_{i}", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    model, blocks, uninitialised = script.build_sharded_model(mesh, torch.device("cpu"))
+    uninitialised = []
+    init = script.init_parameters
+    script.init_parameters = lambda *a: uninitialised.extend(init(*a)) or uninitialised
+    model = script.build_sharded_model(mesh, torch.device("cpu"))
+    blocks = [m for m in model.modules() if isinstance(m, script.FSDPModule) and m is not model]
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     mine = {"buffers": {n: b.detach().clone() for n, b in model.named_buffers()},
             "local_numel": sum(p.to_local().numel() for p in model.parameters()), "uninitialised": uninitialised}
@@ -103,6 +107,14 @@ def _check_fsdp2_memory(result, out: Path) -> None:
 def _check_losses(result) -> None:
     assert len(result.losses) == STEPS and all(torch.isfinite(torch.tensor(result.losses)))
     assert result.losses[-1] < result.losses[0], result.losses
+
+
+def _exported(out: Path) -> dict:
+    """The run's exported full weights: a Hugging Face directory for transformers (safetensors), model.pt else."""
+    from safetensors.torch import load_file
+
+    hf = out / "out" / "model" / "model.safetensors"
+    return load_file(hf) if hf.exists() else torch.load(out / "out" / "model.pt", map_location="cpu")
 
 
 def _eval_batch(script):
@@ -193,8 +205,7 @@ def test_fsdp2_full_export_loads_and_gives_the_same_loss(run, request):
     out = request.getfixturevalue(run)[1]
     script = _load_script(out / "train.py")
     model = script.build_model()
-    state = torch.load(out / "out" / "model.pt", map_location="cpu")
-    model.load_state_dict(state, strict=True)  # full shapes, no prefix
+    model.load_state_dict(_exported(out), strict=True)  # full shapes, no prefix
     model.eval()
     with torch.no_grad():
         loss = script.compute_loss(model, _eval_batch(script), torch.device("cpu")).item()
@@ -207,13 +218,14 @@ def test_fsdp2_full_export_loads_and_gives_the_same_loss(run, request):
 def test_fsdp2_dcp_checkpoint_converts(run, request, tmp_path):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    out = request.getfixturevalue(run)[1] / "out"
+    run_dir = request.getfixturevalue(run)[1]
+    out = run_dir / "out"
     ckpt = out / "checkpoints" / (out / "checkpoints" / "latest").read_text()  # the last step's
     assert (ckpt / ".metadata").exists()
     assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]  # one per rank
     dcp_to_torch_save(ckpt, tmp_path / "full.pt")
     converted = torch.load(tmp_path / "full.pt", map_location="cpu", weights_only=False)
-    full = torch.load(out / "model.pt", map_location="cpu")
+    full = _exported(run_dir)
     assert set(converted["model"]) == set(full)
     for k, v in full.items():
         if v.is_floating_point():  # BatchNorm statistics are per rank; DCP keeps one copy
@@ -267,7 +279,7 @@ def test_single_is_recommended_and_runs_without_torchrun(single_run):
     inputs, result, out = single_run
     assert plan(inputs).recommendation.strategy == "single"
     assert result.strategy == "single" and result.world_size == 1
-    argv = get_strategy("single").launcher.verify_argv(1, 29500, ["--steps", "1"])
+    argv = get_strategy("single").launcher.verify_argv(1, 29500, ["--steps", "1"])  # as a user runs it
     assert argv[:2] == [sys.executable, "train.py"]  # plain python: no torchrun, no process group
     assert "torch.distributed.run" not in (out / "launch.sh").read_text()
     _check_losses(result)
@@ -279,5 +291,4 @@ def test_single_is_recommended_and_runs_without_torchrun(single_run):
 
 def test_single_checkpoint_loads_into_plain_model(single_run):
     out = single_run[2]
-    state = torch.load(out / "out" / "model.pt", map_location="cpu")
-    _load_script(out / "train.py").build_model().load_state_dict(state, strict=True)
+    _load_script(out / "train.py").build_model().load_state_dict(_exported(out), strict=True)

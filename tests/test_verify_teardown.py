@@ -3,7 +3,7 @@ died in teardown (a rank aborting with SIGABRT in interpreter shutdown, issue 12
 with a note; a run where some rank did not report is a failure, whatever happened afterwards.
 
 The launched cases use a stand-in ``train.py`` (no torch: it starts in well under a second) that
-writes a report in the format ``strategies/templates/common.py``'s ``write_report`` writes and then
+writes a report in the format ``strategies/probe/_advisor_probe.py`` writes and then
 calls ``os.abort()``, started with the same launchers and ``_launch`` as ``verify``.
 """
 

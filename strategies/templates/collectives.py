@@ -14,7 +14,10 @@ def init_torchrun():
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    # An explicit timeout: a rank that waits longer than this in a collective (another rank died or hangs) fails
+    # instead of holding the job until the scheduler kills it.
+    dist.init_process_group(backend="nccl" if cuda else "gloo",
+                            timeout=datetime.timedelta(minutes=COLLECTIVE_TIMEOUT_MINUTES))
     return rank, local_rank, world_size, device
 
 
@@ -53,11 +56,6 @@ def barrier() -> None:
     dist.barrier()
 
 
-def gather_objects(obj, world_size: int) -> list:
-    """Every rank's ``obj``, in rank order, on every rank."""
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, obj)
-    return everyone
 
 
 

@@ -1,5 +1,5 @@
 # ---------------------------------------------------------------------------------------------
-# Model, data, loss, learning rate, memory measurement and the report: shared by every strategy.
+# Data, evaluation, learning rate, optimizer, step log and checkpoints: shared by every strategy.
 # ---------------------------------------------------------------------------------------------
 def log(msg: str) -> None:
     """Rank-0-only logging (one line per step, not one per rank); a single process (no RANK) is rank 0."""
@@ -18,7 +18,7 @@ class SyntheticDataset(torch.utils.data.Dataset):
         return self.num_samples
 
     def __getitem__(self, index: int) -> dict:
-        return make_sample(torch.Generator().manual_seed(DATA_SEED + self.offset + index), index)
+        return make_sample(torch.Generator().manual_seed(DATA_SEED + self.offset + index))
 
 
 class ResumableSampler(torch.utils.data.Sampler):
@@ -60,7 +60,7 @@ def evaluate(model, dataset, num_replicas: int, rank: int, device, autocast_dtyp
         for i, batch in enumerate(loader):
             if i == EVAL_BATCHES:
                 break
-            n = len(batch["index"])
+            n = len(next(iter(batch.values())))  # samples in this micro-batch
             total += compute_loss(model, batch, device, input_dtype).item() * n
             count += n
     model.train()
@@ -125,18 +125,13 @@ def aggregate_mean(total: float, count: int, device) -> float:
 
 
 class StepLog:
-    """Per-optimizer-step bookkeeping shared by every strategy: the global mean loss from per-rank
-    sums and counts, the step time and a rank-0 log line.
+    """Per-optimizer-step bookkeeping shared by every strategy: the global mean loss from per-rank sums and counts,
+    the step time, the throughput and a rank-0 log line; ``losses``, ``step_times``, ``grad_norms`` and
+    ``eval_losses`` keep this run's figures."""
 
-    ``timing_steps`` more steps run after the ``total_steps`` measured ones, to time steps without the
-    memory meter: once the last measured step ends, ``meter`` stops (on CPU the profiler it runs slows every
-    step down) and the timing steps follow. ``losses`` holds the measured steps' losses, ``step_times`` every
-    step's seconds (the measured steps first, then the timing steps)."""
-
-    def __init__(self, total_steps: int, device, meter=None, timing_steps: int = 0) -> None:
+    def __init__(self, total_steps: int, device) -> None:
         self.total_steps, self.device = total_steps, device
-        self.meter, self.timing_steps = meter, max(0, timing_steps)
-        self.losses, self.step_times, self.eval_losses = [], [], []
+        self.losses, self.step_times, self.grad_norms, self.eval_losses = [], [], [], []
         self.start = 0  # optimizer steps done before this run (a resumed one starts after its checkpoint's)
         self.stopped = False  # SIGTERM: the run ends at this step boundary (checkpoint_due)
         self.at, self.saved_step = (0, 0), None  # (epoch, micro-batch) of the last step; the step last checkpointed
@@ -164,25 +159,32 @@ class StepLog:
 
     @property
     def done(self) -> bool:
-        return self.stopped or self.step >= self.total_steps + self.timing_steps
+        return self.stopped or self.step >= self.total_steps
 
     def micro_step(self, loss) -> None:
         self._sum += loss.item()
         self._count += 1
 
-    def end_step(self, lr: float) -> None:
+    def end_step(self, lr: float, grad_norm=None) -> None:
+        """Log the step: mean loss, learning rate, gradient norm before clipping, seconds, throughput over all
+        GPUs (GLOBAL_BATCH_SIZE samples per step) and, on CUDA, this rank's peak allocated memory so far."""
         mean = aggregate_mean(self._sum, self._count, self.device)
-        self.step_times.append(time.perf_counter() - self._t0)
-        if self.start + len(self.losses) < self.total_steps:
-            self.losses.append(mean)
-            log(f"step {self.step}/{self.total_steps} loss {mean:.4f} lr {lr:.3g} {self.step_times[-1]:.2f}s")
-            if self.start + len(self.losses) == self.total_steps and self.timing_steps and self.meter is not None:
-                self.meter.stop()  # the memory figures cover the measured steps; the timing steps run unprofiled
-                barrier()  # ranks finish the meter at different times: start the timing steps together
-        else:
-            timed = self.step - self.total_steps
-            log(f"timing step {timed}/{self.timing_steps} (memory meter off) loss {mean:.4f} "
-                f"{self.step_times[-1]:.3f}s")
+        seconds = time.perf_counter() - self._t0
+        self.losses.append(mean)
+        self.step_times.append(seconds)
+        line = f"step {self.step}/{self.total_steps} loss {mean:.4f} lr {lr:.3g}"
+        if grad_norm is not None:
+            self.grad_norms.append(float(grad_norm))
+            line += f" grad norm {self.grad_norms[-1]:.3g}"
+        # [text]
+        line += f" {seconds:.2f}s {GLOBAL_BATCH_SIZE * SEQ_LEN / seconds:,.0f} tokens/s"
+        # [/text]
+        # [not-text]
+        line += f" {seconds:.2f}s {GLOBAL_BATCH_SIZE / seconds:,.1f} samples/s"
+        # [/not-text]
+        if self.device.type == "cuda":
+            line += f" peak {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f} GiB"
+        log(line)
         self._sum, self._count, self._t0 = 0.0, 0, time.perf_counter()
 
 
@@ -247,8 +249,10 @@ def commit_checkpoint(args, step: int, rank: int) -> None:
             f.write(name)
         os.replace(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))
         done = sorted(int(d.removeprefix("step-")) for d in os.listdir(root) if re.fullmatch(r"step-\d+", d))
+        # The one just written is always kept, even when an earlier run into this --out left later steps.
         for old in done[:-args.keep_checkpoints]:
-            shutil.rmtree(os.path.join(root, f"step-{old}"))
+            if old != step:
+                shutil.rmtree(os.path.join(root, f"step-{old}"))
         log(f"checkpoint: {os.path.join(root, name)} (continue with --resume)")
     barrier()
 
@@ -285,77 +289,15 @@ def save_training_state(path: str, rank: int, state: dict) -> None:
     torch.save(state, os.path.join(path, f"training-state-rank{rank}.pt"))
 
 
-def optimizer_step(scaler, optimizer, scheduler, steps: StepLog) -> None:
+def optimizer_step(scaler, optimizer, scheduler, steps: StepLog, grad_norm) -> None:
     """End of an accumulation window: step through the GradScaler (a pass-through unless fp16,
     bf16 needs none), release the gradients, advance the LR schedule, log."""
+    lr = scheduler.get_last_lr()[0]  # the rate this step uses (logged), before the schedule moves on
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
-    steps.end_step(scheduler.get_last_lr()[0])
-
-
-class MemoryMeter:
-    """Peak allocated bytes over the whole run, from before the model is built.
-
-    CUDA: torch.cuda.max_memory_allocated / max_memory_reserved. CPU: CpuPeakMeter (profiler memory
-    events; max_memory_reserved has no CPU equivalent and is reported as null).
-    """
-
-    def __init__(self, device, cpu_profile: bool = False) -> None:
-        self.device = device
-        # On CPU the profiler's memory events are the only peak figure, and they slow every step down: --verify asks
-        # for them (--measure-memory); a training run on CPU goes without.
-        self.cpu = CpuPeakMeter() if device.type != "cuda" and cpu_profile else None
-        self.stopped = None  # the figures at stop(), once stopped
-
-    def __enter__(self):
-        if self.cpu is not None:
-            self.cpu.__enter__()
-        elif self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        return self
-
-    def stop(self) -> None:
-        """End the measurement before the ``with`` block ends (the steps after it are only timed)."""
-        if self.stopped is None:
-            if self.cpu is not None:
-                self.cpu.__exit__(None, None, None)
-            self.stopped = self.result()
-
-    def __exit__(self, *exc) -> None:
-        if self.cpu is not None and self.stopped is None:
-            self.cpu.__exit__(*exc)
-
-    def result(self) -> dict:
-        if self.stopped is not None:
-            return dict(self.stopped)
-        if self.device.type != "cuda":
-            if self.cpu is None:
-                return {"peak_allocated_bytes": None, "peak_reserved_bytes": None}
-            # raw: the profiler's own running total, before the frees it did not see were put back (CpuPeakMeter)
-            return {"peak_allocated_bytes": int(self.cpu.peak_bytes), "peak_reserved_bytes": None,
-                    "raw_peak_allocated_bytes": int(self.cpu.raw_peak_bytes), "unseen_frees": self.cpu.unseen_frees}
-        return {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device)),
-                "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device))}
-
-
-def write_report(path: str, rank: int, world_size: int, device, memory: dict, steps: StepLog, extra: dict) -> None:
-    """Gather every rank's figures; rank 0 writes one JSON report."""
-    # step_times_s: one per step, the measured steps' (one per loss) first; profiled_steps: how many of them ran
-    # under the CPU memory profiler (the timing steps after them never do; nothing is profiled on CUDA).
-    mine = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), **memory,
-            "losses": steps.losses, "step_times_s": steps.step_times,
-            "profiled_steps": 0 if device.type == "cuda" else len(steps.losses), **extra}
-    everyone = gather_objects(mine, world_size)
-    if rank == 0:
-        report = {"strategy": STRATEGY, "device": device.type, "world_size": world_size,
-                  "steps": len(steps.losses), "precision": PRECISION, "micro_batch_size": MICRO_BATCH_SIZE,
-                  "gradient_accumulation_steps": GRAD_ACCUM_STEPS, "eval_losses": steps.eval_losses,
-                  "estimate": ESTIMATE, "per_rank": everyone}
-        with open(path, "w") as f:
-            json.dump(report, f, indent=2)
-        log(f"report written to {path}")
+    steps.end_step(lr, grad_norm)
 
 
 def check_args(args):
@@ -363,8 +305,7 @@ def check_args(args):
     org/name, is not one)."""
     if args.steps < 1:
         raise SystemExit(f"--steps must be 1 or more, got {args.steps}")
-    for flag, value in (("--eval-every", args.eval_every), ("--save-every", args.save_every),
-                        ("--timing-steps", args.timing_steps)):
+    for flag, value in (("--eval-every", args.eval_every), ("--save-every", args.save_every)):
         if value < 0:
             raise SystemExit(f"{flag} must be 0 or more, got {value}")
     if args.keep_checkpoints < 1:
@@ -380,10 +321,6 @@ def check_args(args):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=TOTAL_STEPS, help="optimizer steps to run")
-    p.add_argument("--measure-memory", action="store_true", help="on CPU, measure the peak allocated memory with "
-                   "the profiler (slow; --verify uses it); on CUDA it is always measured")
-    p.add_argument("--timing-steps", type=int, default=0, help="optimizer steps run after --steps with the memory "
-                   "meter stopped, to time steps without the CPU profiler (their losses are only logged)")
     p.add_argument("--init-from", metavar="PATH", default=INIT_FROM, help=INIT_FROM_HELP)
     p.add_argument("--data", metavar="PATH", default=None, help=DATA_HELP)
     # [text]
@@ -398,8 +335,7 @@ def parse_args():
                    "model, optimizer, LR schedule, step, position in the epoch and every rank's random state")
     p.add_argument("--eval-every", type=int, default=EVAL_EVERY, help="evaluate on the held-out set every N optimizer "
                    "steps and after the last (0: never)")
-    p.add_argument("--out", default=".", help="directory for the checkpoint and the report")
-    p.add_argument("--report", default="report.json", help="report file name inside --out")
+    p.add_argument("--out", default=".", help="directory for the checkpoints and the trained weights")
     p.add_argument("--no-save", action="store_true", help="skip the checkpoint")
     # [lora16]
     p.add_argument("--export-merged", action="store_true", help="also write the base with the trained adapters "

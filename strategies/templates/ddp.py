@@ -1,6 +1,7 @@
 # ---------------------------------------------------------------------------------------------
 # DDP
 # ---------------------------------------------------------------------------------------------
+# [not-text]
 def use_sync_batchnorm(model, micro_batch_size: int, device_type: str) -> tuple[bool, str]:
     """SyncBatchNorm when the model has BatchNorm, the per-GPU batch is small (<= 32: too few samples for
     per-GPU statistics) and the device is CUDA (SyncBatchNorm refuses CPU tensors)."""
@@ -14,136 +15,111 @@ def use_sync_batchnorm(model, micro_batch_size: int, device_type: str) -> tuple[
     return True, f"per-GPU batch {micro_batch_size} is small: BatchNorm statistics synchronised across ranks"
 
 
+# [/not-text]
+
+
 def main() -> None:
     args = parse_args()
     rank, local_rank, world_size, device = init_torchrun()  # the process group first; LOCAL_RANK picks the GPU
     torch.manual_seed(SEED)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     log(f"DDP: world size {world_size}, micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation {GRAD_ACCUM_STEPS} "
         f"-> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
-        f"{MICRO_BATCH_SIZE * world_size * GRAD_ACCUM_STEPS}; lr {LR:g} (linear scaling)")
+        f"{MICRO_BATCH_SIZE * world_size * GRAD_ACCUM_STEPS}; lr {LR:g}")
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
-    comm = {"allreduce_calls": 0}
 
+    # [full]
+    model = build_model(args.init_from)
+    if PRECISION == "pure-bf16":
+        model = model.to(torch.bfloat16)
+    # [/full]
+    # [lora16]
+    model = add_lora(build_base(args, base_dtype()))  # the base frozen in its dtype, the adapters trainable
+    # [/lora16]
     # [qlora]
-    base_dir = args.init_from or save_test_base(args.out)  # before the meter: the test base's save is not training
+    base_dir = args.init_from or save_test_base(args.out)
+    model = add_lora(load_quantized_base(base_dir, device))  # every rank holds the quantized base
     # [/qlora]
-    meter = MemoryMeter(device, args.measure_memory)
-    with meter:
-        # [full]
-        model = build_model(args.init_from)
-        if PRECISION == "pure-bf16":
-            model = model.to(torch.bfloat16)
-        # [/full]
-        # [lora16]
-        model = add_lora(build_base(args, base_dtype()))  # the base frozen in its dtype, the adapters trainable
-        # [/lora16]
-        # [qlora]
-        model = add_lora(load_quantized_base(base_dir, device))  # every rank holds the quantized base
-        # [/qlora]
-        if ACTIVATION_CHECKPOINTING:
-            log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
-        sync_bn, why = use_sync_batchnorm(model, MICRO_BATCH_SIZE, device.type)
-        log(f"SyncBatchNorm: {'on' if sync_bn else 'off'} ({why})")
-        if sync_bn:
-            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        model = model.to(device)
-        ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, gradient_as_bucket_view=True)
-        # DDP's initial parameter broadcast can leave a params-sized receive buffer in a reference
-        # cycle on ranks != 0 (measured with gloo); free it now rather than at a random later GC.
-        gc.collect()
+    # [ac]
+    log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
+    # [/ac]
+    # [not-text]
+    sync_bn, why = use_sync_batchnorm(model, MICRO_BATCH_SIZE, device.type)
+    log(f"SyncBatchNorm: {'on' if sync_bn else 'off'} ({why})")
+    if sync_bn:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    # [/not-text]
+    model = model.to(device)
+    ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, gradient_as_bucket_view=True)
+    # DDP's initial parameter broadcast can leave a params-sized receive buffer in a reference
+    # cycle on ranks != 0 (measured with gloo); free it now rather than at a random later GC.
+    gc.collect()
+    # [full]
+    params = list(ddp.parameters())
+    # [/full]
+    # [lora]
+    params = trainable_parameters(ddp)  # the adapters only: DDP reduces their gradients alone (frozen ones join no bucket)
+    # [/lora]
+    optimizer = make_optimizer(params, device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
+    # fp16 needs a GradScaler to keep small gradients from underflowing; bf16 does not.
+    scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
+    dataset, held_out = make_datasets(args)
+    sampler, loader = make_loader(dataset, world_size, rank)
+    torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
 
-        def counting_allreduce(state, bucket):  # counts all-reduces to show no_sync() at work
-            comm["allreduce_calls"] += 1
-            return allreduce_hook(dist.group.WORLD, bucket)
-
-        ddp.register_comm_hook(None, counting_allreduce)
-        # [full]
-        optimizer = make_optimizer(ddp.parameters(), device)
-        # [/full]
-        # [lora]
-        # The adapters only: DDP reduces their gradients alone (frozen parameters join no bucket).
-        trainable = trainable_parameters(ddp)
-        optimizer = make_optimizer(trainable, device)
-        # [/lora]
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
-        # Pitfall 15: fp16 needs a GradScaler; bf16 does not.
-        scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
-        dataset, held_out = make_datasets(args)
-        sampler, loader = make_loader(dataset, world_size, rank)
-        torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
-
-        steps, seen, calls_per_micro_step = StepLog(args.steps, device, meter, args.timing_steps), {}, []
-        grad_norms = []
-        preemption = Preemption()
-        epoch, done_micro = 0, 0
-        if args.resume:
-            path = load_checkpoint(args.out, ddp, optimizer)
-            epoch, done_micro = restore_training_state(path, rank, steps, scheduler, scaler)
-        while not steps.done:
-            # Pitfall 4: a new order every epoch; a resumed run starts where its checkpoint stopped.
-            sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
-            seen[epoch] = []
-            for micro, batch in enumerate(loader, start=done_micro + 1):
-                seen[epoch] += batch["index"].tolist()
-                last_micro = micro % GRAD_ACCUM_STEPS == 0
-                # Pitfall 16: skip the gradient all-reduce on non-final accumulation steps.
-                with (contextlib.nullcontext() if last_micro else ddp.no_sync()):
-                    with torch.autocast(device.type, dtype=half, enabled=half is not None):
-                        loss = compute_loss(ddp, batch, device)
-                    scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
-                steps.micro_step(loss)
-                calls_per_micro_step.append(comm["allreduce_calls"])
-                comm["allreduce_calls"] = 0
-                if not last_micro:
-                    continue
-                # Clip the true gradients: unscale first (a no-op unless fp16), then clip, then step. The gradients
-                # are already averaged over the ranks, so every rank computes the same norm.
-                scaler.unscale_(optimizer)
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(ddp.parameters(), MAX_GRAD_NORM)))
-                optimizer_step(scaler, optimizer, scheduler, steps)
-                steps.evaluate(args.eval_every, evaluate, ddp.module, held_out, world_size, rank, device, half)
-                if checkpoint_due(args, steps, preemption, device, epoch, micro):
-                    save_checkpoint(args, ddp, optimizer, training_state(steps, scheduler, scaler), rank)
-                    steps.restart_clock()
-                if steps.done:
-                    break
-            epoch, done_micro = epoch + 1, 0
+    steps, preemption = StepLog(args.steps, device), Preemption()
+    epoch, done_micro = 0, 0
+    if args.resume:
+        path = load_checkpoint(args.out, ddp, optimizer)
+        epoch, done_micro = restore_training_state(path, rank, steps, scheduler, scaler)
+    while not steps.done:
+        # A new order every epoch (set_epoch); a resumed run starts where its checkpoint stopped.
+        sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
+        for micro, batch in enumerate(loader, start=done_micro + 1):
+            last_micro = micro % GRAD_ACCUM_STEPS == 0
+            # No gradient all-reduce on the accumulation steps before the last: no_sync() keeps them local.
+            with (contextlib.nullcontext() if last_micro else ddp.no_sync()):
+                with torch.autocast(device.type, dtype=half, enabled=half is not None):
+                    loss = compute_loss(ddp, batch, device)
+                scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
+            steps.micro_step(loss)
+            if not last_micro:
+                continue
+            # Clip the true gradients: unscale first (a no-op unless fp16), then clip, then step. The gradients
+            # are already averaged over the ranks, so every rank computes the same norm.
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
+            optimizer_step(scaler, optimizer, scheduler, steps, norm)
+            steps.evaluate(args.eval_every, evaluate, ddp.module, held_out, world_size, rank, device, half)
+            if checkpoint_due(args, steps, preemption, device, epoch, micro):
+                save_checkpoint(args, ddp, optimizer, training_state(steps, scheduler, scaler), rank)
+                steps.restart_clock()
+            if steps.done:
+                break
+        epoch, done_micro = epoch + 1, 0
 
     if steps.stopped:
         log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
         teardown()
         return
 
-    # [lora]
-    eval_loss = lora_eval_loss(ddp.module, dataset, device, None, half)
-    # [/lora]
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):
         save_checkpoint(args, ddp, optimizer, training_state(steps, scheduler, scaler), rank)
     if not args.no_save:
-        # [full]
-        # Pitfall 7: the plain module's weights (no "module." prefix), written by rank 0 only.
+        # The plain module's weights (ddp.module: no "module." prefix in the names), written by rank 0 only.
         if rank == 0:
-            torch.save(ddp.module.state_dict(), os.path.join(args.out, "model.pt"))
-            log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
-        # [/full]
-        # [lora]
-        # Pitfall 7: the plain module's adapters (no "module." prefix), written by rank 0 only; the base is unchanged
-        # (--init-from's, or the config's fresh one), so no model.pt.
-        if rank == 0:
-            save_adapter(ddp.module, args.out)
-        # [/lora]
-        # [lora16]
-        if args.export_merged and rank == 0:
-            export_merged(ddp.module.state_dict(), args.out)
-        # [/lora16]
+            # [full]
+            export_weights(ddp.module, args)
+            # [/full]
+            # [lora]
+            save_adapter(ddp.module, args.out)  # the base is unchanged (--init-from's), so only the adapters
+            # [/lora]
+            # [lora16]
+            if args.export_merged:
+                export_merged(ddp.module.state_dict(), args.out)
+            # [/lora16]
         dist.barrier()
-    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps,
-                 {"allreduce_calls_per_micro_step": calls_per_micro_step, "sample_indices": seen, "grad_norms": grad_norms,
-                              # [lora]
-                              "final_eval_loss": eval_loss, "trainable_params": sum(p.numel() for p in trainable),
-                              # [/lora]
-                              "sync_batchnorm": sync_bn})
     teardown()
 
 

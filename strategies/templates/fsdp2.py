@@ -101,7 +101,7 @@ def mixed_precision_policy():
 def build_sharded_model(mesh, device):
     """Build on meta, shard, then materialise and initialise only this rank's shards.
 
-    Returns (model, blocks, uninitialised parameter names).
+    Returns the model: one FSDP2 unit per repeated block, and the root.
     """
     model, buffers = build_on_meta()
     # [full]
@@ -116,8 +116,10 @@ def build_sharded_model(mesh, device):
             p.data = p.data.to(base_dtype())
     model = add_lora(model)
     # [/lora]
-    if ACTIVATION_CHECKPOINTING:  # before sharding: fully_shard then wraps the checkpointed blocks
-        log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
+    # [ac]
+    # before sharding: fully_shard then wraps the checkpointed blocks
+    log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
+    # [/ac]
     shard_args = {"mesh": mesh, "mp_policy": mixed_precision_policy(),
                   "offload_policy": CPUOffloadPolicy() if CPU_OFFLOAD else OffloadPolicy()}
     # One unit per repeated block: its parameters are gathered just before it runs and freed after,
@@ -142,7 +144,7 @@ def build_sharded_model(mesh, device):
     if uninitialised:
         log(f"no init function wrote {', '.join(uninitialised)}: drawn from normal(0, 0.02); write your own init")
     restore_buffers(buffers, device)
-    return model, blocks, uninitialised
+    return model
 
 
 # [lora]
@@ -191,22 +193,6 @@ def load_pretrained_shards(model, args) -> None:
     log(f"pretrained weights loaded from {args.init_from} into every rank's shards")
 
 
-def count_reduce_scatters(model, blocks, comm: dict) -> None:
-    """Count reduce-scatters: FSDP2 runs a sharded parameter's post-accumulate-grad hooks right after its
-    unit's reduce-scatter has written the sharded gradient, and only then (accumulating without sync, the
-    gradients stay on the unsharded parameters). One hook on one parameter per unit counts the unit. (With
-    CPU offload FSDP2 copies a hooked parameter's gradient to host memory blocking: one parameter per unit.)"""
-    def counted(_param) -> None:
-        comm["reduce_scatters"] += 1
-
-    in_blocks = {id(p) for block in blocks for p in block.parameters()}
-    root_own = [p for p in model.parameters() if id(p) not in in_blocks]
-    for params in [root_own] + [list(block.parameters()) for block in blocks]:
-        first = next((p for p in params if p.requires_grad), None)
-        if first is not None:
-            first.register_post_accumulate_grad_hook(counted)
-
-
 def evaluate_sharded(model, dataset, num_replicas: int, rank: int, device, input_dtype) -> float:
     """evaluate() (no autocast: the policy casts), then every unit resharded: without gradients nothing reshards
     the root (nor, unresharded, the blocks)."""
@@ -215,20 +201,6 @@ def evaluate_sharded(model, dataset, num_replicas: int, rank: int, device, input
         if isinstance(module, FSDPModule):
             module.reshard()
     return loss
-
-
-def final_eval_loss(model, dataset, device) -> float:
-    """The loss of the trained model on the first micro-batch of the data set (eval mode, no gradients): a
-    test loads model.pt into the plain model and expects the same figure."""
-    batch = torch.utils.data.default_collate([dataset[i] for i in range(MICRO_BATCH_SIZE)])
-    model.eval()
-    with torch.no_grad():
-        loss = compute_loss(model, batch, device, torch.bfloat16 if PRECISION == "pure-bf16" else None)
-    model.train()
-    for module in model.modules():  # without gradients nothing reshards the root (nor, unresharded, the blocks)
-        if isinstance(module, FSDPModule):
-            module.reshard()
-    return loss.item()
 
 
 def main() -> None:
@@ -247,100 +219,82 @@ def main() -> None:
         f"reshard after forward {RESHARD_AFTER_FORWARD}, CPU offload {CPU_OFFLOAD}, micro-batch "
         f"{MICRO_BATCH_SIZE}/GPU, accumulation {GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x "
         f"{world_size} x {GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * world_size * GRAD_ACCUM_STEPS}; lr {LR:g}")
-    comm = {"reduce_scatters": 0}
 
-    meter = MemoryMeter(device, args.measure_memory)
-    with meter:
-        model, blocks, uninitialised = build_sharded_model(mesh, device)
-        if args.init_from:
-            load_pretrained_shards(model, args)
-        local_numel = sum(p.to_local().numel() for p in model.parameters())
-        full_numel = sum(p.numel() for p in model.parameters())
-        count_reduce_scatters(model, blocks, comm)
-        # The optimizer sees the sharded parameters: its states are shards too (offload: a CPU step).
-        # [full]
-        optimizer = make_optimizer(model.parameters(), torch.device("cpu") if CPU_OFFLOAD else device)
-        # [/full]
-        # [lora]
-        trainable = trainable_parameters(model)  # the adapters' shards: the optimizer and clipping see only them
-        optimizer = make_optimizer(trainable, torch.device("cpu") if CPU_OFFLOAD else device)
-        # [/lora]
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
-        # Pitfall 15: fp16 needs a GradScaler. torch.amp's works on DTensor gradients: DTensor's unscale
-        # takes the max of found_inf over the mesh, so every rank skips the same steps.
-        scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
-        dataset, held_out = make_datasets(args)
-        sampler, loader = make_loader(dataset, world_size, rank)  # every rank is a data-parallel rank
-        torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
-        # Pure bf16: no policy casts the inputs, so image inputs are cast by hand (token ids stay integers).
-        input_dtype = torch.bfloat16 if PRECISION == "pure-bf16" else None
+    model = build_sharded_model(mesh, device)
+    if args.init_from:
+        load_pretrained_shards(model, args)
+    # The optimizer sees the sharded parameters: its states are shards too (offload: a CPU step).
+    # [full]
+    params = list(model.parameters())
+    # [/full]
+    # [lora]
+    params = trainable_parameters(model)  # the adapters' shards: the optimizer and clipping see only them
+    # [/lora]
+    optimizer = make_optimizer(params, torch.device("cpu") if CPU_OFFLOAD else device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
+    # fp16 needs a GradScaler. torch.amp's works on DTensor gradients: DTensor's unscale takes the max of
+    # found_inf over the mesh, so every rank skips the same steps.
+    scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
+    dataset, held_out = make_datasets(args)
+    sampler, loader = make_loader(dataset, world_size, rank)  # every rank is a data-parallel rank
+    torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
+    # Pure bf16: no policy casts the inputs, so image inputs are cast by hand (token ids stay integers).
+    input_dtype = torch.bfloat16 if PRECISION == "pure-bf16" else None
 
-        steps, seen, per_micro_step, grad_norms = StepLog(args.steps, device, meter, args.timing_steps), {}, [], []
-        preemption = Preemption()
-        epoch, done_micro = 0, 0
-        if args.resume:  # each rank reads its own shards
-            path = load_checkpoint(args.out, model, optimizer)
-            epoch, done_micro = restore_training_state(path, rank, steps, scheduler, scaler)
-        while not steps.done:
-            # Pitfall 4: a new order every epoch; a resumed run starts where its checkpoint stopped.
-            sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
-            seen[epoch] = []
-            for micro, batch in enumerate(loader, start=done_micro + 1):
-                seen[epoch] += batch["index"].tolist()
-                last_micro = micro % GRAD_ACCUM_STEPS == 0
-                # Pitfall 16: syncing only on the last micro-step skips the reduce-scatters before it, but every
-                # rank keeps its unsharded gradients until then; syncing every micro-step accumulates shards.
-                if not GRAD_SYNC_EVERY_MICRO_STEP:
-                    model.set_requires_gradient_sync(last_micro)
-                loss = compute_loss(model, batch, device, input_dtype)  # no autocast: the policy casts
-                scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
-                steps.micro_step(loss)
-                per_micro_step.append(comm["reduce_scatters"])
-                comm["reduce_scatters"] = 0
-                if not last_micro:
-                    continue
-                # Clip the true gradients: unscale first (a no-op unless fp16). The norm comes back as a DTensor
-                # reduced over every rank's shards: full_tensor() is the global norm.
-                scaler.unscale_(optimizer)
-                # [full]
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-                # [/full]
-                # [lora]
-                norm = torch.nn.utils.clip_grad_norm_(trainable, MAX_GRAD_NORM)
-                # [/lora]
-                grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
-                optimizer_step(scaler, optimizer, scheduler, steps)
-                steps.evaluate(args.eval_every, evaluate_sharded, model, held_out, world_size, rank, device,
-                               input_dtype)
-                if checkpoint_due(args, steps, preemption, device, epoch, micro):
-                    save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
-                    steps.restart_clock()
-                if steps.done:
-                    break
-            epoch, done_micro = epoch + 1, 0
+    steps, preemption = StepLog(args.steps, device), Preemption()
+    epoch, done_micro = 0, 0
+    if args.resume:  # each rank reads its own shards
+        path = load_checkpoint(args.out, model, optimizer)
+        epoch, done_micro = restore_training_state(path, rank, steps, scheduler, scaler)
+    while not steps.done:
+        # A new order every epoch (set_epoch); a resumed run starts where its checkpoint stopped.
+        sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
+        for micro, batch in enumerate(loader, start=done_micro + 1):
+            last_micro = micro % GRAD_ACCUM_STEPS == 0
+            # Syncing only on the last micro-step skips the reduce-scatters before it, but every rank keeps its
+            # unsharded gradients until then; syncing every micro-step accumulates shards.
+            if not GRAD_SYNC_EVERY_MICRO_STEP:
+                model.set_requires_gradient_sync(last_micro)
+            loss = compute_loss(model, batch, device, input_dtype)  # no autocast: the policy casts
+            scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
+            steps.micro_step(loss)
+            if not last_micro:
+                continue
+            # Clip the true gradients: unscale first (a no-op unless fp16). The norm comes back as a DTensor
+            # reduced over every rank's shards: full_tensor() is the global norm.
+            scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            optimizer_step(scaler, optimizer, scheduler, steps, norm)
+            steps.evaluate(args.eval_every, evaluate_sharded, model, held_out, world_size, rank, device,
+                           input_dtype)
+            if checkpoint_due(args, steps, preemption, device, epoch, micro):
+                save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
+                steps.restart_clock()
+            if steps.done:
+                break
+        epoch, done_micro = epoch + 1, 0
 
     if steps.stopped:
         log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
         teardown()
         return
 
-    eval_loss = final_eval_loss(model, dataset, device)
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):  # resumable: every rank writes its own shards (DCP), in parallel
         save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
     if not args.no_save:
         # [full]
         # Portable: the full weights, gathered by every rank (a collective) into rank 0's CPU memory; rank 0
-        # alone writes model.pt, which loads into build_model() (no wrapper prefix in the names).
+        # alone writes them, loadable into the plain model (no wrapper prefix in the names).
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank == 0:
-            torch.save(full, os.path.join(args.out, "model.pt"))
-            log(f"full weights: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
+            export_weights(model, args, full)
         del full
         # [/full]
         # [lora]
         # The checkpoint above holds the adapters' shards and their optimizer states only (the frozen base is
-        # --init-from's, unchanged), so it is cheap. No model.pt either.
+        # --init-from's, unchanged), so it is cheap. No full weights either.
         # Portable: the adapters whole, gathered by every rank (a collective) into rank 0's CPU memory; rank 0 writes
         # them in peft's format (names of the plain model).
         adapter = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
@@ -356,17 +310,6 @@ def main() -> None:
             del full
         # [/lora16]
         dist.barrier()
-    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps, {
-                     "fsdp_units": len(blocks) + 1, "local_param_numel": local_numel, "full_param_numel": full_numel,
-                     "reshard_after_forward": RESHARD_AFTER_FORWARD, "cpu_offload": CPU_OFFLOAD,
-                     "mesh_shape": list(mesh.shape), "mesh_dim_names": list(mesh.mesh_dim_names),
-                     "grad_sync": "every-micro-step" if GRAD_SYNC_EVERY_MICRO_STEP else "last-micro-step",
-                     "reduce_scatters_per_micro_step": per_micro_step, "grad_norms": grad_norms,
-                     "final_eval_loss": eval_loss, "uninitialised_parameters": uninitialised,
-                     # [lora]
-                     "trainable_params": sum(p.numel() for p in trainable),
-                     # [/lora]
-                     "sample_indices": seen})
     teardown()
 
 

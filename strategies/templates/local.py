@@ -13,9 +13,6 @@ def teardown() -> None:
     """One process: no process group to destroy."""
 
 
-def gather_objects(obj, world_size: int) -> list:
-    """One process: its own figures."""
-    return [obj]
 
 
 

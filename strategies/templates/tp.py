@@ -72,57 +72,53 @@ def main() -> None:
         f"{GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * dp_size * GRAD_ACCUM_STEPS}; lr {LR:g} (linear scaling)")
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
 
-    meter = MemoryMeter(device, args.measure_memory)
-    with meter:
-        model = build_model(args.init_from)  # every rank loads it whole; parallelize() keeps only its shards
-        if PRECISION == "pure-bf16":
-            model = model.to(torch.bfloat16)
-        model = model.to(device)
-        parallelize(model, mesh["tp"])
-        if ACTIVATION_CHECKPOINTING:
-            log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
-        optimizer = make_optimizer(model.parameters(), torch.device("cpu"))  # fused kernels lack DTensor support
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
-        scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")  # loss scaling for fp16 only
-        dataset, held_out = make_datasets(args)
-        # The sampler shards by data-parallel rank: every rank of a TP group sees the same batch.
-        sampler, loader = make_loader(dataset, dp_size, dp_rank)
-        torch.manual_seed(SEED + dp_rank)  # per data-parallel rank; identical inside a TP group
+    model = build_model(args.init_from)  # every rank loads it whole; parallelize() keeps only its shards
+    if PRECISION == "pure-bf16":
+        model = model.to(torch.bfloat16)
+    model = model.to(device)
+    parallelize(model, mesh["tp"])
+    # [ac]
+    log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
+    # [/ac]
+    optimizer = make_optimizer(model.parameters(), torch.device("cpu"))  # fused kernels lack DTensor support
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
+    scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")  # loss scaling for fp16 only
+    dataset, held_out = make_datasets(args)
+    # The sampler shards by data-parallel rank: every rank of a TP group sees the same batch.
+    sampler, loader = make_loader(dataset, dp_size, dp_rank)
+    torch.manual_seed(SEED + dp_rank)  # per data-parallel rank; identical inside a TP group
 
-        steps, seen, grad_norms = StepLog(args.steps, device, meter, args.timing_steps), {}, []
-        preemption = Preemption()
-        epoch, done_micro = 0, 0
-        if args.resume:  # each rank reads its own shards
-            path = load_checkpoint(args.out, model, optimizer)
-            epoch, done_micro = restore_training_state(path, rank, steps, scheduler, scaler)
-        while not steps.done:
-            sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)  # a new order every epoch; resumed: where it stopped
-            seen[epoch] = []
-            for micro, batch in enumerate(loader, start=done_micro + 1):
-                seen[epoch] += batch["index"].tolist()
-                with torch.autocast(device.type, dtype=half, enabled=half is not None):
-                    loss = compute_loss(model, batch, device)
-                scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
-                steps.micro_step(loss)
-                if micro % GRAD_ACCUM_STEPS:
-                    continue  # no gradient all-reduce on non-final accumulation steps
-                if dp_size > 1:
-                    for p in model.parameters():
-                        if p.grad is None:
-                            continue
-                        g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                        dist.all_reduce(g, group=dp_group)
-                        g.div_(dp_size)  # all_reduce sums: divide for the mean
-                scaler.unscale_(optimizer)  # clip the true gradients (a no-op unless fp16)
-                grad_norms.append(clip_grad_norm(model, MAX_GRAD_NORM, mesh["tp"].get_group()))
-                optimizer_step(scaler, optimizer, scheduler, steps)
-                steps.evaluate(args.eval_every, evaluate, model, held_out, dp_size, dp_rank, device, half)
-                if checkpoint_due(args, steps, preemption, device, epoch, micro):
-                    save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
-                    steps.restart_clock()
-                if steps.done:
-                    break
-            epoch, done_micro = epoch + 1, 0
+    steps, preemption = StepLog(args.steps, device), Preemption()
+    epoch, done_micro = 0, 0
+    if args.resume:  # each rank reads its own shards
+        path = load_checkpoint(args.out, model, optimizer)
+        epoch, done_micro = restore_training_state(path, rank, steps, scheduler, scaler)
+    while not steps.done:
+        sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)  # a new order every epoch; resumed: where it stopped
+        for micro, batch in enumerate(loader, start=done_micro + 1):
+            with torch.autocast(device.type, dtype=half, enabled=half is not None):
+                loss = compute_loss(model, batch, device)
+            scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
+            steps.micro_step(loss)
+            if micro % GRAD_ACCUM_STEPS:
+                continue  # no gradient all-reduce on non-final accumulation steps
+            if dp_size > 1:
+                for p in model.parameters():
+                    if p.grad is None:
+                        continue
+                    g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                    dist.all_reduce(g, group=dp_group)
+                    g.div_(dp_size)  # all_reduce sums: divide for the mean
+            scaler.unscale_(optimizer)  # clip the true gradients (a no-op unless fp16)
+            norm = clip_grad_norm(model, MAX_GRAD_NORM, mesh["tp"].get_group())
+            optimizer_step(scaler, optimizer, scheduler, steps, norm)
+            steps.evaluate(args.eval_every, evaluate, model, held_out, dp_size, dp_rank, device, half)
+            if checkpoint_due(args, steps, preemption, device, epoch, micro):
+                save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
+                steps.restart_clock()
+            if steps.done:
+                break
+        epoch, done_micro = epoch + 1, 0
 
     if steps.stopped:
         log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
@@ -135,12 +131,8 @@ def main() -> None:
     if not args.no_save:
         state = full_state_dict(model)  # collective: every rank takes part
         if rank == 0:
-            torch.save(state, os.path.join(args.out, "model.pt"))
-            log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
+            export_weights(model, args, state)
         dist.barrier()
-    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps,
-                 {"tp_degree": TP_DEGREE, "dp_size": dp_size, "dp_rank": dp_rank, "sample_indices": seen,
-                  "grad_norms": grad_norms})
     teardown()
 
 

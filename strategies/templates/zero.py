@@ -41,15 +41,6 @@ def load_checkpoint(out: str, engine) -> str:
     return path
 
 
-def partition_numels(module, stage: int) -> dict:
-    """ZeRO-3: the elements of this rank's partitions (ds_tensor) against the full parameters' (ds_numel)."""
-    if stage != 3:
-        return {}
-    params = list(module.parameters())
-    return {"local_param_numel": sum(p.ds_tensor.numel() for p in params),
-            "full_param_numel": sum(p.ds_numel for p in params)}
-
-
 def main() -> None:
     import deepspeed
 
@@ -62,155 +53,124 @@ def main() -> None:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(local_rank)
-    # Pitfall 1: the process group exists before the engine wraps the model.
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    # The process group exists before the engine wraps the model; a collective waiting longer than the timeout fails.
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo",
+                               timeout=datetime.timedelta(minutes=COLLECTIVE_TIMEOUT_MINUTES))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(SEED)
     stage = ds_config["zero_optimization"]["stage"]
     log(f"ZeRO-{stage}: world size {world_size}, micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation "
         f"{GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
         f"{ds_config['train_batch_size']}; lr {LR:g} (linear scaling)")
-    meter = MemoryMeter(device, args.measure_memory)
-    with meter:
-        # ZERO_INIT: ZeRO-3 partitions the parameters as they are created, so no rank ever holds the full
-        # model. torchvision models re-initialise weights after creation, which partitioned weights
-        # cannot take; they are small enough to build whole and partition in deepspeed.initialize.
-        # --init-from under ZERO_INIT loads through transformers' DeepSpeed integration: while an HfDeepSpeedConfig
-        # is alive, from_pretrained builds the model under zero.Init itself and copies the checkpoint into the
-        # partitions, so no rank holds the whole model either.
-        hf_ds_config = None
-        if ZERO_INIT and args.init_from:
-            from transformers.integrations import HfDeepSpeedConfig
+    # ZERO_INIT: ZeRO-3 partitions the parameters as they are created, so no rank ever holds the full
+    # model. torchvision models re-initialise weights after creation, which partitioned weights
+    # cannot take; they are small enough to build whole and partition in deepspeed.initialize.
+    # --init-from under ZERO_INIT loads through transformers' DeepSpeed integration: while an HfDeepSpeedConfig
+    # is alive, from_pretrained builds the model under zero.Init itself and copies the checkpoint into the
+    # partitions, so no rank holds the whole model either.
+    hf_ds_config = None
+    if ZERO_INIT and args.init_from:
+        from transformers.integrations import HfDeepSpeedConfig
 
-            hf_ds_config = HfDeepSpeedConfig(ds_config)
-        init = (deepspeed.zero.Init(config_dict_or_path=ds_config) if ZERO_INIT and not args.init_from
-                else contextlib.nullcontext())
-        # [full]
-        with init:
-            model = build_model(args.init_from)
-        # [/full]
-        # [lora]
-        # LoRA: the base frozen, partitioned like any parameter under ZeRO-3. The base is built in its dtype
-        # (zero.Init itself builds in the dtype of ds_config's bf16/fp16 mode).
-        with init:
-            model = build_base(args, None if ZERO_INIT and not args.init_from else base_dtype())
-        # Outside zero.Init: peft initialises the adapters (lora_B to zero) on whole tensors; deepspeed.initialize then
-        # partitions them too.
-        model = add_lora(model)
-        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
-        if LORA_DTYPE == "auto" and half is not None:
-            # DeepSpeed's bf16/fp16 modes hold the module in 16 bits (the fp32 master copies live in its optimizer),
-            # but cast nothing of a model zero.Init built: the adapters peft made in fp32 are cast here.
-            for p in trainable_parameters(model):
-                p.data = p.data.to(half)
-        # [/lora]
-        if ACTIVATION_CHECKPOINTING:
-            log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
-        # [full]
-        optimizer = make_optimizer(model.parameters(), torch.device("cpu") if OFFLOAD else device)
-        # [/full]
-        # [lora]
-        trainable = trainable_parameters(model)  # the optimizer (DeepSpeed's fp32 master copies too) sees the adapters
-        optimizer = make_optimizer(trainable, torch.device("cpu") if OFFLOAD else device)
-        # [/lora]
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
-        # DeepSpeed owns mixed precision (bf16/fp16 + loss scaling in ds_config), gradient
-        # accumulation boundaries (no_sync is implicit) and the gradient reduction.
-        # [full]
-        engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                               lr_scheduler=scheduler, config=ds_config)
-        # [/full]
-        # [lora]
-        engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=trainable,
-                                                               lr_scheduler=scheduler, config=ds_config)
-        # [/lora]
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
-        dataset, held_out = make_datasets(args)
-        sampler, loader = make_loader(dataset, world_size, rank)
-        torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
+        hf_ds_config = HfDeepSpeedConfig(ds_config)
+    init = (deepspeed.zero.Init(config_dict_or_path=ds_config) if ZERO_INIT and not args.init_from
+            else contextlib.nullcontext())
+    # [full]
+    with init:
+        model = build_model(args.init_from)
+    params = list(model.parameters())
+    # [/full]
+    # [lora]
+    # LoRA: the base frozen, partitioned like any parameter under ZeRO-3. The base is built in its dtype
+    # (zero.Init itself builds in the dtype of ds_config's bf16/fp16 mode).
+    with init:
+        model = build_base(args, None if ZERO_INIT and not args.init_from else base_dtype())
+    # Outside zero.Init: peft initialises the adapters (lora_B to zero) on whole tensors; deepspeed.initialize then
+    # partitions them too.
+    model = add_lora(model)
+    params = trainable_parameters(model)  # the optimizer (DeepSpeed's fp32 master copies too) sees the adapters
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
+    if LORA_DTYPE == "auto" and half is not None:
+        # DeepSpeed's bf16/fp16 modes hold the module in 16 bits (the fp32 master copies live in its optimizer),
+        # but cast nothing of a model zero.Init built: the adapters peft made in fp32 are cast here.
+        for p in params:
+            p.data = p.data.to(half)
+    # [/lora]
+    # [ac]
+    log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
+    # [/ac]
+    optimizer = make_optimizer(params, torch.device("cpu") if OFFLOAD else device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
+    # DeepSpeed owns mixed precision (bf16/fp16 + loss scaling in ds_config), gradient
+    # accumulation boundaries (no_sync is implicit), the gradient reduction and clipping.
+    engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=params,
+                                                           lr_scheduler=scheduler, config=ds_config)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
+    dataset, held_out = make_datasets(args)
+    sampler, loader = make_loader(dataset, world_size, rank)
+    torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
 
-        steps = StepLog(args.steps, device, meter, args.timing_steps)
-        preemption = Preemption()
-        epoch, done_micro = 0, 0
-        if args.resume:  # the LR schedule is in DeepSpeed's checkpoint
-            epoch, done_micro = restore_training_state(load_checkpoint(args.out, engine), rank, steps)
-        while not steps.done:
-            sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)  # a new order every epoch; resumed: where it stopped
-            for micro, batch in enumerate(loader, start=done_micro + 1):
-                loss = compute_loss(engine, batch, engine.device, dtype)
-                engine.backward(loss)
-                engine.step()  # steps the optimizer only at accumulation boundaries
-                steps.micro_step(loss)
-                if micro % GRAD_ACCUM_STEPS:  # not yet an accumulation boundary
-                    continue
-                steps.end_step(scheduler.get_last_lr()[0])
-                steps.evaluate(args.eval_every, evaluate, engine, held_out, world_size, rank, engine.device,
-                               None, dtype)
-                if checkpoint_due(args, steps, preemption, engine.device, epoch, micro):
-                    save_checkpoint(args, engine, training_state(steps), rank)
-                    steps.restart_clock()
-                if steps.done:
-                    break
-            epoch, done_micro = epoch + 1, 0
+    steps, preemption = StepLog(args.steps, device), Preemption()
+    epoch, done_micro = 0, 0
+    if args.resume:  # the LR schedule is in DeepSpeed's checkpoint
+        epoch, done_micro = restore_training_state(load_checkpoint(args.out, engine), rank, steps)
+    while not steps.done:
+        sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)  # a new order every epoch; resumed: where it stopped
+        for micro, batch in enumerate(loader, start=done_micro + 1):
+            loss = compute_loss(engine, batch, engine.device, dtype)
+            engine.backward(loss)
+            engine.step()  # steps the optimizer only at accumulation boundaries
+            steps.micro_step(loss)
+            if micro % GRAD_ACCUM_STEPS:  # not yet an accumulation boundary
+                continue
+            steps.end_step(scheduler.get_last_lr()[0], engine.get_global_grad_norm())
+            steps.evaluate(args.eval_every, evaluate, engine, held_out, world_size, rank, engine.device,
+                           None, dtype)
+            if checkpoint_due(args, steps, preemption, engine.device, epoch, micro):
+                save_checkpoint(args, engine, training_state(steps), rank)
+                steps.restart_clock()
+            if steps.done:
+                break
+        epoch, done_micro = epoch + 1, 0
 
     if steps.stopped:
         log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
-        dist.barrier()
-        engine.destroy()
-        deepspeed.comm.destroy_process_group()
-        return
-
-    # [lora]
-    eval_loss = lora_eval_loss(engine, dataset, engine.device, dtype)
-    # [/lora]
-    os.makedirs(args.out, exist_ok=True)
-    if final_checkpoint_due(args, steps):
-        save_checkpoint(args, engine, training_state(steps), rank)
-    if not args.no_save:
-        # [full]
-        # Full 16-bit weights gathered from all ranks (ZeRO-3: stage3_gather_16bit_weights_on_model_save),
-        # saved by rank 0 as a plain state_dict without a "module." prefix.
-        engine.save_16bit_model(args.out, "model.pt")
-        log(f"checkpoint: {os.path.join(args.out, 'model.pt')} (loads into build_model())")
-        # [/full]
-        # [lora]
-        # The adapters only (the base is unchanged, so no model.pt): under ZeRO-3 every rank takes part in gathering
-        # the trainable parameters whole, the frozen base stays partitioned; rank 0 writes them (names of
-        # the plain module, engine.module).
-        adapter = adapter_state_dict(engine.module)
-        if rank == 0:
-            save_adapter(engine.module, args.out, adapter)
-        # [/lora]
-        # [lora16]
-        if args.export_merged:
-            # The whole model in rank 0's host memory: ZeRO-3 gathers it module by module (every rank takes part).
+    else:
+        os.makedirs(args.out, exist_ok=True)
+        if final_checkpoint_due(args, steps):
+            save_checkpoint(args, engine, training_state(steps), rank)
+        if not args.no_save:
+            # [full]
+            # The full weights, in DeepSpeed's 16-bit module dtype under bf16/fp16 (ZeRO-3 gathers them module by
+            # module: stage3_gather_16bit_weights_on_model_save; every rank takes part), written by rank 0 with the
+            # names of the plain model.
             full = engine._zero3_consolidated_16bit_state_dict() if stage == 3 else engine.module.state_dict()
             if rank == 0:
-                export_merged(full, args.out)
-        # [/lora16]
-        dist.barrier()
-    write_report(os.path.join(args.out, args.report), rank, world_size, device, meter.result(), steps,
-                 # [full]
-                 {"zero_stage": stage, "offload": OFFLOAD, **partition_numels(engine.module, stage)})
-                 # [/full]
-                 # [lora]
-                 {"zero_stage": stage, "offload": OFFLOAD, "final_eval_loss": eval_loss,
-                                    "trainable_params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
-                                                            for p in trainable)})
-                 # [/lora]
-    # Clean teardown, so no rank dies on its way out after the work is done. Wait for every rank (rank 0
-    # has just written the report), let DeepSpeed remove its hooks and buffers while the process group
-    # still works, drop our references to the engine, then destroy the group once through
-    # DeepSpeed, which also drops the references to its groups that it keeps. Left to the interpreter's
-    # exit, all this is freed in no set order while the other rank's connections close.
+                export_weights(engine.module, args, full)
+            del full
+            # [/full]
+            # [lora]
+            # The adapters only (the base is unchanged): under ZeRO-3 every rank takes part in gathering the
+            # trainable parameters whole, the frozen base stays partitioned; rank 0 writes them (names of the plain
+            # module, engine.module).
+            adapter = adapter_state_dict(engine.module)
+            if rank == 0:
+                save_adapter(engine.module, args.out, adapter)
+            # [/lora]
+            # [lora16]
+            if args.export_merged:
+                # The whole model in rank 0's host memory: ZeRO-3 gathers it module by module (every rank takes part).
+                full = engine._zero3_consolidated_16bit_state_dict() if stage == 3 else engine.module.state_dict()
+                if rank == 0:
+                    export_merged(full, args.out)
+            # [/lora16]
+    # Clean teardown, so no rank dies on its way out after the work is done. Wait for every rank, let DeepSpeed
+    # remove its hooks and buffers while the process group still works, drop our references to the engine, then
+    # destroy the group once through DeepSpeed, which also drops the references to its groups that it keeps. Left
+    # to the interpreter's exit, all this is freed in no set order while the other rank's connections close.
     dist.barrier()
     engine.destroy()
-    # [full]
-    del engine, optimizer, scheduler, model, hf_ds_config
-    # [/full]
-    # [lora]
-    del engine, optimizer, scheduler, model, trainable, hf_ds_config
-    # [/lora]
+    del engine, optimizer, scheduler, model, params, hf_ds_config
     gc.collect()
     deepspeed.comm.destroy_process_group()
 

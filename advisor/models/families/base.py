@@ -68,5 +68,5 @@ class ModelFamily(ABC):
         return 1e-3, "the default of torch.optim.Adam"
 
     def script_fragment(self) -> str:
-        """Source of ``build_model()``, ``make_sample(g, index)`` and ``compute_loss(...)`` for scripts."""
+        """Source of ``build_model()``, ``make_sample(g)`` and ``compute_loss(...)`` for scripts."""
         return (FRAGMENTS / f"{self.name}.py").read_text()

@@ -17,9 +17,9 @@ def build_model(init_from=None):
     return model
 
 
-def make_sample(g: torch.Generator, index: int) -> dict:
+def make_sample(g: torch.Generator) -> dict:
     """One synthetic training sample: a random float input of INPUT_SHAPE."""
-    return {"x": torch.randn(INPUT_SHAPE, generator=g), "index": index}
+    return {"x": torch.randn(INPUT_SHAPE, generator=g)}
 
 
 def compute_loss(model, batch: dict, device, dtype=None):
@@ -33,6 +33,16 @@ def compute_loss(model, batch: dict, device, dtype=None):
 
 
 def load_real_dataset(args):
-    """(training set, held-out set) of your data: map-style datasets of dicts with the keys make_sample() yields
-    plus "index" (the sample's position). advisor cannot know your model's data, so this is yours to write."""
+    """(training set, held-out set) of your data: map-style datasets of dicts with the keys make_sample()
+    yields. advisor cannot know your model's data, so this is yours to write."""
     raise SystemExit(f"--data {args.data}: write load_real_dataset() in this script to read your data")
+
+
+# [full]
+def export_weights(model, args, state_dict=None) -> None:
+    """Rank 0: the trained weights, --out/model.pt (a state_dict without wrapper prefixes: build_model() loads it).
+    ``state_dict``: the full weights when the strategy gathered them (sharded parameters)."""
+    path = os.path.join(args.out, "model.pt")
+    torch.save(model.state_dict() if state_dict is None else state_dict, path)
+    log(f"trained weights: {path} (model.load_state_dict(torch.load(...)) on build_model())")
+# [/full]

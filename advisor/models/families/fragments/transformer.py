@@ -28,10 +28,10 @@ def build_model(init_from=None):
     return cls(config)
 
 
-def make_sample(g: torch.Generator, index: int) -> dict:
+def make_sample(g: torch.Generator) -> dict:
     """One synthetic training sample: SEQ_LEN random token ids, predicting themselves shifted by one."""
     ids = torch.randint(0, VOCAB_SIZE, (SEQ_LEN,), generator=g)
-    return {"input_ids": ids, "labels": ids, "index": index}
+    return {"input_ids": ids, "labels": ids}
 
 
 class PackedText(torch.utils.data.Dataset):
@@ -45,7 +45,7 @@ class PackedText(torch.utils.data.Dataset):
         return len(self.blocks)
 
     def __getitem__(self, index: int) -> dict:
-        return {"input_ids": self.blocks[index], "labels": self.blocks[index], "index": index}
+        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
 
 
 def read_documents(path: str) -> list[str]:
@@ -115,9 +115,28 @@ def compute_loss(model, batch: dict, device, dtype=None):
     """Forward pass and per-rank mean loss (a mean per rank; DDP averages the gradients over ranks)."""
     ids = batch["input_ids"].to(device, non_blocking=True)
     return model(input_ids=ids, labels=batch["labels"].to(device, non_blocking=True)).loss
+
+
+# [full]
+def export_weights(model, args, state_dict=None) -> None:
+    """Rank 0: the trained weights as a Hugging Face model directory, --out/model (config.json and
+    model.safetensors, plus the tokenizer of --tokenizer / --init-from when there is one): from_pretrained loads it
+    into the plain model. ``state_dict``: the full weights when the strategy gathered them (sharded parameters)."""
+    path = os.path.join(args.out, "model")
+    model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+    source = getattr(args, "tokenizer", None) or args.init_from
+    if source:
+        import transformers
+
+        try:
+            transformers.AutoTokenizer.from_pretrained(source).save_pretrained(path)
+        except (OSError, ValueError):  # --init-from without a tokenizer: the weights alone
+            pass
+    log(f"trained weights: {path} (from_pretrained loads it)")
+
+
+# [/full]
 # [lora]
-
-
 # --- LoRA's frozen base (a Hugging Face checkpoint) ---
 # [/lora]
 # [lora16]

@@ -21,10 +21,10 @@ def build_model(init_from=None):
     return model
 
 
-def make_sample(g: torch.Generator, index: int) -> dict:
+def make_sample(g: torch.Generator) -> dict:
     """One synthetic training sample: a random image of INPUT_SHAPE and one of NUM_CLASSES classes."""
     x = torch.randn(INPUT_SHAPE, generator=g)
-    return {"x": x, "target": torch.randint(0, NUM_CLASSES, (), generator=g), "index": index}
+    return {"x": x, "target": torch.randint(0, NUM_CLASSES, (), generator=g)}
 
 
 class LabelledImages(torch.utils.data.Dataset):
@@ -38,7 +38,7 @@ class LabelledImages(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict:
         x, target = self.images[index]
-        return {"x": x, "target": target, "index": index}
+        return {"x": x, "target": target}
 
 
 def load_real_dataset(args):
@@ -86,3 +86,13 @@ def compute_loss(model, batch: dict, device, dtype=None):
         x = x.to(dtype)
     out = model(x)
     return torch.nn.functional.cross_entropy(out.float(), batch["target"].to(device, non_blocking=True))
+
+
+# [full]
+def export_weights(model, args, state_dict=None) -> None:
+    """Rank 0: the trained weights, --out/model.pt (a state_dict without wrapper prefixes: build_model() loads it).
+    ``state_dict``: the full weights when the strategy gathered them (sharded parameters)."""
+    path = os.path.join(args.out, "model.pt")
+    torch.save(model.state_dict() if state_dict is None else state_dict, path)
+    log(f"trained weights: {path} (model.load_state_dict(torch.load(...)) on build_model())")
+# [/full]
