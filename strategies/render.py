@@ -37,7 +37,7 @@ TEMPLATES = Path(__file__).parent / "templates"
 _STDLIB = ("argparse", "contextlib", "datetime", "gc", "itertools", "json", "math", "os", "re", "shutil", "signal",
            "time")
 BLOCK_TAGS = ("full", "lora", "lora16", "qlora", "generic-base", "text", "not-text", "image", "adam", "sgd", "bnb",
-              "adafactor", "ac")
+              "adafactor", "ac", "ds")
 # make_optimizer's branch for each optimizer (only the one the job uses is written).
 _OPTIMIZER_TAGS = {"adam": "adam", "adamw": "adam", "sgd": "sgd", "sgd-momentum": "sgd", "adamw-8bit": "bnb",
                    "paged-adamw-8bit": "bnb", "paged-adamw": "bnb", "lion": "bnb", "adafactor": "adafactor"}
@@ -249,6 +249,10 @@ def _adapter_constants(job: Job, consts: dict[str, Any]) -> dict[str, Any]:
 
 def _block_tags(job: Job, family_has_base: bool = False) -> set[str]:
     """The optional template blocks (module docstring) that apply to ``job``."""
+    return _job_tags(job, family_has_base) | ({"ds"} if job.strategy_unit.launcher.name == "deepspeed" else set())
+
+
+def _job_tags(job: Job, family_has_base: bool) -> set[str]:
     adapter = job.spec.adapter
     data = {_FAMILY_TAGS[job.spec.family]} if job.spec.family in _FAMILY_TAGS else set()
     data.add(_OPTIMIZER_TAGS[job.optimizer])

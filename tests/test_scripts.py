@@ -33,11 +33,11 @@ def _inputs(gpus: int = 2, **training) -> PlanInputs:
     return plan_inputs(config_path=TINY, seq_len=32, gpus=gpus, interconnect="nvlink", detect_hardware=False, **opts)
 
 
-def _run(tmp_path_factory, strategy: str, gpus: int = 2, timing_steps: int = 0, **training):
-    """verify() ``strategy``: 6 measured steps, then ``timing_steps`` timed ones (only the step-time test needs
-    them: CI time)."""
+def _run(tmp_path_factory, strategy: str, gpus: int = 2, timing_steps: int = 0, steps: int = 6, **training):
+    """verify() ``strategy``: ``steps`` measured steps, then ``timing_steps`` timed ones (only the step-time test
+    needs them: CI time)."""
     out = tmp_path_factory.mktemp(strategy) / "run"
-    result = verify(_inputs(gpus, **training), strategy, steps=6, timeout_s=300, out_dir=str(out),
+    result = verify(_inputs(gpus, **training), strategy, steps=steps, timeout_s=300, out_dir=str(out),
                     precision_explicit=True, timing_steps=timing_steps)
     assert result.ok, result.message
     return result, out
@@ -143,7 +143,7 @@ def test_tp_runs_and_checkpoint_is_full(tmp_path_factory):
 
 
 def test_tp_dp_runs_on_four_ranks(tmp_path_factory):
-    result, out = _run(tmp_path_factory, "tp_dp", gpus=4, tp_degree=2)
+    result, out = _run(tmp_path_factory, "tp_dp", gpus=4, tp_degree=2, steps=3)  # 4 CPU ranks: fewer steps
     _check_run(result, 4)
     report = _report(out)
     dp_ranks = {r["rank"]: r["dp_rank"] for r in report["per_rank"]}

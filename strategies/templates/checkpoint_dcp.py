@@ -27,7 +27,10 @@ def load_checkpoint(out: str, model, optimizer) -> str:
     options = StateDictOptions(ignore_frozen_params=True)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=path)
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except (OSError, RuntimeError, KeyError, ValueError) as err:  # a missing or cut-short shard, another model's
+        raise unreadable(path, err) from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
                    options=options)
     return path

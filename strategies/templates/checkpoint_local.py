@@ -16,7 +16,13 @@ def save_checkpoint(args, model, optimizer, state: dict, rank: int) -> None:
 def load_checkpoint(out: str, model, optimizer) -> str:
     """--resume: the latest checkpoint's weights and optimizer states; returns its path."""
     path = latest_checkpoint(out)
-    saved = torch.load(os.path.join(path, "model_and_optimizer.pt"), map_location="cpu", weights_only=True)
-    model.load_state_dict(saved["model"], strict=False)
-    optimizer.load_state_dict(saved["optimizer"])
+    try:
+        saved = torch.load(os.path.join(path, "model_and_optimizer.pt"), map_location="cpu", weights_only=True)
+        # strict=False: the frozen parameters are not in it; a name it has that the model lacks is another model's
+        unexpected = model.load_state_dict(saved["model"], strict=False).unexpected_keys
+        if unexpected:
+            raise KeyError(f"the model has no {unexpected[0]}")
+        optimizer.load_state_dict(saved["optimizer"])
+    except (OSError, RuntimeError, KeyError, ValueError) as err:
+        raise unreadable(path, err) from None
     return path

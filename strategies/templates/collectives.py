@@ -56,10 +56,6 @@ def barrier() -> None:
     dist.barrier()
 
 
-
-
-
-
 def teardown() -> None:
     """The end of every run, finished or stopped: destroy the process group, so no rank is left waiting."""
     dist.destroy_process_group()

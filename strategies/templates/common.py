@@ -9,7 +9,7 @@ def log(msg: str) -> None:
 
 class SyntheticDataset(torch.utils.data.Dataset):
     """``num_samples`` fixed random samples of the right shape; sample i is the same on every rank. ``offset`` keeps
-    the held-out samples apart from the training ones. Used when no --data is given (smoke tests, --verify)."""
+    the held-out samples apart from the training ones. Used when no --data is given (a smoke test of the setup)."""
 
     def __init__(self, num_samples: int, offset: int = 0) -> None:
         self.num_samples, self.offset = num_samples, offset
@@ -129,8 +129,8 @@ class StepLog:
     the step time, the throughput and a rank-0 log line; ``losses``, ``step_times``, ``grad_norms`` and
     ``eval_losses`` keep this run's figures."""
 
-    def __init__(self, total_steps: int, device) -> None:
-        self.total_steps, self.device = total_steps, device
+    def __init__(self, total_steps: int, device, dp_size: int) -> None:
+        self.total_steps, self.device, self.dp_size = total_steps, device, dp_size
         self.losses, self.step_times, self.grad_norms, self.eval_losses = [], [], [], []
         self.start = 0  # optimizer steps done before this run (a resumed one starts after its checkpoint's)
         self.stopped = False  # SIGTERM: the run ends at this step boundary (checkpoint_due)
@@ -167,7 +167,9 @@ class StepLog:
 
     def end_step(self, lr: float, grad_norm=None) -> None:
         """Log the step: mean loss, learning rate, gradient norm before clipping, seconds, throughput over all
-        GPUs (GLOBAL_BATCH_SIZE samples per step) and, on CUDA, this rank's peak allocated memory so far."""
+        data-parallel ranks (MICRO_BATCH_SIZE x the micro-steps of this step x dp_size samples) and, on CUDA, this
+        rank's peak allocated memory so far."""
+        samples = MICRO_BATCH_SIZE * self._count * self.dp_size
         mean = aggregate_mean(self._sum, self._count, self.device)
         seconds = time.perf_counter() - self._t0
         self.losses.append(mean)
@@ -177,10 +179,10 @@ class StepLog:
             self.grad_norms.append(float(grad_norm))
             line += f" grad norm {self.grad_norms[-1]:.3g}"
         # [text]
-        line += f" {seconds:.2f}s {GLOBAL_BATCH_SIZE * SEQ_LEN / seconds:,.0f} tokens/s"
+        line += f" {seconds:.2f}s {samples * SEQ_LEN / seconds:,.0f} tokens/s"
         # [/text]
         # [not-text]
-        line += f" {seconds:.2f}s {GLOBAL_BATCH_SIZE / seconds:,.1f} samples/s"
+        line += f" {seconds:.2f}s {samples / seconds:,.1f} samples/s"
         # [/not-text]
         if self.device.type == "cuda":
             line += f" peak {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f} GiB"
@@ -233,10 +235,20 @@ def latest_checkpoint(out: str) -> str:
     root = os.path.join(out, "checkpoints")
     try:
         with open(os.path.join(root, "latest")) as f:
-            return os.path.join(root, f.read().strip())
+            path = os.path.join(root, f.read().strip())
     except FileNotFoundError:
         raise SystemExit(f"--resume: no checkpoint in {root}: checkpoints are written every --save-every steps "
                          "and on SIGTERM") from None
+    if not os.path.isdir(path):
+        raise SystemExit(f"--resume: {root}/latest names {os.path.basename(path)}, which is missing: point 'latest' "
+                         "at a step-N directory that exists")
+    return path
+
+
+def unreadable(path: str, err: Exception) -> SystemExit:
+    """The one-line error for a checkpoint that cannot be loaded (cut short, or another model's)."""
+    first = (str(err).splitlines() or [""])[0][:200]
+    return SystemExit(f"--resume: {path} is unreadable or belongs to another model ({type(err).__name__}: {first})")
 
 
 def commit_checkpoint(args, step: int, rank: int) -> None:
@@ -269,7 +281,10 @@ def training_state(steps, scheduler=None, scaler=None) -> dict:
 
 def restore_training_state(path: str, rank: int, steps, scheduler=None, scaler=None) -> tuple[int, int]:
     """This rank's training state from checkpoint ``path``; returns (epoch, micro-batches of it already done)."""
-    state = torch.load(os.path.join(path, f"training-state-rank{rank}.pt"), map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(os.path.join(path, f"training-state-rank{rank}.pt"), map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError) as err:
+        raise unreadable(path, err) from None
     if state["step"] >= steps.total_steps:
         raise SystemExit(f"--resume: {path} is at step {state['step']} and --steps is {steps.total_steps}: raise "
                          "--steps to train further")
@@ -319,7 +334,8 @@ def check_args(args):
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--steps", type=int, default=TOTAL_STEPS, help="optimizer steps to run")
     p.add_argument("--init-from", metavar="PATH", default=INIT_FROM, help=INIT_FROM_HELP)
     p.add_argument("--data", metavar="PATH", default=None, help=DATA_HELP)
@@ -328,7 +344,7 @@ def parse_args():
                    "directory or hub id; default: --init-from)")
     # [/text]
     p.add_argument("--save-every", type=int, default=SAVE_EVERY, help="write a resumable checkpoint every N optimizer "
-                   "steps into --out/checkpoints (0: only on SIGTERM); the last one is kept")
+                   "steps into --out/checkpoints (0: only on SIGTERM and after the last step)")
     p.add_argument("--keep-checkpoints", type=int, default=KEEP_CHECKPOINTS, help="how many of the newest "
                    "checkpoints to keep")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/checkpoints: "
@@ -336,11 +352,14 @@ def parse_args():
     p.add_argument("--eval-every", type=int, default=EVAL_EVERY, help="evaluate on the held-out set every N optimizer "
                    "steps and after the last (0: never)")
     p.add_argument("--out", default=".", help="directory for the checkpoints and the trained weights")
-    p.add_argument("--no-save", action="store_true", help="skip the checkpoint")
+    p.add_argument("--no-save", action="store_true", help="skip the checkpoint after the last step and the exported "
+                   "weights (periodic checkpoints are still written)")
     # [lora16]
     p.add_argument("--export-merged", action="store_true", help="also write the base with the trained adapters "
                    "merged in (--out/merged): rank 0 holds the whole base in host RAM to do it")
     # [/lora16]
+    # [ds]
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
     p.add_argument("--deepspeed_config", default=None, help=argparse.SUPPRESS)
+    # [/ds]
     return check_args(p.parse_args())

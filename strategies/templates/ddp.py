@@ -16,8 +16,6 @@ def use_sync_batchnorm(model, micro_batch_size: int, device_type: str) -> tuple[
 
 
 # [/not-text]
-
-
 def main() -> None:
     args = parse_args()
     rank, local_rank, world_size, device = init_torchrun()  # the process group first; LOCAL_RANK picks the GPU
@@ -67,7 +65,7 @@ def main() -> None:
     sampler, loader = make_loader(dataset, world_size, rank)
     torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
 
-    steps, preemption = StepLog(args.steps, device), Preemption()
+    steps, preemption = StepLog(args.steps, device, world_size), Preemption()
     epoch, done_micro = 0, 0
     if args.resume:
         path = load_checkpoint(args.out, ddp, optimizer)

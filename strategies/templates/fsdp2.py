@@ -241,7 +241,7 @@ def main() -> None:
     # Pure bf16: no policy casts the inputs, so image inputs are cast by hand (token ids stay integers).
     input_dtype = torch.bfloat16 if PRECISION == "pure-bf16" else None
 
-    steps, preemption = StepLog(args.steps, device), Preemption()
+    steps, preemption = StepLog(args.steps, device, world_size), Preemption()
     epoch, done_micro = 0, 0
     if args.resume:  # each rank reads its own shards
         path = load_checkpoint(args.out, model, optimizer)

@@ -13,10 +13,6 @@ def teardown() -> None:
     """One process: no process group to destroy."""
 
 
-
-
-
-
 def make_eval_loader(dataset, num_replicas: int, rank: int):
     """One process: the whole held-out set in a fixed order."""
     return torch.utils.data.DataLoader(dataset, batch_size=MICRO_BATCH_SIZE)

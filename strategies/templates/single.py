@@ -42,7 +42,7 @@ def main() -> None:
     scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
     dataset, held_out = make_datasets(args)
     sampler, loader = make_loader(dataset, 1, 0)
-    steps, preemption = StepLog(args.steps, device), Preemption()
+    steps, preemption = StepLog(args.steps, device, 1), Preemption()
     epoch, done_micro = 0, 0
     if args.resume:
         path = load_checkpoint(args.out, model, optimizer)

@@ -69,7 +69,7 @@ def main() -> None:
     torch.manual_seed(SEED)  # identical initial weights on every rank before sharding
     log(f"TP x DP: TP degree {TP_DEGREE}, data-parallel size {dp_size}, micro-batch {MICRO_BATCH_SIZE} per "
         f"data-parallel rank, accumulation {GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x {dp_size} x "
-        f"{GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * dp_size * GRAD_ACCUM_STEPS}; lr {LR:g} (linear scaling)")
+        f"{GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * dp_size * GRAD_ACCUM_STEPS}; lr {LR:g}")
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
 
     model = build_model(args.init_from)  # every rank loads it whole; parallelize() keeps only its shards
@@ -88,7 +88,7 @@ def main() -> None:
     sampler, loader = make_loader(dataset, dp_size, dp_rank)
     torch.manual_seed(SEED + dp_rank)  # per data-parallel rank; identical inside a TP group
 
-    steps, preemption = StepLog(args.steps, device), Preemption()
+    steps, preemption = StepLog(args.steps, device, dp_size), Preemption()
     epoch, done_micro = 0, 0
     if args.resume:  # each rank reads its own shards
         path = load_checkpoint(args.out, model, optimizer)

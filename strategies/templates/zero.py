@@ -32,12 +32,15 @@ def save_checkpoint(args, engine, state: dict, rank: int) -> None:
 def load_checkpoint(out: str, engine) -> str:
     """--resume: the latest checkpoint into the engine (weights, optimizer states, LR schedule); returns its path."""
     path = latest_checkpoint(out)
-    # [full]
-    engine.load_checkpoint(os.path.dirname(path), tag=os.path.basename(path))
-    # [/full]
-    # [lora]
-    engine.load_checkpoint(os.path.dirname(path), tag=os.path.basename(path), load_module_strict=False)
-    # [/lora]
+    try:
+        # [full]
+        engine.load_checkpoint(os.path.dirname(path), tag=os.path.basename(path))
+        # [/full]
+        # [lora]
+        engine.load_checkpoint(os.path.dirname(path), tag=os.path.basename(path), load_module_strict=False)
+        # [/lora]
+    except (OSError, RuntimeError, KeyError, ValueError) as err:
+        raise unreadable(path, err) from None
     return path
 
 
@@ -59,9 +62,13 @@ def main() -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(SEED)
     stage = ds_config["zero_optimization"]["stage"]
+    # The batch sizes and the clipping norm follow this script's constants and the world size it runs on (ds_config's
+    # figures are what advisor planned); precision, buckets and offload stay ds_config's.
+    ds_config.update(train_micro_batch_size_per_gpu=MICRO_BATCH_SIZE, gradient_accumulation_steps=GRAD_ACCUM_STEPS,
+                     train_batch_size=MICRO_BATCH_SIZE * GRAD_ACCUM_STEPS * world_size, gradient_clipping=MAX_GRAD_NORM)
     log(f"ZeRO-{stage}: world size {world_size}, micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation "
         f"{GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
-        f"{ds_config['train_batch_size']}; lr {LR:g} (linear scaling)")
+        f"{ds_config['train_batch_size']}; lr {LR:g}")
     # ZERO_INIT: ZeRO-3 partitions the parameters as they are created, so no rank ever holds the full
     # model. torchvision models re-initialise weights after creation, which partitioned weights
     # cannot take; they are small enough to build whole and partition in deepspeed.initialize.
@@ -110,7 +117,7 @@ def main() -> None:
     sampler, loader = make_loader(dataset, world_size, rank)
     torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
 
-    steps, preemption = StepLog(args.steps, device), Preemption()
+    steps, preemption = StepLog(args.steps, device, world_size), Preemption()
     epoch, done_micro = 0, 0
     if args.resume:  # the LR schedule is in DeepSpeed's checkpoint
         epoch, done_micro = restore_training_state(load_checkpoint(args.out, engine), rank, steps)
@@ -119,11 +126,12 @@ def main() -> None:
         for micro, batch in enumerate(loader, start=done_micro + 1):
             loss = compute_loss(engine, batch, engine.device, dtype)
             engine.backward(loss)
-            engine.step()  # steps the optimizer only at accumulation boundaries
+            lr = scheduler.get_last_lr()[0]  # the rate this step uses (logged), before engine.step() moves it on
+            engine.step()  # steps the optimizer (and the LR schedule) only at accumulation boundaries
             steps.micro_step(loss)
             if micro % GRAD_ACCUM_STEPS:  # not yet an accumulation boundary
                 continue
-            steps.end_step(scheduler.get_last_lr()[0], engine.get_global_grad_norm())
+            steps.end_step(lr, engine.get_global_grad_norm())
             steps.evaluate(args.eval_every, evaluate, engine, held_out, world_size, rank, engine.device,
                            None, dtype)
             if checkpoint_due(args, steps, preemption, engine.device, epoch, micro):

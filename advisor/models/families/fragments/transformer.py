@@ -8,6 +8,19 @@ DATA_HELP = ("training text: a .txt file, a .jsonl file with a 'text' field per 
              "the last HELD_OUT_FRACTION of them held out for evaluation")
 
 
+def pretrained(load, source: str, flag: str = "--init-from", **kwargs):
+    """``load(source, **kwargs)`` (a ``from_pretrained``) with a one-line error for what it cannot load: a file, a
+    directory without weights or a tokenizer, an unknown or unreachable hub id."""
+    if os.path.isfile(source):
+        raise SystemExit(f"{flag} {source}: a file; a transformers model loads a save_pretrained directory (such as "
+                         "the --out/model this script exports) or a hub id")
+    try:
+        return load(source, **kwargs)
+    except (OSError, ValueError) as err:
+        first = (str(err).splitlines() or [""])[0][:200]
+        raise SystemExit(f"{flag} {source}: cannot load it ({first})") from None
+
+
 def build_model(init_from=None):
     """The model this script was generated for: --init-from's pretrained weights, in fp32 (mixed precision casts
     per op; the optimizer needs fp32 weights), or, without it, freshly initialised from its config (no download)."""
@@ -15,7 +28,7 @@ def build_model(init_from=None):
 
     cls = getattr(transformers, HF_MODEL_CLASS)
     if init_from:
-        model = cls.from_pretrained(init_from, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION)
+        model = pretrained(cls.from_pretrained, init_from, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION)
         changed = [k for k, v in HF_CONFIG.items() if isinstance(v, int) and getattr(model.config, k, v) != v]
         if changed:
             log(f"warning: {init_from} differs from the config this script was planned for ({', '.join(changed[:4])}):"
@@ -92,7 +105,8 @@ def load_real_dataset(args):
     source = args.tokenizer or args.init_from
     if not source:
         raise SystemExit("--data needs a tokenizer: pass --tokenizer DIR (or --init-from DIR, which has one)")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    tokenizer = pretrained(transformers.AutoTokenizer.from_pretrained, source,
+                           "--tokenizer" if args.tokenizer else "--init-from")
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ids = []
     for doc in read_documents(args.data):
@@ -147,14 +161,15 @@ def build_base(args, dtype):
     import transformers
 
     if not args.init_from:
+        log("warning: no --init-from: the adapters train on a freshly initialised base (a smoke test, not a fine-tune)")
         model = build_model()
         if dtype is not None:  # the parameters only: buffers (rotary tables) stay as built, as from_pretrained does
             for p in model.parameters():
                 if p.is_floating_point():
                     p.data = p.data.to(dtype)
         return model
-    return getattr(transformers, HF_MODEL_CLASS).from_pretrained(
-        args.init_from, dtype=dtype or torch.float32, attn_implementation=ATTN_IMPLEMENTATION)
+    return pretrained(getattr(transformers, HF_MODEL_CLASS).from_pretrained, args.init_from,
+                      dtype=dtype or torch.float32, attn_implementation=ATTN_IMPLEMENTATION)
 # [/lora16]
 # [qlora]
 def quantization_config():
@@ -188,13 +203,13 @@ def load_quantized_base(path: str, device):
     """QLoRA's frozen base: from_pretrained with the BitsAndBytesConfig (the linear layers are quantized as they
     load, onto ``device``), then peft's prepare_model_for_kbit_training: every parameter frozen and the
     non-quantized ones (embeddings, norms, LM head) in fp32. Activation checkpointing is not turned on here (its
-    use_gradient_checkpointing): the script enables it as every strategy does, non-reentrant, when
-    ACTIVATION_CHECKPOINTING."""
+    use_gradient_checkpointing): the script enables it as every strategy does, non-reentrant, when it
+    is on."""
     import peft
     import transformers
 
-    model = getattr(transformers, HF_MODEL_CLASS).from_pretrained(
-        path, quantization_config=quantization_config(), dtype=torch.float32, device_map={"": str(device)},
-        attn_implementation=ATTN_IMPLEMENTATION)
+    model = pretrained(getattr(transformers, HF_MODEL_CLASS).from_pretrained, path,
+                       quantization_config=quantization_config(), dtype=torch.float32, device_map={"": str(device)},
+                       attn_implementation=ATTN_IMPLEMENTATION)
     return peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 # [/qlora]
