@@ -236,8 +236,8 @@ class RunOptions:
                               faces=("cli", "page", "bench"), choices=STRATEGY_CHOICES,
                               none="the recommended one", help="strategy for --emit/--verify")
     emit: str | None = _f(None, flag="--emit", metavar="DIR",
-                          help="write train.py, launch.sh (and ds_config.json) into DIR (with --verify: the run's "
-                               "directory; default advisor-runs/MODEL-STRATEGY-TIME)")
+                          help="write train.py, launch.sh, slurm.sbatch (and ds_config.json) into DIR (with "
+                               "--verify: the run's directory; default advisor-runs/MODEL-STRATEGY-TIME)")
     force: bool = _f(False, flag="--force", help="let --emit overwrite its own files in a non-empty DIR")
     runs_dir: str | None = _f(None, label="Folder for verification runs", faces=("page",), none="advisor-runs",
                               help="each verification writes a new folder MODEL-STRATEGY-TIME inside this one and "
