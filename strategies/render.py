@@ -249,20 +249,18 @@ def _adapter_constants(job: Job, consts: dict[str, Any]) -> dict[str, Any]:
 
 def _block_tags(job: Job, family_has_base: bool = False) -> set[str]:
     """The optional template blocks (module docstring) that apply to ``job``."""
-    return _job_tags(job, family_has_base) | ({"ds"} if job.strategy_unit.launcher.name == "deepspeed" else set())
-
-
-def _job_tags(job: Job, family_has_base: bool) -> set[str]:
     adapter = job.spec.adapter
-    data = {_FAMILY_TAGS[job.spec.family]} if job.spec.family in _FAMILY_TAGS else set()
-    data.add(_OPTIMIZER_TAGS[job.optimizer])
-    if "text" not in data:
-        data.add("not-text")  # images or your own model: samples/s, SyncBatchNorm's decision
+    shared = {_FAMILY_TAGS[job.spec.family]} if job.spec.family in _FAMILY_TAGS else set()
+    shared.add(_OPTIMIZER_TAGS[job.optimizer])
+    if "text" not in shared:
+        shared.add("not-text")  # images or your own model: samples/s, SyncBatchNorm's decision
     if job.activation_checkpointing:
-        data.add("ac")
+        shared.add("ac")
+    if job.strategy_unit.launcher.name == "deepspeed":
+        shared.add("ds")  # the flags the deepspeed launcher passes
     if adapter is None:
-        return {"full"} | data
-    tags = {"lora", "qlora" if adapter.quantize else "lora16"} | data
+        return {"full"} | shared
+    tags = {"lora", "qlora" if adapter.quantize else "lora16"} | shared
     if not family_has_base and not adapter.quantize:
         tags.add("generic-base")
     return tags
