@@ -46,6 +46,7 @@ __all__ = [
     "QuantWeightLayout",
     "optimizer_source",
     "optimizer_state_bytes",
+    "quant_storage_numel",
     "quant_weight_layout",
     "quantized_weight_bytes",
     "state_bytes_per_element",
@@ -200,6 +201,19 @@ def quantized_weight_bytes(
     ``quant``, an invalid 4-bit ``blocksize`` or a bad shape.
     """
     return quant_weight_layout(shape, quant, double_quant, blocksize).total
+
+
+def quant_storage_numel(shape: tuple[int, ...], storage_bytes: int) -> int:
+    """Elements of a 4-bit weight's packed data when ``bnb_4bit_quant_storage`` is a dtype of ``storage_bytes``
+    bytes (``Params4bit(quant_storage=...)``; 1 = the default uint8): two 4-bit codes per byte, packed into
+    elements of that dtype. bitsandbytes/_ops.py fake "quantize_4bit": ``out = torch.empty(((n + 1) //
+    (quant_storage.itemsize * 2), 1), dtype=quant_storage)`` (backends/default/ops.py views the packed uint8 bytes
+    as ``quant_storage``). The bytes are this x ``storage_bytes``: ``ceil(n / 2)`` for even n whatever the dtype;
+    the absmax and code of the quant state do not change. A float storage dtype is what lets DeepSpeed ZeRO-3 and
+    FSDP treat the packed weight as one more floating parameter to partition (peft's docs, "Use PEFT QLoRA and
+    DeepSpeed with ZeRO3")."""
+    _check_elem_bytes(storage_bytes)
+    return (_numel(shape) + 1) // (storage_bytes * 2)
 
 
 def _check_optimizer(optimizer: str) -> None:

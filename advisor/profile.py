@@ -71,6 +71,12 @@ class ParamStats:
     quantized_numel: int = 0
     quantized_bytes: int = 0
     largest_quantized_numel: int = 0
+    # Each quantized weight's (out_features, in_features), and the largest module's parameters not counting quantized
+    # weights: ZeRO-3 partitions and gathers every quantized weight as its packed storage
+    # (``advisor.bnb_layout.quant_storage_numel``), each tensor on its own (``strategies.zero``). () and 0 without
+    # quantization.
+    quantized_shapes: tuple[tuple[int, ...], ...] = ()
+    largest_unquantized_module_params: int = 0
 
     @property
     def num_frozen(self) -> int:
@@ -133,9 +139,14 @@ def _quantized(model, spec: ModelSpec) -> dict[str, int]:
     from .models.adapters import quantized_weights
 
     found = quantized_weights(model)
+    quantized = {id(w) for w, _ in found}
+    plain = max((sum(p.numel() for p in m.parameters(recurse=False) if id(p) not in quantized)
+                 for m in model.modules()), default=0)
     return {"quantized_numel": sum(w.numel() for w, _ in found),
             "quantized_bytes": sum(quantized_weight_bytes(shape, a.quantize, a.double_quant) for _, shape in found),
-            "largest_quantized_numel": max((w.numel() for w, _ in found), default=0)}
+            "largest_quantized_numel": max((w.numel() for w, _ in found), default=0),
+            "quantized_shapes": tuple(tuple(shape) for _, shape in found),
+            "largest_unquantized_module_params": plain}
 
 
 def fsdp_units(model) -> tuple[tuple[tuple[int, int, bool, bool], ...], ...]:

@@ -156,8 +156,8 @@ class Strategy(ABC):
             return (f"with LoRA the optimizer states are the adapters' only ({fmt_gib(states)} in fp32): offloading "
                     "them saves little and adds PCIe traffic; use the row without offload")
         if adapter is not None and adapter.quantize and not self.quantized_base:
-            return (f"a {adapter.quantize} base (bitsandbytes) is modelled and verified with single and ddp; "
-                    f"{self.name} with a quantized base is not (use ddp, or LoRA on a 16-bit base)")
+            return (f"a {adapter.quantize} base (bitsandbytes) is modelled and verified with single, ddp and (4-bit) "
+                    f"zero3; {self.name} with a quantized base is not (use ddp or zero3, or LoRA on a 16-bit base)")
         if opt not in TORCH_OPTIMIZERS and not self.client_optimizers:
             return (f"--optimizer {opt} ({bnb_layout.optimizer_source(opt)}) is not verified on {self.title}'s "
                     "DTensor shards: use adamw, or ddp / ZeRO with it")

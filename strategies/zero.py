@@ -28,13 +28,16 @@ gradient partition and the buckets; DeepSpeed's own estimator uses 2P + 18P/N fo
 from __future__ import annotations
 
 import json
+import math
 import os
 
+from advisor.bnb_layout import quant_storage_numel, quant_weight_layout
 from advisor.context import StrategyContext
 from advisor.memory import (
     RULE_OF_THUMB_BYTES_PER_PARAM,
     Breakdown,
     StrategyMemory,
+    dequantized_weight_bytes,
     device_overhead,
     optimizer_state_bytes,
     optimizer_step_temp_bytes,
@@ -43,6 +46,7 @@ from advisor.memory import (
     states_per_element,
 )
 from advisor.models import family_of
+from advisor.profile import ZERO3_PERSISTENCE_THRESHOLD
 from advisor.timing.comm import pcie_transfer_s, split_buckets
 from advisor.timing.step import FOREACH_FACTOR, HOST_MEM_GBPS, HOST_MEM_SOURCE, Collective, StepTime, exposed_s
 
@@ -54,6 +58,10 @@ DS_REDUCE_BUCKET_ELEMS = 500_000_000
 DS_ALLGATHER_BUCKET_ELEMS = 500_000_000
 DS_PREFETCH_BUCKET_ELEMS = 50_000_000
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000
+# bitsandbytes quantizing a weight on the CPU (``Params4bit._quantize`` -> ``quantize_4bit``, backends/cpu): the fp32
+# weight and the op's temporaries beyond its packed output, per element (measured here while from_pretrained loaded
+# a 1024 x 1024 nf4 weight: 7,843,264 bytes beyond the loaded tensors and the mapped checkpoint).
+CPU_QUANTIZE_BYTES_PER_ELEMENT = 8
 
 
 def bucket_elems(ctx: StrategyContext) -> dict[str, int]:
@@ -135,7 +143,8 @@ def stage12_phases(s: dict[str, int], step, params: int, optim: int, stage: int,
     return [fwd, first, bwd, reduce, epilogue, flatten, opt_step]
 
 
-def stage3_phases(s: dict[str, int], step, params: int, optim: int, offload: bool, temp: int) -> list[Breakdown]:
+def stage3_phases(s: dict[str, int], step, params: int, optim: int, offload: bool, temp: int,
+                  dequant: tuple[int, int] = (0, 0)) -> list[Breakdown]:
     """The moments of a ZeRO-3 step (deepspeed/runtime/zero/stage3.py). Resident throughout: the
     weight partition, the reduce bucket and the gradient partition (``grad_partitions_flat_buffer``,
     zeros allocated in ``__init__``), the optimizer states; forward and backward add the gathered
@@ -144,14 +153,17 @@ def stage3_phases(s: dict[str, int], step, params: int, optim: int, offload: boo
     concatenates the bucket's gradients into a new flat tensor; measured on CPU (gloo, gpt2 at world
     size 2) a second bucket-sized copy (``aten::clone``) is alive at the same moment; the step
     releases the gathered parameters (``_partition_all_parameters``) and adds the fp32 flat gradient
-    (``_prepare_fp32_grad_for_sub_group``: ``flatten(...).to(fp32)``) and the optimizer's temporaries."""
+    (``_prepare_fp32_grad_for_sub_group``: ``flatten(...).to(fp32)``) and the optimizer's temporaries.
+    ``dequant``: QLoRA's dequantized copy of the layer being computed, (forward, backward)
+    (``advisor.memory.dequantized_weight_bytes``)."""
     grads = 0 if offload else s["grads16"]
     resident = dict(params=params, grads=grads, optimizer_states=optim)
     buffers = s["bucket"] + s["gathered"]
     in_flight = max(0, step.bwd_net_peak - step.bwd_net_activations)
     fwd = Breakdown(**resident, buffers=buffers, activations=step.activations,
-                    other=max(0, step.fwd_peak - step.activations), phase="forward")
-    bwd = Breakdown(**resident, buffers=buffers, activations=step.bwd_net_activations, other=in_flight, phase="backward")
+                    other=max(0, step.fwd_peak - step.activations) + dequant[0], phase="forward")
+    bwd = Breakdown(**resident, buffers=buffers, activations=step.bwd_net_activations, other=in_flight + dequant[1],
+                    phase="backward")
     if offload:
         return [fwd, bwd]
     reduce = Breakdown(**resident, buffers=s["bucket"] + 2 * s["reduce_copy"], phase="end of backward (reduce-scatter)")
@@ -174,6 +186,9 @@ class Zero(Strategy):
         self.comm_order = 4 if offload else (2 if stage == 3 else 1)
         self.shards_everything = stage == 3
         self.sharding_stage = None if offload else stage
+        # QLoRA: ZeRO-3 partitions a 4-bit base stored in the module's dtype (``quantized_sizes``); stages 1-2 would
+        # replicate it as DDP does, and are not verified with it.
+        self.quantized_base = stage == 3 and not offload
         self.comm_pattern = ("all-gather of the parameters in forward and in backward, reduce-scatter of the "
                              "gradients" if stage == 3 else "reduce-scatter of the gradients (all-reduce in "
                              "buckets), all-gather of the updated parameters") + (
@@ -184,12 +199,74 @@ class Zero(Strategy):
             return "DeepSpeed ZeRO keeps fp32 master weights; pure bf16 runs with single, DDP, FSDP2 or TP"
         return None
 
+    def fine_tuning_blocker(self, ctx: StrategyContext) -> str | None:
+        adapter = ctx.profile.spec.adapter
+        if self.quantized_base and adapter is not None and adapter.quantize == "int8":
+            return ("ZeRO-3 partitions a 4-bit base (nf4, fp4) stored in the module's dtype (bnb_4bit_quant_storage); "
+                    "an int8 (LLM.int8()) base under ZeRO-3 is not modelled: use --quantize nf4, or ddp with int8")
+        return super().fine_tuning_blocker(ctx)
+
+    def quantized_sizes(self, ctx: StrategyContext) -> dict[str, int] | None:
+        """QLoRA under ZeRO-3 (None without a quantized base), per rank, in bytes; ``w`` is the module's dtype.
+
+        The script loads the base with ``BitsAndBytesConfig(bnb_4bit_quant_storage=<the module's dtype>)``:
+        ``Params4bit`` then packs the 4-bit codes into elements of that float dtype
+        (``advisor.bnb_layout.quant_storage_numel``), so DeepSpeed's cast of the module (``engine.py``
+        ``_cast_module_mixed_precision``: every float parameter ``.to(bf16/fp16)``) leaves the packed bits alone, and
+        ZeRO-3 partitions each packed weight like any parameter (``partition_parameters.py`` ``_partition_param``:
+        ``ceil(ds_numel / N)`` elements per rank, ``ds_tensor``), except those of at most
+        ``stage3_param_persistence_threshold`` elements, which stay whole once gathered
+        (``parameter_offload.py`` ``mark_persistent_parameters``; the threshold counts storage elements).
+
+        - ``storage``: this rank's packed storage; ``full_storage``: all of it (one whole copy);
+        - ``quant_states``: every weight's ``QuantState`` (absmax, code, double quantization's nested state;
+          ``advisor.bnb_layout.quant_weight_layout``): attributes of the ``Params4bit``, not parameters, so DeepSpeed
+          never partitions them: whole on every rank, on the device (``Params4bit.to`` moves them with the weight);
+        - ``rest``: this rank's share of every other parameter (embeddings, norms, LM head, adapters), in ``w``: the
+          script leaves out peft's ``prepare_model_for_kbit_training``, whose fp32 upcast DeepSpeed's cast would
+          undo (checked: every parameter bf16 after ``deepspeed.initialize`` in bf16 mode; trl's SFTTrainer skips it
+          for sharded QLoRA too); ``rest_full``: all of them whole;
+        - ``gathered_elems``: the largest gather unit in elements of ``w`` (a module's non-quantized parameters, or a
+          packed weight); ``gathered_total``: the bytes one pass gathers (everything not persistent).
+        """
+        adapter, stats = ctx.profile.spec.adapter, ctx.profile.stats
+        if not (self.quantized_base and adapter is not None and adapter.quantize):
+            return None
+        n, w = ctx.world_size, self._w(ctx)
+        storage = full_storage = states = gathered_total = persistent_logical = largest = 0
+        for shape in stats.quantized_shapes:
+            q = quant_storage_numel(shape, w)
+            layout = quant_weight_layout(shape, adapter.quantize, adapter.double_quant)
+            states += layout.absmax + layout.code + layout.nested
+            full_storage += q * w
+            if q <= ZERO3_PERSISTENCE_THRESHOLD:  # persistent: whole on every rank after the first gather
+                storage += q * w
+            else:
+                storage += -(-q // n) * w
+                gathered_total += q * w
+                largest = max(largest, q)
+            # profile.param_stats counted the quantized weights by their logical size among the persistent ones
+            if math.prod(shape) < ZERO3_PERSISTENCE_THRESHOLD:
+                persistent_logical += math.prod(shape)
+        rest = stats.num_params - stats.quantized_numel
+        rest_persistent = stats.persistent_params - persistent_logical
+        gathered_total += (rest - rest_persistent) * w
+        return {"storage": storage, "full_storage": full_storage, "quant_states": states,
+                "rest": -(-(rest - rest_persistent) * w // n) + rest_persistent * w, "rest_full": rest * w,
+                "gathered_elems": max(largest, stats.largest_unquantized_module_params),
+                "gathered_total": gathered_total}
+
     def _sizes(self, ctx: StrategyContext) -> dict[str, int]:
         stats, n = ctx.profile.stats, ctx.world_size
         w = 4 if ctx.options.precision == "fp32" else 2
         p, t = stats.num_params, stats.num_trainable
         b = bucket_elems(ctx)
-        if self.stage == 3:
+        q = self.quantized_sizes(ctx)
+        if q is not None:  # QLoRA: elements of w throughout (packed storage included)
+            gathered = min(DS_MAX_LIVE_PARAMETERS, b["stage3_prefetch_bucket_size"] + q["gathered_elems"])
+            weights = q["storage"] + q["quant_states"] + q["rest"]
+            p = q["gathered_total"] // w
+        elif self.stage == 3:
             gathered = min(DS_MAX_LIVE_PARAMETERS, b["stage3_prefetch_bucket_size"] + stats.largest_module_params)
             weights = -(-(p - stats.persistent_params) * w // n) + stats.persistent_params * w
         else:
@@ -224,7 +301,33 @@ class Zero(Strategy):
         params = s["weights"]
         if self.offload and self.stage == 3:
             params = ctx.profile.stats.persistent_params * (4 if ctx.options.precision == "fp32" else 2)
-        if self.stage == 3:
+        q = self.quantized_sizes(ctx)
+        if q is not None:
+            # Activations: the traced step of this precision. Under bf16/fp16 that trace (shared with pure bf16's
+            # single/DDP QLoRA) keeps the non-quantized frozen parameters in fp32, as prepare_model_for_kbit_training
+            # does there; DeepSpeed holds them in 16 bits, so its embedding output and norms are sized high. QLoRA
+            # adds one layer's dequantized weight in forward and in backward (as under DDP).
+            stats, adapter = ctx.profile.stats, ctx.profile.spec.adapter
+            dequant = tuple(dequantized_weight_bytes(stats, adapter, ctx.device, ph) for ph in ("forward", "backward"))
+            phases = stage3_phases(s, step, params, optim, self.offload, self._step_temp(ctx, s), dequant)
+            # Before deepspeed.initialize partitions it, every rank holds the whole base: transformers 5.24 builds a
+            # quantized model without zero.Init (modeling_utils.py: ``needs_zero3_init = is_deepspeed_zero3_enabled()
+            # and not _is_quantized``), and bitsandbytes' quantizer loads it onto the rank's device
+            # (``Bnb4BitHfQuantizer.update_device_map``: the current CUDA device, else the CPU): the packed storage, the
+            # quant states, every other parameter in the load dtype and the buffers (the adapters come later, and are
+            # small). While a weight is quantized (``Params4bit._quantize`` -> ``quantize_4bit``) its unquantized copy
+            # is on the device too: ``w`` bytes per element on CUDA; on the CPU the fp32 copy and quantize_4bit's
+            # temporaries, ``CPU_QUANTIZE_BYTES_PER_ELEMENT``. On the CPU the checkpoint itself is one more allocation
+            # while it loads: safetensors maps the file into a torch storage, which the CPU meter counts (measured: one
+            # allocation of the checkpoint file's size); advisor takes the checkpoint as fp32 (half for a 16-bit one).
+            w = s["w"]
+            per_elem = CPU_QUANTIZE_BYTES_PER_ELEMENT if ctx.device == "cpu" else w
+            checkpoint = 4 * stats.num_frozen if ctx.device == "cpu" else 0
+            phases.append(Breakdown(params=q["full_storage"] + q["quant_states"] + q["rest_full"] + stats.buffer_bytes,
+                                    buffers=checkpoint, other=stats.largest_quantized_numel * per_elem,
+                                    phase="loading (the whole quantized base, before deepspeed.initialize "
+                                          "partitions it)"))
+        elif self.stage == 3:
             phases = stage3_phases(s, step, params, optim, self.offload, self._step_temp(ctx, s))
         else:
             phases = stage12_phases(s, step, params, optim, self.stage, self.offload, self._step_temp(ctx, s),
@@ -266,7 +369,7 @@ class Zero(Strategy):
         overlap: the loading starts after the build, and each gather is a collective). The checkpoint's own dtype is
         not known to advisor: counted as ``pretrained_bytes`` (fp32; a 16-bit checkpoint needs half; safetensors'
         memory-mapped pages count as they are touched)."""
-        if self.stage == 3 and family_of(ctx.profile.spec).zero_init:
+        if self.stage == 3 and family_of(ctx.profile.spec).zero_init and self.quantized_sizes(ctx) is None:
             stats = ctx.profile.stats
             build = ctx.hardware.gpus_per_node * 4 * stats.largest_module_params
             return max(build, pretrained_bytes(ctx)) if ctx.options.init_from else build
@@ -274,7 +377,8 @@ class Zero(Strategy):
 
     def load_fix(self, ctx: StrategyContext | None = None) -> str:
         """ZeRO-3 loading ``--init-from`` under zero.Init: what rank 0 holds is the checkpoint itself."""
-        if ctx is not None and ctx.options.init_from and self.stage == 3 and family_of(ctx.profile.spec).zero_init:
+        if (ctx is not None and ctx.options.init_from and self.stage == 3 and family_of(ctx.profile.spec).zero_init
+                and self.quantized_sizes(ctx) is None):
             return ("rank 0 reads the whole checkpoint into host RAM while it copies it into the partitions: give node "
                     "0 more host RAM, or save the checkpoint in 16 bits (half the bytes)")
         return super().load_fix(ctx)
@@ -353,8 +457,17 @@ class Zero(Strategy):
         elif self.stage == 2:
             total = ga * grads + params
         else:
-            total = ga * (grads + 2 * (stats.num_params - stats.persistent_params) * w)
+            total = ga * (grads + 2 * self._gathered_total(ctx))
         return (n - 1) * total // n
+
+    def _gathered_total(self, ctx: StrategyContext) -> int:
+        """Bytes one ZeRO-3 pass (forward or backward) all-gathers: every non-persistent parameter in the module's
+        dtype (QLoRA: the packed 4-bit storage of the quantized weights, ``quantized_sizes``)."""
+        q = self.quantized_sizes(ctx)
+        if q is not None:
+            return q["gathered_total"]
+        stats = ctx.profile.stats
+        return (stats.num_params - stats.persistent_params) * self._w(ctx)
 
     @staticmethod
     def _w(ctx: StrategyContext) -> int:
@@ -414,7 +527,7 @@ class Zero(Strategy):
             comm = exposed = per * rs_s + ag_s
             overlap = "none: the emitted ds_config sets overlap_comm false for ZeRO-1/2"
         else:
-            gathered = (stats.num_params - stats.persistent_params) * w
+            gathered = self._gathered_total(ctx)
             modules = max(1, stats.num_gathered_modules or stats.num_param_tensors)
             ag_s = fabric.time_s("all_gather", gathered // modules) * modules if n > 1 and gathered else 0.0
             rs_s, rs_last, rs_calls = run("reduce_scatter", grads, b["reduce_bucket_size"] * w)

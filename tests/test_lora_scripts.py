@@ -1,4 +1,4 @@
-"""LoRA / QLoRA in the generated scripts: rendering (every LoRA-capable strategy, QLoRA on single and ddp; a full
+"""LoRA / QLoRA in the generated scripts: rendering (every LoRA-capable strategy, QLoRA on single, ddp and zero3; a full
 fine-tuning script carries no LoRA code), the optimizers ``make_optimizer`` knows, and real runs on the CPU from a
 tiny Llama saved with ``save_pretrained`` (``--init-from``): DDP and ZeRO-3 on 2 gloo ranks, QLoRA (nf4) DDP on 2
 ranks and one plain process. Each run must lower the loss, save only the adapters (peft's format, lora_B trained
@@ -36,7 +36,7 @@ LORA = {"lora_rank": 8, "lora_targets": "q_proj,v_proj"}
 STEPS = 16
 LR = 0.03  # the adapters of a random base learn the fixed synthetic set slowly at the usual 3e-4
 LORA_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp2", "fsdp2_noreshard")
-QLORA_STRATEGIES = ("single", "ddp")
+QLORA_STRATEGIES = ("single", "ddp", "zero3")  # zero3: the 4-bit storage partitioned (tests/test_qlora_zero3.py)
 OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "sgd-momentum": "SGD", "adamw-8bit": "AdamW8bit",
               "paged-adamw-8bit": "PagedAdamW8bit", "paged-adamw": "PagedAdamW", "lion": "Lion",
               "adafactor": "Adafactor"}
@@ -95,7 +95,8 @@ def test_lora_scripts_render_and_full_scripts_carry_no_lora():
         assert _const(text, "BNB_COMPUTE_DTYPE") == "'fp32'" and "enable_activation_checkpointing(model)" in text, name
         assert "prepare_model_for_kbit_training" in text and "save_test_base(" in text, name
         assert "--export-merged" not in text and "# [" not in text, name  # no merging into a quantized base
-    assert not qlora.row("zero3").applicable and not qlora.row("fsdp2").applicable
+    assert qlora.row("zero3").applicable and not qlora.row("fsdp2").applicable
+    assert "bnb_4bit_quant_storage=storage" in render_files(qlora, "zero3")["train.py"]
 
 
 def _const(text: str, name: str) -> str | None:

@@ -69,6 +69,11 @@ def main() -> None:
     log(f"ZeRO-{stage}: world size {world_size}, micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation "
         f"{GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
         f"{ds_config['train_batch_size']}; lr {LR:g}")
+    # [qlora]
+    # QLoRA: bitsandbytes quantizes the base as from_pretrained loads it (build_base), so without --init-from a freshly
+    # initialised base is saved first and loaded from there; a quantized base is never built under zero.Init.
+    args.init_from = args.init_from or save_test_base(args.out)
+    # [/qlora]
     # ZERO_INIT: ZeRO-3 partitions the parameters as they are created, so no rank ever holds the full
     # model. torchvision models re-initialise weights after creation, which partitioned weights
     # cannot take; they are small enough to build whole and partition in deepspeed.initialize.

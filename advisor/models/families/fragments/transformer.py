@@ -172,16 +172,18 @@ def build_base(args, dtype):
                       dtype=dtype or torch.float32, attn_implementation=ATTN_IMPLEMENTATION)
 # [/lora16]
 # [qlora]
-def quantization_config():
+def quantization_config(storage=torch.uint8):
     """bitsandbytes' storage of the frozen base (transformers' BitsAndBytesConfig): 4-bit QUANTIZE (nf4/fp4) with
-    optional double quantization, computing in BNB_COMPUTE_DTYPE; or LLM.int8() (int8)."""
+    optional double quantization, computing in BNB_COMPUTE_DTYPE, the 4-bit codes packed into ``storage`` elements
+    (bnb_4bit_quant_storage); or LLM.int8() (int8)."""
     import transformers
 
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[BNB_COMPUTE_DTYPE]
     if QUANTIZE == "int8":
         return transformers.BitsAndBytesConfig(load_in_8bit=True)
     return transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=QUANTIZE,
-                                           bnb_4bit_use_double_quant=DOUBLE_QUANT, bnb_4bit_compute_dtype=compute)
+                                           bnb_4bit_use_double_quant=DOUBLE_QUANT, bnb_4bit_compute_dtype=compute,
+                                           bnb_4bit_quant_storage=storage)
 
 
 def save_test_base(out: str) -> str:
@@ -212,4 +214,30 @@ def load_quantized_base(path: str, device):
                        quantization_config=quantization_config(), dtype=torch.float32, device_map={"": str(device)},
                        attn_implementation=ATTN_IMPLEMENTATION)
     return peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+# [ds]
+
+
+def build_base(args, dtype):
+    """ZeRO-3's QLoRA base (--init-from, or the test base the script saved there), quantized as from_pretrained loads
+    it, with its 4-bit codes packed into ``dtype`` elements (bnb_4bit_quant_storage): every parameter is then a float
+    tensor of the module's dtype, which DeepSpeed's bf16/fp16 cast leaves bit-for-bit alone and ZeRO-3 partitions like
+    any parameter in deepspeed.initialize. transformers builds a quantized model without zero.Init, so each rank loads
+    the whole quantized base first, onto its own device (bitsandbytes' quantizer picks the current CUDA device, else
+    the CPU; a device_map is refused while an HfDeepSpeedConfig is alive). Not prepare_model_for_kbit_training: its
+    fp32 upcast of the other parameters would be cast back to 16 bits by DeepSpeed (trl skips it for sharded QLoRA)."""
+    import transformers
+
+    model = pretrained(getattr(transformers, HF_MODEL_CLASS).from_pretrained, args.init_from,
+                       quantization_config=quantization_config(dtype), dtype=dtype,
+                       attn_implementation=ATTN_IMPLEMENTATION)
+    model.requires_grad_(False)  # the base frozen (peft adds the trainable adapters)
+    for m in model.modules():
+        # bitsandbytes' CPU inference layout: an eval-mode forward on a CPU with AVX512-bf16 (the held-out evaluation)
+        # repacks the weight it was given and marks its quant state (Linear4bit.forward ->
+        # _convert_weight_packed_for_cpu); under ZeRO-3 that weight is a gathered copy whose partition keeps the
+        # original packing, so the next gather would not match the quant state: off (CUDA never repacks).
+        if hasattr(m, "support_avx512bf16_for_cpu"):
+            m.support_avx512bf16_for_cpu = False
+    return model
+# [/ds]
 # [/qlora]
