@@ -126,7 +126,9 @@ def render_text(p, strategy: str | None = None) -> str:
         f"{gib(hw.gpu_memory_bytes):.2f} GiB usable each [{hw.sources.get('gpu_memory_bytes')}], "
         f"{hw.interconnect} [{hw.sources.get('interconnect')}]"
         + (f", network {hw.network} [{hw.sources.get('network')}]" if hw.network else "")
-        + f", host RAM {host} [{hw.sources.get('host_mem_bytes')}]",
+        # an unknown host RAM's source already says what to give
+        + (f", host RAM {host} [{hw.sources.get('host_mem_bytes')}]" if hw.host_mem_bytes is not None else
+           f", host RAM {hw.sources.get('host_mem_bytes') or host}"),
         f"Training   {o.precision}, {o.optimizer}, micro-batch {o.micro_batch_size}/GPU"
         + (" (chosen for throughput)" if p.inputs.training.micro_batch_size is None
            and p.recommendation.micro_batch_note else "") + ", "
@@ -163,7 +165,7 @@ def render_text(p, strategy: str | None = None) -> str:
         if r.applicable and r.fits is False and r.short_of == "host RAM":
             short.setdefault(r.fit_note, []).append(r.name)
     lines += [f"RAM! {', '.join(names)}: {note}" for note, names in short.items()]
-    load = _load_line(p.rows, p.options.init_from)
+    load = _load_line(p.rows, p.options.init_from, p.spec.adapter is not None and p.options.precision != "fp32")
     if load:
         lines.append(load)
     lines.append("peak in: the moment of the step with the largest total (fwd, bwd, bwd-end: gradient reduction, "
@@ -238,9 +240,10 @@ def _fits_word(fits: bool | None, short_of: str | None = None) -> str:
     return "?" if fits is None else "yes" if fits else "RAM!" if short_of == "host RAM" else "NO"
 
 
-def _load_line(rows: list, init_from: str | None = None) -> str | None:
+def _load_line(rows: list, init_from: str | None = None, base_16bit: bool = False) -> str | None:
     """Host RAM each strategy's script needs per node while it builds the model (``init_from``: while it loads the
-    pretrained weights), grouped by value."""
+    pretrained weights), grouped by value. ``base_16bit``: a LoRA base loaded in 16 bits (``from_pretrained(...,
+    dtype=)`` under bf16/fp16; ``strategies.base.pretrained_bytes``)."""
     groups: dict[int, list[str]] = {}
     for r in rows:
         if r.applicable and r.load_host_bytes_per_node:
@@ -249,8 +252,9 @@ def _load_line(rows: list, init_from: str | None = None) -> str | None:
         return None
     parts = [f"{'/'.join(names)} {gib(n):.2f}" for n, names in sorted(groups.items(), reverse=True)]
     if init_from:
+        dtype = "16 bits (the LoRA base)" if base_16bit else "fp32"
         return ("host RAM per node while the script loads the pretrained weights from --init-from (each rank loads "
-                "them on the CPU in fp32, twice over where a torch.load'ed state_dict sits beside the model; ZeRO-3 "
+                f"them on the CPU in {dtype}, twice over where a torch.load'ed state_dict sits beside the model; ZeRO-3 "
                 "under zero.Init: rank 0 alone reads the checkpoint; FSDP2: the shards plus rank 0's whole copy, "
                 "which it broadcasts into them, on node 0; single is one process), GiB: " + ", ".join(parts))
     return ("host RAM per node while the script builds the model (each rank builds it on the CPU in fp32; "
