@@ -37,6 +37,10 @@ from advisor.units import fmt_gib
 from .launchers import TORCHRUN, Launcher
 
 TORCH_OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")  # torch.optim's: every strategy steps them
+# The imports of templates/checkpoint_dcp.py (and FSDP2's full state dicts); the renderer keeps the names a script uses.
+DCP_IMPORTS = ("import torch.distributed.checkpoint as dcp",
+               "from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, "
+               "get_state_dict, set_state_dict")
 
 
 @dataclass(frozen=True)
@@ -255,6 +259,11 @@ class Strategy(ABC):
     # Shared template parts (strategies/templates/) rendered before the strategy's own template: how it writes and
     # reads resumable checkpoints (torch.distributed.checkpoint by default).
     script_parts: tuple[str, ...] = ("checkpoint_dcp.py",)
+
+    def script_tags(self, job: Any) -> set[str]:
+        """The template blocks (``strategies.render.select_blocks``) this strategy's script keeps beyond the job-wide
+        ones: only the code that runs for this job is written."""
+        return set()
 
     def script_constants(self, job: Any, family: Any) -> dict[str, Any]:
         """Constants the strategy's template reads (JSON-like values), given the job and its model family."""

@@ -28,7 +28,7 @@ from advisor.profile import ParamStats
 from advisor.timing.comm import allreduce_s, bucketed_allreduce
 from advisor.timing.step import Collective, StepTime, exposed_s
 
-from .base import Strategy, fabric_of, optimizer_step_s, timing_of
+from .base import DCP_IMPORTS, Strategy, fabric_of, optimizer_step_s, timing_of
 
 
 def grad_accum_steps(ctx: StrategyContext, dp_size: int) -> int:
@@ -107,7 +107,7 @@ class DDP(Strategy):
     comm_order = 0
     quantized_base = True  # QLoRA: each rank holds the quantized base; only the adapters' gradients are reduced
     comm_pattern = "all-reduce of the gradients in buckets, overlapped with backward"
-    script_imports = ("import torch.distributed.checkpoint as dcp",
+    script_imports = (*DCP_IMPORTS,
                       "from torch.nn.parallel import DistributedDataParallel as DDP")
 
     def script_constants(self, job, family) -> dict:

@@ -54,9 +54,24 @@ from advisor.memory import (
     weight_bytes,
 )
 from advisor.timing.comm import pcie_transfer_s
-from advisor.timing.step import FOREACH_FACTOR, HOST_MEM_GBPS, HOST_MEM_SOURCE, Collective, StepTime, exposed_s
+from advisor.timing.step import (
+    FOREACH_FACTOR,
+    HOST_MEM_GBPS,
+    HOST_MEM_SOURCE,
+    Collective,
+    StepTime,
+    exposed_s,
+)
 
-from .base import Strategy, fabric_of, optimizer_step_s, pretrained_bytes, pretrained_copies, timing_of
+from .base import (
+    DCP_IMPORTS,
+    Strategy,
+    fabric_of,
+    optimizer_step_s,
+    pretrained_bytes,
+    pretrained_copies,
+    timing_of,
+)
 from .ddp import grad_accum_steps
 
 
@@ -98,7 +113,7 @@ def units(stats, n: int) -> list[Unit]:
     return out
 
 
-def windows(blocks: list[Unit], d: "Dtypes", flat: int, reshard: bool, n: int = 1,
+def windows(blocks: list[Unit], d: Dtypes, flat: int, reshard: bool, n: int = 1,
             grads_done: bool = True) -> tuple[int, tuple[int, int], tuple[int, int]]:
     """Bytes of the blocks' gathered parameters and collective buffers at three moments, each the largest over the
     blocks in forward order (P_i: block i's padded numel in param_dtype, T_i: its trainable padded numel in
@@ -164,9 +179,7 @@ class FSDP2(Strategy):
     casts_weights = True  # MixedPrecisionPolicy runs the blocks on 16-bit parameters (no autocast): the half trace
     uses_fsdp_grad_sync = True
     client_optimizers = False  # bitsandbytes' and Adafactor's steps on DTensor shards are not verified
-    script_imports = ("import torch.distributed.checkpoint as dcp",
-                      ("from torch.distributed.checkpoint.state_dict import (\n    StateDictOptions,\n"
-                       "    get_model_state_dict,\n)"),
+    script_imports = (*DCP_IMPORTS,
                       "from torch.distributed.device_mesh import init_device_mesh",
                       ("from torch.distributed.fsdp import (\n    CPUOffloadPolicy,\n    FSDPModule,\n"
                        "    MixedPrecisionPolicy,\n    OffloadPolicy,\n    fully_shard,\n)"))
@@ -452,17 +465,22 @@ class FSDP2(Strategy):
                         notes=tuple(notes))
 
     # --- the script -------------------------------------------------------------------------------------------
+    def script_tags(self, job) -> set[str]:
+        """``offload`` (CPUOffloadPolicy), ``hsdp`` (the 2-D mesh) and ``sync-last`` (gradients reduce-scattered on
+        the last accumulation micro-step only, where there are several)."""
+        tags = {"offload"} if self.offload else set()
+        if self.hybrid:
+            tags.add("hsdp")
+        if job.fsdp_grad_sync == "last-micro-step" and job.grad_accum_steps > 1:
+            tags.add("sync-last")
+        return tags
+
     def script_constants(self, job, family) -> dict:
-        return {
-            # Blocks free their gathered parameters after forward and gather again in backward (ZeRO-3-like).
-            "RESHARD_AFTER_FORWARD": self.reshard,
-            # Sharded parameters, gradients and optimizer states in pinned host memory (CPUOffloadPolicy).
-            "CPU_OFFLOAD": self.offload,
-            # 2-D mesh: replicate across nodes, shard inside a node (HSDP); 1 = one shard group of all ranks.
-            "REPLICATE_DEGREE": job.num_nodes if self.hybrid else 1,
-            # Reduce-scatter the gradients on every accumulation micro-step (less memory) or only on the last.
-            "GRAD_SYNC_EVERY_MICRO_STEP": job.fsdp_grad_sync != "last-micro-step",
-        }
+        # Blocks free their gathered parameters after forward and gather again in backward (ZeRO-3-like).
+        consts: dict = {"RESHARD_AFTER_FORWARD": self.reshard}
+        if self.hybrid:  # 2-D mesh: replicate across nodes, shard inside a node
+            consts["REPLICATE_DEGREE"] = job.num_nodes
+        return consts
 
     def verify_blocker(self, device: str) -> str | None:
         if self.hybrid and device == "cpu":

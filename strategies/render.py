@@ -13,7 +13,9 @@ between ``# [TAG]`` and ``# [/TAG]`` (each marker alone on its line) are kept, w
 tag applies (``_block_tags``): ``full`` (no adapter), ``lora`` (any adapter), ``lora16`` (LoRA on a 16/32-bit
 base), ``qlora`` (a bitsandbytes-quantized base), ``generic-base`` (``templates/adapters.py``'s ``build_base``, for
 families whose fragment brings none), ``text`` / ``not-text`` / ``image`` (the data a family reads), ``ac``
-(activation checkpointing on), and one per optimizer family.
+(activation checkpointing on), ``pure-bf16`` (the module cast to bf16), ``mfu`` (the planned GPU's peak is known),
+one per optimizer family, and the strategy's own (``Strategy.script_tags``: ``ds``, ``zero3``, ``zero-init``,
+``offload``, ``hsdp``, ``sync-last``). ``# [!TAG]`` ... ``# [/!TAG]`` keeps its lines where TAG does not apply.
 """
 
 from __future__ import annotations
@@ -37,13 +39,13 @@ TEMPLATES = Path(__file__).parent / "templates"
 _STDLIB = ("argparse", "contextlib", "datetime", "gc", "itertools", "json", "math", "os", "re", "shutil", "signal",
            "time")
 BLOCK_TAGS = ("full", "lora", "lora16", "qlora", "generic-base", "text", "not-text", "image", "adam", "sgd", "bnb",
-              "adafactor", "ac", "ds")
+              "adafactor", "ac", "pure-bf16", "mfu", "ds", "zero3", "zero-init", "offload", "hsdp", "sync-last")
 # make_optimizer's branch for each optimizer (only the one the job uses is written).
 _OPTIMIZER_TAGS = {"adam": "adam", "adamw": "adam", "sgd": "sgd", "sgd-momentum": "sgd", "adamw-8bit": "bnb",
                    "paged-adamw-8bit": "bnb", "paged-adamw": "bnb", "lion": "bnb", "adafactor": "adafactor"}
 # The data a family's script reads (``--data``): token blocks for transformers, an ImageFolder for vision.
 _FAMILY_TAGS = {"transformer": "text", "vision": "image"}
-_MARKER = re.compile(r"^[ \t]*# \[(/?)([a-z0-9-]+)\][ \t]*$")
+_MARKER = re.compile(r"^[ \t]*# \[(/?)(!?[a-z0-9-]+)\][ \t]*$")
 DEFAULT_STEPS = 100
 MASTER_PORT = 29500
 
@@ -72,6 +74,10 @@ class Job:
     lr_source: str = "given"  # where ``lr`` comes from (the docstring says it)
     time_limit_s: float | None = None  # slurm.sbatch's --time (None: 24 h)
     init_from: str | None = None  # --init-from's default in the script: the pretrained weights the plan was made for
+    # MFU in the step log: the model FLOPs of one sample's forward + backward over all GPUs (recompute excluded,
+    # PaLM appendix B) and the planned GPU's dense peak FLOP/s at this precision (None: not timed, no MFU)
+    model_flops_per_sample: int | None = None
+    peak_flops_per_gpu: float | None = None
 
     @property
     def world_size(self) -> int:
@@ -107,16 +113,22 @@ def job_from_plan(plan, strategy: str, steps: int = DEFAULT_STEPS, master_port: 
                                             "scaled (Goyal et al. 2017)")
     else:
         lr, lr_source = family_of(plan.spec).default_lr(plan.spec, opts.optimizer, row.global_batch_size)
-    mem = row.memory
+    mem, t = row.memory, row.time
+    # StepTime.model_flops is one GPU's per optimizer step; every GPU runs the same, so the cluster's per sample is
+    # that x the GPUs the row uses / the global batch.
+    flops = (t.model_flops * row.dp_size * row.tp_degree // row.global_batch_size
+             if t is not None and t.model_flops and row.global_batch_size else None)
     estimate = {"peak_allocated_bytes": mem.peak.total, "device_total_bytes": mem.device_total,
                 "breakdown_bytes": mem.peak.as_dict(), "peak_phase": mem.peak.phase, "device": plan.device,
-                "gpu": hw.gpu_name, "attention": plan.attention}
+                "gpu": hw.gpu_name, "attention": plan.attention,
+                "step_s": t.step_s if t is not None else None, "mfu": t.mfu if t is not None else None}
     return Job(strategy=strategy, spec=plan.spec, precision=opts.precision, optimizer=opts.optimizer,
                micro_batch_size=opts.micro_batch_size, grad_accum_steps=row.grad_accum_steps,
                gpus_per_node=hw.gpus_per_node, num_nodes=hw.num_nodes, dp_size=row.dp_size,
                tp_degree=row.tp_degree, lr=lr, activation_checkpointing=opts.activation_checkpointing,
                estimate=estimate, ds_config=strat.ds_config(ctx, row), steps=steps, master_port=master_port,
-               fsdp_grad_sync=opts.fsdp_grad_sync, lr_source=lr_source, init_from=opts.init_from)
+               fsdp_grad_sync=opts.fsdp_grad_sync, lr_source=lr_source, init_from=opts.init_from,
+               model_flops_per_sample=flops, peak_flops_per_gpu=t.peak_flops_per_s if t is not None else None)
 
 
 def _check_literal(value: Any, where: str) -> None:
@@ -172,6 +184,9 @@ def _constants(job: Job) -> dict[str, Any]:
     }
     if job.strategy_unit.distributes:
         consts["COLLECTIVE_TIMEOUT_MINUTES"] = 30
+    if job.model_flops_per_sample and job.peak_flops_per_gpu:
+        consts["MODEL_FLOPS_PER_SAMPLE"] = job.model_flops_per_sample
+        consts["PEAK_FLOPS_PER_GPU"] = float(job.peak_flops_per_gpu)
     consts.update(_adapter_constants(job, consts))
     consts.update(strategy.script_constants(job, family))
     for k, v in consts.items():
@@ -197,12 +212,12 @@ CONSTANT_NOTES = {
     "EVAL_SAMPLES": "synthetic held-out samples (without --data)",
     "INIT_FROM": "default --init-from: pretrained weights (None: freshly initialised)",
     "COLLECTIVE_TIMEOUT_MINUTES": "a rank waiting this long in a collective fails instead of hanging",
+    "MODEL_FLOPS_PER_SAMPLE": "forward + backward FLOPs of one sample (advisor's trace; recompute excluded)",
+    "PEAK_FLOPS_PER_GPU": "dense peak FLOP/s of the planned GPU at this precision (for MFU; set yours if it differs)",
     "SYNC_BN_MAX_MICRO_BATCH": "SyncBatchNorm at or below this per-GPU batch", "TP_DEGREE": "GPUs per tensor-parallel group",
-    "ZERO_INIT": "ZeRO-3: partition the parameters while the model is built", "DS_CONFIG_FILE": "DeepSpeed's config",
-    "OFFLOAD": "optimizer states (ZeRO-3: and parameters) in host memory", "CPU_OFFLOAD": "shards in host memory",
+    "DS_CONFIG_FILE": "DeepSpeed's config",
     "RESHARD_AFTER_FORWARD": "free the gathered parameters after each block's forward",
     "REPLICATE_DEGREE": "HSDP: replicas across nodes (1: plain FSDP2)",
-    "GRAD_SYNC_EVERY_MICRO_STEP": "reduce-scatter every micro-step (else only the last)",
     "MODEL_NAME": "the torchvision builder", "INPUT_SHAPE": "one sample's shape (channels, height, width)",
     "NUM_CLASSES": "the classifier's outputs", "MODEL_FACTORY": "your model's module:function",
     "LORA_RANK": "the adapters' rank r", "LORA_ALPHA": "the adapters' scale is alpha / r",
@@ -216,6 +231,10 @@ CONSTANT_NOTES = {
 def _constant_line(name: str, value: Any) -> str:
     """``NAME = value  # note``; a dict or list too long for a line is written one item per line (pprint)."""
     text = repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**6:
+        text = f"{value:_}"  # 894_272_274_432: digits grouped
+    elif isinstance(value, float) and abs(value) >= 1e6 and float(f"{value:g}") == value:
+        text = f"{value:g}"  # 3.12e+14, not 312000000000000.0
     if len(text) > 100 and isinstance(value, (dict, list)):
         text = pprint.pformat(value, width=100, sort_dicts=False)
     note = CONSTANT_NOTES.get(name)
@@ -256,8 +275,11 @@ def _block_tags(job: Job, family_has_base: bool = False) -> set[str]:
         shared.add("not-text")  # images or your own model: samples/s, SyncBatchNorm's decision
     if job.activation_checkpointing:
         shared.add("ac")
-    if job.strategy_unit.launcher.name == "deepspeed":
-        shared.add("ds")  # the flags the deepspeed launcher passes
+    if job.precision == "pure-bf16":
+        shared.add("pure-bf16")
+    if job.peak_flops_per_gpu and job.model_flops_per_sample:
+        shared.add("mfu")
+    shared |= job.strategy_unit.script_tags(job)
     if adapter is None:
         return {"full"} | shared
     tags = {"lora", "qlora" if adapter.quantize else "lora16"} | shared
@@ -268,7 +290,7 @@ def _block_tags(job: Job, family_has_base: bool = False) -> set[str]:
 
 def select_blocks(text: str, tags: set[str] | frozenset[str]) -> str:
     """``text`` with each ``# [TAG]`` ... ``# [/TAG]`` block kept (markers dropped) where TAG is in ``tags``, else
-    removed; blocks nest.
+    removed, and each ``# [!TAG]`` ... ``# [/!TAG]`` block kept where TAG is not; blocks nest.
 
     Raises:
         AdvisorError: an unknown tag, or markers that do not pair up (a template bug).
@@ -277,11 +299,11 @@ def select_blocks(text: str, tags: set[str] | frozenset[str]) -> str:
     for line in text.splitlines(keepends=True):
         m = _MARKER.match(line.rstrip("\n"))
         if m is None:
-            if all(t in tags for t in stack):
+            if all((t[1:] not in tags) if t.startswith("!") else (t in tags) for t in stack):
                 out.append(line)
             continue
         closing, tag = m.group(1) == "/", m.group(2)
-        if tag not in BLOCK_TAGS:
+        if tag.removeprefix("!") not in BLOCK_TAGS:
             raise AdvisorError(f"template block [{tag}]: unknown tag (one of {', '.join(BLOCK_TAGS)})")
         if not closing:
             stack.append(tag)
@@ -323,10 +345,19 @@ Learning rate: {job.lr:g} ({_doc_text(job.lr_source)}),
 Model: {name} ({source}), {what}; pretrained weights with --init-from; synthetic data unless --data is given;
     evaluation on held-out data every --eval-every steps.
 {_lora_doc(job)}Estimate this script was generated for: peak allocated {est["peak_allocated_bytes"] / 2**30:.3f} GiB per rank
-({est["device"]}), device total {est["device_total_bytes"] / 2**30:.3f} GiB.
-Every step logs the loss, learning rate, gradient norm, seconds and throughput (and on CUDA the peak allocated
-memory); the trained weights go to --out at the end.
+({est["device"]}), device total {est["device_total_bytes"] / 2**30:.3f} GiB{_time_doc(job)}.
+Every step logs the loss, learning rate, gradient norm, seconds and throughput (and on CUDA the MFU and the peak
+allocated memory); the trained weights go to --out at the end.
 """'''
+
+
+def _time_doc(job: Job) -> str:
+    """The docstring's estimated step time and MFU (empty where the plan was not timed)."""
+    est = job.estimate
+    if not est.get("step_s"):
+        return ""
+    mfu = f", MFU {est['mfu']:.0%}" if est.get("mfu") else ""
+    return f";\nstep time {est['step_s']:.3g} s at global batch {job.global_batch_size}{mfu} on {_doc_text(est['gpu'])}"
 
 
 def _lora_doc(job: Job) -> str:
@@ -361,7 +392,20 @@ def _helpers_source(job: Job, template: str) -> str:
         parts.append(enable_activation_checkpointing)
     if not parts:
         return ""
-    return "\n\n# --- helpers copied from advisor ---\n" + "\n\n".join(inspect.getsource(f) for f in parts) + "\n"
+    return "# --- helpers copied from advisor ---\n" + "\n\n\n".join(inspect.getsource(f).strip("\n") for f in parts)
+
+
+def _used_names(statement: str, text: str) -> str:
+    """``from M import (a, b, ...)`` cut to the names ``text`` uses (one per line when more than one; empty when none);
+    any other import statement unchanged."""
+    m = re.fullmatch(r"from (\S+) import \(?([^)]*)\)?", statement.strip(), re.DOTALL)
+    if m is None:
+        return statement
+    names = [n.strip() for n in m.group(2).replace("\n", ",").split(",") if n.strip()]
+    used = [n for n in names if re.search(rf"\b{re.escape(n.split(' as ')[-1])}\b", text)]
+    if len(used) <= 1:
+        return f"from {m.group(1)} import {used[0]}" if used else ""
+    return f"from {m.group(1)} import (\n" + "".join(f"    {n},\n" for n in used) + ")"
 
 
 def render_train_py(job: Job) -> str:
@@ -379,21 +423,21 @@ def render_train_py(job: Job) -> str:
             # The process group's helpers, or their one-process stand-ins (a one-process script never touches
             # torch.distributed).
             (TEMPLATES / ("collectives.py" if strategy.distributes else "local.py")).read_text(),
-            select_blocks(fragment, tags),
-            *(["", adapters] if lora else []),
-            *("\n" + select_blocks((TEMPLATES / part).read_text(), tags) for part in strategy.script_parts),
-            "", template]
-    text = "\n".join(body)
+            select_blocks(fragment, tags), adapters,
+            *(select_blocks((TEMPLATES / part).read_text(), tags) for part in strategy.script_parts), template]
+    # Two blank lines between the parts, as between any two top-level definitions.
+    text = "\n\n\n".join(part.strip("\n") for part in body if part.strip()) + "\n"
     # The standard-library modules the script uses (no unused import).
     stdlib = sorted(m for m in _STDLIB if re.search(rf"\b{m}\.[A-Za-z_]", text))
+    imports = [_used_names(statement, text) for statement in strategy.script_imports]
     lines = [_docstring(job, launch), "", *(f"import {m}" for m in stdlib), "",
              "import torch", *(["import torch.distributed as dist"] if strategy.distributes else []),
-             *strategy.script_imports, "",
+             *(i for i in imports if i), "",
              "# --- constants written by advisor (edit freely) ---"]
     lines += [_constant_line(k, v) for k, v in consts.items()]
     lines += ["NUM_WORKERS = (min(8, (os.cpu_count() or 1) // max(1, int(os.environ.get('LOCAL_WORLD_SIZE', '1'))))",
               "               if torch.cuda.is_available() else 0)  # data-loading workers: about CPU cores / GPUs",
-              "", text]
+              "", "", text]
     return "\n".join(lines)
 
 

@@ -15,14 +15,16 @@ from dataclasses import replace
 from advisor.context import StrategyContext
 from advisor.errors import AdvisorError
 from advisor.hardware import Hardware
-from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory
+from advisor.memory import (
+    RULE_OF_THUMB_BYTES_PER_PARAM,
+    StrategyMemory,
+    bytes_per_element,
+)
 from advisor.schema import TrainingOptions
-
-from advisor.memory import bytes_per_element
 from advisor.timing.comm import Fabric
 from advisor.timing.step import FOREACH_FACTOR, Collective, StepTime
 
-from .base import Strategy, fabric_of, optimizer_step_s, timing_of
+from .base import DCP_IMPORTS, Strategy, fabric_of, optimizer_step_s, timing_of
 from .ddp import replicated_memory
 
 
@@ -32,7 +34,7 @@ class TensorParallel(Strategy):
                     "wrap here: use single, ddp, fsdp2 or ZeRO for LoRA")
     client_optimizers = False  # bitsandbytes' and Adafactor's steps on DTensor shards are not verified
     template = "tp.py"
-    script_imports = ("import torch.distributed.checkpoint as dcp",)
+    script_imports = DCP_IMPORTS
     uses_tp_degree = True
     comm_pattern = ("all-reduce of the activations twice per block in forward and in backward (tensor parallel), "
                     "plus a gradient all-reduce across the data-parallel groups")

@@ -580,10 +580,24 @@ class Zero(Strategy):
                         peak_flops_per_s=t.peak_flops_per_s, overlap=overlap, collectives=tuple(coll), host_s=host,
                         notes=tuple(notes))
 
+    def script_tags(self, job) -> set[str]:
+        """``ds`` (the deepspeed launcher's flags), ``zero3`` (partitioned weights: gathered to export),
+        ``zero-init`` (parameters partitioned as they are created, deepspeed.zero.Init, where the family allows it
+        and the base is not quantized)
+        and ``offload`` (the optimizer steps on the CPU)."""
+        tags = {"ds"}
+        if self.stage == 3:
+            tags.add("zero3")
+            # transformers builds a quantized base without zero.Init (every rank loads it whole; quantized_sizes)
+            quantized = job.spec.adapter is not None and job.spec.adapter.quantize
+            if family_of(job.spec).zero_init and not quantized:
+                tags.add("zero-init")
+        if self.offload:
+            tags.add("offload")
+        return tags
+
     def script_constants(self, job, family) -> dict:
-        return {"OFFLOAD": self.offload, "DS_CONFIG_FILE": "ds_config.json",
-                # Partition parameters as they are created (deepspeed.zero.Init) where the family allows it.
-                "ZERO_INIT": self.stage == 3 and family.zero_init}
+        return {"DS_CONFIG_FILE": "ds_config.json"}
 
     def extra_files(self, job) -> dict[str, str]:
         """ds_config.json (what the estimate assumed), and a hostfile for several nodes."""

@@ -1,7 +1,7 @@
 """Every emitted train.py is lint-clean: ruff's default rules (`ruff check --isolated`, ruff pinned in the test
 extra) and `advisor check` with no findings, for every model family x strategy x fine-tuning mode (full, LoRA,
-QLoRA where it applies). The precision changes only constants in a script (its code paths are chosen when it runs),
-so one precision per mode covers it."""
+QLoRA where it applies), and the modes that write code of their own (pure bf16, HSDP with the gradient sync on the
+last micro-step, offload); every script carries only the code of its own mode."""
 
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ CASES = {
     "llama-fp32": dict(LLAMA, gpus=4, tp_degree=2, precision="fp32"),
     "llama-lora": dict(LLAMA, gpus=2, precision="bf16", lora_rank=4),
     "llama-qlora": dict(LLAMA, gpus=2, precision="bf16", lora_rank=4, quantize="nf4"),
+    "llama-pure-bf16": dict(LLAMA, gpus=2, precision="pure-bf16", host_mem_gib=64),
+    "llama-hsdp": dict(LLAMA, gpus=2, nodes=2, precision="bf16", global_batch_size=16,
+                       fsdp_grad_sync="last-micro-step"),
     "resnet18": dict(model="resnet18", gpus=2, precision="fp32"),
     "resnet18-lora": dict(model="resnet18", gpus=2, precision="fp32", lora_rank=4, lora_targets="fc"),
     "factory": dict(model_factory="tests.fixtures.factories:small_cnn", image_size=16, gpus=2, precision="fp32"),
@@ -49,6 +52,29 @@ def test_every_family_strategy_and_mode_is_emitted(emitted):
                    "resnet18-lora-zero2", "factory-ddp", "llama-fp32-single"):
         assert needed in emitted, sorted(emitted)
     assert len(emitted) >= 40, len(emitted)
+
+
+def test_each_script_carries_only_its_own_mode(emitted):
+    """The code of other modes is not written: the pure-bf16 cast, ZeRO-3's zero.Init and gathered export, the CPU
+    offload, HSDP's 2-D mesh and FSDP2's last-micro-step sync each appear in the scripts of that mode alone."""
+    zero3 = ("zero3", "zero3_offload")
+    marks = {"model.to(torch.bfloat16)": lambda n: "pure-bf16" in n and "zero" not in n,  # DeepSpeed casts itself
+             # transformers only, and not a quantized base (from_pretrained builds those whole)
+             "deepspeed.zero.Init": lambda n: n.endswith(zero3) and n.startswith("llama") and "qlora" not in n,
+             "def load_quantized_base": lambda n: "qlora" in n and not n.endswith(zero3),
+             # the full weights (a QLoRA script exports the adapters alone: no merged export)
+             "_zero3_consolidated_16bit_state_dict": lambda n: n.endswith(zero3) and "qlora" not in n,
+             'make_optimizer(params, torch.device("cpu"))': lambda n: n.endswith("offload"),
+             "CPUOffloadPolicy": lambda n: n.endswith("fsdp2_offload"),
+             "REPLICATE_DEGREE": lambda n: n.endswith("-hsdp"),
+             # several accumulation micro-steps and --fsdp-grad-sync last-micro-step: FSDP2's rows of that case
+             "set_requires_gradient_sync": lambda n: n.startswith("llama-hsdp-") and ("fsdp2" in n or "hsdp" in n[11:]),
+             'PRECISION == "pure-bf16"': lambda n: False}
+    for mark, owner in marks.items():
+        have = sorted(name for name, text in emitted.items() if mark in text)
+        want = sorted(name for name in emitted if owner(name))
+        assert have == want, (mark, have, want)
+    assert any(n.endswith("hsdp") for n in emitted) and any(n.endswith("offload") for n in emitted), sorted(emitted)
 
 
 def test_ruff_default_rules_find_nothing(emitted, tmp_path):

@@ -175,7 +175,9 @@ def _run(tmp_path_factory, tiny, strategy: str, gpus: int, export: bool = True, 
     write_files(render_files(p, strategy, steps=STEPS), run)
     launcher = get_strategy(strategy).launcher
     port = free_port()
-    args = ["--steps", str(STEPS), "--out", "out", "--init-from", str(base),
+    # evaluation every 4 steps: training must go on after an eval-mode forward (bitsandbytes repacks 4-bit weights
+    # for CPU inference there)
+    args = ["--steps", str(STEPS), "--out", "out", "--init-from", str(base), "--eval-every", "4",
             *(["--export-merged"] if export else [])]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=str(ROOT), **dict(launcher.cpu_env))
@@ -224,6 +226,9 @@ def test_lora_run_trains(run, request):
         losses = r["losses"]
         assert len(losses) == STEPS and all(torch.isfinite(torch.tensor(losses)))
         assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.02, losses
+        # gradients reach the adapters on every step, after the evaluations too (QLoRA on an AVX512-bf16 CPU gave 0
+        # after the first one, without templates' no_cpu_repacking)
+        assert len(r["grad_norms"]) == STEPS and min(r["grad_norms"]) > 0, r["grad_norms"]
     # every rank reports the same final model
     assert len({r["final_eval_loss"] for r in report["per_rank"]}) == 1
 
@@ -284,7 +289,11 @@ def test_saved_adapter_loads_into_a_fresh_base(run, request, tiny):
     path, report = request.getfixturevalue(run)
     script = _load_script(path / "train.py")
     loss = _fresh_loss(script, tiny[1], path / "out" / "adapter")
-    assert loss == pytest.approx(report["per_rank"][0]["final_eval_loss"], rel=1e-5, abs=1e-6)
+    # QLoRA: on a CPU with AVX512-bf16 bitsandbytes' eval-mode 4-bit forward repacks the weights for a bf16 kernel
+    # (Linear4bit.forward -> _convert_weight_packed_for_cpu), whose rounding differs from the path the trained model
+    # took: 2.8e-5 relative measured on such a CPU (AMD EPYC, 2026-12-02); elsewhere the same within 1e-5.
+    rel = 1e-4 if hasattr(script, "QUANTIZE") else 1e-5
+    assert loss == pytest.approx(report["per_rank"][0]["final_eval_loss"], rel=rel, abs=1e-6)
 
 
 @pytest.mark.slow

@@ -291,3 +291,16 @@ def test_ctrl_c_during_verify_leaves_no_process(tmp_path):
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     survivors = [line for line in ps.splitlines() if "train.py" in line and "--steps 5000" in line]
     assert not leftover and not survivors, survivors
+
+
+def test_pure_bf16_vision_ddp_casts_its_inputs(tmp_path):
+    """Pure bf16 has no autocast to cast a float input: the DDP script casts the images itself (it crashed with
+    'Input type (torch.FloatTensor) and weight type (CPUBFloat16Type) should be the same' before)."""
+    p = plan(plan_inputs(model="resnet18", image_size=32, gpus=2, precision="pure-bf16", micro_batch_size=2,
+                         detect_hardware=False), device="cpu")
+    write_files(render_files(p, "ddp"), tmp_path)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29581",
+                           "train.py", "--steps", "1", "--eval-every", "0", "--no-save", "--out", str(tmp_path / "o")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "step 1/1 loss" in done.stdout

@@ -245,14 +245,22 @@ class Probe:
         self.extra.update({
             "fsdp_units": len(blocks) + 1, "local_param_numel": sum(p.to_local().numel() for p in model.parameters()),
             "full_param_numel": sum(p.numel() for p in model.parameters()),
-            "reshard_after_forward": train.RESHARD_AFTER_FORWARD, "cpu_offload": train.CPU_OFFLOAD,
+            "reshard_after_forward": train.RESHARD_AFTER_FORWARD, "cpu_offload": hasattr(train, "CPUOffloadPolicy"),
             "mesh_shape": list(mesh.shape), "mesh_dim_names": list(mesh.mesh_dim_names),
-            "grad_sync": "every-micro-step" if train.GRAD_SYNC_EVERY_MICRO_STEP else "last-micro-step"})
+            "grad_sync": "every-micro-step"})
+        set_sync = model.set_requires_gradient_sync
+
+        def setting_sync(requires_gradient_sync: bool, *a, **k):  # turned off: the script syncs on the last only
+            if not requires_gradient_sync:
+                self.extra["grad_sync"] = "last-micro-step"
+            return set_sync(requires_gradient_sync, *a, **k)
+
+        model.set_requires_gradient_sync = setting_sync
         return model
 
     def zero_built(self, train, engine) -> None:
         stage = engine.zero_optimization_stage()
-        self.extra.update({"zero_stage": stage, "offload": train.OFFLOAD})
+        self.extra.update({"zero_stage": stage, "offload": bool(engine.zero_offload_optimizer())})
         if stage == 3:  # this rank's partitions (ds_tensor) against the full parameters (ds_numel)
             params = list(engine.module.parameters())
             self.extra.update({"local_param_numel": sum(p.ds_tensor.numel() for p in params),

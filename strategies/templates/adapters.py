@@ -1,6 +1,4 @@
-# ---------------------------------------------------------------------------------------------
-# LoRA (peft): low-rank adapters trained on a frozen base; only the adapters are optimized and saved
-# ---------------------------------------------------------------------------------------------
+# --- LoRA (peft): low-rank adapters trained on a frozen base; only the adapters are optimized and saved ---
 def base_dtype():
     """The frozen base's dtype: 16 bits under bf16 / fp16 / pure bf16 (what a base is loaded in with
     from_pretrained(dtype=...)), fp32 under fp32. A QLoRA base is quantized instead (load_quantized_base)."""
@@ -38,8 +36,10 @@ def add_lora(model, quiet: bool = False):
                              bias="none", task_type=LORA_TASK_TYPE, fan_in_fan_out=conv1d)
     model = peft.get_peft_model(model, config)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(LORA_DTYPE)
-    if LORA_DTYPE == "auto" and PRECISION == "pure-bf16":
-        dtype = torch.bfloat16
+    # [pure-bf16]
+    if LORA_DTYPE == "auto":
+        dtype = torch.bfloat16  # pure bf16: the adapters too
+    # [/pure-bf16]
     if dtype is not None:
         for p in trainable_parameters(model):
             p.data = p.data.to(dtype)

@@ -1,12 +1,7 @@
-# ---------------------------------------------------------------------------------------------
-# Checkpoints (torch.distributed.checkpoint): every rank writes its own part, in parallel
-# ---------------------------------------------------------------------------------------------
+# --- Checkpoints (torch.distributed.checkpoint): every rank writes its own part, in parallel ---
 def save_checkpoint(args, model, optimizer, state: dict, rank: int) -> None:
-    """Model and optimizer states through torch.distributed.checkpoint (sharded tensors as each rank's shards,
-    replicated ones written once; frozen parameters left out: they are --init-from's), plus every rank's training
-    state; then commit_checkpoint."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
+    """Model and optimizer states (sharded tensors as each rank's shards, replicated ones once; frozen parameters left
+    out: they are --init-from's) and every rank's training state."""
     path = checkpoint_dir(args.out, state["step"])
     model_state, optim_state = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=True))
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=path)
@@ -15,16 +10,8 @@ def save_checkpoint(args, model, optimizer, state: dict, rank: int) -> None:
 
 
 def load_checkpoint(out: str, model, optimizer) -> str:
-    """--resume: the latest checkpoint's model and optimizer states, loaded in place (each rank reads its part);
-    returns its path."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_state_dict,
-        set_state_dict,
-    )
-
-    path = latest_checkpoint(out)
-    options = StateDictOptions(ignore_frozen_params=True)
+    """--resume: the latest checkpoint's model and optimizer states, loaded in place (each rank reads its part)."""
+    path, options = latest_checkpoint(out), StateDictOptions(ignore_frozen_params=True)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optimizer": optim_state}
     try:

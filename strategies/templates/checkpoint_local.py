@@ -1,6 +1,4 @@
-# ---------------------------------------------------------------------------------------------
-# Checkpoints (one process: torch.save of the model's and the optimizer's state dicts)
-# ---------------------------------------------------------------------------------------------
+# --- Checkpoints (one process: torch.save of the model's and the optimizer's state dicts) ---
 def save_checkpoint(args, model, optimizer, state: dict, rank: int) -> None:
     """The trainable parameters and the optimizer states (frozen parameters left out: they are --init-from's),
     plus the training state; then commit_checkpoint."""

@@ -1,15 +1,13 @@
-# ---------------------------------------------------------------------------------------------
-# Data, evaluation, learning rate, optimizer, step log and checkpoints: shared by every strategy.
-# ---------------------------------------------------------------------------------------------
+# --- Data, evaluation, learning rate, optimizer, step log and checkpoints: shared by every strategy ---
 def log(msg: str) -> None:
-    """Rank-0-only logging (one line per step, not one per rank); a single process (no RANK) is rank 0."""
+    """Rank 0 only: one line per step, not one per rank."""
     if int(os.environ.get("RANK", "0")) == 0:
         print(msg, flush=True)
 
 
 class SyntheticDataset(torch.utils.data.Dataset):
-    """``num_samples`` fixed random samples of the right shape; sample i is the same on every rank. ``offset`` keeps
-    the held-out samples apart from the training ones. Used when no --data is given (a smoke test of the setup)."""
+    """Fixed random samples (a smoke test without --data): sample i is the same on every rank; ``offset`` keeps the
+    held-out ones apart."""
 
     def __init__(self, num_samples: int, offset: int = 0) -> None:
         self.num_samples, self.offset = num_samples, offset
@@ -22,8 +20,8 @@ class SyntheticDataset(torch.utils.data.Dataset):
 
 
 class ResumableSampler(torch.utils.data.Sampler):
-    """A sampler whose next epoch can start part-way (a resumed run): set_epoch(epoch, skip) passes over the first
-    ``skip`` indices of that epoch's order without loading their samples."""
+    """A sampler whose epoch can start part-way: set_epoch(epoch, skip) passes over the first ``skip`` indices of
+    that epoch's order without loading them (a resumed run continues where its checkpoint stopped)."""
 
     def __init__(self, sampler) -> None:
         self.sampler, self.skip = sampler, 0
@@ -40,26 +38,21 @@ class ResumableSampler(torch.utils.data.Sampler):
 
 
 def make_datasets(args):
-    """(training set, held-out set): --data's (load_real_dataset), else synthetic samples."""
-    if args.data:
-        if not os.path.exists(args.data):
-            raise SystemExit(f"--data {args.data}: no such file or directory")
-        return load_real_dataset(args)
-    return SyntheticDataset(NUM_SAMPLES), SyntheticDataset(EVAL_SAMPLES, offset=NUM_SAMPLES)
+    """(training set, held-out set): --data's, else synthetic samples."""
+    if not args.data:
+        return SyntheticDataset(NUM_SAMPLES), SyntheticDataset(EVAL_SAMPLES, offset=NUM_SAMPLES)
+    if not os.path.exists(args.data):
+        raise SystemExit(f"--data {args.data}: no such file or directory")
+    return load_real_dataset(args)
 
 
 def evaluate(model, dataset, num_replicas: int, rank: int, device, autocast_dtype=None, input_dtype=None) -> float:
-    """Mean loss on the held-out set, at most EVAL_BATCHES micro-batches per data-parallel rank, without gradients.
-    Each rank takes its own shard; the loss sums and sample counts are added over every rank, so the figure is the
-    mean over all samples, not a mean of per-rank means. Every rank runs the same number of forward passes
-    (sharded models gather parameters inside forward)."""
-    loader = make_eval_loader(dataset, num_replicas, rank)
+    """Mean held-out loss over at most EVAL_BATCHES micro-batches per data-parallel rank. Loss sums and sample counts
+    are added over the ranks (a mean over all samples, not a mean of per-rank means)."""
     total, count = 0.0, 0
     model.eval()
     with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        for i, batch in enumerate(loader):
-            if i == EVAL_BATCHES:
-                break
+        for batch in itertools.islice(make_eval_loader(dataset, num_replicas, rank), EVAL_BATCHES):
             n = len(next(iter(batch.values())))  # samples in this micro-batch
             total += compute_loss(model, batch, device, input_dtype).item() * n
             count += n
@@ -68,9 +61,8 @@ def evaluate(model, dataset, num_replicas: int, rank: int, device, autocast_dtyp
 
 
 def lr_at(step: int, total_steps: int) -> float:
-    """Linear warmup to LR over WARMUP_STEPS (at most a tenth of the run), reached at the end of warmup, not at
-    step 0, then cosine decay to 10% at ``total_steps`` (--steps). Goyal et al. 2017: a large batch's scaled LR
-    needs a warmup."""
+    """Linear warmup to LR (reached at the end of warmup, not at step 0: Goyal et al. 2017), then cosine decay to
+    10% of LR at ``total_steps``."""
     warmup = min(WARMUP_STEPS, max(1, total_steps // 10))
     if step < warmup:
         return LR * (step + 1) / warmup
@@ -79,12 +71,11 @@ def lr_at(step: int, total_steps: int) -> float:
 
 
 def make_optimizer(params, device):
-    """The optimizer the estimate assumed (OPTIMIZER), over ``params``."""
+    """The optimizer the estimate assumed (OPTIMIZER) over ``params``."""
     # [adam]
     if OPTIMIZER not in ("adam", "adamw"):
         raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: this script holds Adam's code: emit it again with --optimizer")
-    # Fused Adam on CUDA: one kernel for all parameters, no per-tensor temporaries.
-    fused = {"fused": True} if device.type == "cuda" else {}
+    fused = {"fused": True} if device.type == "cuda" else {}  # one kernel for all parameters on CUDA
     cls = torch.optim.AdamW if OPTIMIZER == "adamw" else torch.optim.Adam
     return cls(params, lr=LR, weight_decay=WEIGHT_DECAY if OPTIMIZER == "adamw" else 0.0, **fused)
     # [/adam]
@@ -108,26 +99,24 @@ def make_optimizer(params, device):
     # [adafactor]
     if OPTIMIZER != "adafactor":
         raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: this script holds Adafactor's code: emit it again with --optimizer")
-    # transformers' Adafactor (factored second moments) at LR under this script's schedule: no relative step, no
-    # parameter scaling.
     from transformers.optimization import Adafactor
 
+    # transformers' Adafactor (factored second moments) at LR under this script's schedule
     return Adafactor(params, lr=LR, weight_decay=WEIGHT_DECAY, relative_step=False, scale_parameter=False,
                      warmup_init=False)
     # [/adafactor]
 
 
 def aggregate_mean(total: float, count: int, device) -> float:
-    """Global mean from per-rank sums and counts (not a mean of per-rank means)."""
+    """Global mean from per-rank sums and counts."""
     t = torch.tensor([total, float(count)], dtype=torch.float64, device=device)
     all_reduce_sum(t)
     return (t[0] / t[1]).item() if t[1] > 0 else float("nan")
 
 
 class StepLog:
-    """Per-optimizer-step bookkeeping shared by every strategy: the global mean loss from per-rank sums and counts,
-    the step time, the throughput and a rank-0 log line; ``losses``, ``step_times``, ``grad_norms`` and
-    ``eval_losses`` keep this run's figures."""
+    """Per-optimizer-step bookkeeping: the global mean loss, step time, throughput and a rank-0 log line; ``losses``,
+    ``step_times``, ``grad_norms`` and ``eval_losses`` keep this run's figures."""
 
     def __init__(self, total_steps: int, device, dp_size: int) -> None:
         self.total_steps, self.device, self.dp_size = total_steps, device, dp_size
@@ -138,37 +127,31 @@ class StepLog:
         self._sum, self._count, self._t0 = 0.0, 0, time.perf_counter()
 
     @property
-    def step(self) -> int:
-        """Optimizer steps done, counting those before a resume."""
+    def step(self) -> int:  # optimizer steps done, counting those before a resume
         return self.start + len(self.step_times)
-
-    def restart_clock(self) -> None:
-        """Leave what just ran (evaluation, a checkpoint) out of the next step's time."""
-        self._t0 = time.perf_counter()
-
-    def evaluate(self, every: int, run, *args) -> None:
-        """After every ``every`` optimizer steps and after the last one (``every`` 0: never), ``run(*args)``: the
-        held-out mean loss, logged and kept as (step, loss). Its time is not counted in any step's time."""
-        step = self.step
-        if every <= 0 or (step % every and not self.done):
-            return
-        loss = run(*args)
-        self.eval_losses.append([step, loss])
-        log(f"eval after step {step}: held-out loss {loss:.4f}")
-        self._t0 = time.perf_counter()
 
     @property
     def done(self) -> bool:
         return self.stopped or self.step >= self.total_steps
+
+    def restart_clock(self) -> None:  # leave an evaluation or a checkpoint out of the next step's time
+        self._t0 = time.perf_counter()
+
+    def evaluate(self, every: int, run, *args) -> None:
+        """``run(*args)`` (the held-out loss) after every ``every`` steps and after the last (``every`` 0: never)."""
+        if every <= 0 or (self.step % every and not self.done):
+            return
+        self.eval_losses.append([self.step, run(*args)])
+        log(f"eval after step {self.step}: held-out loss {self.eval_losses[-1][1]:.4f}")
+        self.restart_clock()
 
     def micro_step(self, loss) -> None:
         self._sum += loss.item()
         self._count += 1
 
     def end_step(self, lr: float, grad_norm=None) -> None:
-        """Log the step: mean loss, learning rate, gradient norm before clipping, seconds, throughput over all
-        data-parallel ranks (MICRO_BATCH_SIZE x the micro-steps of this step x dp_size samples) and, on CUDA, this
-        rank's peak allocated memory so far."""
+        """Log the step: mean loss over every rank, the LR it used, the gradient norm before clipping, seconds,
+        throughput of all data-parallel ranks and, on CUDA, the MFU and this rank's peak allocated memory."""
         samples = MICRO_BATCH_SIZE * self._count * self.dp_size
         mean = aggregate_mean(self._sum, self._count, self.device)
         seconds = time.perf_counter() - self._t0
@@ -185,22 +168,23 @@ class StepLog:
         line += f" {seconds:.2f}s {samples / seconds:,.1f} samples/s"
         # [/not-text]
         if self.device.type == "cuda":
+            # [mfu]
+            # MFU: model FLOPs per second over the dense peak of every GPU of the run (PaLM paper, appendix B)
+            gpus = int(os.environ.get("WORLD_SIZE", "1"))
+            line += f" MFU {MODEL_FLOPS_PER_SAMPLE * samples / seconds / (PEAK_FLOPS_PER_GPU * gpus):.1%}"
+            # [/mfu]
             line += f" peak {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f} GiB"
         log(line)
         self._sum, self._count, self._t0 = 0.0, 0, time.perf_counter()
 
 
 class Preemption:
-    """SIGTERM (SLURM's --signal before the time limit, a preemption, kill) ends the run at the next optimizer step,
-    with a checkpoint. The handler only raises a flag; the ranks agree on it at a step boundary (a one-number
-    all-reduce), so every rank saves the same step, then the script exits 0."""
+    """SIGTERM (SLURM's --signal before the time limit, a preemption) only raises a flag; the ranks agree on it at a
+    step boundary (a one-number all-reduce), so every rank saves the same step, then the script exits 0."""
 
     def __init__(self) -> None:
         self.requested = False
-        signal.signal(signal.SIGTERM, self._request)
-
-    def _request(self, signum, frame) -> None:
-        self.requested = True
+        signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "requested", True))
 
     def agreed(self, device) -> bool:
         flag = torch.tensor([float(self.requested)], device=device)
@@ -209,12 +193,10 @@ class Preemption:
 
 
 def checkpoint_due(args, steps, preemption, device, epoch: int, micro: int) -> bool:
-    """At an optimizer-step boundary (``micro`` micro-batches into ``epoch``, recorded in ``steps.at``): is a
-    checkpoint due? Every --save-every steps, and when any rank got SIGTERM (then steps.stopped is set,
-    steps.done becomes true and the run ends after saving). The run's last step is saved after training."""
+    """At a step boundary ``micro`` micro-batches into ``epoch``: every --save-every steps, and on SIGTERM (which
+    also ends the run). The last step's checkpoint comes after training (final_checkpoint_due)."""
     steps.at = (epoch, micro)
-    if preemption.agreed(device):
-        steps.stopped = True
+    steps.stopped = preemption.agreed(device) or steps.stopped  # a collective: every rank calls it
     due = steps.stopped or (args.save_every > 0 and steps.step % args.save_every == 0 and not steps.done)
     if due:
         steps.saved_step = steps.step
@@ -222,7 +204,6 @@ def checkpoint_due(args, steps, preemption, device, epoch: int, micro: int) -> b
 
 
 def final_checkpoint_due(args, steps) -> bool:
-    """After training: the last step's checkpoint (to continue or extend the run), unless --no-save or saved."""
     return not args.no_save and steps.saved_step != steps.step
 
 
@@ -231,7 +212,7 @@ def checkpoint_dir(out: str, step: int) -> str:
 
 
 def latest_checkpoint(out: str) -> str:
-    """--resume: the newest complete checkpoint under --out/checkpoints (named by its 'latest' file)."""
+    """--resume: the checkpoint named by --out/checkpoints/latest."""
     root = os.path.join(out, "checkpoints")
     try:
         with open(os.path.join(root, "latest")) as f:
@@ -246,37 +227,39 @@ def latest_checkpoint(out: str) -> str:
 
 
 def unreadable(path: str, err: Exception) -> SystemExit:
-    """The one-line error for a checkpoint that cannot be loaded (cut short, or another model's)."""
     first = (str(err).splitlines() or [""])[0][:200]
     return SystemExit(f"--resume: {path} is unreadable or belongs to another model ({type(err).__name__}: {first})")
 
 
 def commit_checkpoint(args, step: int, rank: int) -> None:
-    """Once every rank has written step-N, rank 0 points 'latest' at it (a temporary file renamed over it: a crash
-    never leaves it half-written) and removes all but the newest --keep-checkpoints."""
+    """Once every rank has written step-N, rank 0 points 'latest' at it (renamed over it: a crash never leaves it
+    half-written) and removes all but the newest --keep-checkpoints, never the one just written."""
     barrier()
     if rank == 0:
-        root, name = os.path.join(args.out, "checkpoints"), f"step-{step}"
+        root = os.path.join(args.out, "checkpoints")
         with open(os.path.join(root, "latest.tmp"), "w") as f:
-            f.write(name)
+            f.write(f"step-{step}")
         os.replace(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))
         done = sorted(int(d.removeprefix("step-")) for d in os.listdir(root) if re.fullmatch(r"step-\d+", d))
-        # The one just written is always kept, even when an earlier run into this --out left later steps.
         for old in done[:-args.keep_checkpoints]:
-            if old != step:
+            if old != step:  # an earlier run into this --out may have left later steps
                 shutil.rmtree(os.path.join(root, f"step-{old}"))
-        log(f"checkpoint: {os.path.join(root, name)} (continue with --resume)")
+        log(f"checkpoint: {checkpoint_dir(args.out, step)} (continue with --resume)")
     barrier()
 
 
 def training_state(steps, scheduler=None, scaler=None) -> dict:
-    """What a resumed run needs besides the model and the optimizer: the step, the position in the epoch (``steps.at``:
-    epoch, micro-batches consumed), the LR schedule, the fp16 loss scale and this rank's random number generators."""
+    """What a resumed run needs besides the model and the optimizer: the step, the position in the epoch, the LR
+    schedule, the fp16 loss scale and this rank's random number generators."""
     epoch, micro = steps.at
     return {"step": steps.step, "epoch": epoch, "micro": micro,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "scaler": scaler.state_dict() if scaler is not None else None, "cpu_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+
+
+def save_training_state(path: str, rank: int, state: dict) -> None:
+    torch.save(state, os.path.join(path, f"training-state-rank{rank}.pt"))
 
 
 def restore_training_state(path: str, rank: int, steps, scheduler=None, scaler=None) -> tuple[int, int]:
@@ -300,37 +283,15 @@ def restore_training_state(path: str, rank: int, steps, scheduler=None, scaler=N
     return state["epoch"], state["micro"]
 
 
-def save_training_state(path: str, rank: int, state: dict) -> None:
-    torch.save(state, os.path.join(path, f"training-state-rank{rank}.pt"))
-
-
 def optimizer_step(scaler, optimizer, scheduler, steps: StepLog, grad_norm) -> None:
-    """End of an accumulation window: step through the GradScaler (a pass-through unless fp16,
-    bf16 needs none), release the gradients, advance the LR schedule, log."""
-    lr = scheduler.get_last_lr()[0]  # the rate this step uses (logged), before the schedule moves on
+    """The end of an accumulation window: step (through the GradScaler: a pass-through unless fp16), release the
+    gradients, move the LR schedule on, log the step with the LR it used."""
+    lr = scheduler.get_last_lr()[0]
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     steps.end_step(lr, grad_norm)
-
-
-def check_args(args):
-    """One-line errors instead of tracebacks: counts out of range, local paths that do not exist (a hub id,
-    org/name, is not one)."""
-    if args.steps < 1:
-        raise SystemExit(f"--steps must be 1 or more, got {args.steps}")
-    for flag, value in (("--eval-every", args.eval_every), ("--save-every", args.save_every)):
-        if value < 0:
-            raise SystemExit(f"{flag} must be 0 or more, got {value}")
-    if args.keep_checkpoints < 1:
-        raise SystemExit(f"--keep-checkpoints must be 1 or more, got {args.keep_checkpoints}")
-    for flag, value in (("--init-from", args.init_from), ("--tokenizer", getattr(args, "tokenizer", None))):
-        local = value and (value.startswith((".", "/", "~")) or value.count("/") > 1
-                           or value.endswith((".pt", ".pth", ".bin", ".safetensors")))
-        if local and not os.path.exists(os.path.expanduser(value)):
-            raise SystemExit(f"{flag} {value}: no such file or directory")
-    return args
 
 
 def parse_args():
@@ -362,4 +323,16 @@ def parse_args():
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
     p.add_argument("--deepspeed_config", default=None, help=argparse.SUPPRESS)
     # [/ds]
-    return check_args(p.parse_args())
+    args = p.parse_args()
+    # One-line errors instead of tracebacks: counts out of range, local paths that do not exist (a hub id such as
+    # org/name is not one).
+    for flag, value, low in (("--steps", args.steps, 1), ("--eval-every", args.eval_every, 0),
+                             ("--save-every", args.save_every, 0), ("--keep-checkpoints", args.keep_checkpoints, 1)):
+        if value < low:
+            raise SystemExit(f"{flag} must be {low} or more, got {value}")
+    for flag, value in (("--init-from", args.init_from), ("--tokenizer", getattr(args, "tokenizer", None))):
+        local = value and (value.startswith((".", "/", "~")) or value.count("/") > 1
+                           or value.endswith((".pt", ".pth", ".bin", ".safetensors")))
+        if local and not os.path.exists(os.path.expanduser(value)):
+            raise SystemExit(f"{flag} {value}: no such file or directory")
+    return args

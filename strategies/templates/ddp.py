@@ -1,10 +1,7 @@
-# ---------------------------------------------------------------------------------------------
-# DDP
-# ---------------------------------------------------------------------------------------------
+# --- DDP ---
 # [not-text]
 def use_sync_batchnorm(model, micro_batch_size: int, device_type: str) -> tuple[bool, str]:
-    """SyncBatchNorm when the model has BatchNorm, the per-GPU batch is small (<= 32: too few samples for
-    per-GPU statistics) and the device is CUDA (SyncBatchNorm refuses CPU tensors)."""
+    """SyncBatchNorm where the model has BatchNorm, the per-GPU batch is small and the device is CUDA."""
     has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
     if not has_bn:
         return False, "no BatchNorm layers"
@@ -24,11 +21,18 @@ def main() -> None:
         f"-> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
         f"{MICRO_BATCH_SIZE * world_size * GRAD_ACCUM_STEPS}; lr {LR:g}")
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
+    # [pure-bf16]
+    input_dtype = torch.bfloat16  # pure bf16 has no autocast to cast the inputs: float inputs are cast by hand
+    # [/pure-bf16]
+    # [!pure-bf16]
+    input_dtype = None  # autocast casts the inputs
+    # [/!pure-bf16]
 
     # [full]
     model = build_model(args.init_from)
-    if PRECISION == "pure-bf16":
-        model = model.to(torch.bfloat16)
+    # [pure-bf16]
+    model = model.to(torch.bfloat16)  # pure bf16: weights, gradients and optimizer states all in bf16
+    # [/pure-bf16]
     # [/full]
     # [lora16]
     model = add_lora(build_base(args, base_dtype()))  # the base frozen in its dtype, the adapters trainable
@@ -48,9 +52,7 @@ def main() -> None:
     # [/not-text]
     model = model.to(device)
     ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, gradient_as_bucket_view=True)
-    # DDP's initial parameter broadcast can leave a params-sized receive buffer in a reference
-    # cycle on ranks != 0 (measured with gloo); free it now rather than at a random later GC.
-    gc.collect()
+    gc.collect()  # DDP's first broadcast can leave a receive buffer in a reference cycle (gloo): free it now
     # [full]
     params = list(ddp.parameters())
     # [/full]
@@ -78,7 +80,7 @@ def main() -> None:
             # No gradient all-reduce on the accumulation steps before the last: no_sync() keeps them local.
             with (contextlib.nullcontext() if last_micro else ddp.no_sync()):
                 with torch.autocast(device.type, dtype=half, enabled=half is not None):
-                    loss = compute_loss(ddp, batch, device)
+                    loss = compute_loss(ddp, batch, device, input_dtype)
                 scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
             steps.micro_step(loss)
             if not last_micro:
@@ -88,7 +90,7 @@ def main() -> None:
             scaler.unscale_(optimizer)
             norm = torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
             optimizer_step(scaler, optimizer, scheduler, steps, norm)
-            steps.evaluate(args.eval_every, evaluate, ddp.module, held_out, world_size, rank, device, half)
+            steps.evaluate(args.eval_every, evaluate, ddp.module, held_out, world_size, rank, device, half, input_dtype)
             if checkpoint_due(args, steps, preemption, device, epoch, micro):
                 save_checkpoint(args, ddp, optimizer, training_state(steps, scheduler, scaler), rank)
                 steps.restart_clock()
@@ -100,7 +102,6 @@ def main() -> None:
         log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
         teardown()
         return
-
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):
         save_checkpoint(args, ddp, optimizer, training_state(steps, scheduler, scaler), rank)

@@ -1,6 +1,4 @@
-# ---------------------------------------------------------------------------------------------
-# FSDP2 (torch.distributed.fsdp.fully_shard): parameters, gradients and optimizer states sharded
-# ---------------------------------------------------------------------------------------------
+# --- FSDP2 (torch.distributed.fsdp.fully_shard): parameters, gradients and optimizer states sharded ---
 @contextlib.contextmanager
 def parameters_on_meta():
     """While active, every parameter a module registers is moved to the meta device at once (no memory, and
@@ -105,8 +103,9 @@ def build_sharded_model(mesh, device):
     """
     model, buffers = build_on_meta()
     # [full]
-    if PRECISION == "pure-bf16":
-        model = model.to(torch.bfloat16)
+    # [pure-bf16]
+    model = model.to(torch.bfloat16)  # pure bf16: weights, gradients and optimizer states all in bf16
+    # [/pure-bf16]
     # [/full]
     # [lora]
     # LoRA, still on meta: the base's parameters in its dtype (buffers stay as built, as from_pretrained leaves them),
@@ -120,8 +119,10 @@ def build_sharded_model(mesh, device):
     # before sharding: fully_shard then wraps the checkpointed blocks
     log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
     # [/ac]
-    shard_args = {"mesh": mesh, "mp_policy": mixed_precision_policy(),
-                  "offload_policy": CPUOffloadPolicy() if CPU_OFFLOAD else OffloadPolicy()}
+    shard_args = {"mesh": mesh, "mp_policy": mixed_precision_policy()}
+    # [offload]
+    shard_args["offload_policy"] = CPUOffloadPolicy()  # the shards live in pinned host memory; the CPU steps them
+    # [/offload]
     # One unit per repeated block: its parameters are gathered just before it runs and freed after,
     # in forward (and, resharding, gathered again in backward).
     blocks = repeated_blocks(model)
@@ -130,8 +131,13 @@ def build_sharded_model(mesh, device):
     # The root unit takes everything else (embeddings, head, final norm). It keeps torch's default for
     # the root: its parameters stay gathered from forward to backward, which needs them first.
     fully_shard(model, **shard_args)
-    # Only now is memory allocated: each rank's shards (offload: in host memory), nothing else.
-    model.to_empty(device=torch.device("cpu") if CPU_OFFLOAD else device)
+    # Only now is memory allocated: each rank's shards, nothing else.
+    # [offload]
+    model.to_empty(device=torch.device("cpu"))
+    # [/offload]
+    # [!offload]
+    model.to_empty(device=device)
+    # [/!offload]
     # On CUDA, DTensor's random ops draw each shard's part of one random stream: the same seed on every rank.
     # On CPU DTensor has no such RNG tracker and every rank would draw the same numbers into its own shard:
     # there each position along the shard dimension gets its own seed (HSDP's replicas stay identical).
@@ -206,17 +212,18 @@ def evaluate_sharded(model, dataset, num_replicas: int, rank: int, device, input
 def main() -> None:
     args = parse_args()
     rank, _, world_size, device = init_torchrun()  # the process group first; LOCAL_RANK picks the GPU
+    # [hsdp]
     if world_size % REPLICATE_DEGREE:
         raise SystemExit(f"world size {world_size} is not a multiple of the replicate degree {REPLICATE_DEGREE}")
-    if REPLICATE_DEGREE > 1:
-        # HSDP: replicate across nodes (dim 0), shard inside a node (dim 1): the gathers stay on fast links.
-        mesh = init_device_mesh(device.type, (REPLICATE_DEGREE, world_size // REPLICATE_DEGREE),
-                                mesh_dim_names=("replicate", "shard"))
-    else:
-        mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
-    shard_size = world_size // REPLICATE_DEGREE
-    log(f"FSDP2: world size {world_size} (mesh {tuple(mesh.shape)}, sharded over {shard_size}), "
-        f"reshard after forward {RESHARD_AFTER_FORWARD}, CPU offload {CPU_OFFLOAD}, micro-batch "
+    # HSDP: replicate across nodes (dim 0), shard inside a node (dim 1): the gathers stay on fast links.
+    mesh = init_device_mesh(device.type, (REPLICATE_DEGREE, world_size // REPLICATE_DEGREE),
+                            mesh_dim_names=("replicate", "shard"))
+    # [/hsdp]
+    # [!hsdp]
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
+    # [/!hsdp]
+    log(f"FSDP2: world size {world_size} (mesh {tuple(mesh.shape)}), reshard after forward {RESHARD_AFTER_FORWARD}, "
+        f"micro-batch "
         f"{MICRO_BATCH_SIZE}/GPU, accumulation {GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x "
         f"{world_size} x {GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * world_size * GRAD_ACCUM_STEPS}; lr {LR:g}")
 
@@ -230,7 +237,12 @@ def main() -> None:
     # [lora]
     params = trainable_parameters(model)  # the adapters' shards: the optimizer and clipping see only them
     # [/lora]
-    optimizer = make_optimizer(params, torch.device("cpu") if CPU_OFFLOAD else device)
+    # [offload]
+    optimizer = make_optimizer(params, torch.device("cpu"))
+    # [/offload]
+    # [!offload]
+    optimizer = make_optimizer(params, device)
+    # [/!offload]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
     # fp16 needs a GradScaler. torch.amp's works on DTensor gradients: DTensor's unscale takes the max of
     # found_inf over the mesh, so every rank skips the same steps.
@@ -238,8 +250,12 @@ def main() -> None:
     dataset, held_out = make_datasets(args)
     sampler, loader = make_loader(dataset, world_size, rank)  # every rank is a data-parallel rank
     torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
-    # Pure bf16: no policy casts the inputs, so image inputs are cast by hand (token ids stay integers).
-    input_dtype = torch.bfloat16 if PRECISION == "pure-bf16" else None
+    # [pure-bf16]
+    input_dtype = torch.bfloat16  # pure bf16: no policy casts the inputs, so float inputs are cast by hand
+    # [/pure-bf16]
+    # [!pure-bf16]
+    input_dtype = None  # the mixed-precision policy casts the inputs
+    # [/!pure-bf16]
 
     steps, preemption = StepLog(args.steps, device, world_size), Preemption()
     epoch, done_micro = 0, 0
@@ -251,10 +267,11 @@ def main() -> None:
         sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
         for micro, batch in enumerate(loader, start=done_micro + 1):
             last_micro = micro % GRAD_ACCUM_STEPS == 0
+            # [sync-last]
             # Syncing only on the last micro-step skips the reduce-scatters before it, but every rank keeps its
-            # unsharded gradients until then; syncing every micro-step accumulates shards.
-            if not GRAD_SYNC_EVERY_MICRO_STEP:
-                model.set_requires_gradient_sync(last_micro)
+            # unsharded gradients until then (syncing every micro-step would accumulate shards).
+            model.set_requires_gradient_sync(last_micro)
+            # [/sync-last]
             loss = compute_loss(model, batch, device, input_dtype)  # no autocast: the policy casts
             scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
             steps.micro_step(loss)

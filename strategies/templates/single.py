@@ -1,6 +1,4 @@
-# ---------------------------------------------------------------------------------------------
-# One process, one device: no launcher, no process group, no wrapper
-# ---------------------------------------------------------------------------------------------
+# --- One process, one device: no launcher, no process group, no wrapper ---
 def main() -> None:
     args = parse_args()
     cuda = torch.cuda.is_available()
@@ -11,13 +9,18 @@ def main() -> None:
     log(f"single process on {device}: micro-batch {MICRO_BATCH_SIZE}, accumulation {GRAD_ACCUM_STEPS} -> "
         f"batch {MICRO_BATCH_SIZE} x {GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * GRAD_ACCUM_STEPS}; lr {LR:g}")
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
-    # Pure bf16 has no autocast to cast the inputs: image inputs are cast by hand (token ids stay integers).
-    input_dtype = torch.bfloat16 if PRECISION == "pure-bf16" else None
+    # [pure-bf16]
+    input_dtype = torch.bfloat16  # pure bf16 has no autocast to cast the inputs: float inputs are cast by hand
+    # [/pure-bf16]
+    # [!pure-bf16]
+    input_dtype = None  # autocast casts the inputs
+    # [/!pure-bf16]
 
     # [full]
     model = build_model(args.init_from)
-    if PRECISION == "pure-bf16":
-        model = model.to(torch.bfloat16)
+    # [pure-bf16]
+    model = model.to(torch.bfloat16)  # pure bf16: weights, gradients and optimizer states all in bf16
+    # [/pure-bf16]
     # [/full]
     # [lora16]
     model = add_lora(build_base(args, base_dtype()))  # the base frozen in its dtype, the adapters trainable

@@ -1,6 +1,4 @@
-# ---------------------------------------------------------------------------------------------
-# Tensor parallel (inside a node) x data parallel (across TP groups) on a 2-D device mesh
-# ---------------------------------------------------------------------------------------------
+# --- Tensor parallel (inside a node) x data parallel (across TP groups) on a 2-D device mesh ---
 def parallelize(model, tp_mesh) -> None:
     """Megatron-style plan per decoder layer: q/k/v and gate/up column-wise, o and down row-wise
     (one all-reduce after attention and one after the MLP). HF attention infers the local head
@@ -73,8 +71,9 @@ def main() -> None:
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
 
     model = build_model(args.init_from)  # every rank loads it whole; parallelize() keeps only its shards
-    if PRECISION == "pure-bf16":
-        model = model.to(torch.bfloat16)
+    # [pure-bf16]
+    model = model.to(torch.bfloat16)  # pure bf16: weights, gradients and optimizer states all in bf16
+    # [/pure-bf16]
     model = model.to(device)
     parallelize(model, mesh["tp"])
     # [ac]

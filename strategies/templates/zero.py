@@ -1,15 +1,18 @@
-# ---------------------------------------------------------------------------------------------
-# DeepSpeed ZeRO (stage, offload, buckets and precision are in ds_config.json)
-# ---------------------------------------------------------------------------------------------
+# --- DeepSpeed ZeRO (stage, offload, buckets and precision are in ds_config.json) ---
 # [lora]
 def adapter_state_dict(module) -> dict:
-    """Every rank: the trainable parameters (the adapters) by name, as whole CPU copies: ZeRO-3 partitions them, so
-    they are gathered for the copy (read-only: modifier_rank None); at stages 1 and 2 they are whole already."""
+    """Every rank: the trainable parameters (the adapters) by name, as whole CPU copies."""
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    # [zero3]
     import deepspeed
 
-    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    # ZeRO-3 partitions them: gathered for the copy (read-only: modifier_rank None).
     with deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None):
         return {name: p.detach().cpu().clone() for name, p in named}
+    # [/zero3]
+    # [!zero3]
+    return {name: p.detach().cpu().clone() for name, p in named}
+    # [/!zero3]
 
 
 # [/lora]
@@ -61,12 +64,12 @@ def main() -> None:
                                timeout=datetime.timedelta(minutes=COLLECTIVE_TIMEOUT_MINUTES))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(SEED)
-    stage = ds_config["zero_optimization"]["stage"]
     # The batch sizes and the clipping norm follow this script's constants and the world size it runs on (ds_config's
     # figures are what advisor planned); precision, buckets and offload stay ds_config's.
     ds_config.update(train_micro_batch_size_per_gpu=MICRO_BATCH_SIZE, gradient_accumulation_steps=GRAD_ACCUM_STEPS,
                      train_batch_size=MICRO_BATCH_SIZE * GRAD_ACCUM_STEPS * world_size, gradient_clipping=MAX_GRAD_NORM)
-    log(f"ZeRO-{stage}: world size {world_size}, micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation "
+    log(f"ZeRO-{ds_config['zero_optimization']['stage']}: world size {world_size}, micro-batch "
+        f"{MICRO_BATCH_SIZE}/GPU, accumulation "
         f"{GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
         f"{ds_config['train_batch_size']}; lr {LR:g}")
     # [qlora]
@@ -74,29 +77,38 @@ def main() -> None:
     # initialised base is saved first and loaded from there; a quantized base is never built under zero.Init.
     args.init_from = args.init_from or save_test_base(args.out)
     # [/qlora]
-    # ZERO_INIT: ZeRO-3 partitions the parameters as they are created, so no rank ever holds the full
-    # model. torchvision models re-initialise weights after creation, which partitioned weights
-    # cannot take; they are small enough to build whole and partition in deepspeed.initialize.
-    # --init-from under ZERO_INIT loads through transformers' DeepSpeed integration: while an HfDeepSpeedConfig
-    # is alive, from_pretrained builds the model under zero.Init itself and copies the checkpoint into the
-    # partitions, so no rank holds the whole model either.
-    hf_ds_config = None
-    if ZERO_INIT and args.init_from:
-        from transformers.integrations import HfDeepSpeedConfig
+    # [zero-init]
+    # ZeRO-3 partitions the parameters as they are created (deepspeed.zero.Init), so no rank ever holds the full
+    # model. --init-from loads through transformers' DeepSpeed integration instead: while an HfDeepSpeedConfig is
+    # alive, from_pretrained builds the model under zero.Init itself and copies the checkpoint into the partitions.
+    from transformers.integrations import HfDeepSpeedConfig
 
-        hf_ds_config = HfDeepSpeedConfig(ds_config)
-    init = (deepspeed.zero.Init(config_dict_or_path=ds_config) if ZERO_INIT and not args.init_from
-            else contextlib.nullcontext())
+    hf_ds_config = HfDeepSpeedConfig(ds_config) if args.init_from else None
+    init = contextlib.nullcontext() if args.init_from else deepspeed.zero.Init(config_dict_or_path=ds_config)
     # [full]
     with init:
         model = build_model(args.init_from)
+    # [/full]
+    # [lora]
+    # LoRA: the base frozen, partitioned like any parameter. zero.Init builds in the dtype of ds_config's bf16/fp16
+    # mode; from_pretrained loads in the base's dtype.
+    with init:
+        model = build_base(args, base_dtype() if args.init_from else None)
+    # [/lora]
+    # [/zero-init]
+    # [!zero-init]
+    # [full]
+    # Built whole on every rank; deepspeed.initialize partitions what this stage partitions.
+    model = build_model(args.init_from)
+    # [/full]
+    # [lora]
+    model = build_base(args, base_dtype())  # the frozen base in its dtype, whole on every rank
+    # [/lora]
+    # [/!zero-init]
+    # [full]
     params = list(model.parameters())
     # [/full]
     # [lora]
-    # LoRA: the base frozen, partitioned like any parameter under ZeRO-3. The base is built in its dtype
-    # (zero.Init itself builds in the dtype of ds_config's bf16/fp16 mode).
-    with init:
-        model = build_base(args, None if ZERO_INIT and not args.init_from else base_dtype())
     # Outside zero.Init: peft initialises the adapters (lora_B to zero) on whole tensors; deepspeed.initialize then
     # partitions them too.
     model = add_lora(model)
@@ -111,7 +123,12 @@ def main() -> None:
     # [ac]
     log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
     # [/ac]
-    optimizer = make_optimizer(params, torch.device("cpu") if OFFLOAD else device)
+    # [offload]
+    optimizer = make_optimizer(params, torch.device("cpu"))  # offload: the optimizer steps in host memory
+    # [/offload]
+    # [!offload]
+    optimizer = make_optimizer(params, device)
+    # [/!offload]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
     # DeepSpeed owns mixed precision (bf16/fp16 + loss scaling in ds_config), gradient
     # accumulation boundaries (no_sync is implicit), the gradient reduction and clipping.
@@ -157,7 +174,12 @@ def main() -> None:
             # The full weights, in DeepSpeed's 16-bit module dtype under bf16/fp16 (ZeRO-3 gathers them module by
             # module: stage3_gather_16bit_weights_on_model_save; every rank takes part), written by rank 0 with the
             # names of the plain model.
-            full = engine._zero3_consolidated_16bit_state_dict() if stage == 3 else engine.module.state_dict()
+            # [zero3]
+            full = engine._zero3_consolidated_16bit_state_dict()
+            # [/zero3]
+            # [!zero3]
+            full = engine.module.state_dict()
+            # [/!zero3]
             if rank == 0:
                 export_weights(engine.module, args, full)
             del full
@@ -173,7 +195,12 @@ def main() -> None:
             # [lora16]
             if args.export_merged:
                 # The whole model in rank 0's host memory: ZeRO-3 gathers it module by module (every rank takes part).
-                full = engine._zero3_consolidated_16bit_state_dict() if stage == 3 else engine.module.state_dict()
+                # [zero3]
+                full = engine._zero3_consolidated_16bit_state_dict()
+                # [/zero3]
+                # [!zero3]
+                full = engine.module.state_dict()
+                # [/!zero3]
                 if rank == 0:
                     export_merged(full, args.out)
             # [/lora16]
@@ -183,7 +210,10 @@ def main() -> None:
     # to the interpreter's exit, all this is freed in no set order while the other rank's connections close.
     dist.barrier()
     engine.destroy()
-    del engine, optimizer, scheduler, model, params, hf_ds_config
+    del engine, optimizer, scheduler, model, params
+    # [zero-init]
+    del hf_ds_config
+    # [/zero-init]
     gc.collect()
     deepspeed.comm.destroy_process_group()
 

@@ -1,6 +1,4 @@
-# ---------------------------------------------------------------------------------------------
-# The model (your factory) and its data
-# ---------------------------------------------------------------------------------------------
+# --- The model (your factory) and its data ---
 INIT_FROM_HELP = "weights to start from: a state_dict file (such as the model.pt this script writes)"
 DATA_HELP = "your data: write load_real_dataset() in this script first"
 

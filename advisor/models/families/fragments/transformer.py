@@ -1,6 +1,4 @@
-# ---------------------------------------------------------------------------------------------
-# The model (a Hugging Face transformer) and its data
-# ---------------------------------------------------------------------------------------------
+# --- The model (a Hugging Face transformer) and its data ---
 INIT_FROM_HELP = ("pretrained weights to start from: a save_pretrained directory or a hub id (from_pretrained); "
                   "without it the model is freshly initialised from its config")
 DATA_HELP = ("training text: a .txt file, a .jsonl file with a 'text' field per line, or a datasets directory "
@@ -9,8 +7,7 @@ DATA_HELP = ("training text: a .txt file, a .jsonl file with a 'text' field per 
 
 
 def pretrained(load, source: str, flag: str = "--init-from", **kwargs):
-    """``load(source, **kwargs)`` (a ``from_pretrained``) with a one-line error for what it cannot load: a file, a
-    directory without weights or a tokenizer, an unknown or unreachable hub id."""
+    """``load(source, **kwargs)`` (a from_pretrained) with a one-line error for what it cannot load."""
     if os.path.isfile(source):
         raise SystemExit(f"{flag} {source}: a file; a transformers model loads a save_pretrained directory (such as "
                          "the --out/model this script exports) or a hub id")
@@ -22,8 +19,8 @@ def pretrained(load, source: str, flag: str = "--init-from", **kwargs):
 
 
 def build_model(init_from=None):
-    """The model this script was generated for: --init-from's pretrained weights, in fp32 (mixed precision casts
-    per op; the optimizer needs fp32 weights), or, without it, freshly initialised from its config (no download)."""
+    """--init-from's pretrained weights in fp32 (mixed precision casts per op; the optimizer steps fp32 weights), or
+    without it the model freshly initialised from its config."""
     import transformers
 
     cls = getattr(transformers, HF_MODEL_CLASS)
@@ -42,14 +39,13 @@ def build_model(init_from=None):
 
 
 def make_sample(g: torch.Generator) -> dict:
-    """One synthetic training sample: SEQ_LEN random token ids, predicting themselves shifted by one."""
+    """A synthetic sample: SEQ_LEN random token ids (the model shifts the labels by one itself)."""
     ids = torch.randint(0, VOCAB_SIZE, (SEQ_LEN,), generator=g)
     return {"input_ids": ids, "labels": ids}
 
 
 class PackedText(torch.utils.data.Dataset):
-    """Consecutive SEQ_LEN-token blocks of one token stream (documents joined by the EOS token): no padding, every
-    token is trained on. The model shifts the labels by one itself."""
+    """Consecutive SEQ_LEN-token blocks of one token stream (documents joined by EOS): no padding."""
 
     def __init__(self, tokens: torch.Tensor) -> None:
         self.blocks = tokens[: len(tokens) // SEQ_LEN * SEQ_LEN].view(-1, SEQ_LEN)
@@ -62,8 +58,7 @@ class PackedText(torch.utils.data.Dataset):
 
 
 def read_documents(path: str) -> list[str]:
-    """The documents in --data: a datasets directory's 'text' column (its train split), a JSONL file's 'text'
-    fields, or a whole text file as one document."""
+    """A datasets directory's 'text' column (its train split), a JSONL file's 'text' fields, or a text file."""
     if os.path.isdir(path):
         try:
             import datasets  # optional: only for directories written by Dataset.save_to_disk
@@ -98,8 +93,8 @@ def read_documents(path: str) -> list[str]:
 
 
 def load_real_dataset(args):
-    """(training blocks, held-out blocks) from --data. Every rank tokenizes the same file the same way, so the
-    blocks agree without communication; for a corpus of many GB, tokenize it once ahead into a datasets directory."""
+    """(training blocks, held-out blocks) from --data. Every rank tokenizes the same file the same way, so the blocks
+    agree without communication (for many GB, tokenize once ahead into a datasets directory)."""
     import transformers
 
     source = args.tokenizer or args.init_from
@@ -126,16 +121,15 @@ def load_real_dataset(args):
 
 
 def compute_loss(model, batch: dict, device, dtype=None):
-    """Forward pass and per-rank mean loss (a mean per rank; DDP averages the gradients over ranks)."""
+    """This rank's mean loss (a mean per rank: the gradients are averaged over the ranks)."""
     ids = batch["input_ids"].to(device, non_blocking=True)
     return model(input_ids=ids, labels=batch["labels"].to(device, non_blocking=True)).loss
 
 
 # [full]
 def export_weights(model, args, state_dict=None) -> None:
-    """Rank 0: the trained weights as a Hugging Face model directory, --out/model (config.json and
-    model.safetensors, plus the tokenizer of --tokenizer / --init-from when there is one): from_pretrained loads it
-    into the plain model. ``state_dict``: the full weights when the strategy gathered them (sharded parameters)."""
+    """Rank 0: --out/model, a save_pretrained directory (safetensors, and --tokenizer's / --init-from's tokenizer)
+    that from_pretrained loads into the plain model; ``state_dict``: the full weights a sharded strategy gathered."""
     path = os.path.join(args.out, "model")
     model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
     source = getattr(args, "tokenizer", None) or args.init_from
@@ -201,6 +195,18 @@ def save_test_base(out: str) -> str:
     return path
 
 
+def no_cpu_repacking(model):
+    """bitsandbytes' CPU inference layout off (CUDA never repacks): on a CPU with AVX512-bf16 an eval-mode forward (the
+    held-out evaluation) repacks each 4-bit weight for a bf16 kernel (Linear4bit.forward ->
+    _convert_weight_packed_for_cpu), whose matmul has no autograd kernel: every later step's gradients stop at it (grad
+    norm 0), and under ZeRO-3 the partition keeps the old packing, which the next gather no longer matches."""
+    for m in model.modules():
+        if hasattr(m, "support_avx512bf16_for_cpu"):
+            m.support_avx512bf16_for_cpu = False
+    return model
+
+
+# [!ds]
 def load_quantized_base(path: str, device):
     """QLoRA's frozen base: from_pretrained with the BitsAndBytesConfig (the linear layers are quantized as they
     load, onto ``device``), then peft's prepare_model_for_kbit_training: every parameter frozen and the
@@ -213,7 +219,8 @@ def load_quantized_base(path: str, device):
     model = pretrained(getattr(transformers, HF_MODEL_CLASS).from_pretrained, path,
                        quantization_config=quantization_config(), dtype=torch.float32, device_map={"": str(device)},
                        attn_implementation=ATTN_IMPLEMENTATION)
-    return peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return peft.prepare_model_for_kbit_training(no_cpu_repacking(model), use_gradient_checkpointing=False)
+# [/!ds]
 # [ds]
 
 
@@ -231,13 +238,6 @@ def build_base(args, dtype):
                        quantization_config=quantization_config(dtype), dtype=dtype,
                        attn_implementation=ATTN_IMPLEMENTATION)
     model.requires_grad_(False)  # the base frozen (peft adds the trainable adapters)
-    for m in model.modules():
-        # bitsandbytes' CPU inference layout: an eval-mode forward on a CPU with AVX512-bf16 (the held-out evaluation)
-        # repacks the weight it was given and marks its quant state (Linear4bit.forward ->
-        # _convert_weight_packed_for_cpu); under ZeRO-3 that weight is a gathered copy whose partition keeps the
-        # original packing, so the next gather would not match the quant state: off (CUDA never repacks).
-        if hasattr(m, "support_avx512bf16_for_cpu"):
-            m.support_avx512bf16_for_cpu = False
-    return model
+    return no_cpu_repacking(model)
 # [/ds]
 # [/qlora]

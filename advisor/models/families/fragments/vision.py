@@ -1,6 +1,4 @@
-# ---------------------------------------------------------------------------------------------
-# The model (a torchvision classifier) and its data
-# ---------------------------------------------------------------------------------------------
+# --- The model (a torchvision classifier) and its data ---
 INIT_FROM_HELP = ("pretrained weights to start from: a state_dict file (such as the model.pt this script writes) or "
                   "a torchvision weights name such as IMAGENET1K_V2 (downloaded); without it freshly initialised")
 DATA_HELP = ("an ImageFolder tree (one sub-directory of images per class): DIR/train and DIR/val when both exist, "
@@ -9,8 +7,7 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # wh
 
 
 def build_model(init_from=None):
-    """The model this script was generated for: --init-from's weights (a state_dict file, or a torchvision weights
-    name), or freshly initialised (no download)."""
+    """--init-from's weights (a state_dict file, or a torchvision weights name), or freshly initialised."""
     import torchvision
 
     size = {"image_size": INPUT_SHAPE[-1]} if MODEL_NAME.startswith("vit_") else {}
@@ -22,13 +19,13 @@ def build_model(init_from=None):
 
 
 def make_sample(g: torch.Generator) -> dict:
-    """One synthetic training sample: a random image of INPUT_SHAPE and one of NUM_CLASSES classes."""
+    """A synthetic sample: a random image of INPUT_SHAPE and a class."""
     x = torch.randn(INPUT_SHAPE, generator=g)
     return {"x": x, "target": torch.randint(0, NUM_CLASSES, (), generator=g)}
 
 
 class LabelledImages(torch.utils.data.Dataset):
-    """An image dataset's (image, class) pairs as the dicts the training loop reads."""
+    """(image, class) pairs as the dicts the training loop reads."""
 
     def __init__(self, images) -> None:
         self.images = images
@@ -42,8 +39,8 @@ class LabelledImages(torch.utils.data.Dataset):
 
 
 def load_real_dataset(args):
-    """(training images, held-out images) from --data, with the usual ImageNet transforms: a random resized crop and
-    a horizontal flip for training, a resize and centre crop for evaluation."""
+    """(training, held-out) images from --data: a random resized crop and flip for training, a resize and centre
+    crop for evaluation (the usual ImageNet transforms)."""
     from torchvision import datasets, transforms
 
     if not os.path.isdir(args.data):
@@ -80,7 +77,7 @@ def split_images(args, train_dir: str, val_dir: str, train_tf, eval_tf, datasets
 
 
 def compute_loss(model, batch: dict, device, dtype=None):
-    """Forward pass and per-rank mean cross-entropy (a mean per rank; DDP averages the gradients over ranks)."""
+    """This rank's mean cross-entropy (a mean per rank: the gradients are averaged over the ranks)."""
     x = batch["x"].to(device, non_blocking=True)
     if dtype is not None:
         x = x.to(dtype)
@@ -90,8 +87,8 @@ def compute_loss(model, batch: dict, device, dtype=None):
 
 # [full]
 def export_weights(model, args, state_dict=None) -> None:
-    """Rank 0: the trained weights, --out/model.pt (a state_dict without wrapper prefixes: build_model() loads it).
-    ``state_dict``: the full weights when the strategy gathered them (sharded parameters)."""
+    """Rank 0: --out/model.pt, a state_dict without wrapper prefixes; ``state_dict``: what a sharded strategy
+    gathered."""
     path = os.path.join(args.out, "model.pt")
     torch.save(model.state_dict() if state_dict is None else state_dict, path)
     log(f"trained weights: {path} (model.load_state_dict(torch.load(...)) on build_model())")
