@@ -24,7 +24,14 @@ from advisor.processes import free_port
 from advisor.schema import plan_inputs
 from advisor.verify import remove_deepspeed_shm
 from strategies import get_strategy
-from strategies.render import job_from_plan, render_files, render_job, select_blocks, write_files
+from strategies.render import (
+    job_from_plan,
+    render_files,
+    render_job,
+    select_blocks,
+    write_files,
+)
+from tests.fixtures.tiny_llama import save_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_LLAMA = str(ROOT / "tests" / "data" / "small_llama.json")
@@ -102,7 +109,7 @@ def test_lora_scripts_render_and_full_scripts_carry_no_lora():
 def _const(text: str, name: str) -> str | None:
     """The value written for constant ``name`` in a rendered script (its line's text after ``NAME = ``, without the
     comment), or None."""
-    m = re.search(rf"^{name} = (.*?)(  # .*)?$", text, re.M)
+    m = re.search(rf"^{name} = (.*?)(  # .*)?$", text, re.MULTILINE)
     return m.group(1) if m else None
 
 
@@ -154,16 +161,7 @@ def test_make_optimizer_builds_every_optimizer(tmp_path):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny Llama's config file and a base saved from it with save_pretrained (what --init-from loads)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    root = tmp_path_factory.mktemp("tiny_llama")
-    config = root / "config.json"
-    config.write_text(json.dumps(TINY_CONFIG))
-    cfg = dict(TINY_CONFIG)
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
-    base.save_pretrained(root / "base")
-    return str(config), root / "base"
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"), TINY_CONFIG)
 
 
 def _run(tmp_path_factory, tiny, strategy: str, gpus: int, export: bool = True, **training):

@@ -32,6 +32,7 @@ from advisor.verify import remove_deepspeed_shm
 from strategies import get_strategy
 from strategies.launchers import PROBE
 from strategies.render import render_files, write_files
+from tests.fixtures.tiny_llama import save_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 1024, "num_hidden_layers": 1,
@@ -75,15 +76,7 @@ runpy.run_path(rest[0], run_name="__main__")
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny Llama's config file and a base saved from it with save_pretrained (what --init-from loads)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    root = tmp_path_factory.mktemp("qlora_zero3")
-    config = root / "config.json"
-    config.write_text(json.dumps(CONFIG))
-    cfg = dict(CONFIG)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg)).save_pretrained(root / "base")
-    return str(config), root / "base"
+    return save_tiny_llama(tmp_path_factory.mktemp("qlora_zero3"), CONFIG)
 
 
 @pytest.fixture(scope="module")
