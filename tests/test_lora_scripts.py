@@ -71,6 +71,10 @@ def test_select_blocks():
     assert select_blocks(text, {"full"}) == "a\nd\n"
     assert select_blocks(text, {"lora", "lora16"}) == "a\nb\n"
     assert select_blocks(text, {"lora", "qlora"}) == "a\nb\n    c\n"
+    negated = "# [zero3]\nx\n# [/zero3]\n# [!zero3]\ny\n    # [!ds]\n    z\n    # [/!ds]\n# [/!zero3]\n"
+    assert select_blocks(negated, {"zero3", "ds"}) == "x\n"
+    assert select_blocks(negated, {"ds"}) == "y\n"
+    assert select_blocks(negated, set()) == "y\n    z\n"
     from advisor.errors import AdvisorError
 
     for bad in ("# [lora]\nx\n", "x\n# [/lora]\n", "# [nope]\n# [/nope]\n", "# [lora]\n# [/full]\n"):
