@@ -77,6 +77,14 @@ def resolve_attention(choice: str, device: str, gpu_name: str, precision: str, d
     return "mem-efficient"
 
 
+# Pure bf16 keeps no fp32 master weights: bf16 has 8 significant bits, so a weight moves only by an update of at least
+# half its spacing, 2**-9 of its size; Zamirai et al. 2020 ("Revisiting BFloat16 Training", section 3) show the lost
+# updates and fix them with stochastic rounding or Kahan summation.
+PURE_BF16_NOTE = ("--precision pure-bf16: no fp32 master weights, so an update smaller than about 0.2% of a weight (half "
+                  "a bf16 step) rounds away; at a fine-tuning learning rate (1e-5 to 1e-4) most AdamW updates are "
+                  "lost (Zamirai et al. 2020): use bf16 mixed precision, or Kahan summation / stochastic rounding")
+
+
 def resolve_precision(opts: TrainingOptions, hw: Hardware) -> tuple[TrainingOptions, list[str]]:
     """The precision to plan: the user's, else bf16 mixed precision, or fp16 mixed precision on a GPU
     without bf16 tensor cores (V100, T4: compute capability below 8.0; NVIDIA's Volta and Turing
@@ -208,6 +216,8 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
                         f"{fmt_count(unquantized)} of the {fmt_count(profile.stats.num_frozen)} frozen parameters "
                         "(embeddings, norms, the LM head, a mixture of experts' fused expert weights) stay in fp32, "
                         "so the quantized base saves less here")
+    if opts.precision == "pure-bf16":
+        warnings.append(PURE_BF16_NOTE)
     if opts.optimizer in PAGED:
         warnings.append(f"--optimizer {opts.optimizer}: bitsandbytes keeps its states (of 100,000 elements or more) in "
                         "CUDA unified memory (cudaMallocManaged, bitsandbytes.functional.get_paged), whose pages move "

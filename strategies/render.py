@@ -341,7 +341,7 @@ Batch arithmetic:
                    x gradient accumulation steps {job.grad_accum_steps} = {job.global_batch_size}
     ({ranks})
 Learning rate: {job.lr:g} ({_doc_text(job.lr_source)}),
-    after a linear warmup, then cosine decay; gradients clipped to a total norm of 1.0.
+    after a linear warmup, then cosine decay; gradients clipped to a total norm of 1.0.{_pure_bf16_doc(job)}
 Model: {name} ({source}), {what}; pretrained weights with --init-from; synthetic data unless --data is given;
     evaluation on held-out data every --eval-every steps.
 {_lora_doc(job)}Estimate this script was generated for: peak allocated {est["peak_allocated_bytes"] / 2**30:.3f} GiB per rank
@@ -349,6 +349,14 @@ Model: {name} ({source}), {what}; pretrained weights with --init-from; synthetic
 Every step logs the loss, learning rate, gradient norm, seconds and throughput (and on CUDA the MFU and the peak
 allocated memory); the trained weights go to --out at the end.
 """'''
+
+
+def _pure_bf16_doc(job: Job) -> str:
+    """The docstring's warning for pure bf16 (no fp32 master weights: small updates round away; advisor.plan)."""
+    if job.precision != "pure-bf16":
+        return ""
+    return ("\nPure bf16: no fp32 master weights, so an update below about 0.2% of a weight rounds away (most AdamW "
+            "updates\n    at a fine-tuning learning rate): prefer --precision bf16 (mixed) unless you know you need this.")
 
 
 def _time_doc(job: Job) -> str:
@@ -422,7 +430,7 @@ def render_train_py(job: Job) -> str:
     body = [_helpers_source(job, template), select_blocks((TEMPLATES / "common.py").read_text(), tags),
             # The process group's helpers, or their one-process stand-ins (a one-process script never touches
             # torch.distributed).
-            (TEMPLATES / ("collectives.py" if strategy.distributes else "local.py")).read_text(),
+            select_blocks((TEMPLATES / ("collectives.py" if strategy.distributes else "local.py")).read_text(), tags),
             select_blocks(fragment, tags), adapters,
             *(select_blocks((TEMPLATES / part).read_text(), tags) for part in strategy.script_parts), template]
     # Two blank lines between the parts, as between any two top-level definitions.

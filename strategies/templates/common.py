@@ -283,6 +283,7 @@ def restore_training_state(path: str, rank: int, steps, scheduler=None, scaler=N
     return state["epoch"], state["micro"]
 
 
+# [!ds]
 def optimizer_step(scaler, optimizer, scheduler, steps: StepLog, grad_norm) -> None:
     """The end of an accumulation window: step (through the GradScaler: a pass-through unless fp16), release the
     gradients, move the LR schedule on, log the step with the LR it used."""
@@ -294,6 +295,9 @@ def optimizer_step(scaler, optimizer, scheduler, steps: StepLog, grad_norm) -> N
     steps.end_step(lr, grad_norm)
 
 
+# [/!ds]
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -302,7 +306,7 @@ def parse_args():
     p.add_argument("--data", metavar="PATH", default=None, help=DATA_HELP)
     # [text]
     p.add_argument("--tokenizer", metavar="DIR", default=None, help="the tokenizer for --data (a save_pretrained "
-                   "directory or hub id; default: --init-from)")
+                   "directory or hub id); None: --init-from's")
     # [/text]
     p.add_argument("--save-every", type=int, default=SAVE_EVERY, help="write a resumable checkpoint every N optimizer "
                    "steps into --out/checkpoints (0: only on SIGTERM and after the last step)")

@@ -13,7 +13,7 @@ def main() -> None:
     input_dtype = torch.bfloat16  # pure bf16 has no autocast to cast the inputs: float inputs are cast by hand
     # [/pure-bf16]
     # [!pure-bf16]
-    input_dtype = None  # autocast casts the inputs
+    input_dtype = None  # inputs as loaded (under bf16/fp16, autocast casts them)
     # [/!pure-bf16]
 
     # [full]
