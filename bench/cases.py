@@ -157,6 +157,9 @@ SUITE: tuple[Case, ...] = (
         quantize="nf4"),
     _lm("llama-small", 256, "ddp", 2, 4, checkpointing=True, lora_rank=64, lora_targets="all-linear", quantize="nf4",
         double_quant=True),
+    # QLoRA x ZeRO-3: the packed 4-bit storage partitioned (bnb_4bit_quant_storage = the module's dtype)
+    _lm("llama-small", 256, "zero3", 2, 4, checkpointing=True, lora_rank=8, lora_targets="q_proj,v_proj",
+        quantize="nf4"),
     # 8-bit and paged optimizers (bitsandbytes' CPU kernels)
     _lm("llama-small", 256, "single", 1, 4, optimizer="adamw-8bit"),
     _lm("llama-small", 256, "ddp", 2, 4, optimizer="paged-adamw", lora_rank=16, lora_targets="all-linear"),
