@@ -80,8 +80,8 @@ def resolve_attention(choice: str, device: str, gpu_name: str, precision: str, d
 # Pure bf16 keeps no fp32 master weights: bf16 has 8 significant bits, so a weight moves only by an update of at least
 # half its spacing, 2**-9 of its size; Zamirai et al. 2020 ("Revisiting BFloat16 Training", section 3) show the lost
 # updates and fix them with stochastic rounding or Kahan summation.
-PURE_BF16_NOTE = ("--precision pure-bf16: no fp32 master weights, so an update smaller than about 0.2% of a weight (half "
-                  "a bf16 step) rounds away; at a fine-tuning learning rate (1e-5 to 1e-4) most AdamW updates are "
+PURE_BF16_NOTE = ("--precision pure-bf16: no fp32 master weights, so an update smaller than about 0.2% of a weight "
+                  "(half a bf16 step) rounds away; at a fine-tuning learning rate (1e-5 to 1e-4) most AdamW updates are "
                   "lost (Zamirai et al. 2020): use bf16 mixed precision, or Kahan summation / stochastic rounding")
 
 

@@ -213,7 +213,7 @@ CONSTANT_NOTES = {
     "INIT_FROM": "default --init-from: pretrained weights (None: freshly initialised)",
     "COLLECTIVE_TIMEOUT_MINUTES": "a rank waiting this long in a collective fails instead of hanging",
     "MODEL_FLOPS_PER_SAMPLE": "forward + backward FLOPs of one sample (advisor's trace; recompute excluded)",
-    "PEAK_FLOPS_PER_GPU": "dense peak FLOP/s of the planned GPU at this precision (for MFU; set yours if it differs)",
+    "PEAK_FLOPS_PER_GPU": "dense peak FLOP/s of the planned GPU at this precision (for MFU; set your GPU's)",
     "SYNC_BN_MAX_MICRO_BATCH": "SyncBatchNorm at or below this per-GPU batch", "TP_DEGREE": "GPUs per tensor-parallel group",
     "DS_CONFIG_FILE": "DeepSpeed's config",
     "RESHARD_AFTER_FORWARD": "free the gathered parameters after each block's forward",
@@ -356,7 +356,7 @@ def _pure_bf16_doc(job: Job) -> str:
     if job.precision != "pure-bf16":
         return ""
     return ("\nPure bf16: no fp32 master weights, so an update below about 0.2% of a weight rounds away (most AdamW "
-            "updates\n    at a fine-tuning learning rate): prefer --precision bf16 (mixed) unless you know you need this.")
+            "updates\n    at a fine-tuning learning rate): prefer --precision bf16 (mixed) unless you need this.")
 
 
 def _time_doc(job: Job) -> str:

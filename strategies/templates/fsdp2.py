@@ -223,8 +223,7 @@ def main() -> None:
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
     # [/!hsdp]
     log(f"FSDP2: world size {world_size} (mesh {tuple(mesh.shape)}), reshard after forward {RESHARD_AFTER_FORWARD}, "
-        f"micro-batch "
-        f"{MICRO_BATCH_SIZE}/GPU, accumulation {GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x "
+        f"micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation {GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x "
         f"{world_size} x {GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * world_size * GRAD_ACCUM_STEPS}; lr {LR:g}")
 
     model = build_sharded_model(mesh, device)

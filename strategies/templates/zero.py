@@ -68,9 +68,8 @@ def main() -> None:
     # figures are what advisor planned); precision, buckets and offload stay ds_config's.
     ds_config.update(train_micro_batch_size_per_gpu=MICRO_BATCH_SIZE, gradient_accumulation_steps=GRAD_ACCUM_STEPS,
                      train_batch_size=MICRO_BATCH_SIZE * GRAD_ACCUM_STEPS * world_size, gradient_clipping=MAX_GRAD_NORM)
-    log(f"ZeRO-{ds_config['zero_optimization']['stage']}: world size {world_size}, micro-batch "
-        f"{MICRO_BATCH_SIZE}/GPU, accumulation "
-        f"{GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
+    log(f"ZeRO-{ds_config['zero_optimization']['stage']}: world size {world_size}, micro-batch {MICRO_BATCH_SIZE}/GPU, "
+        f"accumulation {GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = "
         f"{ds_config['train_batch_size']}; lr {LR:g}")
     # [qlora]
     # QLoRA: bitsandbytes quantizes the base as from_pretrained loads it (build_base), so without --init-from a freshly
@@ -99,6 +98,10 @@ def main() -> None:
     # [!zero-init]
     # [full]
     # Built whole on every rank; deepspeed.initialize partitions what this stage partitions.
+    # [zero3]
+    # (Not under zero.Init: this model re-initialises its weights after creation, which partitioned weights cannot
+    # take; it is small enough to build whole.)
+    # [/zero3]
     model = build_model(args.init_from)
     # [/full]
     # [lora]
