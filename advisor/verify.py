@@ -17,15 +17,16 @@ import statistics
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from strategies import get_strategy, strategy_names
 from strategies.render import job_from_plan, render_job, write_files
 
 from .errors import AdvisorError
 from .hardware import HOST_DETECTED, Hardware, host_memory_bytes
+from .models import family_of
 from .plan import Plan, plan
 from .processes import (
     MachineLock,
@@ -374,6 +375,14 @@ def verify_plan(inputs: PlanInputs, strategy: str | None, device: str, precision
         notes.append(f"CPU run: {opts.precision} is emulated and slow on CPUs without native bf16, so this "
                      "verification runs fp32 (pass --precision explicitly to force it)")
         opts = replace(opts, precision="fp32")
+    if device == "cpu" and inputs.training.micro_batch_size is None and opts.micro_batch_size != (
+            family_default := family_of(target.spec).default_micro_batch):
+        # The target GPU's throughput choice (hundreds of samples for a small model) would take minutes per step and
+        # gigabytes on CPU ranks: the family's default instead.
+        notes.append(f"CPU run: micro-batch {family_default} (the default for the model) instead of the "
+                     f"{opts.micro_batch_size} chosen for throughput on {target.hardware.gpu_name}; pass "
+                     "--micro-batch-size to set it")
+        opts = replace(opts, micro_batch_size=family_default)
     if name not in strategy_names():
         raise AdvisorError(f"--strategy must be one of {', '.join(strategy_names())}, got {name!r}")
     hw = run_hardware(target.hardware.num_gpus, device, notes)

@@ -304,3 +304,15 @@ def test_pure_bf16_vision_ddp_casts_its_inputs(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1/1 loss" in done.stdout
+
+
+def test_cpu_verification_runs_the_models_default_micro_batch():
+    """Without --micro-batch-size the target GPU's throughput choice (128 for this model on an A100) is not run on
+    CPU ranks: the family's default is, with a note."""
+    from advisor.verify import verify_plan
+
+    inputs = plan_inputs(config_path=TINY, seq_len=32, gpus=2, precision="fp32", detect_hardware=False)
+    assert plan(inputs).options.micro_batch_size > 1
+    _, run_plan, _, notes = verify_plan(inputs, "ddp", "cpu", precision_explicit=True)
+    assert run_plan.options.micro_batch_size == 1
+    assert any("micro-batch 1 (the default for the model)" in n for n in notes), notes
