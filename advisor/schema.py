@@ -139,7 +139,8 @@ class TrainingOptions:
                                        help="QLoRA: the dtype the quantized layers compute in (bnb_4bit_compute_dtype)")
     micro_batch_size: int | None = _f(None, flag="--micro-batch-size", label="Micro-batch size per GPU",
                                       faces=("cli", "page", "bench"), low=1, high=2**20, none="auto",
-                                      help="samples per GPU per step (default 1 for transformers, 32 for vision)")
+                                      help="samples per GPU per step (default: the best throughput that fits the GPU; "
+                                           "1 for transformers and 32 for vision on CPU and in --verify)")
     global_batch_size: int | None = _f(None, flag="--global-batch-size", label="Global batch size",
                                        faces=("cli", "page", "bench"), low=1, high=2**30, none="no accumulation",
                                        help="micro-batch x data-parallel size x accumulation steps "
