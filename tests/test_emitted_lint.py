@@ -58,6 +58,7 @@ def test_each_script_carries_only_its_own_mode(emitted):
     """The code of other modes is not written: the pure-bf16 cast, ZeRO-3's zero.Init and gathered export, the CPU
     offload, HSDP's 2-D mesh and FSDP2's last-micro-step sync each appear in the scripts of that mode alone."""
     zero3 = ("zero3", "zero3_offload")
+    fsdp2_rows = ("fsdp2", "fsdp2_noreshard", "fsdp2_offload", "hsdp")
     marks = {"model.to(torch.bfloat16)": lambda n: "pure-bf16" in n and "zero" not in n,  # DeepSpeed casts itself
              # transformers only, and not a quantized base (from_pretrained builds those whole)
              "deepspeed.zero.Init": lambda n: n.endswith(zero3) and n.startswith("llama") and "qlora" not in n,
@@ -68,7 +69,7 @@ def test_each_script_carries_only_its_own_mode(emitted):
              "CPUOffloadPolicy": lambda n: n.endswith("fsdp2_offload"),
              "REPLICATE_DEGREE": lambda n: n.endswith("-hsdp"),
              # several accumulation micro-steps and --fsdp-grad-sync last-micro-step: FSDP2's rows of that case
-             "set_requires_gradient_sync": lambda n: n.startswith("llama-hsdp-") and ("fsdp2" in n or "hsdp" in n[11:]),
+             "set_requires_gradient_sync": lambda n: n.removeprefix("llama-hsdp-") in fsdp2_rows,
              'PRECISION == "pure-bf16"': lambda n: False,
              # DeepSpeed starts its own process group and steps through its engine
              "def init_torchrun": lambda n: "zero" not in n and "single" not in n,
