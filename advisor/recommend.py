@@ -177,9 +177,20 @@ def adapter_text(ctx: StrategyContext) -> str:
     if a is None:
         return ""
     where = "all linear layers" if a.targets == ("all-linear",) else a.targets_text
-    base = f"QLoRA ({a.quantize}{' + double quantization' if a.double_quant else ''}) rank" if a.quantize else \
-        "LoRA rank"
+    base = f"QLoRA ({_quantized_text(a)}) rank" if a.quantize else "LoRA rank"
     return f"{base} {a.rank} on {where}: {fmt_count(ctx.profile.stats.num_trainable)} trainable parameters"
+
+
+def _quantized_text(a) -> str:
+    return f"{a.quantize}{' + double quantization' if a.double_quant else ''}"
+
+
+def _adapter_detail(ctx: StrategyContext) -> str:
+    """``adapter_text`` without its LoRA / QLoRA name, for a sentence that names it already: ``nf4, rank 16 on
+    q_proj,v_proj: 8.39M trainable parameters``."""
+    a = ctx.profile.spec.adapter
+    text = adapter_text(ctx).removeprefix("LoRA ").removeprefix(f"QLoRA ({_quantized_text(a)}) ")
+    return f"{_quantized_text(a)}, {text}" if a.quantize else text
 
 
 def _cluster_text(hw) -> str:
@@ -208,7 +219,7 @@ def _versus_full(ctx: StrategyContext, best: StrategyRow, full: Alternative) -> 
 def _alternative_reason(ctx: StrategyContext, alt: Alternative) -> str:
     """Nothing fits with full fine-tuning: what LoRA / QLoRA would need, with the figures."""
     hw = ctx.hardware
-    text = adapter_text(alt.ctx)
+    text = _adapter_detail(alt.ctx)
     fit = _fastest_fitting(eligible(alt.rows, hw.num_gpus), offload=False)
     if fit is not None:
         return (f"fine-tune with {alt.label} instead ({text}): {fit.title} then fits without offload, "
