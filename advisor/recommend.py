@@ -176,9 +176,14 @@ def adapter_text(ctx: StrategyContext) -> str:
     a = ctx.profile.spec.adapter
     if a is None:
         return ""
+    return f"QLoRA ({_quantized_text(a)}) {_rank_text(ctx)}" if a.quantize else f"LoRA {_rank_text(ctx)}"
+
+
+def _rank_text(ctx: StrategyContext) -> str:
+    """``rank 16 on q_proj,v_proj: 8.39M trainable parameters``."""
+    a = ctx.profile.spec.adapter
     where = "all linear layers" if a.targets == ("all-linear",) else a.targets_text
-    base = f"QLoRA ({_quantized_text(a)}) rank" if a.quantize else "LoRA rank"
-    return f"{base} {a.rank} on {where}: {fmt_count(ctx.profile.stats.num_trainable)} trainable parameters"
+    return f"rank {a.rank} on {where}: {fmt_count(ctx.profile.stats.num_trainable)} trainable parameters"
 
 
 def _quantized_text(a) -> str:
@@ -186,11 +191,10 @@ def _quantized_text(a) -> str:
 
 
 def _adapter_detail(ctx: StrategyContext) -> str:
-    """``adapter_text`` without its LoRA / QLoRA name, for a sentence that names it already: ``nf4, rank 16 on
-    q_proj,v_proj: 8.39M trainable parameters``."""
+    """``adapter_text`` for a sentence that names LoRA / QLoRA already: ``nf4, rank 16 on q_proj,v_proj: 8.39M
+    trainable parameters``."""
     a = ctx.profile.spec.adapter
-    text = adapter_text(ctx).removeprefix("LoRA ").removeprefix(f"QLoRA ({_quantized_text(a)}) ")
-    return f"{_quantized_text(a)}, {text}" if a.quantize else text
+    return f"{_quantized_text(a)}, {_rank_text(ctx)}" if a.quantize else _rank_text(ctx)
 
 
 def _cluster_text(hw) -> str:
