@@ -115,6 +115,26 @@ def test_t5_without_decoder_start_token_id_plans():
 
 
 # --- remote code ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model_type,table", [
+    ("whisper", lambda m: m.model.decoder.embed_positions),  # WhisperForCausalLM: the 448-position text decoder
+    ("speech_to_text", None),
+])
+def test_decoder_position_limit_caps_the_sequence_length(model_type, table):
+    """Issue 25: a bare Whisper config planned seq-len 512 past its decoder's 448 learned positions. The default
+    is the table the built model has, and a longer --seq-len is refused in one line."""
+    import transformers
+
+    spec = spec_from_hf_config({"model_type": model_type}, "bare", "bare.json", None)
+    limit = transformers.AutoConfig.for_model(model_type).max_target_positions
+    assert spec.seq_len == limit and spec.max_positions == limit and spec.position_kind == "learned"
+    if table is not None:
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type))
+        assert table(model).weight.shape[0] == limit == 448
+    with pytest.raises(AdvisorError, match=f"beyond bare's {limit} learned positions: use --seq-len {limit} or less"):
+        spec_from_hf_config({"model_type": model_type}, "bare", "bare.json", limit + 64)
+
+
 def test_native_model_type_with_auto_map_is_built_and_noted():
     """Phi-3-mini's real config.json carries auto_map; transformers ships phi3: build its own class."""
     cfg = _load("phi-3-mini-4k-instruct.json")

@@ -20,7 +20,9 @@ LAYER_KEYS = _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 HIDDEN_KEYS = _HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
 HEAD_KEYS = _HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
 FFN_KEYS = _FFN_KEYS = ("intermediate_size", "n_inner", "d_ff", "ffn_dim")
-POSITION_KEYS = ("max_position_embeddings", "n_positions")
+# A decoder's own limit: Whisper and Speech2Text name their text decoder's learned table max_target_positions
+# (448 for Whisper; WhisperForCausalLM is that decoder), LED its decoder's max_decoder_position_embeddings.
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_target_positions", "max_decoder_position_embeddings")
 
 
 def config_get(config: dict[str, Any], keys: tuple[str, ...], default: Any = None) -> Any:
