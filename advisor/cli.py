@@ -218,8 +218,8 @@ def _time_lines(p) -> list[str]:
             h, g, c = d.get("train_hours"), d.get("gpu_hours"), d.get("cost")
             line += f"{_amount(h):>9}{_amount(g):>9}{_amount(c, cents=True):>10}"
         lines.append(line)
-    lines.append("comm: all communication per step; exposed: the part compute does not hide; speedup: against one GPU "
-                 "at the same global batch by accumulation")
+    lines.append("comm: all communication per step; exposed: the part compute does not hide; speedup: against the "
+                 "fastest one-GPU recipe at the same global batch by accumulation")
     return lines
 
 

@@ -241,18 +241,16 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
 
 def _add_speedups(ctx: StrategyContext, rows: list[StrategyRow], strategies: Any) -> None:
     """Each timed row's speed-up over one GPU of this kind at the same global batch (by accumulation) and its
-    scaling efficiency: against the row's own recipe on one GPU where it fits there, else plain training's
+    scaling efficiency, all rows against one baseline: the fastest recipe that fits one GPU
     (``advisor.rows.one_gpu_step_times``, ``single_gpu_step_s``; None when one GPU cannot hold the model)."""
-    times: dict[int, dict[str, float]] = {}
+    baselines: dict[int, float | None] = {}
     for r in rows:
         if r.time is None or not r.global_batch_size:
             continue
-        if r.global_batch_size not in times:
-            times[r.global_batch_size] = one_gpu_step_times(strategies, ctx, r.global_batch_size)
-        one = times[r.global_batch_size]
-        baseline = one.get(r.name) if r.strategy is not None and r.strategy.distributes else None
-        r.time = with_speedup(r.time, baseline if baseline is not None else single_gpu_step_s(strategies, one),
-                              gpus_used(r, ctx.hardware.num_gpus))
+        if r.global_batch_size not in baselines:
+            baselines[r.global_batch_size] = single_gpu_step_s(one_gpu_step_times(strategies, ctx,
+                                                                                  r.global_batch_size))
+        r.time = with_speedup(r.time, baselines[r.global_batch_size], gpus_used(r, ctx.hardware.num_gpus))
 
 
 def training_budget(opts: TrainingOptions, ctx: StrategyContext, r: StrategyRow) -> dict[str, float | None] | None:

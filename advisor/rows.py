@@ -191,10 +191,10 @@ def gpus_used(row: StrategyRow, num_gpus: int) -> int:
 def one_gpu_step_times(strategies: Any, ctx: StrategyContext, global_batch: int) -> dict[str, float]:
     """Seconds per optimizer step of each strategy that surely fits on one GPU of this kind without CPU offload,
     training the same model at the same micro-batch and reaching ``global_batch`` by accumulation, by name (the
-    untimed ones left out). What speed-ups are against: a row's own recipe on one GPU where it fits there
-    (DeepSpeed's 16-bit module runs no autocast casts; plain training does, so a cluster is not credited with
-    the casts it skips), else ``single_gpu_step_s``. Offload is left out: its host step would make any cluster
-    look super-linear."""
+    untimed ones left out). Speed-ups are against the fastest of them (``single_gpu_step_s``): one baseline for
+    every row, so rows with equal step times show equal speed-ups, and a cluster is not credited with autocast
+    casts that a one-GPU run of DeepSpeed's 16-bit module skips too. Offload is left out: its host step would make
+    any cluster look super-linear."""
     hw, mb = ctx.hardware, ctx.options.micro_batch_size
     one = replace(ctx, hardware=replace(hw, gpus_per_node=1, num_nodes=1, network=None),
                   options=replace(ctx.options, global_batch_size=None))
@@ -212,12 +212,10 @@ def one_gpu_step_times(strategies: Any, ctx: StrategyContext, global_batch: int)
     return out
 
 
-def single_gpu_step_s(strategies: Any, times: dict[str, float]) -> float | None:
-    """The plain baseline among ``times`` (``one_gpu_step_times``): plain one-process training's time when it fits
-    (its time, not a faster wrapper's), else the fastest that fits; None when the GPU cannot hold the model states
-    itself or nothing can be timed."""
-    plain = [times[s.name] for s in strategies if not s.distributes and s.name in times]
-    return min(plain or times.values(), default=None)
+def single_gpu_step_s(times: dict[str, float]) -> float | None:
+    """The one-GPU baseline among ``times`` (``one_gpu_step_times``): the fastest recipe that fits one GPU without
+    offload; None when the GPU cannot hold the model states itself or nothing can be timed."""
+    return min(times.values(), default=None)
 
 
 def with_speedup(t: Any, baseline_s: float | None, gpus: int) -> Any:

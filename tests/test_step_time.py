@@ -96,6 +96,19 @@ def test_speedup_is_against_the_same_recipe_and_single_counts_one_gpu():
     assert d["ddp"]["gpu_hours"] == pytest.approx(8 * d["ddp"]["train_hours"])
 
 
+def test_rows_with_equal_step_times_show_equal_speedups():
+    """Issue 25: gpt2 on 8 GPUs showed ddp at 113 ms and zero1 at 108 ms both as 7.83x (each against its own
+    recipe on one GPU). One baseline for every row: speed-up x step time is the same figure in every row."""
+    p = _plan(model="gpt2", gpus=8, gpu="A100-80GB")
+    timed = [r.time for r in p.rows if r.applicable and r.time is not None and r.time.speedup_vs_single_gpu]
+    assert len(timed) >= 8
+    baseline = timed[0].speedup_vs_single_gpu * timed[0].step_s
+    for t in timed:
+        assert t.speedup_vs_single_gpu * t.step_s == pytest.approx(baseline, rel=1e-9)
+    ddp, zero1 = p.row("ddp").time, p.row("zero1").time
+    assert ddp.step_s > zero1.step_s and ddp.speedup_vs_single_gpu < zero1.speedup_vs_single_gpu
+
+
 def test_which_peak_each_precision_runs_at():
     a100, v100 = get_gpu_preset("A100-80GB"), get_gpu_preset("V100-32GB")
     assert peak_precision("bf16", a100) == "bf16" and peak_precision("fp16", a100) == "fp16"
