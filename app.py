@@ -35,7 +35,7 @@ from advisor.model_presets import find_transformer_preset
 from advisor.models import MAX_CONFIG_FILE_BYTES, known_model_names, parse_config_text
 from advisor.plan import Plan, plan, plan_to_dict
 from advisor.schema import Field, PlanInputs, field_labels, fields_for, get_field, inputs_from_values
-from advisor.units import GiB, fmt_count
+from advisor.units import GiB, counted, fmt_count
 from strategies import strategy_names
 
 log = logging.getLogger("advisor.app")
@@ -271,7 +271,7 @@ def show_summary(p: Plan, doc: dict[str, Any]) -> None:
     st.caption(md(f"{model['source']}; {shape}; {tr['precision']}, {tr['optimizer']}, micro-batch "
                   f"{tr['micro_batch_size']}/GPU, activation checkpointing "
                   f"{'on' if tr['activation_checkpointing'] else 'off'}, attention {model['attention']}; "
-                  f"{hw['gpus_per_node']} GPU(s) per node x {hw['num_nodes']} node(s), {hw['interconnect']}"
+                  f"{counted(hw['gpus_per_node'], 'GPU')} per node x {counted(hw['num_nodes'], 'node')}, {hw['interconnect']}"
                   + (f", network {hw['network']}" if hw["network"] else "")))
 
 
@@ -282,8 +282,8 @@ def show_recommendation(p: Plan) -> None:
         st.success(md(f"Recommendation: {p.row(rec.strategy).title} ({rec.strategy})"))
     else:
         hw = p.hardware
-        need = (f" The smallest cluster that fits: {rec.min_gpus} GPUs ({rec.min_nodes} node(s) of "
-                f"{hw.gpus_per_node}) with full sharding (see the reasons)." if rec.min_gpus else "")
+        need = (f" The smallest cluster that fits: {counted(rec.min_gpus, 'GPU')} ({counted(rec.min_nodes, 'node')} of "
+                f"{counted(hw.gpus_per_node, 'GPU')}) with full sharding (see the reasons)." if rec.min_gpus else "")
         st.error(md(f"Nothing fits: no strategy fits {p.spec.name} on {hw.num_gpus} x {hw.gpu_name} "
                     f"({hw.gpu_memory_bytes / GiB:.2f} GiB each).{need}"))
     st.markdown("\n".join(f"- {say(r)}" for r in rec.reasons))

@@ -23,7 +23,7 @@ from .errors import AdvisorError
 from .faces import OneLineParser, finite_float, positive_float, positive_int, run_face
 from .schema import GROUP_TITLES, Field, PlanInputs, RunOptions, fields_for, inputs_from_values, parse_shape
 from .schema import resolve_choices
-from .units import fmt_count, gib
+from .units import counted, fmt_count, gib
 
 VERIFY_STEPS, VERIFY_TIMEOUT_S = 6, 600.0
 
@@ -122,7 +122,7 @@ def render_text(p, strategy: str | None = None) -> str:
         f"{spec.shape_text}, {act.flops_per_sample / 1e9:.1f} GFLOP/sample fwd+bwd"
         + (" (recompute included; MFU counts without it)" if p.options.activation_checkpointing else "") + ", "
         f"activations {gib(act.activation_bytes_per_sample):.3f} GiB/sample",
-        f"Hardware   {hw.num_gpus} x {hw.gpu_name} ({hw.gpus_per_node} per node x {hw.num_nodes} node(s)), "
+        f"Hardware   {hw.num_gpus} x {hw.gpu_name} ({hw.gpus_per_node} per node x {counted(hw.num_nodes, 'node')}), "
         f"{gib(hw.gpu_memory_bytes):.2f} GiB usable each [{hw.sources.get('gpu_memory_bytes')}], "
         f"{hw.interconnect} [{hw.sources.get('interconnect')}]"
         + (f", network {hw.network} [{hw.sources.get('network')}]" if hw.network else "")

@@ -15,6 +15,12 @@ def fmt_gib(n_bytes: int | float, digits: int = 2) -> str:
     return f"{n_bytes / GiB:.{digits}f} GiB"
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural past one: ``counted(1, "node")`` -> ``'1 node'``, ``counted(4, "GPU")`` ->
+    ``'4 GPUs'``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def fmt_count(n: int) -> str:
     """Human count: 6738415616 -> '6.74B'."""
     for div, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):

@@ -87,6 +87,13 @@ def test_default_page_renders_recommendation(at: AppTest) -> None:
     assert at.download_button or any("script generation not available" in t for t in texts(at.info))
 
 
+def test_banner_counts_nodes_and_gpus_in_words(at: AppTest) -> None:
+    """Issue 25: the banner said "1 GPU(s) per node x 1 node(s)"."""
+    captions = texts(at.caption)
+    assert any("1 GPU per node x 1 node," in c for c in captions), captions
+    assert not any("(s)" in m for m in page_messages(at)), page_messages(at)
+
+
 def test_pasted_config_changes_parameter_count(at: AppTest) -> None:
     before = metric(at, "Parameters")
     at.text_area(key="config_dict").input(json.dumps(SMALL_LLAMA)).run()
