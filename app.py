@@ -30,6 +30,7 @@ import pandas as pd
 import streamlit as st
 
 from advisor.errors import AdvisorError
+from advisor.faces import quiet_library_logs
 from advisor.gpu_presets import DEFAULT_GPU_PRESET
 from advisor.model_presets import find_transformer_preset
 from advisor.models import MAX_CONFIG_FILE_BYTES, known_model_names, parse_config_text
@@ -734,6 +735,7 @@ def main() -> None:
     the first tab; the script checker in the second."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never contact a model hub (set at the entry point)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    quiet_library_logs()  # bitsandbytes' optional-kernel warning (advisor.faces)
     st.set_page_config(page_title="advisor: GPU memory for training", layout="wide")
     st.title("How much GPU memory will training need?")
     plan_tab, check_tab = st.tabs(["Memory and strategy", "Check my training script"])

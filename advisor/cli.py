@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from .errors import AdvisorError
-from .faces import OneLineParser, finite_float, positive_float, positive_int, run_face
+from .faces import OneLineParser, finite_float, positive_float, positive_int, quiet_library_logs, run_face
 from .schema import GROUP_TITLES, Field, PlanInputs, RunOptions, fields_for, inputs_from_values, parse_shape
 from .schema import resolve_choices
 from .units import counted, fmt_count, gib
@@ -410,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Never contacts a model hub (``HF_HUB_OFFLINE=1``; set here, at the entry point, not on import)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # advisor prints its own warnings
+    quiet_library_logs()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         return _subcommand(argv[0], argv[1:])

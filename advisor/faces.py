@@ -58,6 +58,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def quiet_library_logs() -> None:
+    """Quiet the one library warning that is noise to users: bitsandbytes (imported by peft) tries an optional
+    Hub kernel on CPUs with AVX-512 bf16 and logs "Failed to load CPU gemm_4bit_forward from kernels-community"
+    when it cannot (bitsandbytes/backends/cpu/ops.py), then runs its built-in kernel. Set at a face's entry,
+    not on import; the emitted scripts carry the same line (``strategies.render.BNB_QUIET``)."""
+    import logging
+
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
 def run_face(body: Callable[[], int]) -> int:
     """Run a face's ``body`` and return its exit code; ``AdvisorError`` -> its one line on stderr and
     exit 2, Ctrl-C -> exit 130, a closed pipe on stdout -> exit 141 quietly."""

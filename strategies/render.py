@@ -36,8 +36,13 @@ from .slurm import SLURM_FILE, render_slurm
 
 TEMPLATES = Path(__file__).parent / "templates"
 # The standard-library modules a script may use; each is imported where its text uses it.
-_STDLIB = ("argparse", "contextlib", "datetime", "gc", "itertools", "json", "math", "os", "re", "shutil", "signal",
-           "time")
+_STDLIB = ("argparse", "contextlib", "datetime", "gc", "itertools", "json", "logging", "math", "os", "re", "shutil",
+           "signal", "time")
+# bitsandbytes (imported by peft, and for its optimizers) tries an optional Hub kernel on CPUs with AVX-512 bf16
+# and logs a warning on every rank when it cannot load it (bitsandbytes/backends/cpu/ops.py); it then uses its
+# own kernel, so the line is noise to users. The scripts and advisor's faces quiet that one logger.
+BNB_QUIET = ("# bitsandbytes warns on each rank that an optional kernel from the Hub is missing; its built-in one runs.\n"
+             'logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)')
 BLOCK_TAGS = ("full", "lora", "lora16", "qlora", "generic-base", "text", "not-text", "image", "adam", "sgd", "bnb",
               "adafactor", "ac", "pure-bf16", "mfu", "ds", "zero3", "zero-init", "offload", "hsdp", "sync-last")
 # make_optimizer's branch for each optimizer (only the one the job uses is written).
@@ -436,11 +441,13 @@ def render_train_py(job: Job) -> str:
     # Two blank lines between the parts, as between any two top-level definitions.
     text = "\n\n\n".join(part.strip("\n") for part in body if part.strip()) + "\n"
     # The standard-library modules the script uses (no unused import).
-    stdlib = sorted(m for m in _STDLIB if re.search(rf"\b{m}\.[A-Za-z_]", text))
+    quiet = BNB_QUIET if lora or "bnb" in tags else ""
+    stdlib = sorted(m for m in _STDLIB if re.search(rf"\b{m}\.[A-Za-z_]", text + quiet))
     imports = [_used_names(statement, text) for statement in strategy.script_imports]
     lines = [_docstring(job, launch), "", *(f"import {m}" for m in stdlib), "",
              "import torch", *(["import torch.distributed as dist"] if strategy.distributes else []),
              *(i for i in imports if i), "",
+             *([quiet, ""] if quiet else []),
              "# --- constants written by advisor (edit freely) ---"]
     lines += [_constant_line(k, v) for k, v in consts.items()]
     lines += ["NUM_WORKERS = (min(8, (os.cpu_count() or 1) // max(1, int(os.environ.get('LOCAL_WORLD_SIZE', '1'))))",

@@ -231,6 +231,16 @@ def test_emit_never_writes_outside_its_directory(tmp_path):
     assert not (tmp_path / "escape.py").exists()
 
 
+def test_qlora_plan_prints_no_bitsandbytes_hub_kernel_warning():
+    """Issue 25: planning QLoRA imported bitsandbytes (through peft), whose CPU backend logged "Failed to load CPU
+    gemm_4bit_forward from kernels-community" on stderr on a CPU with AVX-512 bf16, as this machine's."""
+    small = Path(__file__).resolve().parent / "data" / "small_llama.json"
+    r = subprocess.run([sys.executable, "-m", "advisor", "--config", str(small), "--lora-rank", "8", "--quantize",
+                        "nf4", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "kernels-community" not in r.stderr and "Failed to load" not in r.stderr, r.stderr
+
+
 def test_subprocess_has_no_traceback_and_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "advisor", "--config", str(tmp_path / "missing.json")],
                        capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
