@@ -37,6 +37,17 @@ def _argparse_type(f: Field):
     return str
 
 
+def _any_case(choices: Sequence[str]):
+    """An argparse type mapping a value to the choice it equals ignoring case (else the value itself, which
+    argparse then refuses with the list of choices)."""
+    by_fold = {str(c).casefold(): c for c in choices}
+
+    def canonical(text: str) -> str:
+        return by_fold.get(text.casefold(), text)
+
+    return canonical
+
+
 def _help(f: Field, strategy_names: tuple[str, ...]) -> str:
     text = f.opt.help
     choices = resolve_choices(f, strategy_names)
@@ -77,6 +88,8 @@ def build_parser(strategy_names: tuple[str, ...] | None = None) -> argparse.Argu
             choices = resolve_choices(f, strategy_names)
             if choices and f.opt.strict:
                 kwargs["choices"] = choices
+                if f.kind == "str":  # any case, as --gpu: --strategy ZeRO3 is zero3, --precision BF16 is bf16
+                    kwargs["type"] = _any_case(choices)
             if f.opt.metavar:
                 kwargs["metavar"] = f.opt.metavar
         group.add_argument(f.opt.flag, **kwargs)

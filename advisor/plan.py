@@ -22,7 +22,7 @@ from .profile import ModelProfile, attention_dropout, build_profile
 from .recommend import Alternative, Checkpointed, choose_micro_batch, recommend, tokens_per_sample
 from .rows import (Recommendation, StrategyRow, evaluate_row, gpus_used, one_gpu_step_times, single_gpu_step_s,
                    with_speedup)
-from .schema import PlanInputs, TrainingOptions, echo, lora_targets, validate
+from .schema import LORA_ALPHA, LORA_DROPOUT, PlanInputs, TrainingOptions, echo, lora_targets, validate
 from .units import fmt_count
 
 SCHEMA_VERSION = 2
@@ -125,7 +125,8 @@ def resolve_adapter(opts: TrainingOptions, spec: ModelSpec) -> tuple[ModelSpec, 
         raise AdvisorError(f"--quantize needs a transformers model (bitsandbytes quantizes the base as "
                            f"from_pretrained loads it); {spec.name} is a {spec.family} model: drop --quantize")
     compute = opts.bnb_compute_dtype or {"fp16": "fp16", "fp32": "fp32"}.get(opts.precision or "", "bf16")
-    adapter = AdapterSpec(rank=opts.lora_rank, alpha=opts.lora_alpha, dropout=opts.lora_dropout, targets=targets,
+    adapter = AdapterSpec(rank=opts.lora_rank, alpha=LORA_ALPHA if opts.lora_alpha is None else opts.lora_alpha,
+                          dropout=LORA_DROPOUT if opts.lora_dropout is None else opts.lora_dropout, targets=targets,
                           dtype=opts.lora_dtype, quantize=opts.quantize, double_quant=opts.double_quant,
                           compute_dtype=compute)
     notes = []

@@ -35,6 +35,8 @@ ADAPTER_DTYPES = ("auto", "fp32", "bf16", "fp16")
 COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
 ATTENTION_CHOICES = ("auto", "flash", "mem-efficient", "math")
 DEVICES = ("cuda", "cpu")
+LORA_ALPHA = 16.0  # LoRA's alpha when --lora-alpha is not given: the QLoRA paper's (Dettmers et al. 2023, appendix)
+LORA_DROPOUT = 0.05  # adapter input dropout when --lora-dropout is not given: the QLoRA paper's for 33B-65B
 FACES = ("cli", "page", "bench")
 STRATEGY_CHOICES = "strategies"  # resolved by the faces from the strategies registry (see module doc)
 
@@ -112,12 +114,14 @@ class TrainingOptions:
     lora_rank: int | None = _f(None, flag="--lora-rank", label="LoRA rank", faces=("cli", "page", "bench"), low=1,
                                high=4096, none="off: full fine-tuning",
                                help="train LoRA adapters of this rank on a frozen base (peft) instead of every weight")
-    lora_alpha: float = _f(16.0, flag="--lora-alpha", label="LoRA alpha", faces=("cli", "page", "bench"), low=0.0,
-                           high=1e6,
-                           help="LoRA scaling: updates are scaled by alpha / rank (default 16, the QLoRA paper's)")
-    lora_dropout: float = _f(0.05, flag="--lora-dropout", label="LoRA dropout", faces=("cli", "page", "bench"),
-                             high=0.9, high_message="--lora-dropout must be between 0 and 0.9, got {value}",
-                             help="dropout on the adapters' input, 0-0.9 (default 0.05; 0 saves its mask)")
+    # None, not the default value, when not given: so "--lora-alpha 16" without --lora-rank is refused too.
+    lora_alpha: float | None = _f(None, flag="--lora-alpha", label="LoRA alpha", faces=("cli", "page", "bench"),
+                                  low=0.0, high=1e6, none=f"{LORA_ALPHA:g}, the QLoRA paper's",
+                                  help="LoRA scaling: updates are scaled by alpha / rank")
+    lora_dropout: float | None = _f(None, flag="--lora-dropout", label="LoRA dropout", faces=("cli", "page", "bench"),
+                                    high=0.9, high_message="--lora-dropout must be between 0 and 0.9, got {value}",
+                                    none=f"{LORA_DROPOUT:g}",
+                                    help="dropout on the adapters' input, 0-0.9 (0 saves its mask)")
     lora_targets: str | None = _f(None, flag="--lora-targets", label="LoRA target modules",
                                   faces=("cli", "page", "bench"), metavar="NAMES",
                                   none="peft's default for the architecture",
@@ -477,13 +481,13 @@ def _validate_adapter(t: TrainingOptions) -> None:
     if t.lora_rank is None:
         given = [flag for flag, on in (("--lora-targets", t.lora_targets is not None),
                                        ("--lora-dtype", t.lora_dtype != "auto"),
-                                       ("--lora-alpha", t.lora_alpha != 16.0),
-                                       ("--lora-dropout", t.lora_dropout != 0.05),
+                                       ("--lora-alpha", t.lora_alpha is not None),
+                                       ("--lora-dropout", t.lora_dropout is not None),
                                        ("--quantize", t.quantize is not None)) if on]
         if given:
             raise AdvisorError(f"{given[0]} configures LoRA adapters: add --lora-rank R (for example 16), or drop "
                                f"{given[0]} to size full fine-tuning")
-    if not 0.0 <= t.lora_dropout <= 0.9:
+    if t.lora_dropout is not None and not 0.0 <= t.lora_dropout <= 0.9:
         raise AdvisorError(f"--lora-dropout must be between 0 and 0.9, got {t.lora_dropout}")
     if t.quantize is None and (t.double_quant or t.bnb_compute_dtype is not None):
         flag, kinds = ("--double-quant", "nf4 (or fp4)") if t.double_quant else ("--bnb-compute-dtype", "nf4 (or fp4, int8)")

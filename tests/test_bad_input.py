@@ -117,6 +117,9 @@ CASES = [
     # LoRA / QLoRA flags against each other and the model (advisor.schema._validate_adapter, plan.resolve_adapter)
     (["llama-2-7b", "--quantize", "nf4"], ["--quantize", "--lora-rank"]),
     (["llama-2-7b", "--lora-targets", "q_proj"], ["--lora-targets", "--lora-rank"]),
+    # issue 25: the default's own value was taken as "not given"
+    (["llama-2-7b", "--lora-alpha", "16"], ["--lora-alpha configures LoRA", "--lora-rank"]),
+    (["llama-2-7b", "--lora-dropout", "0.05"], ["--lora-dropout configures LoRA", "--lora-rank"]),
     (["llama-2-7b", "--double-quant"], ["--double-quant", "--quantize nf4"]),
     (["resnet50", "--lora-rank", "8"], ["--lora-targets", "vision"]),
     (["resnet50", "--lora-rank", "8", "--lora-targets", "fc", "--quantize", "nf4"], ["--quantize", "transformers"]),
@@ -229,6 +232,17 @@ def test_emit_never_writes_outside_its_directory(tmp_path):
     with pytest.raises(AdvisorError):
         write_files({"../escape.py": "x"}, tmp_path / "out")
     assert not (tmp_path / "escape.py").exists()
+
+
+def test_choice_flags_accept_any_case(tmp_path, capsys):
+    """Issue 25: --gpu accepted any case, --strategy ZeRO3 was "invalid choice". Every choice flag takes any case
+    and means the canonical name (the emitted files are ZeRO-3's, the training precision bf16)."""
+    out = tmp_path / "z3"
+    assert main(["gpt2", "--strategy", "ZeRO3", "--precision", "BF16", "--optimizer", "AdamW", "--emit", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "Training   bf16, adamw," in text
+    assert (out / "ds_config.json").is_file()
+    assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["stage"] == 3
 
 
 def test_qlora_plan_prints_no_bitsandbytes_hub_kernel_warning():
