@@ -418,7 +418,8 @@ def _plan_face(argv: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry. Returns the exit code: 0 answered (even "nothing fits"), 2 bad input.
+    """CLI entry. Returns the exit code: 0 answered (even "nothing fits"), 1 a failed verification, 2 bad input,
+    75 the machine busy with another verification.
     ``check``, ``doctor`` and ``cache`` as the first argument hand the rest to their own faces.
     Never contacts a model hub (``HF_HUB_OFFLINE=1``; set here, at the entry point, not on import)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

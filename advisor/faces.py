@@ -75,7 +75,7 @@ def run_face(body: Callable[[], int]) -> int:
         return body()
     except AdvisorError as err:
         print(f"advisor: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return err.exit_code  # 2 for bad input; 75 for a machine busy with another verification
     except KeyboardInterrupt:
         print("advisor: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,35 +23,55 @@ def lock_path() -> Path:
     return Path(os.environ.get("ADVISOR_VERIFY_LOCK") or Path(tempfile.gettempdir()) / "advisor-verify.lock")
 
 class VerifyBusy(AdvisorError):
-    """Another verification is running on this machine."""
+    """Another verification is running on this machine: not bad input, so not exit 2. Exit 75 is sysexits.h's
+    EX_TEMPFAIL ("a temporary failure ... the user is invited to retry")."""
+
+    exit_code = 75
 
 
 class MachineLock:
-    """One verification (or doctor's 2-rank run) per machine: an exclusive ``flock`` on a lock file.
+    """One verification (or doctor's 2-rank run) per machine: an exclusive ``flock`` on a lock file, which the
+    holder fills with who it is (pid, command, start time) so a second run can say who holds it.
     ``wait_s``: how long to wait for a running one to finish before raising ``VerifyBusy``."""
 
     def __init__(self, wait_s: float = 0.0) -> None:
         self._fh = None
         self._wait_s = wait_s
 
-    def __enter__(self) -> "MachineLock":
+    def __enter__(self) -> MachineLock:
         deadline = time.monotonic() + self._wait_s
         self._fh = open(lock_path(), "a+")
         while True:
             try:
                 fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
+                break
             except BlockingIOError:
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    holder = _holder(self._fh)
                     self._fh.close()
-                    raise VerifyBusy("another verification is running on this machine: wait for it to finish "
-                                     "and retry")
+                    raise VerifyBusy(f"another verification is running on this machine ({holder}): wait for it "
+                                     "to finish and retry")
                 time.sleep(min(2.0, max(0.1, left)))
+        self._fh.seek(0)
+        self._fh.truncate()
+        command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:160]
+        self._fh.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: {command}\n")
+        self._fh.flush()
+        return self
 
     def __exit__(self, *exc) -> None:
+        self._fh.seek(0)
+        self._fh.truncate()
         fcntl.flock(self._fh, fcntl.LOCK_UN)
         self._fh.close()
+
+
+def _holder(fh) -> str:
+    """Who holds the lock, as its holder wrote it in the lock file (one line), or that it is not known."""
+    fh.seek(0)
+    text = fh.read(400).strip().splitlines()
+    return f"held by {text[0]}" if text else "its holder is starting and has not said who it is yet"
 
 
 def free_port() -> int:

@@ -152,3 +152,23 @@ def test_a_trace_changes_nothing_other_threads_see():
     assert results[0].uses_sdpa and results[1].uses_sdpa  # the attention mode saw the calls
     assert samples > 1000, samples
     assert not seen, sorted(set(seen))
+
+
+def test_busy_verify_lock_exits_75_and_names_its_holder(tmp_path, monkeypatch, capsys):
+    """Issue 25: a second --verify while one runs exited 2, as if the input were bad, and did not say who held the
+    machine. Now: exit 75 (sysexits' EX_TEMPFAIL), and the line names the holder's pid and command."""
+    from advisor.cli import main
+    from advisor.processes import MachineLock
+
+    monkeypatch.setenv("ADVISOR_VERIFY_LOCK", str(tmp_path / "verify.lock"))
+    small = str(Path(__file__).resolve().parent / "data" / "small_llama.json")
+    with MachineLock():
+        code = main(["--config", small, "--seq-len", "32", "--micro-batch-size", "2", "--gpus", "2", "--precision",
+                     "fp32", "--strategy", "ddp", "--verify", "--steps", "1", "--emit", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 75, err
+    line = next(x for x in err.splitlines() if x.startswith("advisor: error:"))
+    assert "another verification is running on this machine (held by pid " in line and f"pid {os.getpid()}," in line
+    assert "retry" in line
+    assert not (tmp_path / "run").exists()  # nothing written while busy
+    assert (tmp_path / "verify.lock").read_text() == ""  # the holder left it empty when it let go
