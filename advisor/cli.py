@@ -151,24 +151,26 @@ def render_text(p, strategy: str | None = None) -> str:
         "Per-GPU memory, GiB (peak allocated = sum of the components; device total adds CUDA context, NCCL, "
         "fragmentation)",
     ]
-    head = (f"{'strategy':<15}{'params':>8}{'grads':>8}{'optim':>8}{'activ':>8}{'buffers':>8}{'other':>8}"
-            f"{'peak':>8}{'device':>8}  {'fits':<5}{'16B/p':>8}{'max mb':>7}{'GA':>4}  {'peak in':<10}host/node")
-    lines += [head, "-" * len(head)]
+    columns = [("strategy", "<", 15, ""), *((name, ">", 8, "") for name in ("params", "grads", "optim", "activ",
+                                                                            "buffers", "other", "peak", "device")),
+               ("fits", "<", 5, "  "), ("16B/p", ">", 8, ""), ("max mb", ">", 7, ""), ("GA", ">", 4, ""),
+               ("peak in", "<", 10, "  "), ("host/node", "<", 0, "")]
+    cells: list[list[str] | str] = []
     for r in p.rows:
         if not r.applicable:
-            lines.append(f"{r.name:<15} n/a: {r.reason}")
+            cells.append(f"{r.name} n/a: {r.reason}")
             continue
         b, m = r.memory.peak, r.memory
         rule = f"{gib(r.rule_of_thumb_bytes):.1f}{'' if r.rule_of_thumb_fits else '!'}"
-        lines.append(f"{r.name:<15}{_g(b.params):>8}{_g(b.grads):>8}{_g(b.optimizer_states):>8}"
-                     f"{_g(b.activations):>8}{_g(b.buffers):>8}{_g(b.other):>8}{_g(b.total):>8}"
-                     f"{_g(m.device_total):>8}  {_fits_word(r.fits, r.short_of):<5}{rule:>8}{r.max_micro_batch_size:>7}"
-                     f"{r.grad_accum_steps:>4}  {_short_phase(b.phase):<10}"
-                     f"{_g(m.host_bytes_per_node) if m.host_bytes_per_node else '-'}")
+        cells.append([r.name, *map(_g, (b.params, b.grads, b.optimizer_states, b.activations, b.buffers, b.other,
+                                        b.total, m.device_total)),
+                      _fits_word(r.fits, r.short_of), rule, str(r.max_micro_batch_size), str(r.grad_accum_steps),
+                      _short_phase(b.phase), _g(m.host_bytes_per_node) if m.host_bytes_per_node else "-"])
         if r.deepspeed_estimate:
             de = r.deepspeed_estimate
-            lines.append(f"{'':<15}DeepSpeed's estimator (model states only): {_g(de['gpu_bytes'])} GiB/GPU, "
+            cells.append(f"DeepSpeed's estimator (model states only): {_g(de['gpu_bytes'])} GiB/GPU, "
                          f"{_g(de['host_bytes_per_node'])} GiB host/node")
+    lines += table(columns, cells)
     lines.append("16B/p: 16 bytes/parameter x safety factor, sharded per strategy ('!' = over the GPU memory)")
     if any(r.applicable and r.fits is None for r in p.rows):
         lines.append("fits ?: the strategy keeps model states in host RAM and the target's host RAM is unknown: "
@@ -215,25 +217,54 @@ def _time_lines(p) -> list[str]:
     lm = any(d["tokens_per_s"] is not None for _, d in timed)
     unit = "tokens/s" if lm else "samples/s"
     budget = any("train_hours" in d for _, d in timed)
-    head = (f"{'strategy':<15}{'step':>9}{'compute':>9}{'comm':>9}{'exposed':>9}{'optim':>9}{unit:>11}"
-            f"{'per GPU':>9}{'MFU':>6}{'speedup':>9}" + (f"{'hours':>9}{'GPU-h':>9}{'cost':>10}" if budget else ""))
-    lines = ["", f"Step time of one optimizer step at global batch {timed[0][0].global_batch_size} (compute + "
-             "communication not hidden + optimizer step). Data loading is not modelled.", head, "-" * len(head)]
+    columns = [("strategy", "<", 15, ""), *((name, ">", 9, "") for name in ("step", "compute", "comm", "exposed",
+                                                                            "optim")),
+               (unit, ">", 11, ""), ("per GPU", ">", 9, ""), ("MFU", ">", 6, ""), ("speedup", ">", 9, "")]
+    if budget:
+        columns += [("hours", ">", 9, ""), ("GPU-h", ">", 9, ""), ("cost", ">", 10, "")]
+    cells: list[list[str] | str] = []
     for r, d in timed:
         rate = d["tokens_per_s"] if lm else d["samples_per_s"]
         per = d["tokens_per_s_per_gpu"] if lm else d["samples_per_s_per_gpu"]
         speed = "-" if d["speedup_vs_single_gpu"] is None else f"{d['speedup_vs_single_gpu']:.2f}x"
         mfu = "-" if d["mfu"] is None else f"{100 * d['mfu']:.0f}%"
-        line = (f"{r.name:<15}{fmt_s(d['step_s']):>9}{fmt_s(d['compute_s']):>9}{fmt_s(d['comm_s']):>9}"
-                f"{fmt_s(d['exposed_comm_s']):>9}{fmt_s(d['optimizer_s']):>9}{fmt_rate(rate or 0):>11}"
-                f"{fmt_rate(per or 0):>9}{mfu:>6}{speed:>9}")
+        row = [r.name, *(fmt_s(d[k]) for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "optimizer_s")),
+               fmt_rate(rate or 0), fmt_rate(per or 0), mfu, speed]
         if budget:
-            h, g, c = d.get("train_hours"), d.get("gpu_hours"), d.get("cost")
-            line += f"{_amount(h):>9}{_amount(g):>9}{_amount(c, cents=True):>10}"
-        lines.append(line)
+            row += [_amount(d.get("train_hours")), _amount(d.get("gpu_hours")), _amount(d.get("cost"), cents=True)]
+        cells.append(row)
+    lines = ["", f"Step time of one optimizer step at global batch {timed[0][0].global_batch_size} (compute + "
+             "communication not hidden + optimizer step). Data loading is not modelled.", *table(columns, cells)]
     lines.append("comm: all communication per step; exposed: the part compute does not hide; speedup: against the "
                  "fastest one-GPU recipe at the same global batch by accumulation")
     return lines
+
+
+def table(columns: list[tuple[str, str, int, str]], rows: list[list[str] | str]) -> list[str]:
+    """A text table: the header, a rule and one line per row, each column as wide as its widest cell.
+
+    ``columns``: (title, "<" or ">", minimum width, gap written before the column); a right-aligned column keeps
+    one space before its widest cell. ``rows``: cells as strings, or a string for a line that is written as it is
+    (an "n/a" row, a note under a row), indented to the second column when it names no strategy first.
+    """
+    widths = []
+    for i, (title, align, least, _) in enumerate(columns):
+        cells = [title, *(row[i] for row in rows if not isinstance(row, str))]
+        widths.append(max(least, *(len(c) + (align == ">") for c in cells)))
+    widths[-1] = 0 if columns[-1][1] == "<" else widths[-1]  # a last left-aligned column needs no padding
+
+    def line(cells: list[str]) -> str:
+        return "".join(f"{gap}{cell:{align}{width}}" for (_, align, _, gap), width, cell in zip(columns, widths, cells))
+
+    head = line([c[0] for c in columns])
+    out = [head, "-" * len(head)]
+    for row in rows:
+        if isinstance(row, str):
+            first, _, rest = row.partition(" ")
+            out.append(f"{first:<{widths[0]}} {rest}" if rest.startswith("n/a:") else f"{'':<{widths[0]}}{row}")
+        else:
+            out.append(line(row))
+    return out
 
 
 def _amount(x: float | None, cents: bool = False) -> str:

@@ -4,6 +4,7 @@ One table; a new case is one line."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -295,3 +296,30 @@ def test_factory_with_another_source_is_refused_before_import(other, tmp_path, m
     err = capsys.readouterr().err.strip()
     assert code == 2 and "not both" in err and len(err.splitlines()) == 1, err
     assert not marker.exists() and mod not in sys.modules
+
+
+def test_tables_stay_aligned_on_a_huge_cluster():
+    """Issue 25: at --nodes 100000 the GA column ran into the next ("0100000") and step times into each other
+    ("72071.92 s72071.88 s"). Column widths come from the data: every column ends where its title ends, and a
+    space always separates it from the next."""
+    from advisor.cli import render_text
+    from advisor.plan import plan
+    from advisor.schema import plan_inputs
+
+    text = render_text(plan(plan_inputs(model="llama-2-7b", gpu="H100-80GB", nodes=100_000, detect_hardware=False)))
+    lines = text.splitlines()
+    checked = 0
+    for start in (i for i, line in enumerate(lines) if line.startswith("strategy ")):
+        head = lines[start]
+        ends = [m.end() for m in re.finditer(r"(params|grads|optim|activ|buffers|other|peak(?! in)|device|16B/p|max mb|GA"
+                                             r"|step|compute|comm|exposed|tokens/s|samples/s|per GPU|MFU|speedup)"
+                                             r"(?= |$)", head)]
+        assert lines[start + 1] == "-" * len(head)
+        for line in lines[start + 2:]:
+            if not line.strip() or not re.match(r"[a-z0-9_]+ +\S", line) or " n/a: " in line:
+                break
+            for end in ends:
+                assert line[end - 1] != " " and (end == len(line) or line[end] == " "), (end, line, head)
+            checked += 1
+    assert checked >= 20  # both tables, every row
+    assert "100000" in text and "0100000" not in text and "s72071" not in text
