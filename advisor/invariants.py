@@ -80,7 +80,8 @@ def violations(plan: Any) -> list[str]:
     advice = [t.lower() for t in rec.reasons + rec.warnings + list(plan.warnings)]
     if plan.options.activation_checkpointing:
         for t in advice:
-            if any(p in t for p in ASKS_FOR_CHECKPOINTING) and "changes nothing" not in t:
+            if (any(p in t for p in ASKS_FOR_CHECKPOINTING) and "changes nothing" not in t
+                    and "drop --activation-checkpointing" not in t):
                 out.append(f"asks for activation checkpointing, which is on: {t[:80]!r}")
     if rec.min_gpus is not None and rec.min_gpus > plan.hardware.num_gpus:
         said = " ".join(t.lower() for t in rec.reasons)
