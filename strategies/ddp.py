@@ -41,11 +41,13 @@ def grad_accum_steps(ctx: StrategyContext, dp_size: int) -> int:
 
 
 def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats, tp_degree: int = 1,
-                      dp_size: int | None = None, ddp: bool = True) -> StrategyMemory:
+                      dp_size: int | None = None, ddp: bool = True, end_of_backward_bytes: int = 0) -> StrategyMemory:
     """Memory of a rank holding full (or TP-sharded) model states.
 
     Phases (the peak is their maximum, not a sum):
       forward, backward: weights + gradients + optimizer states + traced activations/temporaries;
+      end of backward (only with ``end_of_backward_bytes``): weights + every gradient + optimizer states + that
+      transient (TP's tied, vocab-sharded embedding: torch computes its weight gradient whole, ``strategies.tp``);
       optimizer step: weights + gradients + optimizer states + step temporaries.
 
     Gradients. Under DDP the reducer's buckets hold them for the whole run (with
@@ -95,7 +97,11 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
     temp = optimizer_step_temp_bytes(opts.optimizer, ctx.device, largest, w)
     opt_step = Breakdown(params=params, grads=full_grads, optimizer_states=optim, buffers=buckets, other=temp,
                          phase="optimizer step")
-    peak = peak_of(fwd, bwd, opt_step)
+    phases = [fwd, bwd, opt_step]
+    if end_of_backward_bytes:
+        phases.append(Breakdown(params=params, grads=full_grads, optimizer_states=optim, buffers=buckets,
+                                other=end_of_backward_bytes, phase="end of backward"))
+    peak = peak_of(*phases)
     return StrategyMemory(peak=peak, overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
                           model_state_bytes=params + full_grads + optim)
 

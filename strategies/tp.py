@@ -2,10 +2,20 @@
 data parallelism across the rest of the GPUs (a 2-D device mesh: TP inside, DP outside).
 
 Memory rule: each rank holds one shard of every attention/MLP projection (heads and MLP width
-divided by the TP degree, Megatron-LM paper, Shoeybi et al. 2019, section 3) and a replica of
-the embeddings and norms. The trace builds exactly that shard (advisor.models.hf_config with
-``tp_degree``), so per-rank weights, gradients, optimizer states and activations are those of
+divided by the TP degree, Megatron-LM paper, Shoeybi et al. 2019, section 3), one vocabulary shard of the
+LM head and of the input embedding (issue 31: Megatron-LM's VocabParallelEmbedding and vocab-parallel
+cross-entropy, ibid. section 3 "output embedding"; torchtitan's Llama plan: the head ColwiseParallel with its
+output kept sharded on the vocab dim and ``loss_parallel()``), and a replica of the norms. The trace builds
+exactly that shard (advisor.models.hf_config with ``tp_degree``: heads, MLP width and vocabulary divided), so
+per-rank weights, gradients, optimizer states and activations (the logits: ceil(V / t) of them) are those of
 the shard. The generated script all-reduces gradients across TP groups by hand (no DDP buckets).
+
+The embedding is sharded on its hidden dim (``ColwiseParallel``, output all-gathered) when it has its own
+weight, on its vocab dim (``RowwiseParallel``, output all-reduced) when it is tied to the head, which must be
+vocab-sharded. Either way a rank holds 1/t of it. torch's DTensor has no vocab-sharded strategy for the
+embedding's backward (``embedding_dense_backward``): a row-sharded embedding's weight gradient comes out whole
+(Replicate; measured on 2 gloo ranks, torch 2.14) before it is added into the head's sharded gradient, so a
+tied model holds one full V x h gradient for a moment at the end of backward (``end_of_backward_bytes``).
 """
 
 from __future__ import annotations
@@ -28,6 +38,21 @@ from .base import DCP_IMPORTS, Strategy, fabric_of, optimizer_step_s, timing_of
 from .ddp import replicated_memory
 
 
+def vocab_shape(ctx: StrategyContext) -> tuple[bool, int, int]:
+    """(tied, vocab, hidden) of ``ctx``'s model: whether the LM head shares the input embedding's weight
+    (``tie_word_embeddings``; False, the llama/mistral/qwen2 config classes' default, when the config omits it)."""
+    cfg = ctx.profile.spec.config or {}
+    return bool(cfg.get("tie_word_embeddings", False)), int(cfg.get("vocab_size") or 0), int(cfg.get("hidden_size") or 0)
+
+
+# Vocab-parallel cross-entropy: three all-reduces of one fp32 value per token in forward (the row maximum, the sum
+# of exponentials and the target's logit; Megatron-LM megatron/core/tensor_parallel/cross_entropy.py
+# VocabParallelCrossEntropy.forward; torch/distributed/tensor/parallel/loss.py _log_softmax and _nll_loss_forward),
+# none in backward (each rank's softmax minus one-hot is local).
+CE_ALL_REDUCES = 3
+CE_BYTES_PER_TOKEN = 4
+
+
 class TensorParallel(Strategy):
     comm_order = 3
     lora_blocker = ("tensor parallel shards the base's linear layers as DTensors, which peft's LoRA layers do not "
@@ -36,7 +61,8 @@ class TensorParallel(Strategy):
     template = "tp.py"
     script_imports = DCP_IMPORTS
     uses_tp_degree = True
-    comm_pattern = ("all-reduce of the activations twice per block in forward and in backward (tensor parallel), "
+    comm_pattern = ("all-reduce of the activations twice per block in forward and in backward (tensor parallel), the "
+                    "vocab-parallel embedding, LM head and cross-entropy collectives, "
                     "plus a gradient all-reduce across the data-parallel groups")
 
     def __init__(self, with_dp: bool) -> None:
@@ -124,19 +150,27 @@ class TensorParallel(Strategy):
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         t = self.degree(ctx)
+        tied, vocab, hidden = vocab_shape(ctx)
+        # A tied, vocab-sharded embedding's weight gradient is computed whole (module docstring), in the gradients'
+        # dtype (fp32 under autocast, whose weights are fp32; bf16 under pure bf16).
+        whole = vocab * hidden * bytes_per_element(ctx.options.precision, "grads") if tied else 0
         return replicated_memory(ctx, micro_batch, ctx.profile.tp_stats(t), tp_degree=t, dp_size=self.dp_size(ctx),
-                                 ddp=False)
+                                 ddp=False, end_of_backward_bytes=whole)
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
         return RULE_OF_THUMB_BYTES_PER_PARAM * ctx.profile.stats.num_params // self.degree(ctx)
 
     def step_time(self, ctx: StrategyContext, row) -> StepTime | None:
-        """Time rule. Compute: the roofline of one TP rank's shard (the trace at the TP degree: heads and MLP
-        width divided, embeddings and norms replicated). Tensor-parallel all-reduces (Megatron-LM paper, Shoeybi
+        """Time rule. Compute: the roofline of one TP rank's shard (the trace at the TP degree: heads, MLP
+        width and vocabulary divided, so the LM head's matmul and the cross-entropy run on V / t logits; norms
+        replicated). Tensor-parallel all-reduces (Megatron-LM paper, Shoeybi
         et al. 2019, section 3: f/g operators): per block one after the attention output projection and one after
         the MLP down projection in forward, one for each of their column-parallel inputs in backward, each of
         s x b x h activations in the compute dtype (16-bit under autocast); activation checkpointing's recompute
-        runs the forward's two again. They sit between dependent matmuls: on the critical path, all exposed.
+        runs the forward's two again. Vocab parallelism adds, per micro-step, the embedding output's all-gather (tied:
+        all-reduce), the LM head's input-gradient all-reduce of s x b x h, and the vocab-parallel cross-entropy's
+        three all-reduces of one fp32 per token (``CE_ALL_REDUCES``). They sit between dependent matmuls: on the
+        critical path, all exposed.
         TP x DP adds the template's hand-written gradient all-reduce across the data-parallel group at the
         accumulation boundary, one per parameter tensor after backward (nothing left to overlap). Optimizer: the
         template's foreach AdamW (fused kernels do not take DTensors) over the shard."""
@@ -162,6 +196,22 @@ class TensorParallel(Strategy):
         coll = [Collective(f"activation all-reduce ({per_block} per block: 2 forward, 2 backward"
                            + (", 2 recompute" if per_block > 4 else "") + ")", "all_reduce", "tensor-parallel",
                            nbytes, ga * calls, tp_s, tp_s, passes=ga * calls)]
+        # Vocab parallelism (issue 31), once per micro-step, all on the critical path: the embedding's output
+        # gathered whole (all-gather of its hidden shards, or all-reduce of the vocab shards' partial sums when it is
+        # tied to the head), the head's input gradient all-reduced in backward (ColwiseParallel's g operator), and
+        # the vocab-parallel cross-entropy's small all-reduces (``CE_ALL_REDUCES``).
+        tied, _, _ = vocab_shape(ctx)
+        embed_kind = "all_reduce" if tied else "all_gather"
+        ce_bytes = (spec.seq_len or 1) * opts.micro_batch_size * CE_BYTES_PER_TOKEN
+        vocab_parts = ((f"embedding output {'all-reduce (vocab shards)' if tied else 'all-gather (hidden shards)'}",
+                        embed_kind, nbytes, 1),
+                       ("LM head input-gradient all-reduce (backward)", "all_reduce", nbytes, 1),
+                       ("vocab-parallel cross-entropy all-reduces (max, sum of exponentials, target logit)",
+                        "all_reduce", ce_bytes, CE_ALL_REDUCES))
+        for what, kind, size, per in vocab_parts:
+            secs = ga * per * tp_fabric.time_s(kind, size)
+            coll.append(Collective(what, kind, "tensor-parallel", size, ga * per, secs, secs, passes=ga * per))
+            tp_s += secs
         shard = ctx.profile.tp_stats(deg)
         g = bytes_per_element(opts.precision, "grads")
         dp_s = 0.0
@@ -184,14 +234,22 @@ class TensorParallel(Strategy):
 
     def comm_bytes_per_step(self, ctx: StrategyContext, grad_accum_steps: int = 1) -> int:
         """Bytes each GPU sends per optimizer step: the activation all-reduces of every micro-step (2(t-1)/t of
-        s x b x h each, 4 per block, 6 with recompute) plus, for TP x DP, the gradient all-reduce of the shard
-        across the data-parallel group."""
+        s x b x h each, 4 per block, 6 with recompute), the vocab-parallel embedding, head and cross-entropy
+        collectives of every micro-step, plus, for TP x DP, the gradient all-reduce of the shard across the
+        data-parallel group."""
         deg, opts, spec = self.degree(ctx), ctx.options, ctx.profile.spec
         cfg = spec.config or {}
         act = 4 if opts.precision == "fp32" else 2
         nbytes = (spec.seq_len or 1) * opts.micro_batch_size * int(cfg.get("hidden_size") or 0) * act
         calls = (4 + (2 if opts.activation_checkpointing else 0)) * int(cfg.get("num_hidden_layers") or 0)
-        total = max(1, grad_accum_steps) * calls * 2 * (deg - 1) * nbytes // max(1, deg)
+        ga = max(1, grad_accum_steps)
+        total = ga * calls * 2 * (deg - 1) * nbytes // max(1, deg)
+        # Vocab parallelism (``step_time``): the embedding's output (all-gather: (t-1)/t of it; tied: all-reduce),
+        # the head's input-gradient all-reduce and the cross-entropy's three all-reduces of 4 bytes per token.
+        tied, _, _ = vocab_shape(ctx)
+        ce_bytes = (spec.seq_len or 1) * opts.micro_batch_size * CE_BYTES_PER_TOKEN
+        embed = (2 if tied else 1) * (deg - 1) * nbytes // max(1, deg)
+        total += ga * (embed + 2 * (deg - 1) * (nbytes + CE_ALL_REDUCES * ce_bytes) // max(1, deg))
         dp = self.dp_size(ctx)
         if dp > 1:
             g = bytes_per_element(opts.precision, "grads")

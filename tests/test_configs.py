@@ -114,6 +114,36 @@ def test_t5_without_decoder_start_token_id_plans():
     assert p.recommendation.strategy is not None
 
 
+# The size fields of bigscience/T0_3B (a t5-3b shape) and bigscience/mt0-xxl (an mt5-xxl shape) as issue 31 gives
+# them, both with tie_word_embeddings false (not vendored: no public copy was found in the time given).
+_T0_3B = dict(model_type="t5", d_model=1024, d_ff=16384, d_kv=128, num_heads=32, num_layers=24, num_decoder_layers=24,
+              vocab_size=32128, feed_forward_proj="relu", tie_word_embeddings=False, decoder_start_token_id=0,
+              pad_token_id=0, eos_token_id=1)
+_MT0_XXL = dict(model_type="mt5", d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24,
+                num_decoder_layers=24, vocab_size=250112, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+
+
+@pytest.mark.parametrize("cfg", [_T0_3B, _MT0_XXL], ids=["T0_3B", "mt0-xxl"])
+def test_t5_untied_flag_counts_what_transformers_builds_and_says_it_ties(cfg):
+    """Issue 31: ``tie_word_embeddings: false`` on a T5-family config. The installed transformers' T5Config /
+    MT5Config force the tie (``__post_init__``: false only turns off the decoder-output scaling), so the model it
+    builds has one shared vocab x d_model matrix: advisor counts exactly that (sum(p.numel()) of transformers' own
+    meta build), and says that the file's untied head is not what is built, with the parameters it lacks."""
+    counted = _meta_count(cfg)
+    spec = spec_from_hf_config(dict(cfg), "m", "m.json", 512)
+    assert param_stats(spec).num_params == counted
+    head = cfg["vocab_size"] * cfg["d_model"]  # 32,899,072 (T0_3B) and 1,024,458,752 (mt0-xxl)
+    notes = [w for w in spec.warnings if w.startswith("tie_word_embeddings is false")]
+    assert len(notes) == 1 and f"{head:,} more parameters" in notes[0], spec.warnings
+
+
+def test_untied_flag_honoured_by_the_class_gives_no_tie_note():
+    """Llama honours tie_word_embeddings false (a separate lm_head): no note."""
+    spec = spec_from_hf_config(_load("llama-3.1-8b.json"), "l", "l.json", None)
+    assert not any(w.startswith("tie_word_embeddings") for w in spec.warnings)
+
+
 # --- remote code ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("model_type,table", [
     ("whisper", lambda m: m.model.decoder.embed_positions),  # WhisperForCausalLM: the 448-position text decoder

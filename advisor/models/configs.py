@@ -150,10 +150,37 @@ def _with_class_defaults(config: dict[str, Any], model_type: str) -> tuple[dict[
             and getattr(obj, "pad_token_id", None) is not None):
         out["decoder_start_token_id"] = obj.pad_token_id
     notes = []
+    tied = _forced_tie_note(config, obj)
+    if tied:
+        notes.append(tied)
     if defaulted:
         shown = ", ".join(f"{k}={out[k]}" for k in defaulted)
         notes.append(f"config.json lacks {', '.join(defaulted)}: using {type(obj).__name__}'s defaults ({shown})")
     return out, notes
+
+
+def _forced_tie_note(config: dict[str, Any], obj: Any) -> str | None:
+    """A note when the config file says ``tie_word_embeddings: false`` and the installed transformers' config class
+    ties the LM head to the input embedding anyway (issue 31): transformers 5's ``T5Config`` / ``MT5Config`` (and
+    umt5, longt5) set ``tie_word_embeddings = True`` in ``__post_init__`` whatever the file says, reading ``false``
+    only as "do not scale the decoder output" (``scale_decoder_outputs``; transformers PR #42815), so
+    ``T5ForConditionalGeneration`` holds one shared vocab x d_model matrix. advisor counts what transformers
+    builds (the emitted scripts build the same class), and says how many parameters a checkpoint trained with a
+    separate head (T5 v1.1, mT5, T0, mT0) has beyond it. None when the flag is honoured or not set to false."""
+    if config.get("tie_word_embeddings") is not False or getattr(obj, "tie_word_embeddings", False) is not True:
+        return None
+    vocab = getattr(obj, "vocab_size", None)
+    width = getattr(obj, "d_model", None) or getattr(obj, "hidden_size", None)
+    extra = (f": a checkpoint trained with a separate head holds {int(vocab) * int(width):,} more parameters "
+             f"({int(vocab)} x {int(width)}) than this build" if isinstance(vocab, int) and isinstance(width, int)
+             else "")
+    with MODEL_BUILD_LOCK:
+        import transformers
+
+    return (f"tie_word_embeddings is false in the config, but transformers {transformers.__version__}'s "
+            f"{type(obj).__name__} ties the LM head to the input embedding whatever the file says (false only "
+            "turns off the decoder-output scaling): counted as transformers builds it, one shared matrix"
+            f"{extra}; loading such a checkpoint into this class shares one of its two matrices")
 
 
 def _config_warnings(config: dict[str, Any], model_type: str) -> list[str]:

@@ -281,7 +281,8 @@ class Probe:
         batch = torch.utils.data.default_collate([self.dataset[i] for i in range(train.MICRO_BATCH_SIZE)])
         module.eval()
         with torch.no_grad(), torch.autocast(device.type, dtype=auto, enabled=auto is not None):
-            loss = self.plain_compute_loss(module, batch, device, *args)
+            # TP's logits are vocab-sharded: its script's tp_loss runs the cross-entropy under loss_parallel()
+            loss = getattr(train, "tp_loss", self.plain_compute_loss)(module, batch, device, *args)
         module.train()
         from torch.distributed.fsdp import FSDPModule
 

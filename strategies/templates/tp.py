@@ -2,13 +2,28 @@
 def parallelize(model, tp_mesh) -> None:
     """Megatron-style plan per decoder layer: q/k/v and gate/up column-wise, o and down row-wise
     (one all-reduce after attention and one after the MLP). HF attention infers the local head
-    count from the sharded projection (view(..., -1, head_dim))."""
+    count from the sharded projection (view(..., -1, head_dim)).
+
+    The vocabulary is sharded too (Megatron-LM's vocab-parallel embedding and cross-entropy; torchtitan's Llama
+    plan): the LM head column-wise with its logits left sharded on the vocab dim, for the cross-entropy under
+    ``loss_parallel()``; the input embedding on its hidden dim (its gradient stays sharded), or, tied to the head,
+    on its vocab dim with the head's weight pointed back at it."""
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
         parallelize_module,
     )
 
+    tied = model.lm_head.weight is model.get_input_embeddings().weight
+    embedding = (RowwiseParallel(input_layouts=Replicate()) if tied
+                 else ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+    parallelize_module(model, tp_mesh, {
+        "model.embed_tokens": embedding,
+        "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
+    })
+    if tied:  # one vocab-sharded weight for both, as before sharding
+        model.lm_head.weight = model.model.embed_tokens.weight
     plan = {
         "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
         "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
@@ -43,6 +58,25 @@ def clip_grad_norm(model, max_norm: float, tp_group) -> float:
     return norm
 
 
+def tp_loss(model, batch, device, input_dtype=None):
+    """``compute_loss`` on the vocab-sharded logits: the vocab-parallel cross-entropy (``loss_parallel()``), its
+    replicated result as a plain tensor. Its backward must run under ``loss_parallel()`` too."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    with loss_parallel():
+        loss = compute_loss(model, batch, device, input_dtype)
+    return loss.to_local() if isinstance(loss, DTensor) else loss
+
+
+def evaluate_tp(model, dataset, num_replicas: int, rank: int, device, autocast_dtype=None) -> float:
+    """``evaluate`` with the vocab-parallel cross-entropy (``loss_parallel()``): the held-out loss over all ranks."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    with loss_parallel():
+        return evaluate(model, dataset, num_replicas, rank, device, autocast_dtype)
+
+
 def full_state_dict(model) -> dict:
     """Every rank gathers full tensors from the TP shards (collective), so rank 0 can save a
     checkpoint that loads into the plain single-GPU model."""
@@ -55,6 +89,7 @@ def full_state_dict(model) -> dict:
 def main() -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
 
     args = parse_args()
     rank, _, world_size, device = init_torchrun()  # the process group first; LOCAL_RANK picks the GPU
@@ -96,8 +131,9 @@ def main() -> None:
         sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)  # a new order every epoch; resumed: where it stopped
         for micro, batch in enumerate(loader, start=done_micro + 1):
             with torch.autocast(device.type, dtype=half, enabled=half is not None):
-                loss = compute_loss(model, batch, device)
-            scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
+                loss = tp_loss(model, batch, device)
+            with loss_parallel():  # the vocab-parallel cross-entropy's backward
+                scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
             steps.micro_step(loss)
             if micro % GRAD_ACCUM_STEPS:
                 continue  # no gradient all-reduce on non-final accumulation steps
@@ -111,7 +147,7 @@ def main() -> None:
             scaler.unscale_(optimizer)  # clip the true gradients (a no-op unless fp16)
             norm = clip_grad_norm(model, MAX_GRAD_NORM, mesh["tp"].get_group())
             optimizer_step(scaler, optimizer, scheduler, steps, norm)
-            steps.evaluate(args.eval_every, evaluate, model, held_out, dp_size, dp_rank, device, half)
+            steps.evaluate(args.eval_every, evaluate_tp, model, held_out, dp_size, dp_rank, device, half)
             if checkpoint_due(args, steps, preemption, device, epoch, micro):
                 save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
                 steps.restart_clock()

@@ -25,7 +25,8 @@ DEFAULT_VOCAB = 32000  # when a config has no vocab_size (the Llama tokenizer's)
 
 def hf_config(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1, attn_impl: str = "sdpa"):
     """The transformers config object for ``spec``, optionally truncated to ``layers`` blocks (per
-    stack) and/or reshaped to one tensor-parallel rank's shard (heads, kv heads and MLP width / tp).
+    stack) and/or reshaped to one tensor-parallel rank's shard (heads, kv heads and MLP width / tp, the vocabulary
+    ceil(V / tp): the embedding and LM head are vocab-sharded too).
 
     Raises:
         AdvisorError: transformers rejects the config.
@@ -51,6 +52,12 @@ def hf_config(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1,
                 cfg_dict["num_attention_heads"] = heads // tp_degree
                 cfg_dict["num_key_value_heads"] = kv // tp_degree
                 cfg_dict["intermediate_size"] = int(config.intermediate_size) // tp_degree
+                # The vocabulary too (issue 31): the emitted plan (strategies/templates/tp.py) shards the LM head's
+                # rows over the TP ranks for the vocab-parallel cross-entropy (loss_parallel; Megatron-LM's
+                # VocabParallelEmbedding and vocab_parallel_cross_entropy) and the input embedding with it, so a
+                # rank holds and computes logits for ceil(V / t) rows: DTensor's Shard(0) splits as torch.chunk
+                # does, the first ranks taking the ceiling.
+                cfg_dict["vocab_size"] = -(-int(config.vocab_size) // tp_degree)
             config = _for_model(model_type, cfg_dict)
     if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
         # transformers 5 configs have no default; T5 checkpoints (and transformers' own error) use pad_token_id
