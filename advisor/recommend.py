@@ -153,7 +153,7 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
 def _borrowed_efficiency(ctx: StrategyContext) -> str | None:
     """A warning when this GPU's generation has no public measurement fitted and its step times use another
     generation's efficiencies (``advisor.timing.compute.EFFICIENCY``; the JSON's ``efficiency_source``)."""
-    from .timing.compute import GENERATION, efficiency_for, preset_for_gpu
+    from .timing.compute import BORROWED_BAND, GENERATION, efficiency_for, preset_for_gpu
 
     hw, opts = ctx.hardware, ctx.options
     if hw.calibration is not None or opts.mfu is not None or opts.bandwidth_efficiency is not None:
@@ -165,9 +165,13 @@ def _borrowed_efficiency(ctx: StrategyContext) -> str | None:
     if not eff.source.startswith("no public measurement fitted"):
         return None
     generation = GENERATION.get(preset.name.lower(), "this generation")
+    band = BORROWED_BAND.get(generation)
+    error = (f"against {band[2]} the throughput they give lands between {100 * (1 - band[0]):.0f}% low and "
+             f"{100 * (band[1] - 1):.0f}% high" if band else "how far off that is has not been checked against any "
+             "published run")
     return (f"{preset.name} ({generation}) has no published run fitted here: its step times use another "
             f"generation's efficiencies (compute {eff.compute:.2f}, bandwidth {eff.bandwidth:.2f}; "
-            "bench/TIME.md), so they may be optimistic; --mfu and --bandwidth-efficiency set them")
+            f"bench/TIME.md); {error}; --mfu and --bandwidth-efficiency set them")
 
 
 def adapter_text(ctx: StrategyContext) -> str:

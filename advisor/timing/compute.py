@@ -89,6 +89,14 @@ EFFICIENCY: dict[str, Efficiency] = {
     "ada": Efficiency(AMPERE.compute, AMPERE.bandwidth, f"no public measurement fitted: Ampere's ({AMPERE.source})"),
     "volta": Efficiency(TURING.compute, TURING.bandwidth, f"no public measurement fitted: Turing's ({TURING.source})"),
 }
+# How far a borrowing generation's throughput lands from published runs on it, as (worst slow, worst fast) ratios of
+# predicted to measured tokens/s per GPU: Hopper against llm-foundry's FSDP runs on H100 80GB
+# (../shared/anchors/published_runs.md F6 0.95 on 128 GPUs, F14 1.14, F20 0.85 on 16, F23 0.88, F24 0.81 on 16; bf16,
+# AC off, the rows' micro- and global batches, ib-ndr between nodes; measured 2026-12-03 with the command in
+# tests/test_step_time.py::test_h100_borrowed_error_band_holds_on_a_published_run). None: never checked.
+BORROWED_BAND: dict[str, tuple[float, float, str]] = {
+    "hopper": (0.81, 1.14, "5 published FSDP runs on H100 (llm-foundry; published_runs.md F6, F14, F20, F23, F24)"),
+}
 # GPU generation of each preset (NVIDIA architecture whitepapers: GA100/GA102 Ampere, AD102/AD104 Ada, GH100 Hopper,
 # GV100 Volta, TU102/TU104 Turing).
 GENERATION = {"a100-40gb": "ampere", "a100-80gb": "ampere", "a10g-24gb": "ampere", "rtx3090": "ampere",
