@@ -243,6 +243,9 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
                               notes=notes, estimated_peak_bytes=run_row.memory.peak.total,
                               predicted_step_s=predicted_step_s(hw, run_row.time), estimate=job.estimate)
         say(f"launching {name} on {world} {device} rank(s) in {run_dir}")
+        first_use = strategy.launcher.first_use_note(device, env)
+        if first_use:
+            say(first_use)
         started = time.time()
         try:
             # No evaluation and no periodic checkpoint among the measured steps (they would run under the memory

@@ -327,12 +327,12 @@ class FSDP2(Strategy):
 
     def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
         """The generated script builds the model on the meta device (no memory) and materialises only each rank's
-        shards (``to_empty`` after ``fully_shard``), so loading needs no full copy in host RAM: the rank's fp32
-        shards (offload: they stay there).
+        shards (``to_empty`` after ``fully_shard``): the rank's fp32 shards (offload: they stay there).
 
-        ``--init-from``: rank 0 alone then loads the whole pretrained model into host memory (``build_model(path)``:
-        ``from_pretrained(path, dtype=torch.float32)``, or a ``torch.load``'ed state_dict beside the model; LoRA:
-        the base in its held dtype) and broadcasts it into every rank's shards with
+        Their values come from rank 0, which builds the model whole in host memory as the DDP and single-GPU scripts
+        do (the same SEED gives the same initial weights; ``--init-from``: ``build_model(path)``,
+        ``from_pretrained(path, dtype=torch.float32)`` or a ``torch.load``'ed state_dict beside the model; LoRA: the
+        base in its held dtype) and broadcasts it into every rank's shards with
         ``torch.distributed.checkpoint.state_dict.set_model_state_dict(..., StateDictOptions(full_state_dict=True,
         broadcast_from_rank0=True))``, which sends it tensor by tensor from the GPU
         (``torch.distributed._state_dict_utils._broadcast_state_dict``): node 0 holds ``pretrained_copies`` x
@@ -340,15 +340,12 @@ class FSDP2(Strategy):
         shards alone)."""
         stats = ctx.profile.stats
         shards = ctx.hardware.gpus_per_node * (-(-4 * stats.num_params // self.shard_size(ctx)) + stats.buffer_bytes)
-        if not ctx.options.init_from:
-            return shards
         return shards + pretrained_copies(ctx) * pretrained_bytes(ctx)
 
     def load_fix(self, ctx: StrategyContext | None = None) -> str:
-        if ctx is not None and ctx.options.init_from:
-            return ("rank 0 holds a whole copy of the pretrained model while it broadcasts it into the shards: give "
-                    "node 0 more host RAM (more GPUs per node shrink only the shards)")
-        return "use more GPUs per node (each rank materialises only its shard)"
+        what = "the pretrained model" if ctx is not None and ctx.options.init_from else "the model (its initial weights)"
+        return (f"rank 0 holds a whole copy of {what} while it broadcasts it into the shards: give node 0 more host "
+                "RAM (more GPUs per node shrink only the shards)")
 
     # --- communication and time -------------------------------------------------------------------------------
     def _volumes(self, ctx: StrategyContext) -> tuple[int, int, int]:

@@ -3,6 +3,9 @@ A strategy names its launcher; nothing outside strategies/ decides it by the str
 
 from __future__ import annotations
 
+import glob
+import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,11 +14,13 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Launcher:
     """``name``: the program users type; ``script_args``: what follows ``train.py``; ``cpu_env``: what a
-    machine without a GPU needs exported (DeepSpeed: its CPU accelerator, gloo)."""
+    machine without a GPU needs exported (DeepSpeed: its CPU accelerator, gloo); ``cpu_note``: what launch.sh says
+    there before it starts (DeepSpeed: the silent first-run compile, ``first_use_note``)."""
 
     name: str
     script_args: tuple[str, ...] = ()
     cpu_env: tuple[tuple[str, str], ...] = ()
+    cpu_note: str = ""
 
     def command(self, gpus_per_node: int, num_nodes: int, port: int) -> str:
         """The launch line a user runs (one node; for several nodes, the form run on the first)."""
@@ -47,6 +52,21 @@ class Launcher:
                 f"--master_port={port} {tail}\n"
                 "    (or a rendezvous endpoint: --rdzv_backend=c10d --rdzv_endpoint=HOST0:29400 --rdzv_id=JOB)")
 
+    def first_use_note(self, device: str, env: dict[str, str]) -> str | None:
+        """A line to show before the first launch here that will spend minutes building something silently, or
+        None. DeepSpeed on the CPU: its shared-memory communication op (``ShareMemCommBuilder``, NAME
+        ``deepspeed_shm_comm``, loaded by ``deepspeed.comm.torch.build_shm_op`` in ``init_distributed``) is
+        JIT-compiled with ``torch.utils.cpp_extension.load`` unless it is already in torch's extension cache or was
+        built into the package (``DS_BUILD_OPS=1``); the compile took 2.5 minutes on this project's 2-core
+        machines, printing nothing until it is done."""
+        if self.name != "deepspeed" or device != "cpu":
+            return None
+        cache = deepspeed_shm_op_dir(env)
+        if glob.glob(os.path.join(cache, "deepspeed_shm_comm*.so")) or _prebuilt_shm_op():
+            return None
+        return (f"DeepSpeed builds its CPU communication op on first use: a C++ compile of a few minutes (2.5 on 2 "
+                f"cores), once, silent until it is done; cached in {cache}")
+
     def verify_argv(self, world: int, port: int, script_args: list[str], probe: list[str] | None = None) -> list[str]:
         """The command that runs ``train.py`` here, with this interpreter's launcher. ``probe``: run it through the
         measurement probe (``PROBE``, with these options, e.g. ``["--measured-steps", "6"]``), which writes
@@ -64,10 +84,38 @@ class Launcher:
                 "--master_addr=127.0.0.1", f"--master_port={port}", *args, *self.script_args]
 
 
+def deepspeed_shm_op_dir(env: dict[str, str]) -> str:
+    """Where ``torch.utils.cpp_extension.load`` builds and caches DeepSpeed's CPU communication op for processes
+    with environment ``env``: $TORCH_EXTENSIONS_DIR/deepspeed_shm_comm, else torch's default root (the user cache
+    directory's torch_extensions) in a py<version>_<cuda or cpu> folder (``_get_build_directory``, torch 2.14)."""
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = env.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        accelerator = (f"rocm{torch.version.hip.replace('.', '')}" if torch.version.hip is not None
+                       else f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda is not None else "cpu")
+        version = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+        root = os.path.join(get_default_build_root(), f"{version}_{accelerator}")
+    return os.path.join(root, "deepspeed_shm_comm")
+
+
+def _prebuilt_shm_op() -> bool:
+    """Whether the installed DeepSpeed carries the op compiled (``deepspeed.ops.comm.deepspeed_shm_comm_op``, what
+    ``OpBuilder.load`` imports instead of compiling), found without importing DeepSpeed (seconds)."""
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any(glob.glob(os.path.join(path, "ops", "comm", "deepspeed_shm_comm_op*.so"))
+               for path in spec.submodule_search_locations)
+
+
 # The measurement wrapper --verify, bench and the tests launch in place of train.py (its docstring says what it
 # records); it runs the script unchanged.
 PROBE = Path(__file__).parent / "probe" / "_advisor_probe.py"
 TORCHRUN = Launcher("torchrun")
 PYTHON = Launcher("python")  # one process: ``python train.py``
 DEEPSPEED = Launcher("deepspeed", script_args=("--deepspeed_config", "ds_config.json"),
-                     cpu_env=(("DS_ACCELERATOR", "cpu"),))
+                     cpu_env=(("DS_ACCELERATOR", "cpu"),),
+                     cpu_note="the first run compiles DeepSpeed's CPU communication op (C++, a few minutes, once; "
+                              "cached in torch's extension directory): nothing is printed until it is done")

@@ -465,6 +465,8 @@ def render_launch_sh(job: Job) -> str:
     for name, path in here.items():
         cmd = cmd.replace(name, path)
     exports = "".join(f"  export {k}={v}\n" for k, v in job.strategy_unit.launcher.cpu_env)
+    if job.strategy_unit.launcher.cpu_note:
+        exports += f'  echo "{job.strategy_unit.launcher.cpu_note}"\n'
     backend = " with the gloo backend" if job.strategy_unit.distributes else ""
     cpu_fallback = ('if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then\n'
                     f'  echo "no CUDA GPU: running on the CPU{backend}"\n' + exports + "fi\n")

@@ -147,6 +147,28 @@ def test_math_attention_keeps_scores():
     assert math - flash >= 12 * 12 * 1024 * 1024 * 2
 
 
+@pytest.mark.parametrize("layout", ["transposed", "contiguous"])
+def test_fused_attention_stand_in_lays_its_output_out_as_the_cpu_kernel(layout):
+    """The stand-in's output has the strides of ``aten._scaled_dot_product_flash_attention_for_cpu``'s: the query's
+    layout. A query transposed from (B, S, H, D), as every Hugging Face attention makes it, gives an output that is
+    (B, S, H, D) in memory, so the transpose + reshape before the output projection is a view in the real run; a
+    contiguous (B, H, S, D) stand-in made the trace copy it there."""
+    from advisor.trace import _attention_mode_class, _LiveBytes
+
+    b, s, h, d = 2, 32, 4, 16
+    make = {"transposed": lambda: torch.randn(b, s, h, d).transpose(1, 2), "contiguous": lambda: torch.randn(b, h, s, d)}
+    q, k, v = make[layout](), make[layout](), make[layout]()
+    real = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0]
+    with _attention_mode_class()("flash", _LiveBytes([])):
+        stand_in = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert stand_in.shape == real.shape == (b, h, s, d)
+    assert stand_in.stride() == real.stride() == ((s * h * d, d, h * d, 1) if layout == "transposed"
+                                                  else (h * s * d, s * d, d, 1))
+    # and so the out-projection's input is a view of it, as of the real output
+    merged = stand_in.transpose(1, 2).reshape(b, s, h * d)
+    assert (merged.data_ptr() == stand_in.data_ptr()) == (layout == "transposed")
+
+
 @pytest.mark.parametrize("attention", ["flash", "math"])
 def test_flops_per_sample_is_the_matmul_count(attention):
     """gpt2 seq 1024: forward = 2 x tokens x (linear weights incl. the tied LM head) + 4 x layers x s^2 x d

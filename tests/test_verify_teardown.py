@@ -180,3 +180,49 @@ def test_teardown_note_reads_each_launchers_summary():
           "  exitcode  : -11 (pid: 42)\n")
     assert "rank 1 exited with -11 (SIGSEGV)" in teardown_note(tr, 1, False, 60)
     assert "the launcher exited with code 1 during teardown" in teardown_note("", 1, False, 60)
+
+
+# --- the first DeepSpeed launch on a CPU (issue 25) ---------------------------------------------------------
+def test_deepspeed_cpu_launch_says_it_will_compile_when_the_op_is_not_cached(tmp_path):
+    """An empty TORCH_EXTENSIONS_DIR: DeepSpeed will JIT-compile its CPU communication op (minutes, silent), and
+    the pre-launch note says so and where it is cached; torchrun scripts and GPU runs get no note."""
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    note = DEEPSPEED.first_use_note("cpu", env)
+    assert note == ("DeepSpeed builds its CPU communication op on first use: a C++ compile of a few minutes (2.5 on "
+                    f"2 cores), once, silent until it is done; cached in {tmp_path / 'deepspeed_shm_comm'}")
+    assert DEEPSPEED.first_use_note("cuda", env) is None
+    assert TORCHRUN.first_use_note("cpu", env) is None
+
+
+def test_deepspeed_cpu_launch_is_quiet_once_the_op_is_cached(tmp_path):
+    built = tmp_path / "deepspeed_shm_comm"
+    built.mkdir()
+    (built / "build.ninja").write_text("")  # a build that stopped half-way is still no op: the note stays
+    assert DEEPSPEED.first_use_note("cpu", {"TORCH_EXTENSIONS_DIR": str(tmp_path)}) is not None
+    (built / "deepspeed_shm_comm.so").write_bytes(b"")
+    assert DEEPSPEED.first_use_note("cpu", {"TORCH_EXTENSIONS_DIR": str(tmp_path)}) is None
+
+
+def test_deepspeed_op_cache_defaults_to_torchs_extension_root(monkeypatch):
+    """Without TORCH_EXTENSIONS_DIR: torch's own build directory for the op (what cpp_extension.load uses)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    from strategies.launchers import deepspeed_shm_op_dir
+
+    assert deepspeed_shm_op_dir({}) == _get_build_directory("deepspeed_shm_comm", verbose=False)
+
+
+def test_deepspeed_launch_sh_says_so_on_a_cpu(tmp_path):
+    """A user's own `bash launch.sh` on a machine without CUDA is told about the compile too; torchrun's is not."""
+    from advisor.plan import plan
+    from advisor.schema import plan_inputs
+    from strategies.render import render_files
+
+    tiny = str(Path(__file__).resolve().parents[1] / "tests" / "data" / "small_llama.json")
+    p = plan(plan_inputs(config_path=tiny, seq_len=32, gpus=2, interconnect="nvlink", detect_hardware=False,
+                         precision="fp32", micro_batch_size=2))
+    zero = render_files(p, "zero2")["launch.sh"]
+    assert ('  export DS_ACCELERATOR=cpu\n  echo "the first run compiles DeepSpeed\'s CPU communication op (C++, a few '
+            'minutes, once; cached in torch\'s extension directory): nothing is printed until it is done"\nfi\n') in zero
+    assert "compiles" not in render_files(p, "ddp")["launch.sh"]

@@ -162,7 +162,6 @@ class Probe:
         wrap(train, "make_datasets", lambda f: lambda *a: probe.keep_datasets(f(*a)))
         wrap(train, "final_checkpoint_due", lambda f: lambda *a: probe.training_ended(train) or f(*a))
         wrap(train, "save_test_base", lambda f: lambda *a: probe.restarted(f(*a)))
-        wrap(train, "init_parameters", lambda f: lambda *a: probe.extra.setdefault("uninitialised_parameters", f(*a)))
         wrap(train, "build_sharded_model", lambda f: lambda *a: probe.fsdp2_built(train, f(*a)))
         self._install_libraries(train)
         self.train = train

@@ -25,7 +25,7 @@ def build_on_meta():
     Why a second build: to_empty() below leaves every buffer uninitialised too, and init functions do not
     cover every buffer (a causal mask, position ids, a model's own table). The model's own constructor,
     run a second time with only the parameters on meta, computes them exactly as a normal build does.
-    Buffers are small; parameters are not, and they get their values from the init functions instead.
+    Buffers are small; parameters are not, and they get their values from rank 0's build (init_parameters).
     """
     with torch.device("meta"):
         model = build_model()
@@ -39,40 +39,43 @@ def build_on_meta():
     return model, buffers
 
 
-def init_parameters(model, device) -> list[str]:
-    """Write every parameter after to_empty() (which leaves each rank's shards as uninitialised memory);
-    returns the names of those no init function wrote.
+def init_parameters(model, args) -> None:
+    """Write every parameter after to_empty() (which leaves each rank's shards as uninitialised memory) with the
+    weights every other strategy's script starts from.
 
-    The model's own initialisation, run on the sharded (DTensor) parameters: each rank draws only its
-    shards (see the seeding in build_sharded_model). Hugging Face models: init_weights(), what transformers
-    itself runs after building on meta (_init_weights module by module, then weight tying). Other models:
-    reset_parameters() of every module that has one (Linear, Conv, norms, Embedding; BatchNorm also resets
-    its running statistics) and MultiheadAttention's _reset_parameters(). A parameter none of them writes
-    (a bare nn.Parameter such as a class token) still holds the NaN written first: it is drawn from
-    normal(0, 0.02) instead.
+    Rank 0 builds the model whole in host memory exactly as the DDP and single-GPU scripts do (SEED, then
+    build_model(): the model's own init, or --init-from's weights) and broadcasts it tensor by tensor into every
+    rank's shards (set_model_state_dict, broadcast_from_rank0). Why not each rank initialising its own shards:
+    DTensor's random ops draw other numbers than a plain build (on CUDA an offset-based generator of its own; on
+    CPU none, each rank would draw the same numbers), so the same SEED would start FSDP2 from other weights than
+    DDP. The cost: rank 0 holds one whole fp32 copy in host RAM while it broadcasts (the plan's load figure).
     """
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    params = list(model.named_parameters())
-    with torch.no_grad():
-        for _, p in params:
-            (p.to_local() if isinstance(p, DTensor) else p).fill_(float("nan"))
-        if hasattr(model, "_init_weights") and callable(getattr(model, "init_weights", None)):
-            model.init_weights()
-        else:
-            for module in model.modules():
-                reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
-                if callable(reset):
-                    reset()
-        missed = torch.tensor([float((p.to_local() if isinstance(p, DTensor) else p).isnan().any())
-                               for _, p in params], device=device)
-        # Decided together: a rank's shard can be empty, and DTensor's random draws must be the same on every rank.
-        dist.all_reduce(missed, op=dist.ReduceOp.MAX)
-        uninitialised = [name for (name, p), m in zip(params, missed.tolist()) if m]
-        for (name, p), m in zip(params, missed.tolist()):
-            if m:
-                p.normal_(0.0, 0.02)
-    return uninitialised
+    names = list(get_model_state_dict(model))  # every rank: its shards' names, no copy
+    state, missing = {}, [None]
+    if dist.get_rank() == 0:
+        torch.manual_seed(SEED)  # the seed the other scripts build with: the same init draws
+        # [full]
+        whole = build_model(args.init_from)
+        # [pure-bf16]
+        whole = whole.to(torch.bfloat16)
+        # [/pure-bf16]
+        # [/full]
+        # [lora]
+        whole = add_lora(build_base(args, base_dtype()))  # the base, then peft's adapters (lora_B zero)
+        # [/lora]
+        state = whole.state_dict()
+        del whole
+        missing = [[name for name in names if name not in state]]
+        state = {name: state[name] for name in names if name in state}
+    dist.broadcast_object_list(missing)  # every rank stops, or none: a rank left in the broadcast would wait
+    if missing[0]:
+        raise SystemExit(f"the model built whole has no {', '.join(missing[0][:3])}, which the sharded one has")
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                                strict=False))
+    if args.init_from:
+        log(f"pretrained weights loaded from {args.init_from} into every rank's shards")
 
 
 def restore_buffers(buffers, device) -> None:
@@ -96,8 +99,8 @@ def mixed_precision_policy():
     return MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
 
 
-def build_sharded_model(mesh, device):
-    """Build on meta, shard, then materialise and initialise only this rank's shards.
+def build_sharded_model(mesh, device, args):
+    """Build on meta, shard, then materialise only this rank's shards and write them (init_parameters).
 
     Returns the model: one FSDP2 unit per repeated block, and the root.
     """
@@ -138,65 +141,9 @@ def build_sharded_model(mesh, device):
     # [!offload]
     model.to_empty(device=device)
     # [/!offload]
-    # On CUDA, DTensor's random ops draw each shard's part of one random stream: the same seed on every rank.
-    # On CPU DTensor has no such RNG tracker and every rank would draw the same numbers into its own shard:
-    # there each position along the shard dimension gets its own seed (HSDP's replicas stay identical).
-    shard_rank = mesh.get_local_rank("shard")
-    torch.manual_seed(SEED if device.type != "cpu" else SEED + shard_rank)
-    uninitialised = init_parameters(model, device)
-    # [lora]
-    reset_adapters(model)
-    # [/lora]
-    if uninitialised:
-        log(f"no init function wrote {', '.join(uninitialised)}: drawn from normal(0, 0.02); write your own init")
+    init_parameters(model, args)
     restore_buffers(buffers, device)
     return model
-
-
-# [lora]
-def reset_adapters(model) -> None:
-    """peft's own init of the adapters once more, on the shards (lora_A kaiming-uniform, lora_B zero: the adapted
-    model starts as the base): init_parameters() wrote them with the base's init like every parameter."""
-    from peft.tuners.lora import LoraLayer
-
-    for module in model.modules():
-        if isinstance(module, LoraLayer):
-            for name in module.lora_A:
-                module.reset_lora_parameters(name, True)
-
-
-# [/lora]
-def load_pretrained_shards(model, args) -> None:
-    """--init-from: rank 0 loads the pretrained weights whole into host memory and broadcasts them into every rank's
-    shards (set_model_state_dict, broadcast_from_rank0)."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-    # [full]
-    names = list(get_model_state_dict(model))  # every rank: its shards, no copy
-    # [/full]
-    # [lora]
-    # The base's weights only (the adapters keep their init); peft's names are the base's with base_model.model. in
-    # front and .base_layer. inside each adapted module.
-    names = [name for name in get_model_state_dict(model) if "lora_" not in name]
-    # [/lora]
-    state = {}
-    if dist.get_rank() == 0:
-        # [full]
-        base = build_model(args.init_from).state_dict()
-        own = {name: name for name in names}
-        # [/full]
-        # [lora]
-        base = build_base(args, base_dtype()).state_dict()
-        own = {name: name.removeprefix("base_model.model.").replace(".base_layer.", ".") for name in names}
-        # [/lora]
-        missing = [name for name in names if own[name] not in base]
-        if missing:
-            raise SystemExit(f"--init-from {args.init_from}: no {', '.join(own[n] for n in missing[:3])} in its weights")
-        state = {name: base[own[name]] for name in names}
-        del base
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
-                                                                strict=False))
-    log(f"pretrained weights loaded from {args.init_from} into every rank's shards")
 
 
 def evaluate_sharded(model, dataset, num_replicas: int, rank: int, device, input_dtype) -> float:
@@ -226,9 +173,7 @@ def main() -> None:
         f"micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation {GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x "
         f"{world_size} x {GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * world_size * GRAD_ACCUM_STEPS}; lr {LR:g}")
 
-    model = build_sharded_model(mesh, device)
-    if args.init_from:
-        load_pretrained_shards(model, args)
+    model = build_sharded_model(mesh, device, args)
     # The optimizer sees the sharded parameters: its states are shards too (offload: a CPU step).
     # [full]
     params = list(model.parameters())

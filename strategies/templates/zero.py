@@ -80,8 +80,12 @@ def main() -> None:
     # ZeRO-3 partitions the parameters as they are created (deepspeed.zero.Init), so no rank ever holds the full
     # model. --init-from loads through transformers' DeepSpeed integration instead: while an HfDeepSpeedConfig is
     # alive, from_pretrained builds the model under zero.Init itself and copies the checkpoint into the partitions.
+    import transformers
     from transformers.integrations import HfDeepSpeedConfig
 
+    # The model's class is imported first: zero.Init replaces torch.Tensor's constructor while it is active, and
+    # transformers' modeling code imported under it fails (torch._dynamo's polyfills check that constructor).
+    getattr(transformers, HF_MODEL_CLASS)
     hf_ds_config = HfDeepSpeedConfig(ds_config) if args.init_from else None
     init = contextlib.nullcontext() if args.init_from else deepspeed.zero.Init(config_dict_or_path=ds_config)
     # [full]
