@@ -236,7 +236,9 @@ def _time_lines(p) -> list[str]:
     lines = ["", f"Step time of one optimizer step at global batch {timed[0][0].global_batch_size} (compute + "
              "communication not hidden + optimizer step). Data loading is not modelled.", *table(columns, cells)]
     lines.append("comm: all communication per step; exposed: the part compute does not hide; speedup: against the "
-                 "fastest one-GPU recipe at the same global batch by accumulation")
+                 "fastest recipe that fits one GPU, at the same global batch by accumulation (plain single runs "
+                 "autocast's weight casts, which ZeRO's 16-bit module skips, so it can read below 1.00x; '-': one GPU "
+                 "cannot hold the model)")
     return lines
 
 

@@ -161,6 +161,8 @@ def test_decoder_position_limit_caps_the_sequence_length(model_type, table):
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type))
         assert table(model).weight.shape[0] == limit == 448
+    if table is not None:  # Whisper: planned as its text decoder, and said so
+        assert any("is a speech model: advisor plans" in w and "text decoder alone" in w for w in spec.warnings)
     with pytest.raises(AdvisorError, match=f"beyond bare's {limit} learned positions: use --seq-len {limit} or less"):
         spec_from_hf_config({"model_type": model_type}, "bare", "bare.json", limit + 64)
 

@@ -192,6 +192,9 @@ def _config_warnings(config: dict[str, Any], model_type: str) -> list[str]:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
         out.append(f"quantization_config ({str(method)[:20]}) is ignored: advisor sizes training with "
                    "bf16/fp16/fp32 weights; 4/8-bit (QLoRA-style) training is not modelled")
+    speech = _speech_decoder_only(model_type)
+    if speech:
+        out.append(speech)
     arch = config.get("architectures")
     if isinstance(arch, list) and arch and isinstance(arch[0], str):
         owners = _architecture_owners(arch[0])
@@ -199,6 +202,19 @@ def _config_warnings(config: dict[str, Any], model_type: str) -> list[str]:
             out.append(f"architectures says {arch[0][:60]} (a {' / '.join(sorted(owners)[:3])} model) but model_type "
                        f"is {model_type!r}: advisor builds {model_type}; fix the config if that is wrong")
     return out
+
+
+def _speech_decoder_only(model_type: str) -> str | None:
+    """The note that a speech model is planned as its text decoder alone: advisor trains transformers' causal-LM
+    class (Whisper: WhisperForCausalLM) on token ids, without the audio encoder of the speech seq2seq class."""
+    with MODEL_BUILD_LOCK:
+        from transformers.models.auto import modeling_auto as ma
+    speech = ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES.get(model_type)
+    causal = ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if not speech or not causal or model_type in ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        return None
+    return (f"{model_type} is a speech model: advisor plans {causal}, its text decoder alone, on token ids; the "
+            f"audio encoder of {speech} is not modelled")
 
 
 def _architecture_owners(class_name: str) -> set[str]:
