@@ -9,6 +9,9 @@ The rules (issue 12):
 * among the data-parallel strategies without offload (``Strategy.sharding_stage``: 0 DDP, 1-3 ZeRO),
   a higher stage never holds more model states than a lower one (DDP from world size 2, see below);
 * a timed row's terms are >= 0 and the exposed communication is at most all of it;
+* a breakdown's named parts of its weights (``Breakdown.params_parts``) sum to its weights, and every line that
+  quotes a total "per GPU in all" lists parts that sum to it within display rounding (issue 25: a Mixtral QLoRA
+  line listed 0.03 GiB of parts against 94.60 GiB in all, the fused expert weights missing);
 * a row that does not surely fit names what is short (``short_of``: GPU memory, host RAM, or host RAM
   unknown) and says it with the figures (``fit_note``);
 * the recommended strategy fits;
@@ -19,6 +22,7 @@ The rules (issue 12):
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .errors import AdvisorError
@@ -42,6 +46,8 @@ def violations(plan: Any) -> list[str]:
             out.append(f"{r.name}: negative component(s) {negative}")
         if total is not None and total != sum(v for v in parts.values() if isinstance(v, int)):
             out.append(f"{r.name}: components sum to {sum(parts.values())}, peak says {total}")
+        if b.params_parts and sum(n for _, n in b.params_parts) != b.params:
+            out.append(f"{r.name}: the weights' parts sum to {sum(n for _, n in b.params_parts)}, weights {b.params}")
         overhead = m.device_total - b.total
         if overhead < 0 or m.device_total < 0:
             out.append(f"{r.name}: device total {m.device_total} below the peak {b.total}")
@@ -77,6 +83,10 @@ def violations(plan: Any) -> list[str]:
         chosen = plan.row(rec.strategy)
         if chosen.fits is not True:
             out.append(f"recommended {rec.strategy} does not surely fit")
+    for text in rec.reasons + rec.warnings:
+        bad = parts_do_not_add_up(text)
+        if bad:
+            out.append(bad)
     advice = [t.lower() for t in rec.reasons + rec.warnings + list(plan.warnings)]
     if plan.options.activation_checkpointing:
         for t in advice:
@@ -90,6 +100,38 @@ def violations(plan: Any) -> list[str]:
         if any(r.strategy.offload for r in rows) and "offload" not in said:
             out.append("suggests a larger cluster before naming CPU offload")
     return out
+
+
+IN_ALL = re.compile(r"; ([\d,]+\.\d\d) GiB per GPU in all")
+GIB_FIGURE = re.compile(r"(?<![\w.])([\d,]+\.\d\d) GiB")
+
+
+def listed_parts(text: str) -> list[tuple[list[float], float]]:
+    """Each "(part X GiB, part Y GiB, ...; T GiB per GPU in all" in ``text``: ([X, Y, ...], T), the parts read back to
+    the parenthesis that opens the list (parts may hold parentheses of their own)."""
+    found = []
+    for m in IN_ALL.finditer(text):
+        depth, start = 0, 0
+        for i in range(m.start() - 1, -1, -1):
+            if text[i] == ")":
+                depth += 1
+            elif text[i] == "(":
+                if depth == 0:
+                    start = i + 1
+                    break
+                depth -= 1
+        parts = [float(x.replace(",", "")) for x in GIB_FIGURE.findall(text[start:m.start()])]
+        found.append((parts, float(m.group(1).replace(",", ""))))
+    return found
+
+
+def parts_do_not_add_up(text: str) -> str | None:
+    """The rule for one line: its listed parts sum to the total it quotes, within the rounding of the figures shown
+    (each to 0.005 GiB); None when they do (or it lists none)."""
+    for parts, total in listed_parts(text):
+        if abs(sum(parts) - total) > 0.005 * (len(parts) + 1) + 1e-9:
+            return f"a line lists parts summing to {sum(parts):.2f} GiB against {total:.2f} GiB in all: {text[:120]!r}"
+    return None
 
 
 def enforce(plan: Any) -> None:

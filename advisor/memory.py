@@ -50,15 +50,47 @@ class Breakdown:
     buffers: int = 0
     other: int = 0
     phase: str = ""  # which part of the step the peak falls in
+    # What ``params`` holds, named, where the strategy builds it from parts a reader would not guess (QLoRA: the
+    # quantized weights, a mixture of experts' fused expert weights that bitsandbytes leaves unquantized, the rest);
+    # () when undivided. The parts sum to ``params`` (``advisor.invariants``).
+    params_parts: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
     @property
     def total(self) -> int:
         return self.params + self.grads + self.optimizer_states + self.activations + self.buffers + self.other
 
     def as_dict(self) -> dict[str, int]:
-        d = {k: v for k, v in asdict(self).items() if k != "phase"}
+        d = {k: v for k, v in asdict(self).items() if k not in ("phase", "params_parts")}
         d["total"] = self.total
         return d
+
+    def named_parts(self) -> list[tuple[str, int]]:
+        """Every non-zero part of ``total`` with its name, ``params`` split as ``params_parts`` says: what a line that
+        quotes the total lists (they sum to ``total``)."""
+        parts = list(self.params_parts) if self.params_parts else [("weights", self.params)]
+        parts += [("gradients", self.grads), ("optimizer states", self.optimizer_states),
+                  ("activations", self.activations), ("gathered parameters and buffers", self.buffers),
+                  ("temporaries", self.other)]
+        return [(name, n) for name, n in parts if n]
+
+
+DTYPE_NAMES = {2: "16 bits", 4: "fp32"}
+
+
+def quantized_base_parts(stats: Any, quantized: int, rest_elem: int, rest_elems: int, extra: int = 0,
+                         extra_name: str = "the trainable adapters and the buffers") -> tuple[tuple[str, int], ...]:
+    """``Breakdown.params_parts`` of a whole QLoRA base held on one rank: ``quantized`` bytes of packed 4-bit storage and
+    quant states; ``rest_elems`` unquantized frozen elements at ``rest_elem`` bytes, of which a mixture of experts'
+    fused expert weights (``ParamStats.unquantized_expert_numel``: transformers' fused 3-D expert parameters, which
+    bitsandbytes' ``replace_with_bnb_linear`` does not replace) are named on their own; ``extra``: what else the
+    weights hold (the adapters, the buffers)."""
+    experts = min(stats.unquantized_expert_numel, rest_elems)
+    dtype = DTYPE_NAMES.get(rest_elem, f"{rest_elem} bytes per element")
+    parts = [("quantized weights (packed storage and quant states)", quantized),
+             (f"fused expert weights, which bitsandbytes does not quantize, in {dtype}", experts * rest_elem),
+             (f"other unquantized weights (embeddings, norms, LM head) in {dtype}", (rest_elems - experts) * rest_elem),
+             (extra_name, extra)]
+    return tuple((name, n) for name, n in parts if n)
 
 
 def peak_of(*phases: Breakdown) -> Breakdown:

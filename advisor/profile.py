@@ -77,6 +77,10 @@ class ParamStats:
     # quantization.
     quantized_shapes: tuple[tuple[int, ...], ...] = ()
     largest_unquantized_module_params: int = 0
+    # Frozen elements of a mixture of experts' routed experts that bitsandbytes leaves unquantized: transformers stores
+    # them as fused 3-D parameters of the experts module (``routed_experts``), not ``nn.Linear`` weights, and
+    # ``replace_with_bnb_linear`` replaces ``nn.Linear`` modules only. 0 without quantization or experts.
+    unquantized_expert_numel: int = 0
 
     @property
     def num_frozen(self) -> int:
@@ -146,7 +150,10 @@ def _quantized(model, spec: ModelSpec) -> dict[str, int]:
             "quantized_bytes": sum(quantized_weight_bytes(shape, a.quantize, a.double_quant) for _, shape in found),
             "largest_quantized_numel": max((w.numel() for w, _ in found), default=0),
             "quantized_shapes": tuple(tuple(shape) for _, shape in found),
-            "largest_unquantized_module_params": plain}
+            "largest_unquantized_module_params": plain,
+            "unquantized_expert_numel": sum(p.numel() for p in {id(p): p for m, _, _ in routed_experts(model)
+                                                                for p in m.parameters()}.values()
+                                            if not p.requires_grad and id(p) not in quantized)}
 
 
 def fsdp_units(model) -> tuple[tuple[tuple[int, int, bool, bool], ...], ...]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from .context import StrategyContext
 from .gpu_presets import SLOW_NETWORKS
+from .memory import StrategyMemory
 from .rows import FRAMEWORK_NAMES, Recommendation, StrategyRow, evaluate_row, fit_verdict, fits, max_micro_batch, time_at
 from .units import fmt_count, fmt_gib, fmt_rate, fmt_s
 
@@ -172,6 +173,19 @@ def _borrowed_efficiency(ctx: StrategyContext) -> str | None:
     return (f"{preset.name} ({generation}) has no published run fitted here: its step times use another "
             f"generation's efficiencies (compute {eff.compute:.2f}, bandwidth {eff.bandwidth:.2f}; "
             f"bench/TIME.md); {error}; --mfu and --bandwidth-efficiency set them")
+
+
+OVERHEAD_NAME = "CUDA context, communicator buffers and allocator fragmentation"
+
+
+def memory_parts(m: StrategyMemory) -> list[tuple[str, int]]:
+    """The named parts of ``m.device_total``: the peak's (``Breakdown.named_parts``) and the device overhead."""
+    return m.peak.named_parts() + ([(OVERHEAD_NAME, m.overhead.total)] if m.overhead.total else [])
+
+
+def memory_parts_text(m: StrategyMemory) -> str:
+    """``weights 1.00 GiB, activations 0.50 GiB, ...``: every part of ``m.device_total`` (they sum to it)."""
+    return ", ".join(f"{name} {fmt_gib(n)}" for name, n in memory_parts(m))
 
 
 def adapter_text(ctx: StrategyContext) -> str:
@@ -593,11 +607,13 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
             big = replace(search_ctx, hardware=replace(hw, gpus_per_node=GPUS_PER_NODE_SEARCHED,
                                                        num_nodes=MAX_GPUS_SEARCHED // GPUS_PER_NODE_SEARCHED))
             floor = need.strategy.memory(big, opts.micro_batch_size)
-            b = floor.peak
+            if floor.peak.phase.startswith("loading"):  # the whole base on every rank before it is partitioned
+                fixes = ("transformers loads a quantized base whole on every GPU, without zero.Init, before DeepSpeed "
+                         "partitions it: drop --quantize (ZeRO-3 then partitions a 16-bit base as it builds) or use a GPU "
+                         "with more memory")
             reasons.append(f"even {MAX_GPUS_SEARCHED} GPUs with {need.title}{with_ac} do not fit at micro-batch "
-                           f"{opts.micro_batch_size}: what more GPUs do not shrink (activations {fmt_gib(b.activations)}, "
-                           f"gathered parameters and buffers {fmt_gib(b.buffers)}, temporaries {fmt_gib(b.other)}; "
-                           f"{fmt_gib(floor.device_total)} per GPU in all) exceeds one GPU's "
+                           f"{opts.micro_batch_size}: what more GPUs do not shrink ({memory_parts_text(floor)}; "
+                           f"{fmt_gib(floor.device_total)} per GPU in all, at the peak: {floor.peak.phase}) exceeds one GPU's "
                            f"{fmt_gib(hw.gpu_memory_bytes)}; {fixes}")
     return Recommendation(strategy=None, reasons=reasons, warnings=warnings, min_gpus=min_gpus,
                           min_nodes=min_nodes, offload_host_bytes_per_node=host)

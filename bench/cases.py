@@ -108,6 +108,7 @@ SUITE: tuple[Case, ...] = (
     _lm("llama-small", 256, "ddp", 2, 8, checkpointing=True),
     _lm("llama-small", 256, "zero2", 1, 4),
     _lm("llama-small", 256, "zero2", 2, 4),
+    _lm("llama-small", 256, "zero1", 2, 4),  # issue 25: ZeRO-1, the same run as the ZeRO-2 case above
     _lm("llama-small", 256, "zero3", 1, 4, optimizer="sgd-momentum"),
     _lm("llama-small", 256, "zero3", 2, 8),
     _lm("llama-small", 256, "tp", 2, 2),
@@ -115,6 +116,7 @@ SUITE: tuple[Case, ...] = (
     _lm("llama-small", 128, "ddp", 1, 2, precision="bf16"),
     _lm("llama-small", 128, "ddp", 2, 4, precision="bf16"),
     _lm("llama-small", 128, "zero2", 2, 4, precision="bf16"),
+    _lm("llama-small", 128, "zero1", 2, 4, precision="bf16"),
     _lm("llama-small", 128, "zero3", 2, 2, precision="bf16"),
     _lm("llama-small", 128, "tp", 2, 4, precision="bf16"),
     # FSDP2 (issue 15): both rows that run on CPU, fp32 and bf16, with and without activation checkpointing, on the

@@ -20,6 +20,7 @@ from advisor.memory import (
     device_overhead,
     optimizer_step_temp_bytes,
     peak_of,
+    quantized_base_parts,
     rule_of_thumb_split,
     trace_mode,
     weight_bytes,
@@ -71,6 +72,11 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
     w = wb.trainable_elem  # the trainable weights' dtype, which their gradients and torch's moments share
     trainable = stats.num_trainable
     params = wb.frozen + trainable * w + stats.buffer_bytes
+    # QLoRA: name the parts of the weights (``weight_bytes``: the quantized storage + the fp32 rest, which holds a
+    # mixture of experts' fused expert weights: bitsandbytes quantizes nn.Linear only).
+    parts = (quantized_base_parts(stats, stats.quantized_bytes, wb.frozen_elem, stats.num_frozen - stats.quantized_numel,
+                                  extra=trainable * w + stats.buffer_bytes)
+             if adapter is not None and adapter.quantize else ())
     full_grads = trainable * w
     optim = bnb_layout.optimizer_state_bytes(opts.optimizer, stats.trainable_shapes, w)
     dp = ctx.world_size // tp_degree if dp_size is None else dp_size
@@ -90,17 +96,17 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
         bwd_act, in_flight = step.bwd_activations, step.bwd_peak - step.bwd_activations - step.bwd_grads
     fwd = Breakdown(params=params, grads=fwd_grads, optimizer_states=optim, buffers=buckets,
                     activations=step.activations, other=max(0, step.fwd_peak - step.activations) + dequant["forward"],
-                    phase="forward")
+                    phase="forward", params_parts=parts)
     bwd = Breakdown(params=params, grads=bwd_grads, optimizer_states=optim, buffers=buckets,
-                    activations=bwd_act, other=max(0, in_flight) + dequant["backward"], phase="backward")
+                    activations=bwd_act, other=max(0, in_flight) + dequant["backward"], phase="backward", params_parts=parts)
     largest = max((math.prod(s) for s in stats.trainable_shapes), default=0) if adapter else stats.largest_param_numel
     temp = optimizer_step_temp_bytes(opts.optimizer, ctx.device, largest, w)
     opt_step = Breakdown(params=params, grads=full_grads, optimizer_states=optim, buffers=buckets, other=temp,
-                         phase="optimizer step")
+                         phase="optimizer step", params_parts=parts)
     phases = [fwd, bwd, opt_step]
     if end_of_backward_bytes:
         phases.append(Breakdown(params=params, grads=full_grads, optimizer_states=optim, buffers=buckets,
-                                other=end_of_backward_bytes, phase="end of backward"))
+                                other=end_of_backward_bytes, phase="end of backward", params_parts=parts))
     peak = peak_of(*phases)
     return StrategyMemory(peak=peak, overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
                           model_state_bytes=params + full_grads + optim)
