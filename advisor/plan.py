@@ -23,7 +23,7 @@ from .recommend import Alternative, Checkpointed, choose_micro_batch, recommend,
 from .rows import (Recommendation, StrategyRow, evaluate_row, fit_verdict, gpus_used, one_gpu_step_times,
                    single_gpu_step_s, time_at, with_speedup)
 from .schema import LORA_ALPHA, LORA_DROPOUT, PlanInputs, TrainingOptions, echo, lora_targets, validate
-from .units import fmt_count, fmt_s, gib
+from .units import counted, fmt_count, fmt_s, gib
 
 SCHEMA_VERSION = 2
 # GPUs on which FlashAttention-2 runs (compute capability >= 8.0, FlashAttention README).
@@ -167,7 +167,7 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
                            "tensor parallelism stays inside one node")
     if opts.tp_degree and hw.num_gpus % opts.tp_degree:
         raise AdvisorError(f"--tp-degree {opts.tp_degree} does not divide {hw.num_gpus} GPUs "
-                           f"({hw.gpus_per_node} per node x {hw.num_nodes} nodes)")
+                           f"({hw.gpus_per_node} per node x {counted(hw.num_nodes, 'node')})")
     opts, precision_notes = resolve_precision(opts, hw)
     spec, opts, adapter_notes = resolve_adapter(opts, spec)
     precision_notes += adapter_notes

@@ -37,6 +37,8 @@ def files(tmp_path_factory) -> dict[str, str]:
         "nan.json": '{"model_type": "llama", "hidden_size": NaN}',
         "huge_int.json": '{"model_type": "llama", "num_hidden_layers": ' + "9" * 5001 + "}",
         "huge_int_small.json": json.dumps(tiny | {"num_hidden_layers": 10**40}),
+        "kv5.json": json.dumps({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 32,
+                                "num_key_value_heads": 5, "num_hidden_layers": 2}),
     }
     paths = {}
     for name, text in content.items():
@@ -101,6 +103,9 @@ CASES = [
     (["--config", "{huge_int_small.json}"], ["num_hidden_layers", "more than 30 digits"]),
     (["resnet50", "--config", "{huge_int_small.json}"], ["not both"]),
     (["resnet50", "--gpus", "4", "--global-batch-size", "7"], ["--global-batch-size 7", "multiple of 128"]),
+    # a new user's find: 32 heads over 5 key/value heads failed inside the trace (AssertionError from sdpa_flop_count)
+    (["--config", "{kv5.json}"], ["32 attention heads are not divisible by 5 key/value heads"]),
+    (["llama-2-7b", "--tp-degree", "3", "--gpus", "4"], ["--tp-degree 3 does not divide 4 GPUs", "per node x 1 node)"]),
     (["resnet50", "--micro-batch-size", "10000000"], ["--micro-batch-size", "between 1 and"]),
     (["vit_b_16", "--image-size", "225"], ["vit_b_16", "image size"]),
     (["gpt2", "--image-size", "224"], ["--image-size", "--seq-len"]),

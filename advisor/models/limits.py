@@ -95,6 +95,10 @@ def check_config_size(config: dict[str, Any]) -> int:
     heads = config_get(config, _HEAD_KEYS)
     if heads and hidden and "head_dim" not in config and "d_kv" not in config and hidden % int(heads):
         raise AdvisorError(f"hidden size {hidden} is not divisible by {heads} attention heads: fix the config")
+    kv = config.get("num_key_value_heads")
+    if heads and kv and int(heads) % int(kv):
+        # grouped-query attention repeats each key/value head over heads / kv query heads (transformers' repeat_kv)
+        raise AdvisorError(f"{heads} attention heads are not divisible by {kv} key/value heads: fix the config")
     return rough
 
 
