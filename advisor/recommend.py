@@ -406,7 +406,9 @@ def _fewer_nodes_warning(ctx: StrategyContext, rows: list[StrategyRow], best: St
     if hw.num_nodes < 2 or best.time is None or not best.time.step_s:
         return None
     one = replace(ctx, hardware=replace(hw, num_nodes=1))
-    candidates = [evaluate_row(r.strategy, one, False) for r in eligible(rows, hw.gpus_per_node) if r.applicable]
+    # every strategy, also those that do not apply across nodes (TP stays inside one node): one node may run them
+    candidates = [evaluate_row(r.strategy, one, False) for r in eligible(rows, hw.gpus_per_node)
+                  if r.strategy is not None]
     timed = [r for r in candidates if r.applicable and r.fits is True and r.time is not None and r.time.step_s]
     if not timed:
         return None
