@@ -10,22 +10,19 @@ immutable (frozen dataclasses of tuples). Model construction holds ``advisor.loc
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
-import importlib.util
 import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from .cache import NullCache, library_versions
+from .cache import NullCache
 from .locks import MODEL_BUILD_LOCK
 from .models import ModelSpec, build_model, family_of
-from .trace import ActivationProfile, Timeline, profile_activations
+from .trace import ActivationProfile, profile_activations
+from .trace.keys import activation_profile_from_json, model_key, to_json, tuples_from_json
 
 # DeepSpeed ZeRO-3 keeps parameters smaller than this gathered on every rank
 # (``stage3_param_persistence_threshold`` default 1e5, DeepSpeed ZeRO config docs).
@@ -364,7 +361,7 @@ def cached_param_stats(spec: ModelSpec, tp_degree: int, cache: Any = None) -> Pa
         key = {"model": model_key(spec), "tp_degree": tp_degree}
         stored = cache.get("param_stats", key)
         if isinstance(stored, dict) and set(stored) == {f.name for f in dataclasses.fields(ParamStats)}:
-            return ParamStats(**{k: _tuples(v) for k, v in stored.items()})
+            return ParamStats(**{k: tuples_from_json(v) for k, v in stored.items()})
         stats = param_stats(spec, tp_degree)
         cache.put("param_stats", key, dataclasses.asdict(stats))
         return stats
@@ -388,69 +385,3 @@ def attention_dropout(spec: ModelSpec, cache: Any = None) -> float:
     value = family_of(spec).attention_dropout(spec)
     cache.put("facts", key, {"attention_dropout": value})
     return value
-
-
-# ------------------------------------------------------------------------------------- disk cache keys
-# A cached entry depends, besides the model, on the libraries that build and trace it and on this
-# program's own tracing code (its version string does not change with every edit).
-_CODE_FILES = ("trace.py", "profile.py", "checkpointing.py", "locks.py", "bnb_layout.py")
-
-
-@functools.lru_cache(maxsize=1)
-def code_hash() -> str:
-    """sha256 (16 hex digits) of the source files whose behaviour a cached trace or count depends on."""
-    here = Path(__file__).parent
-    files = [here / f for f in _CODE_FILES] + sorted(p for p in (here / "models").rglob("*.py")
-                                                     if "fragments" not in p.parts)
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.relative_to(here).as_posix().encode())
-        digest.update(f.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def factory_hash(factory: str | None) -> str | None:
-    """sha256 (16 hex digits) of a ``--model-factory`` module's file; finding it imports only its parent
-    packages. None when there is no factory or its file cannot be read (then the key still has its name)."""
-    if not factory:
-        return None
-    try:
-        found = importlib.util.find_spec(factory.split(":")[0])
-        origin = found.origin if found else None
-        return hashlib.sha256(Path(origin).read_bytes()).hexdigest()[:16] if origin else None
-    except (ImportError, ValueError, OSError):
-        return None
-
-
-def model_key(spec: ModelSpec) -> dict[str, Any]:
-    """Everything about ``spec`` that changes a trace or a count (not its display name or source)."""
-    return {"family": spec.family, "model_type": spec.model_type, "config": spec.config, "seq_len": spec.seq_len,
-            "input_shape": list(spec.input_shape) if spec.input_shape else None, "factory": spec.factory,
-            "factory_hash": factory_hash(spec.factory), "versions": library_versions(), "code": code_hash(),
-            "adapter": asdict(spec.adapter) if spec.adapter is not None else None}
-
-
-def to_json(obj: Any) -> Any:
-    """A (nested) frozen dataclass of ints, strs and tuples as JSON-able lists and dicts."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (tuple, list)):
-        return [to_json(x) for x in obj]
-    return obj
-
-
-def _tuples(obj: Any) -> Any:
-    return tuple(_tuples(x) for x in obj) if isinstance(obj, list) else obj
-
-
-def activation_profile_from_json(doc: dict[str, Any]) -> ActivationProfile:
-    """The inverse of ``to_json`` for an ``ActivationProfile`` (lists back to tuples).
-
-    Raises:
-        KeyError, TypeError: the document is not of this shape.
-    """
-    def timeline(d: dict[str, Any]) -> Timeline:
-        return Timeline(**{k: _tuples(v) for k, v in d.items()})
-
-    depths = tuple((int(depth), timeline(t1), timeline(t2)) for depth, t1, t2 in doc["depths"])
-    return ActivationProfile(**(doc | {"depths": depths}))

@@ -128,7 +128,7 @@ def test_backward_peak_net_of_gradients():
 
 
 def test_depth_extrapolation_matches_full_trace():
-    from advisor.trace import ActivationProfile, profile_activations, trace_step
+    from advisor.trace import profile_activations, trace_step
 
     spec = resolve_model("gpt2", seq_len=64)
     extrapolated = profile_activations(spec, "fp32", "flash", False).at(3)
@@ -153,7 +153,8 @@ def test_fused_attention_stand_in_lays_its_output_out_as_the_cpu_kernel(layout):
     layout. A query transposed from (B, S, H, D), as every Hugging Face attention makes it, gives an output that is
     (B, S, H, D) in memory, so the transpose + reshape before the output projection is a view in the real run; a
     contiguous (B, H, S, D) stand-in made the trace copy it there."""
-    from advisor.trace import _attention_mode_class, _LiveBytes
+    from advisor.trace.attention import _attention_mode_class
+    from advisor.trace.live_bytes import _LiveBytes
 
     b, s, h, d = 2, 32, 4, 16
     make = {"transposed": lambda: torch.randn(b, s, h, d).transpose(1, 2), "contiguous": lambda: torch.randn(b, h, s, d)}

@@ -85,7 +85,7 @@ def test_tiny_mixtral_flops_and_activations(mode):
 def test_grouped_mm_fp32_stand_in_matches_the_real_kernel():
     """The trace's fp32 ``_grouped_mm`` output (shape, dtype) and FLOP count against the real CPU kernel on
     the four layouts: (S,K)x(G,K,N), (G,M,K)x(K,S), (M,S)x(S,N) and (G,M,K)x(G,K,N)."""
-    from advisor.trace import _grouped_mm_flops, _grouped_mm_fp32
+    from advisor.trace.grouped_mm import _grouped_mm_flops, _grouped_mm_fp32
 
     offs = torch.tensor([3, 7, 16], dtype=torch.int32)
     cases = [(torch.randn(16, 8), torch.randn(3, 8, 4), offs, 2 * 16 * 8 * 4),

@@ -14,6 +14,7 @@ from advisor import profile, trace
 from advisor.cache import DiskCache
 from advisor.plan import plan, plan_to_dict
 from advisor.schema import plan_inputs
+from advisor.trace import keys
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "data" / "tiny_llama.json")
@@ -107,11 +108,18 @@ def test_a_changed_config_misses(counted, tmp_path):
 def test_library_and_code_versions_are_in_the_key(counted, monkeypatch):
     _doc()
     counted["traces"].clear()
-    monkeypatch.setattr(profile, "library_versions", lambda: {"torch": "0.0.0"})
+    monkeypatch.setattr(keys, "library_versions", lambda: {"torch": "0.0.0"})
     _doc()
     assert counted["traces"]
-    key = profile.model_key(plan(plan_inputs(**BASE)).spec)
-    assert key["code"] == profile.code_hash() and len(key["code"]) == 16
+    key = keys.model_key(plan(plan_inputs(**BASE)).spec)
+    assert key["code"] == keys.code_hash() and len(key["code"]) == 16
+
+
+def test_the_code_hash_reads_every_file_of_the_trace_package():
+    read = {p.resolve() for p in keys.code_files()}
+    package = ROOT / "advisor" / "trace"
+    assert {package / "__init__.py", package / "timeline.py", ROOT / "advisor" / "profile.py"} <= read
+    assert set(package.rglob("*.py")) <= read
 
 
 def test_a_corrupt_entry_is_traced_again_and_rewritten(counted, tmp_path):
