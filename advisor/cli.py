@@ -1,5 +1,6 @@
-"""``python -m advisor MODEL [options]``: a thin argparse face over ``advisor.plan.plan``; plus two
-subcommands with their own faces: ``check`` (advisor.check.cli) and ``doctor`` (advisor.doctor).
+"""``python -m advisor MODEL [options]``: a thin argparse face over ``advisor.plan.plan``; plus subcommands
+with their own faces: ``check`` (advisor.check.cli), ``doctor`` (advisor.doctor), ``cache`` (advisor.cache)
+and ``page`` (the Streamlit page, advisor.page.launch).
 
 Examples:
     python -m advisor resnet50 --gpus 4
@@ -7,6 +8,7 @@ Examples:
     python -m advisor --config my/config.json --gpus 8 --json
     python -m advisor check train.py            # multi-GPU pitfalls in your own script
     python -m advisor doctor --ckpt-dir ckpt/   # pre-flight checks of this machine
+    python -m advisor page                      # the same planner in a browser (needs streamlit)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .errors import AdvisorError
 from .faces import OneLineParser, finite_float, positive_float, positive_int, quiet_library_logs, run_face
 from .schema import GROUP_TITLES, Field, PlanInputs, RunOptions, fields_for, inputs_from_values, parse_shape
 from .schema import resolve_choices
+from .text_table import amount, fits_word, gib_cell, short_phase, table
 from .units import counted, fmt_count, gib
 
 VERIFY_STEPS, VERIFY_TIMEOUT_S = 6, 600.0
@@ -73,7 +76,9 @@ def build_parser(strategy_names: tuple[str, ...] | None = None) -> argparse.Argu
                 epilog="Subcommands: 'advisor check FILE.py ...' finds single-to-multi-GPU pitfalls in your own "
                 "training script (read as a syntax tree, never run); 'advisor doctor' runs the pre-flight "
                 "checks of this machine (GPUs, driver, NCCL/gloo, a 2-rank all-reduce, port, directories); "
-                "'advisor cache info|clear' shows or empties the trace cache. Each has --help.")
+                "'advisor cache info|clear' shows or empties the trace cache; 'advisor page [streamlit run options]' "
+                "serves the Streamlit page (needs advisor[app]). Each has --help.")
+    p.add_argument("--version", action="store_true", help="print advisor's version and exit")
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in fields_for("cli"):
         if f.opt.positional:
@@ -117,10 +122,6 @@ def inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, RunOptions]:
     return inputs_from_values(_values(args))
 
 
-def _g(n: int | None) -> str:
-    return "-" if n is None else f"{gib(n):.2f}"
-
-
 def render_text(p, strategy: str | None = None) -> str:
     """The human-readable report: inputs, a breakdown table (GiB), the recommendation, and the launch
     line of ``strategy`` (default: the recommended one)."""
@@ -162,14 +163,14 @@ def render_text(p, strategy: str | None = None) -> str:
             continue
         b, m = r.memory.peak, r.memory
         rule = f"{gib(r.rule_of_thumb_bytes):.1f}{'' if r.rule_of_thumb_fits else '!'}"
-        cells.append([r.name, *map(_g, (b.params, b.grads, b.optimizer_states, b.activations, b.buffers, b.other,
-                                        b.total, m.device_total)),
-                      _fits_word(r.fits, r.short_of), rule, str(r.max_micro_batch_size), str(r.grad_accum_steps),
-                      _short_phase(b.phase), _g(m.host_bytes_per_node) if m.host_bytes_per_node else "-"])
+        cells.append([r.name, *map(gib_cell, (b.params, b.grads, b.optimizer_states, b.activations, b.buffers,
+                                              b.other, b.total, m.device_total)),
+                      fits_word(r.fits, r.short_of), rule, str(r.max_micro_batch_size), str(r.grad_accum_steps),
+                      short_phase(b.phase), gib_cell(m.host_bytes_per_node) if m.host_bytes_per_node else "-"])
         if r.deepspeed_estimate:
             de = r.deepspeed_estimate
-            cells.append(f"DeepSpeed's estimator (model states only): {_g(de['gpu_bytes'])} GiB/GPU, "
-                         f"{_g(de['host_bytes_per_node'])} GiB host/node")
+            cells.append(f"DeepSpeed's estimator (model states only): {gib_cell(de['gpu_bytes'])} GiB/GPU, "
+                         f"{gib_cell(de['host_bytes_per_node'])} GiB host/node")
     lines += table(columns, cells)
     lines.append("16B/p: 16 bytes/parameter x safety factor, sharded per strategy ('!' = over the GPU memory)")
     if any(r.applicable and r.fits is None for r in p.rows):
@@ -231,7 +232,7 @@ def _time_lines(p) -> list[str]:
         row = [r.name, *(fmt_s(d[k]) for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "optimizer_s")),
                fmt_rate(rate or 0), fmt_rate(per or 0), mfu, speed]
         if budget:
-            row += [_amount(d.get("train_hours")), _amount(d.get("gpu_hours")), _amount(d.get("cost"), cents=True)]
+            row += [amount(d.get("train_hours")), amount(d.get("gpu_hours")), amount(d.get("cost"), cents=True)]
         cells.append(row)
     lines = ["", f"Step time of one optimizer step at global batch {timed[0][0].global_batch_size} (compute + "
              "communication not hidden + optimizer step). Data loading is not modelled.", *table(columns, cells)]
@@ -240,50 +241,6 @@ def _time_lines(p) -> list[str]:
                  "autocast's weight casts, which ZeRO's 16-bit module skips, so it can read below 1.00x; '-': one GPU "
                  "cannot hold the model)")
     return lines
-
-
-def table(columns: list[tuple[str, str, int, str]], rows: list[list[str] | str]) -> list[str]:
-    """A text table: the header, a rule and one line per row, each column as wide as its widest cell.
-
-    ``columns``: (title, "<" or ">", minimum width, gap written before the column); a right-aligned column keeps
-    one space before its widest cell. ``rows``: cells as strings, or a string for a line that is written as it is
-    (an "n/a" row, a note under a row), indented to the second column when it names no strategy first.
-    """
-    widths = []
-    for i, (title, align, least, _) in enumerate(columns):
-        cells = [title, *(row[i] for row in rows if not isinstance(row, str))]
-        widths.append(max(least, *(len(c) + (align == ">") for c in cells)))
-    widths[-1] = 0 if columns[-1][1] == "<" else widths[-1]  # a last left-aligned column needs no padding
-
-    def line(cells: list[str]) -> str:
-        return "".join(f"{gap}{cell:{align}{width}}" for (_, align, _, gap), width, cell in zip(columns, widths, cells))
-
-    head = line([c[0] for c in columns])
-    out = [head, "-" * len(head)]
-    for row in rows:
-        if isinstance(row, str):
-            first, _, rest = row.partition(" ")
-            out.append(f"{first:<{widths[0]}} {rest}" if rest.startswith("n/a:") else f"{'':<{widths[0]}}{row}")
-        else:
-            out.append(line(row))
-    return out
-
-
-def _amount(x: float | None, cents: bool = False) -> str:
-    """Hours, GPU-hours or a cost for the budget columns, without scientific notation: thousands with separators
-    (12,345), smaller figures with 1 decimal (cents: 2), tiny ones with 2 significant digits; '-' for None."""
-    if x is None:
-        return "-"
-    if x >= 1000:
-        return f"{x:,.0f}"
-    if x >= 1:
-        return f"{x:.2f}" if cents else f"{x:.1f}"
-    return f"{x:.2g}"
-
-
-def _fits_word(fits: bool | None, short_of: str | None = None) -> str:
-    """yes / NO (GPU memory) / RAM! (host RAM) / ? (it depends on host RAM nobody gave)."""
-    return "?" if fits is None else "yes" if fits else "RAM!" if short_of == "host RAM" else "NO"
 
 
 def _load_line(rows: list, init_from: str | None = None, base_16bit: bool = False) -> str | None:
@@ -300,21 +257,12 @@ def _load_line(rows: list, init_from: str | None = None, base_16bit: bool = Fals
     if init_from:
         dtype = "16 bits (the LoRA base)" if base_16bit else "fp32"
         return ("host RAM per node while the script loads the pretrained weights from --init-from (each rank loads "
-                f"them on the CPU in {dtype}, twice over where a torch.load'ed state_dict sits beside the model; ZeRO-3 "
-                "under zero.Init: rank 0 alone reads the checkpoint; FSDP2: the shards plus rank 0's whole copy, "
-                "which it broadcasts into them, on node 0; single is one process), GiB: " + ", ".join(parts))
+                f"them on the CPU in {dtype}, twice over where a torch.load'ed state_dict sits beside the model; "
+                "ZeRO-3 under zero.Init: rank 0 alone reads the checkpoint; FSDP2: the shards plus rank 0's whole "
+                "copy, which it broadcasts into them, on node 0; single is one process), GiB: " + ", ".join(parts))
     return ("host RAM per node while the script builds the model (each rank builds it on the CPU in fp32; "
             "ZeRO-3 partitions as it builds; FSDP2 builds on the meta device and materialises only its shards; "
             "single is one process), GiB: " + ", ".join(parts))
-
-
-def _short_phase(phase: str) -> str:
-    """A strategy's phase label (``Breakdown.phase``) in the table's few characters."""
-    for prefix, short in (("forward", "fwd"), ("backward", "bwd"), ("end of backward", "bwd-end"),
-                          ("optimizer step (flatten)", "step-flat"), ("optimizer step", "step")):
-        if phase.startswith(prefix):
-            return short
-    return phase[:9]
 
 
 def _launch_line(p, strategy: str | None) -> str | None:
@@ -392,7 +340,20 @@ def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool):
     return outcome
 
 
-SUBCOMMANDS = ("check", "doctor", "cache")
+def package_version() -> str:
+    """advisor's version: the installed distribution's (``importlib.metadata``), else ``advisor.__version__``
+    (a checkout used without installing it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("advisor")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
+SUBCOMMANDS = ("check", "doctor", "cache", "page")
 
 
 def _subcommand(name: str, argv: list[str]) -> int:
@@ -404,6 +365,10 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from .cache import main as cache_main
 
         return cache_main(argv)
+    if name == "page":
+        from .page.launch import main as page_main
+
+        return page_main(argv)
     from .doctor import main as doctor_main
 
     return doctor_main(argv)
@@ -420,6 +385,9 @@ def _plan_face(argv: list[str]) -> int:
     if pointer:
         raise AdvisorError(pointer)
     args = build_parser().parse_args(argv)
+    if args.version:
+        print(f"advisor {package_version()}")
+        return 0
     if args.list_models:
         from .models import known_model_names
 
@@ -453,7 +421,7 @@ def _plan_face(argv: list[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry. Returns the exit code: 0 answered (even "nothing fits"), 1 a failed verification, 2 bad input,
     75 the machine busy with another verification.
-    ``check``, ``doctor`` and ``cache`` as the first argument hand the rest to their own faces.
+    ``check``, ``doctor``, ``cache`` and ``page`` as the first argument hand the rest to their own faces.
     Never contacts a model hub (``HF_HUB_OFFLINE=1``; set here, at the entry point, not on import)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # advisor prints its own warnings

@@ -9,10 +9,8 @@ One verification runs at a time per machine (a file lock); runs compete for the 
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import threading
@@ -34,14 +32,14 @@ from .processes import (
     free_port,
     kill_group,
     lock_path,
-    root_cause,
 )
+from .run_report import failure_message, read_report, teardown_note
 from .schema import PlanInputs
 from .timing.calibrate import OtherCpu
 
 __all__ = ["MAX_CPU_RANKS", "TIMING_STEPS", "TOLERANCE", "WARMUP_STEPS", "MachineLock", "VerifyBusy", "VerifyResult",
            "add_step_time", "calibrated", "conclude", "free_port", "lock_path", "median_step_s", "predicted_step_s",
-           "read_report", "step_time_line", "teardown_note", "verify"]
+           "step_time_line", "verify"]
 
 MAX_CPU_RANKS = 4
 CPU_RANK_THREADS = 1  # intra-op threads of each CPU rank (OMP_NUM_THREADS), as the calibration measures them
@@ -50,7 +48,6 @@ TIMING_STEPS = 5  # steps run after the measured ones with the memory meter off:
 BUSY_SHARE = 0.10  # other processes' share of the CPUs during a run above which the step time is said inflated
 TOLERANCE = 0.25  # |estimate - measured| / measured; the benchmark's worst-case target (bench/README)
 _STEP_RE = re.compile(r"step (\d+)/(\d+) loss ([-\d.naninf]+)")
-_OOM_PATTERNS = ("out of memory", "OutOfMemoryError", "Cannot allocate memory", "std::bad_alloc")
 
 
 @dataclass
@@ -180,20 +177,6 @@ def _launch(cmd: list[str], cwd: Path, env: dict, timeout_s: float, total_steps:
     return (None if timed_out else proc.returncode), timed_out
 
 
-def _failure_message(log_path: Path, rc: int | None, timed_out: bool, timeout_s: float) -> str:
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    tail = root_cause(text)
-    if timed_out:
-        return (f"the run did not finish within {timeout_s:.0f} s and was stopped (all ranks killed); "
-                f"raise --timeout or lower --steps. Log: {log_path}")
-    killed = rc in (-9, 137, 247) or "return code = -9" in text or "Signal 9 (SIGKILL)" in text
-    if any(p in text for p in _OOM_PATTERNS) or killed:
-        return (f"the run ran out of memory or a rank was killed (SIGKILL: the kernel's OOM killer, exit code "
-                f"{rc}); lower --micro-batch-size or pick a sharded "
-                f"strategy. Log: {log_path}. Cause: {tail}")
-    return f"the training script failed with exit code {rc}: {tail}. Log: {log_path}"
-
-
 def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: float = 600.0,
            out_dir: str | None = None, force: bool = False, precision_explicit: bool = False,
            progress: Callable[[str], None] | None = None, timing_steps: int = TIMING_STEPS) -> VerifyResult:
@@ -263,58 +246,6 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
     return conclude(result, rc, timed_out, timeout_s, started)
 
 
-def read_report(path: Path, world_size: int, steps: int, since: float) -> tuple[dict | None, str]:
-    """The run's report if it is whole, else (None, why not). Whole: written by this run (not before
-    ``since``, so a report left by an earlier run in a --force'd directory never counts), valid JSON,
-    one entry for each rank 0 .. world_size-1 with its peak and a loss for each of ``steps`` steps.
-    Rank 0 writes it only after gathering every rank's figures, so a whole report means every rank
-    finished training and measured."""
-    try:
-        if path.stat().st_mtime < since - 1.0:  # 1 s: file time stamps are coarser than time.time()
-            return None, f"{path} is left over from an earlier run"
-        report = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None, "no report was written"
-    except (OSError, ValueError) as err:
-        return None, f"the report {path} is unreadable or cut short ({err})"
-    per_rank = report.get("per_rank") if isinstance(report, dict) else None
-    if not isinstance(per_rank, list) or not all(isinstance(r, dict) for r in per_rank):
-        return None, f"the report {path} has no per-rank list"
-    ranks = [r.get("rank") for r in per_rank]
-    if not all(type(x) is int for x in ranks) or sorted(ranks) != list(range(world_size)):
-        return None, f"the report has ranks {ranks}, expected 0..{world_size - 1}"
-    for r in per_rank:
-        if not isinstance(r.get("peak_allocated_bytes"), int) or len(r.get("losses") or []) != steps:
-            return None, f"rank {r['rank']} reported {len(r.get('losses') or [])} of {steps} steps or no peak"
-    return report, ""
-
-
-_DS_EXIT = re.compile(r"--local_rank=(\d+)'.*exits with return code = (-?\d+)")
-_TORCHRUN_EXIT = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
-
-
-def teardown_note(log_text: str, rc: int | None, timed_out: bool, timeout_s: float) -> str:
-    """What went wrong after every rank had reported, in one line, from the launcher's log: the
-    deepspeed launcher names the failed rank's --local_rank and return code, torchrun's failure
-    summary its rank and exit code."""
-    if timed_out:
-        return (f"all ranks reported, then the run did not exit within {timeout_s:.0f} s (stuck in teardown) and "
-                "was stopped: figures are valid")
-    m = _DS_EXIT.search(log_text) or _TORCHRUN_EXIT.search(log_text)
-    if m:
-        code = int(m.group(2))
-        sig = ""
-        if code < 0:
-            try:
-                sig = f" ({signal.Signals(-code).name})"
-            except ValueError:
-                pass
-        what = f"rank {m.group(1)} exited with {code}{sig}"
-    else:
-        what = f"the launcher exited with code {rc}"
-    return f"all ranks reported, then {what} during teardown: figures are valid"
-
-
 def conclude(result: VerifyResult, rc: int | None, timed_out: bool, timeout_s: float, since: float) -> VerifyResult:
     """Measured or failed, from the launcher's exit and the report in ``result.log_dir``/out. A run
     whose ranks all reported and which then crashed or hung in teardown (e.g. a rank aborting in
@@ -326,7 +257,7 @@ def conclude(result: VerifyResult, rc: int | None, timed_out: bool, timeout_s: f
         if rc == 0:
             result.message = f"the run exited 0 but {why}. Log: {run_dir / 'run.log'}"
         else:
-            result.message = _failure_message(run_dir / "run.log", rc, timed_out, timeout_s)
+            result.message = failure_message(run_dir / "run.log", rc, timed_out, timeout_s)
         return result
     if rc != 0:
         log_path = run_dir / "run.log"

@@ -1,4 +1,5 @@
-"""The Streamlit page (app.py) under ``streamlit.testing.v1.AppTest``: no browser, no server.
+"""The Streamlit page (advisor/page, run by the app.py shim) under ``streamlit.testing.v1.AppTest``: no browser,
+no server.
 
 The first run in a process imports torch/transformers (several seconds); plans are cached per input
 by the page, so later runs with the same inputs are fast.
@@ -73,6 +74,17 @@ def at() -> AppTest:
     app.run()
     assert not app.exception, texts(app.exception)
     return app
+
+
+def test_the_package_page_runs_as_streamlit_runs_it() -> None:
+    """``advisor page`` serves advisor/page/app.py itself (not the repository's app.py shim): executed as a
+    script, with absolute imports, it draws the same page."""
+    page = AppTest.from_file(str(APP.parent / "advisor" / "page" / "app.py"), default_timeout=TIMEOUT)
+    page.run()
+    assert not page.exception, texts(page.exception)
+    assert any(t.startswith("Recommendation: ") for t in texts(page.success)), texts(page.success)
+    page.run()  # a rerun executes the script again
+    assert not page.exception and int(metric(page, "Parameters").replace(",", "")) > 0
 
 
 def test_default_page_renders_recommendation(at: AppTest) -> None:
@@ -271,9 +283,9 @@ def test_chart_with_eleven_strategies_labels_every_bar(monkeypatch: pytest.Monke
     assert y["axis"]["labelOverlap"] is False  # never thinned out
     assert y["axis"]["labelLimit"] == 0  # never cut ("..."): 0 is no limit in Vega
     assert y["axis"].get("labelAngle", 0) == 0
-    import app as page
+    from advisor.page.charts import CHART_ROW_PX
 
-    assert spec["height"] >= page.CHART_ROW_PX * len(y["sort"])  # a row of its own per label
+    assert spec["height"] >= CHART_ROW_PX * len(y["sort"])  # a row of its own per label
 
 
 def test_capacity_line_is_named_in_readable_text(at: AppTest) -> None:
@@ -302,7 +314,7 @@ def test_host_ram_is_a_page_field_and_messages_name_it(at: AppTest) -> None:
 
 
 def test_page_text_turns_flags_with_a_widget_into_its_label() -> None:
-    import app as page
+    from advisor.page import words as page
     from advisor.schema import field_labels
 
     for flag, label in field_labels().items():
@@ -341,7 +353,7 @@ def test_na_rows_show_na_and_the_whole_reason(at: AppTest) -> None:
 
 def test_verify_writes_a_new_folder_in_the_chosen_runs_folder(at: AppTest, monkeypatch: pytest.MonkeyPatch,
                                                              tmp_path: Path) -> None:
-    import app as page
+    from advisor.page import runner
 
     default = at.text_input(key="runs_dir")
     assert default.value == str((Path.cwd() / "advisor-runs").resolve())  # the CLI's default, shown
@@ -356,10 +368,10 @@ def test_verify_writes_a_new_folder_in_the_chosen_runs_folder(at: AppTest, monke
     out = Path(calls[0]["out_dir"])
     assert out.parent == runs and out.name.startswith("gpt2-single-")
     # an existing run is never reused: the next one gets a suffix
-    monkeypatch.setattr(page.time, "strftime", lambda fmt: "20260101-000000")
+    monkeypatch.setattr(runner.time, "strftime", lambda fmt: "20260101-000000")
     (runs / "gpt2-ddp-20260101-000000").mkdir(parents=True)
     (runs / "gpt2-ddp-20260101-000000-2").mkdir()
-    assert page.new_run_dir(str(runs), "gpt2", "ddp") == runs / "gpt2-ddp-20260101-000000-3"
+    assert runner.new_run_dir(str(runs), "gpt2", "ddp") == runs / "gpt2-ddp-20260101-000000-3"
 
 
 def test_runs_folder_that_is_a_file_is_a_message(at: AppTest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -385,8 +397,11 @@ def test_check_tab_lists_findings_of_a_pasted_script(at: AppTest) -> None:
     at.text_area(key="check_text").input(bad).run()
     assert not at.exception, texts(at.exception)
     frame = next(d.value for d in at.dataframe if "rule" in d.value.columns)
-    expected = [(f.line, f.rule) for f in check_source(bad, "train.py")]
+    findings = check_source(bad, "train.py")
+    expected = [(f.line, f.rule) for f in findings]
     assert list(zip(frame["line"], frame["rule"])) == expected and expected
+    assert list(frame.columns) == ["line", "rule", "severity", "message", "fix", "pitfall"]
+    assert list(frame["pitfall"]) == [f.field_note for f in findings]
     assert any(e.startswith(f"{len(expected)} finding(s) in train.py") for e in texts(at.error)), texts(at.error)
     assert any("Recommendation: " in t for t in texts(at.success))  # the plan tab still renders
 

@@ -25,8 +25,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("strategies",),
     ("advisor.rows", "advisor.recommend", "advisor.invariants"),
     ("advisor.plan",),
-    ("advisor.verify",),
-    ("advisor.cli", "advisor.__main__", "app", "bench"),
+    ("advisor.verify", "advisor.run_report"),
+    ("advisor.cli", "advisor.__main__", "advisor.text_table", "advisor.page", "app", "bench"),
 ]
 BESIDE = ("advisor.check", "advisor.doctor")
 
@@ -39,6 +39,7 @@ def _module_name(path: Path) -> str:
 
 
 def _sources() -> dict[str, Path]:
+    # advisor/ with its packages (advisor/page: the Streamlit page) and the repository's app.py shim.
     files = [ROOT / "app.py", *(ROOT / "advisor").rglob("*.py"), *(ROOT / "strategies").glob("*.py"),
              *(ROOT / "bench").glob("*.py")]
     # Fragments and templates are text pasted into generated scripts, not modules of this program.
@@ -145,6 +146,13 @@ def test_no_import_cycles():
     assert not cycles, cycles
 
 
+def test_the_page_package_is_scanned_in_the_faces_layer():
+    modules = _sources()
+    page = {name for name in modules if name.startswith("advisor.page.")}
+    assert {"advisor.page.app", "advisor.page.form", "advisor.page.launch"} <= page
+    assert {_layer(name) for name in page | {"app", "advisor.cli"}} == {len(LAYERS) - 1}
+
+
 def test_the_import_scan_sees_imports_inside_functions():
     imports = _imports("advisor.cli", ROOT / "advisor" / "cli.py")
     assert "advisor.plan" in imports and "advisor.verify" in imports  # both are imported inside functions
@@ -222,7 +230,7 @@ def test_cli_flags_are_exactly_the_schema_cli_fields():
     from advisor.cli import build_parser
 
     parser = build_parser()
-    flags = {o for a in parser._actions for o in a.option_strings if o.startswith("--")} - {"--help"}
+    flags = {o for a in parser._actions for o in a.option_strings if o.startswith("--")} - {"--help", "--version"}
     positionals = {a.dest for a in parser._actions if not a.option_strings}
     cli = schema.fields_for("cli")
     assert flags == {f.opt.flag for f in cli if not f.opt.positional}
@@ -243,14 +251,14 @@ def test_help_lists_the_registries_choices():
 def test_page_widgets_are_exactly_the_schema_page_fields():
     from streamlit.testing.v1 import AppTest
 
-    import app
+    from advisor.page.app import CONTROLS
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
     at.run()
     at.selectbox(key="model").select("resnet18").run()  # the vision fields
     vision = _widget_keys(at)
     at.selectbox(key="model").select("gpt2").run()  # the transformer fields
-    keys = (vision | _widget_keys(at)) - set(app.CONTROLS)
+    keys = (vision | _widget_keys(at)) - set(CONTROLS)
     assert not at.exception
     assert keys == {f.name for f in schema.fields_for("page")}
 

@@ -342,16 +342,16 @@ def test_bench_time_reproduces_nanogpt_within_the_target():
 
 
 def test_page_stacks_each_strategy_step_time():
-    import app
+    from advisor.page import charts
 
     doc = plan_to_dict(_plan(config_path=SMALL, seq_len=64, gpus=2, gpu="A100-80GB", micro_batch_size=4))
-    frame = app.time_frame(doc)
+    frame = charts.time_frame(doc)
     timed = [s for s in doc["strategies"] if s["applicable"] and s["time"]]
-    assert len(frame) == 3 * len(timed) and set(frame["part"]) == {label for _, label in app.TIME_PARTS}
+    assert len(frame) == 3 * len(timed) and set(frame["part"]) == {label for _, label in charts.TIME_PARTS}
     for s in timed:
         parts = frame[frame["strategy"] == s["title"]]["seconds"].sum()
         assert parts == pytest.approx(s["time"]["step_s"])
-    spec = app.time_chart(frame, [s["title"] for s in timed]).to_dict()
+    spec = charts.time_chart(frame, [s["title"] for s in timed]).to_dict()
     assert "data loading not modelled" in spec["encoding"]["x"]["title"]
 
 

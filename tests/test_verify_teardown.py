@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from advisor.verify import VerifyResult, _launch, conclude, free_port, read_report, teardown_note
+from advisor.run_report import read_report, teardown_note
+from advisor.verify import VerifyResult, _launch, conclude, free_port
 from strategies.launchers import DEEPSPEED, TORCHRUN
 
 STEPS = 2

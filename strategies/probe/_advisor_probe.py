@@ -22,7 +22,7 @@ a few torch / DeepSpeed entry points, calls ``main()``, and records per rank:
   used, and the trained model's loss on the first micro-batch (``final_eval_loss``, compared with the exported
   weights by the tests).
 
-The report (``--out``/report.json, the format ``advisor.verify.read_report`` reads) is gathered to rank 0 when the
+The report (``--out``/report.json, the format ``advisor.run_report.read_report`` reads) is gathered to rank 0 when the
 script destroys its process group (one process: when ``main()`` returns).
 """
 

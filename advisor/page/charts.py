@@ -1,0 +1,163 @@
+"""The plan's memory and time on the page: per-GPU memory by component and seconds per optimizer step as
+long-form frames and Altair charts (one row per strategy), and the per-strategy table. Frames and the table
+are built from ``advisor.plan.plan_to_dict``'s document; sizes are shown in GiB (2**30 bytes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from advisor.page.words import md, page_text
+from advisor.units import GiB
+
+# The chart's components, bottom to top: Breakdown fields (plan_to_dict keys) -> legend labels, then
+# what nvidia-smi shows beyond the peak allocated.
+BREAKDOWN = {"params": "params", "grads": "grads", "optimizer_states": "optimizer states",
+             "activations": "activations", "buffers": "buffers", "other": "other"}
+OVERHEAD = "device overhead"
+COMPONENTS = (*BREAKDOWN.values(), OVERHEAD)
+
+
+def memory_frame(doc: dict[str, Any]) -> pd.DataFrame:
+    """Long-form per-GPU GiB by component for every applicable strategy (device overhead = device
+    total - peak allocated)."""
+    rows = []
+    for s in doc["strategies"]:
+        if not s["applicable"]:
+            continue
+        b = s["per_gpu_bytes"]
+        parts = {label: b[key] for key, label in BREAKDOWN.items()} | {OVERHEAD: b["device_total"] - b["total"]}
+        for order, (component, n) in enumerate(parts.items()):
+            rows.append({"strategy": s["title"], "component": component, "order": order, "GiB": n / GiB,
+                         "device total GiB": b["device_total"] / GiB})
+    return pd.DataFrame(rows)
+
+
+CHART_ROW_PX = 32  # height per strategy: each bar has a row of its own and its whole title as the label
+CHART_AXES_PX = 70  # the axis and its title below the bars
+
+
+def memory_chart(frame: pd.DataFrame, capacity_bytes: int, strategy_order: list[str],
+                 zoom: bool = False) -> alt.Chart | alt.LayerChart:
+    """Horizontal stacked bars, one row per strategy labelled with its whole title (however many
+    strategies: no label is dropped, turned or cut), and a red dashed rule at the GPU's usable memory,
+    named with its value in the axis title (theme-coloured text, readable on light and dark pages).
+    ``zoom``: scale the axis to the longest bar (the capacity line is left out when it lies beyond)."""
+    cap = capacity_bytes / GiB
+    top = float(frame["device total GiB"].max()) * 1.05
+    zoomed = zoom and 0 < top < cap
+    title = (f"per-GPU memory (GiB); red dashed line: GPU memory {cap:.2f} GiB" if not zoomed else
+             f"per-GPU memory (GiB); GPU memory {cap:.2f} GiB is beyond this scale")
+    bars = alt.Chart(frame).mark_bar().encode(
+        y=alt.Y("strategy:N", sort=strategy_order, title=None,
+                axis=alt.Axis(labelLimit=0, labelOverlap=False, labelAngle=0, labelPadding=6)),
+        x=alt.X("sum(GiB):Q", stack="zero", title=title,
+                scale=alt.Scale(domain=[0, top]) if zoomed else alt.Scale()),
+        color=alt.Color("component:N", sort=list(COMPONENTS), title="component"),
+        order=alt.Order("order:Q"),
+        tooltip=["strategy:N", "component:N", alt.Tooltip("GiB:Q", format=".2f"),
+                 alt.Tooltip("device total GiB:Q", format=".2f")],
+    ).properties(height=CHART_ROW_PX * len(strategy_order) + CHART_AXES_PX)
+    if zoomed:
+        return bars
+    line = pd.DataFrame({"GiB": [cap]})
+    rule = alt.Chart(line).mark_rule(color="red", strokeDash=[6, 4], size=2).encode(
+        x="GiB:Q", tooltip=[alt.Tooltip("GiB:Q", format=".2f", title="GPU memory (GiB)")])
+    return alt.layer(bars, rule)
+
+
+TIME_PARTS = (("compute_s", "compute"), ("exposed_comm_s", "communication not hidden"), ("optimizer_s", "optimizer"))
+
+
+def time_frame(doc: dict[str, Any]) -> pd.DataFrame:
+    """Long-form seconds per optimizer step by part for every timed strategy (issue 13)."""
+    rows = []
+    for s in doc["strategies"]:
+        t = s.get("time")
+        if not s["applicable"] or not t:
+            continue
+        for order, (key, label) in enumerate(TIME_PARTS):
+            rows.append({"strategy": s["title"], "part": label, "order": order, "seconds": t[key],
+                         "step (s)": t["step_s"]})
+    return pd.DataFrame(rows)
+
+
+def time_chart(frame: pd.DataFrame, strategy_order: list[str]) -> alt.Chart:
+    """Horizontal stacked bars of one optimizer step's seconds per strategy, in the memory chart's rows."""
+    return alt.Chart(frame).mark_bar().encode(
+        y=alt.Y("strategy:N", sort=strategy_order, title=None,
+                axis=alt.Axis(labelLimit=0, labelOverlap=False, labelAngle=0, labelPadding=6)),
+        x=alt.X("sum(seconds):Q", stack="zero", title="seconds per optimizer step (data loading not modelled)"),
+        color=alt.Color("part:N", sort=[label for _, label in TIME_PARTS], title="part"),
+        order=alt.Order("order:Q"),
+        tooltip=["strategy:N", "part:N", alt.Tooltip("seconds:Q", format=".4f"),
+                 alt.Tooltip("step (s):Q", format=".4f")],
+    ).properties(height=CHART_ROW_PX * len(strategy_order) + CHART_AXES_PX)
+
+
+NONE_CELL = "—"  # a cell with nothing to show (not Markdown syntax, unlike "-")
+TABLE_COLUMNS = ("strategy", "name", "fits", "device total (GiB)", "peak allocated (GiB)", "max micro-batch",
+                 "grad. accumulation steps", "global batch", "host RAM / node (GiB)", "note")
+
+
+def _fits_text(s: dict[str, Any]) -> str:
+    """yes / no / ? (the verdict waits for host RAM nobody gave)."""
+    return "?" if s["fits"] is None else "yes" if s["fits"] else "no"
+
+
+def _note(s: dict[str, Any]) -> str:
+    """Where the peak is and what is short, in the page's words (``page_text``)."""
+    short = s["short_of"]
+    what = ("host RAM per node unknown: give --host-mem" if short == "host RAM unknown" else
+            f"short of {short}" if short else None)
+    return page_text(f"peak in the {s['peak_phase']}" + (f"; {what}" if what else ""))
+
+
+def strategy_table(doc: dict[str, Any]) -> pd.DataFrame:
+    """One row per strategy, as the text shown (a static table: nothing is cut or shown as "None"): fits,
+    GiB, max micro-batch, accumulation steps, host RAM; "n/a" and the whole reason when n/a."""
+    rows = []
+    for s in doc["strategies"]:
+        row = dict.fromkeys(TABLE_COLUMNS, NONE_CELL) | {"strategy": s["title"], "name": s["name"]}
+        if not s["applicable"]:
+            rows.append(row | {"fits": "n/a", "note": "n/a: " + page_text(s["reason"] or "does not apply")})
+            continue
+        b, host = s["per_gpu_bytes"], s["host_bytes_per_node"]
+        rows.append(row | {"fits": _fits_text(s), "device total (GiB)": f"{b['device_total'] / GiB:.2f}",
+                           "peak allocated (GiB)": f"{b['total'] / GiB:.2f}",
+                           "max micro-batch": str(s["max_micro_batch_size"]),
+                           "grad. accumulation steps": str(s["gradient_accumulation_steps"]),
+                           "global batch": str(s["global_batch_size"]),
+                           "host RAM / node (GiB)": f"{host / GiB:.2f}" if host else NONE_CELL, "note": _note(s)})
+    return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
+
+
+def show_memory(doc: dict[str, Any]) -> None:
+    """The stacked chart with the capacity line, then the table."""
+    st.subheader("Per-GPU memory by strategy (GiB)")
+    frame = memory_frame(doc)
+    if frame.empty:
+        st.info("no strategy applies to this model and hardware")
+    else:
+        order = [s["title"] for s in doc["strategies"] if s["applicable"]]
+        zoom = st.toggle("Scale to the bars", key="zoom",
+                         help="zoom in on small bars; the GPU memory line is hidden when it lies above them")
+        times = time_frame(doc)
+        left, right = st.columns(2) if not times.empty else (st.container(), None)
+        with left:
+            st.altair_chart(memory_chart(frame, doc["hardware"]["gpu_memory_bytes"], order, zoom), width="stretch")
+            st.caption("Bars: peak allocated by component plus device overhead (CUDA context, NCCL buffers, "
+                       "allocator fragmentation), about what nvidia-smi shows. Red line: the GPU's usable memory.")
+        if right is not None:
+            with right:
+                timed = [t for t in order if t in set(times["strategy"])]
+                st.altair_chart(time_chart(times, timed), width="stretch")
+                st.caption("One optimizer step at the global batch: compute (forward + backward of every "
+                           "micro-step), communication that compute does not hide, the optimizer step. Data loading "
+                           "is not modelled.")
+    # st.table, not st.dataframe: a static table wraps long reasons instead of cutting them off. Its cells
+    # are Markdown, so the text is escaped.
+    st.table(strategy_table(doc).map(md), hide_index=True)
