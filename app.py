@@ -29,13 +29,15 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from advisor.document import plan_to_dict
 from advisor.errors import AdvisorError
 from advisor.faces import quiet_library_logs
+from advisor.fields import Field
 from advisor.gpu_presets import DEFAULT_GPU_PRESET
 from advisor.model_presets import find_transformer_preset
 from advisor.models import MAX_CONFIG_FILE_BYTES, known_model_names, parse_config_text
-from advisor.plan import Plan, plan, plan_to_dict
-from advisor.schema import Field, PlanInputs, field_labels, fields_for, get_field, inputs_from_values
+from advisor.plan import Plan, plan
+from advisor.schema import PlanInputs, field_labels, fields_for, get_field, inputs_from_values
 from advisor.units import GiB, counted, fmt_count
 from strategies import strategy_names
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from advisor.candidates import TIE
 from advisor.memory import zero_paper_model_states
 from advisor.models import build_model, resolve_model
 from advisor.plan import plan
-from advisor.recommend import TIE
 from advisor.schema import plan_inputs
 from advisor.profile import param_stats
 
@@ -128,7 +128,7 @@ def test_backward_peak_net_of_gradients():
 
 
 def test_depth_extrapolation_matches_full_trace():
-    from advisor.trace import ActivationProfile, profile_activations, trace_step
+    from advisor.trace import profile_activations, trace_step
 
     spec = resolve_model("gpt2", seq_len=64)
     extrapolated = profile_activations(spec, "fp32", "flash", False).at(3)

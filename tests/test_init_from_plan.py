@@ -24,9 +24,11 @@ from pathlib import Path
 import pytest
 
 from advisor.cli import build_parser, main
+from advisor.document import plan_to_dict
 from advisor.errors import AdvisorError
-from advisor.plan import plan, plan_to_dict
-from advisor.schema import INIT_FROM_MAX_CHARS, echo, get_field, plan_inputs
+from advisor.plan import plan
+from advisor.free_text import INIT_FROM_MAX_CHARS
+from advisor.schema import echo, get_field, plan_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ROOT / "tests" / "data" / "small_llama.json"
