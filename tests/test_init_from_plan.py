@@ -149,7 +149,8 @@ def test_messages_say_it_is_for_loading_the_pretrained_weights(llama, capsys):
 
 def test_the_field_and_its_faces(llama):
     f = get_field("init_from")
-    assert f.group == "training" and f.type == "str | None" and f.opt.flag == "--init-from"
+    assert f.group == "training" and f.type == str | None and f.kind == "str" and f.optional
+    assert f.opt.flag == "--init-from"
     assert {"cli", "page", "bench"} <= set(f.opt.faces) and f.opt.label
     assert "--init-from" in build_parser().format_help()
     fresh, init = llama
