@@ -23,8 +23,9 @@ from typing import Sequence
 
 from .errors import AdvisorError
 from .faces import OneLineParser, finite_float, positive_float, positive_int, quiet_library_logs, run_face
-from .schema import GROUP_TITLES, Field, PlanInputs, RunOptions, fields_for, inputs_from_values, parse_shape
-from .schema import resolve_choices
+from .fields import Field, resolve_choices
+from .free_text import parse_shape
+from .schema import GROUP_TITLES, PlanInputs, RunOptions, fields_for, inputs_from_values
 from .text_table import amount, fits_word, gib_cell, short_phase, table
 from .units import counted, fmt_count, gib
 
@@ -209,7 +210,7 @@ def render_text(p, strategy: str | None = None) -> str:
 def _time_lines(p) -> list[str]:
     """The step-time table: one optimizer step at each row's global batch, its parts, throughput, MFU and the
     speed-up over one GPU (issue 13). Empty when no row could be timed (a GPU without a preset)."""
-    from .plan import time_to_dict
+    from .document import time_to_dict
     from .units import fmt_rate, fmt_s
 
     timed = [(r, time_to_dict(p, r)) for r in p.rows if r.applicable and r.time is not None]
@@ -397,7 +398,8 @@ def _plan_face(argv: list[str]) -> int:
     inputs, run = inputs_from_args(args)
     validate_run(run, strategy_names())
     run = _check_run_flags(run)
-    from .plan import plan, plan_to_dict
+    from .document import plan_to_dict
+    from .plan import plan
 
     result = plan(inputs)
     if run.emit and run.strategy and not result.row(run.strategy).applicable:  # before pages of a plan

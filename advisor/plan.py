@@ -3,15 +3,17 @@ parse input, call this and render the result."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, replace
 from typing import Any
 
 from strategies import all_strategies
 
 from .cache import open_cache
+from .candidates import Alternative, Checkpointed, eligible
 from .context import StrategyContext
 from .errors import AdvisorError
+from .explain import tokens_per_sample
+from .free_text import lora_targets
 from .hardware import Hardware, resolve_hardware
 from .invariants import enforce
 from .bnb_layout import PAGED
@@ -19,13 +21,12 @@ from .memory import trace_mode
 from .models import AdapterSpec, ModelSpec, family_of, resolve_source
 from .models.adapters import default_targets
 from .profile import ModelProfile, attention_dropout, build_profile
-from .recommend import Alternative, Checkpointed, choose_micro_batch, eligible, recommend, tokens_per_sample
+from .recommend import choose_micro_batch, recommend
 from .rows import (Recommendation, StrategyRow, evaluate_row, fit_verdict, gpus_used, one_gpu_step_times,
                    single_gpu_step_s, time_at, with_speedup)
-from .schema import LORA_ALPHA, LORA_DROPOUT, PlanInputs, TrainingOptions, echo, lora_targets, validate
+from .schema import LORA_ALPHA, LORA_DROPOUT, PlanInputs, TrainingOptions, validate
 from .units import counted, fmt_count, fmt_s, gib
 
-SCHEMA_VERSION = 2
 # GPUs on which FlashAttention-2 runs (compute capability >= 8.0, FlashAttention README).
 _FLASH_GPUS = ("a100", "h100", "h200", "a10", "l4", "rtx3090", "rtx4090", "3090", "4090", "l40", "a6000", "b200")
 
@@ -81,8 +82,8 @@ def resolve_attention(choice: str, device: str, gpu_name: str, precision: str, d
 # half its spacing, 2**-9 of its size; Zamirai et al. 2020 ("Revisiting BFloat16 Training", section 3) show the lost
 # updates and fix them with stochastic rounding or Kahan summation.
 PURE_BF16_NOTE = ("--precision pure-bf16: no fp32 master weights, so an update smaller than about 0.2% of a weight "
-                  "(half a bf16 step) rounds away; at a fine-tuning learning rate (1e-5 to 1e-4) most AdamW updates are "
-                  "lost (Zamirai et al. 2020): use bf16 mixed precision, or Kahan summation / stochastic rounding")
+                  "(half a bf16 step) rounds away; at a fine-tuning learning rate (1e-5 to 1e-4) most AdamW updates "
+                  "are lost (Zamirai et al. 2020): use bf16 mixed precision, or Kahan summation / stochastic rounding")
 
 
 def resolve_precision(opts: TrainingOptions, hw: Hardware) -> tuple[TrainingOptions, list[str]]:
@@ -291,32 +292,6 @@ def _budget_warnings(opts: TrainingOptions, ctx: StrategyContext) -> list[str]:
     return []
 
 
-def time_to_dict(p: "Plan", r: StrategyRow) -> dict[str, Any] | None:
-    """A row's ``time`` object of the ``--json`` document (README, JSON schema); None when not timed."""
-    t = r.time
-    if t is None:
-        return None
-    ctx = p.context()
-    per_s = r.global_batch_size / t.step_s if t.step_s else None
-    tokens = tokens_per_sample(ctx)
-    n = gpus_used(r, p.hardware.num_gpus)
-    d: dict[str, Any] = {
-        "compute_s": t.compute_s, "comm_s": t.comm_s, "exposed_comm_s": t.exposed_comm_s, "optimizer_s": t.optimizer_s,
-        "step_s": t.step_s, "micro_batch_size": t.micro_batch, "micro_steps": t.micro_steps,
-        "samples_per_s": per_s, "samples_per_s_per_gpu": per_s / n if per_s is not None else None,
-        "tokens_per_s": per_s * tokens if per_s is not None and tokens else None,
-        "tokens_per_s_per_gpu": per_s * tokens / n if per_s is not None and tokens else None,
-        "mfu": t.mfu, "model_flops_per_step": t.model_flops, "flops_per_step": t.flops,
-        "speedup_vs_single_gpu": t.speedup_vs_single_gpu, "scaling_efficiency": t.scaling_efficiency,
-        "overlap": t.overlap, "collectives": [c.as_dict() for c in t.collectives],
-        "notes": list(t.notes) + ["data loading is not modelled"],
-    }
-    budget = training_budget(p.options, ctx, r)
-    if budget is not None:
-        d.update(budget)
-    return d
-
-
 def _checkpointed(ctx: StrategyContext, rows: list[StrategyRow], strategies: list, cache: Any,
                   scratch_threads: int, mode: str) -> Checkpointed | None:
     """The rows with activation checkpointing on, when it is off, the model has blocks to checkpoint,
@@ -395,7 +370,7 @@ _LORA_OFFERS = (("LoRA", AdapterSpec(rank=16)),
 
 def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: list, cache: Any,
                   scratch_threads: int, asked_micro_batch: int | None = None) -> tuple[Alternative, ...]:
-    """What the recommender compares the plan with (``advisor.recommend.Alternative``): a LoRA plan beside full
+    """What the recommender compares the plan with (``advisor.candidates.Alternative``): a LoRA plan beside full
     fine-tuning of the same model on the same cluster at the same micro-batch (one more trace); a full fine-tuning
     of a transformer that fits nowhere without offload beside LoRA and QLoRA (``_LORA_OFFERS``; skipped where peft
     has no default targets for the architecture) at ``asked_micro_batch`` (the user's, else the family's default:
@@ -413,7 +388,8 @@ def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: lis
         return alt, [evaluate_row(s, alt, False) for s in strategies]
 
     if spec.adapter is not None:
-        label = "full fine-tuning" + (" (with activation checkpointing, as here)" if opts.activation_checkpointing else "")
+        label = "full fine-tuning" + (" (with activation checkpointing, as here)" if opts.activation_checkpointing
+                                      else "")
         return (Alternative(label, *evaluate(None, opts.activation_checkpointing)),)
     if not spec.is_transformer or any(r.applicable and r.fits is True and not r.strategy.offload for r in rows):
         return ()
@@ -453,114 +429,3 @@ def _ignored_flags(opts: TrainingOptions, profile: ModelProfile, rows: list[Stra
             out.append(f"--fsdp-grad-sync {opts.fsdp_grad_sync} changes nothing without gradient accumulation "
                        "(give --global-batch-size)")
     return out
-
-
-def plan_to_dict(p: Plan) -> dict[str, Any]:
-    """The ``--json`` document (schema in README.md)."""
-    prof, hw, opts = p.profile, p.hardware, p.options
-    act = prof.activations(p.model_mode)
-    model = {
-        "name": p.spec.name,
-        "family": p.spec.family,
-        "source": p.spec.source,
-        "num_params": prof.stats.num_params,
-        "num_active_params": prof.stats.num_active_params,  # per token: < num_params for mixture of experts
-        "num_trainable_params": prof.stats.num_trainable,
-        "num_frozen_params": prof.stats.num_frozen,
-        # LoRA / QLoRA (issue 16): rank, alpha, dropout, targets, dtype, quantize, double_quant, compute_dtype
-        "adapter": dataclasses.asdict(p.spec.adapter) if p.spec.adapter is not None else None,
-        "quantized_bytes": prof.stats.quantized_bytes,
-        "buffer_bytes": prof.stats.buffer_bytes,
-        "activation_bytes_per_sample": act.activation_bytes_per_sample,
-        "activation_bytes": act.at(opts.micro_batch_size).activations,
-        "flops_per_sample": act.flops_per_sample,
-        "seq_len": p.spec.seq_len,
-        "input_shape": list(p.spec.input_shape) if p.spec.input_shape else None,
-        "attention": act.attention,
-    }
-    hardware = {
-        "gpu_name": hw.gpu_name,
-        "gpu_memory_bytes": hw.gpu_memory_bytes,
-        "gpus_per_node": hw.gpus_per_node,
-        "num_nodes": hw.num_nodes,
-        "num_gpus": hw.num_gpus,
-        "interconnect": hw.interconnect,
-        "network": hw.network,
-        "host_mem_bytes": hw.host_mem_bytes,
-        "host_mem_state": hw.host_mem_state,
-        "sources": dict(hw.sources),
-    }
-    strategies = []
-    for r in p.rows:
-        d: dict[str, Any] = {"name": r.name, "title": r.title, "applicable": r.applicable,
-                             "framework": r.strategy.framework, "launcher": r.strategy.launcher.name}
-        if not r.applicable:
-            d["reason"] = r.reason
-            d["time"] = None
-            strategies.append(d)
-            continue
-        m = r.memory
-        d.update(
-            fits=r.fits,
-            short_of=r.short_of,
-            fit_note=r.fit_note,
-            load_host_bytes_per_node=r.load_host_bytes_per_node,
-            per_gpu_bytes=m.peak.as_dict() | {"device_total": m.device_total},
-            peak_phase=m.peak.phase,
-            model_state_bytes=m.model_state_bytes,
-            device_overhead_bytes={"cuda_context": m.overhead.cuda_context, "communicator": m.overhead.communicator,
-                                   "fragmentation": m.overhead.fragmentation},
-            rule_of_thumb_bytes=r.rule_of_thumb_bytes,
-            rule_of_thumb_fits=r.rule_of_thumb_fits,
-            max_micro_batch_size=r.max_micro_batch_size,
-            host_bytes_per_node=m.host_bytes_per_node,
-            data_parallel_size=r.dp_size,
-            tp_degree=r.tp_degree,
-            gradient_accumulation_steps=r.grad_accum_steps,
-            global_batch_size=r.global_batch_size,
-            comm_bytes_per_step=r.comm_bytes_per_step,
-            comm_pattern=r.strategy.comm_pattern,
-            time=time_to_dict(p, r),
-        )
-        if r.learning_rate is not None:
-            d["learning_rate"] = r.learning_rate
-        if r.deepspeed_estimate is not None:
-            d["deepspeed_estimate"] = r.deepspeed_estimate
-        strategies.append(d)
-    rec = p.recommendation
-    recommendation: dict[str, Any] = {"strategy": rec.strategy, "reasons": rec.reasons, "warnings": rec.warnings,
-                                      "micro_batch_size": rec.micro_batch_size}
-    if rec.strategy is None:
-        recommendation.update(min_gpus=rec.min_gpus, min_nodes=rec.min_nodes,
-                              offload_host_bytes_per_node=rec.offload_host_bytes_per_node)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "inputs": echo(p.inputs),
-        "model": model,
-        "hardware": hardware,
-        "training": {
-            "precision": opts.precision,
-            "optimizer": opts.optimizer,
-            "micro_batch_size": opts.micro_batch_size,
-            "global_batch_size": opts.global_batch_size,
-            "activation_checkpointing": opts.activation_checkpointing,
-            "safety_factor": opts.safety_factor,
-            "device": p.device,
-        },
-        "strategies": strategies,
-        "recommendation": recommendation,
-        "timing": _timing_dict(p),
-        "warnings": p.warnings,
-    }
-
-
-def _timing_dict(p: Plan) -> dict[str, Any] | None:
-    """What the step times were computed with (None: the GPU has no preset, so nothing is timed)."""
-    from strategies.base import timing_of
-
-    t = timing_of(p.context())
-    if t is None:
-        return None
-    return {"gpu_preset": t.preset.name, "peak_tflops": t.peak_flops_per_s / 1e12, "hbm_gbps": t.preset.hbm_gbps,
-            "compute_efficiency": t.efficiency.compute, "bandwidth_efficiency": t.efficiency.bandwidth,
-            "efficiency_source": t.efficiency.source, "data_loading": "not modelled"}

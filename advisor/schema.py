@@ -11,19 +11,24 @@ Groups (torchtitan-style typed config dataclasses): ``ModelSource`` (what to tra
 (how), ``ClusterSpec`` (on what), ``RunOptions`` (scripts, verification and output: CLI/page only, never
 part of a plan). ``PlanInputs`` holds the first three plus the plan-level switches.
 
+What one field is and how one value is checked against it (``Opt``, ``Field``, the type read from the
+annotation) is ``advisor.fields``; the free-text inputs (``--lora-targets``, ``--init-from``,
+``--input-shape``) are parsed in ``advisor.free_text``.
+
 Nothing here imports torch or any other layer of advisor but the bottom data modules.
 """
 
 from __future__ import annotations
 
-import math
-import re
-import unicodedata
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 from .bnb_layout import OPTIMIZER_CHOICES, QUANT_CHOICES
 from .errors import AdvisorError
+from .fields import FACES, STRATEGY_CHOICES, Field, check_value, group_fields
+from .fields import option as _f  # short: the dataclass bodies below call it once per field
+from .free_text import init_from, lora_targets
 from .gpu_presets import GPU_PRESETS, INTERCONNECTS, NETWORKS
 
 PRECISIONS = ("bf16", "fp16", "fp32", "pure-bf16")
@@ -37,40 +42,6 @@ ATTENTION_CHOICES = ("auto", "flash", "mem-efficient", "math")
 DEVICES = ("cuda", "cpu")
 LORA_ALPHA = 16.0  # LoRA's alpha when --lora-alpha is not given: the QLoRA paper's (Dettmers et al. 2023, appendix)
 LORA_DROPOUT = 0.05  # adapter input dropout when --lora-dropout is not given: the QLoRA paper's for 33B-65B
-FACES = ("cli", "page", "bench")
-STRATEGY_CHOICES = "strategies"  # resolved by the faces from the strategies registry (see module doc)
-
-
-@dataclass(frozen=True)
-class Opt:
-    """How one input field is shown and checked.
-
-    ``flag``: the CLI flag (``None``: positional, or not on the CLI). ``label``: the page widget's label.
-    ``faces``: which of ``FACES`` show it. ``choices``: the allowed values, or ``STRATEGY_CHOICES``.
-    ``low``/``high``: inclusive bounds for numbers (``None``: unbounded). ``high_message``: a custom
-    message when above ``high`` (``{value}`` is filled in). ``none``: what an empty value means (help
-    text and the page's placeholder). ``metavar``: the CLI metavar. ``strict``: the value must be one of
-    ``choices`` (GPU presets are not: they match case-insensitively and by substring, with suggestions, in
-    ``get_gpu_preset``). ``positional``: the CLI takes it without a flag.
-    """
-
-    help: str
-    flag: str | None = None
-    label: str | None = None
-    faces: tuple[str, ...] = ("cli",)
-    choices: tuple[Any, ...] | str | None = None
-    low: float | None = None
-    high: float | None = None
-    high_message: str | None = None
-    none: str | None = None
-    metavar: str | None = None
-    strict: bool = True
-    positional: bool = False
-
-
-def _f(default: Any, **opt: Any) -> Any:
-    """A dataclass field carrying its ``Opt``; mutable defaults are not allowed (all inputs are frozen)."""
-    return field(default=default, metadata={"opt": Opt(**opt)})
 
 
 @dataclass(frozen=True)
@@ -280,43 +251,10 @@ class PlanInputs:
     use_cache: bool = True  # not RunOptions.no_cache
 
 
-@dataclass(frozen=True)
-class Field:
-    """One schema field: its group, name, type annotation (as text), default and ``Opt``."""
-
-    group: str
-    name: str
-    type: str
-    default: Any
-    opt: Opt
-
-    @property
-    def optional(self) -> bool:
-        return "None" in self.type
-
-    @property
-    def kind(self) -> str:
-        """``bool``, ``int``, ``float``, ``str``, ``shape`` (a tuple of ints) or ``dict``: the value's type
-        without ``None``."""
-        base = self.type.replace(" | None", "")
-        kinds = {"bool": "bool", "int": "int", "float": "float", "str": "str", "dict": "dict",
-                 "tuple[int, ...]": "shape"}
-        if base not in kinds:
-            raise TypeError(f"schema field {self.name} has an unsupported type {self.type}")
-        return kinds[base]
-
-    @property
-    def flag_name(self) -> str:
-        """What messages call it: the CLI flag, else the field name."""
-        return self.opt.flag or self.name
-
-
 def all_fields() -> Iterator[Field]:
     """Every field of every group, in declaration order."""
     for group, cls in GROUPS.items():
-        for f in fields(cls):
-            default = f.default if f.default is not MISSING else None
-            yield Field(group, f.name, str(f.type), default, f.metadata["opt"])
+        yield from group_fields(group, cls)
 
 
 def fields_for(face: str) -> list[Field]:
@@ -340,51 +278,7 @@ def field_labels() -> dict[str, str]:
             if f.opt.flag and f.opt.label and {"cli", "page"} <= set(f.opt.faces)}
 
 
-def resolve_choices(f: Field, strategy_names: tuple[str, ...] = ()) -> tuple[Any, ...] | None:
-    """The field's allowed values; ``STRATEGY_CHOICES`` becomes ``strategy_names`` (the faces pass
-    ``strategies.strategy_names()``)."""
-    if f.opt.choices == STRATEGY_CHOICES:
-        return tuple(strategy_names)
-    return f.opt.choices
-
-
 # ----------------------------------------------------------------------------------------- validation
-def _check_value(f: Field, value: Any, strategy_names: tuple[str, ...]) -> Any:
-    """One value against its field; returns it unchanged.
-
-    Raises:
-        AdvisorError: wrong type, outside the bounds or not among the choices (one line naming the flag).
-    """
-    if value is None:
-        if not f.optional:
-            raise AdvisorError(f"{f.flag_name} needs a value")
-        return None
-    kind, flag = f.kind, f.flag_name
-    if kind == "bool" and not isinstance(value, bool):
-        raise AdvisorError(f"{flag} is on or off, got {value!r}")
-    if kind in ("int", "float"):
-        if isinstance(value, bool) or not isinstance(value, int if kind == "int" else (int, float)):
-            raise AdvisorError(f"{flag} must be {'an integer' if kind == 'int' else 'a number'}, got {value!r}")
-        if not math.isfinite(value):
-            raise AdvisorError(f"{flag} must be a finite number, got {value}")
-        lo, hi = f.opt.low, f.opt.high
-        between = f"{flag} must be between {lo} and {hi}, got {value}"
-        if lo is not None and (value <= 0 if lo == 0.0 else value < lo):
-            raise AdvisorError(between if hi is not None else
-                               f"{flag} must be {'a positive integer' if kind == 'int' else 'a positive number'}, "
-                               f"got {value}")
-        if hi is not None and value > hi:
-            raise AdvisorError(f.opt.high_message.format(value=value) if f.opt.high_message else between)
-    if kind == "str" and not isinstance(value, str):
-        raise AdvisorError(f"{flag} must be text, got {value!r}")
-    choices = resolve_choices(f, strategy_names)
-    if choices and kind == "str" and not value.strip():
-        raise AdvisorError(f"{flag} needs a value: one of {', '.join(map(str, choices))}")
-    if choices and f.opt.strict and value not in choices:
-        raise AdvisorError(f"{flag} must be one of {', '.join(map(str, choices))}, got {value!r}")
-    return value
-
-
 def validate_group(group: Any, strategy_names: tuple[str, ...] = ()) -> None:
     """Check every field of one group instance (``ModelSource``, ``TrainingOptions``, ...).
 
@@ -393,7 +287,7 @@ def validate_group(group: Any, strategy_names: tuple[str, ...] = ()) -> None:
     """
     name = next(g for g, cls in GROUPS.items() if isinstance(group, cls))
     for f in (f for f in all_fields() if f.group == name):
-        _check_value(f, getattr(group, f.name), strategy_names)
+        check_value(f, getattr(group, f.name), strategy_names)
 
 
 def validate(inputs: PlanInputs) -> None:
@@ -425,57 +319,6 @@ def validate(inputs: PlanInputs) -> None:
             raise AdvisorError(f"--input-shape needs 1-5 dimensions between 1 and 65536, got {s.input_shape}")
 
 
-_TARGET_NAME = re.compile(r"[A-Za-z0-9_.]+")
-
-
-def lora_targets(text: str | None) -> tuple[str, ...]:
-    """``--lora-targets`` as module names: ``"q_proj, v_proj"`` -> ``("q_proj", "v_proj")``, ``all-linear`` ->
-    ``("all-linear",)``, None -> ``()`` (peft's default).
-
-    Raises:
-        AdvisorError: an empty list or a name that is not a module path.
-    """
-    if text is None:
-        return ()
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    if names == ("all-linear",):
-        return names
-    bad = [n for n in names if not _TARGET_NAME.fullmatch(n)]
-    if not names or bad:
-        raise AdvisorError(f"--lora-targets takes module names separated by commas (q_proj,v_proj) or all-linear, "
-                           f"got {text[:60]!r}")
-    return names
-
-
-INIT_FROM_MAX_CHARS = 512
-# What ``--init-from`` may not contain: control and format characters (Unicode categories C*, which include
-# newlines, NUL and bidirectional overrides), line and paragraph separators, quotes and backslashes. The value is
-# written into a generated script; a plain path or hub id needs none of them.
-_INIT_FROM_BAD = re.compile(r"[\"'\\\u2028\u2029]")
-
-
-def init_from(text: str | None) -> str | None:
-    """``--init-from`` as given, checked: a path or hub id on one line, at most ``INIT_FROM_MAX_CHARS`` characters,
-    without control characters, quotes or backslashes (advisor never reads or downloads it). None: not given.
-
-    Raises:
-        AdvisorError: an empty value, one over the length limit, or one with a character it may not contain.
-    """
-    if text is None:
-        return None
-    if not text.strip():
-        raise AdvisorError("--init-from needs a path or hub id (a save_pretrained directory, a state_dict file or "
-                           "an org/name id): give one, or drop --init-from to size a freshly initialised model")
-    if len(text) > INIT_FROM_MAX_CHARS:
-        raise AdvisorError(f"--init-from is {len(text)} characters long, more than {INIT_FROM_MAX_CHARS}: give a "
-                           "shorter path (a symlink, or a path relative to where the script runs)")
-    if _INIT_FROM_BAD.search(text) or any(unicodedata.category(c).startswith("C") for c in text):
-        raise AdvisorError(f"--init-from must be a path or hub id on one line without control characters, quotes "
-                           f"or backslashes, got {text[:60]!r}: rename or link the directory (use / between "
-                           "folders)")
-    return text
-
-
 def _validate_adapter(t: TrainingOptions) -> None:
     """The LoRA/QLoRA flags against each other (one place, naming every flag)."""
     if t.lora_rank is None:
@@ -490,7 +333,8 @@ def _validate_adapter(t: TrainingOptions) -> None:
     if t.lora_dropout is not None and not 0.0 <= t.lora_dropout <= 0.9:
         raise AdvisorError(f"--lora-dropout must be between 0 and 0.9, got {t.lora_dropout}")
     if t.quantize is None and (t.double_quant or t.bnb_compute_dtype is not None):
-        flag, kinds = ("--double-quant", "nf4 (or fp4)") if t.double_quant else ("--bnb-compute-dtype", "nf4 (or fp4, int8)")
+        flag, kinds = (("--double-quant", "nf4 (or fp4)") if t.double_quant
+                       else ("--bnb-compute-dtype", "nf4 (or fp4, int8)"))
         raise AdvisorError(f"{flag} configures QLoRA's quantized base: add --quantize {kinds}")
     if t.double_quant and t.quantize == "int8":
         raise AdvisorError("--double-quant applies to 4-bit bases (--quantize nf4 or fp4); int8 has per-row scales")
@@ -516,20 +360,6 @@ def validate_run(run: RunOptions, strategy_names: tuple[str, ...]) -> None:
 
 
 # ------------------------------------------------------------------------------- building and echo
-def parse_shape(text: str | None) -> tuple[int, ...] | None:
-    """``"3,224,224"`` -> ``(3, 224, 224)``.
-
-    Raises:
-        AdvisorError: not comma-separated integers.
-    """
-    if text is None:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise AdvisorError(f"--input-shape must be comma-separated integers like 3,224,224, got {text[:40]!r}")
-
-
 def split_values(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Flat ``{field name: value}`` -> ``{group: {field name: value}}`` (unset names keep defaults).
 

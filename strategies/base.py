@@ -127,8 +127,8 @@ class Strategy(ABC):
     framework: str = "torch"  # "torch" | "deepspeed": what the script needs installed
     launcher: Launcher = TORCHRUN
     template: str = "ddp.py"  # file in strategies/templates/
-    # The field notes' preference (004 section 2/7): least communication first. The recommender ranks by step
-    # time and uses this order for ties (advisor.recommend.TIE) and where nothing is timed.
+    # The tie order (docs/decisions.md): least communication first. The recommender ranks by step time and uses
+    # this order for ties (advisor.candidates.TIE) and where nothing is timed.
     # 0 DDP; 1 ZeRO-1/2 (same volume as DDP); 2 ZeRO-3 (about 1.5x); 3 TP; 4 offload.
     comm_order: int = 0
     comm_pattern: str = ""  # one line: which collectives run, per step

@@ -19,12 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # beside plan and may import only the bottom layer (and themselves).
 LAYERS: list[tuple[str, ...]] = [
     ("advisor", "advisor.errors", "advisor.units", "advisor.gpu_presets", "advisor.model_presets", "advisor.schema",
-     "advisor.faces", "advisor.locks", "advisor.cache", "advisor.processes"),
+     "advisor.fields", "advisor.free_text", "advisor.faces", "advisor.locks", "advisor.cache", "advisor.processes"),
     ("advisor.models", "advisor.hardware", "advisor.checkpointing", "advisor.measure", "advisor.trace",
      "advisor.memory", "advisor.profile", "advisor.context"),
     ("strategies",),
-    ("advisor.rows", "advisor.recommend", "advisor.invariants"),
+    ("advisor.rows", "advisor.candidates", "advisor.explain", "advisor.recommend", "advisor.invariants"),
     ("advisor.plan",),
+    ("advisor.document",),
     ("advisor.verify", "advisor.run_report"),
     ("advisor.cli", "advisor.__main__", "advisor.text_table", "advisor.page", "app", "bench"),
 ]

@@ -35,7 +35,7 @@ for _name, _question in QUESTIONS.items():
 
 _SERIAL = """
 import json, sys
-from advisor.plan import plan_to_dict
+from advisor.document import plan_to_dict
 from tests.golden.build import plan_for
 cases = json.loads(sys.argv[1])
 docs = {name: json.dumps(plan_to_dict(plan_for(dict(case))), sort_keys=True) for name, case in cases.items()}
@@ -62,7 +62,7 @@ def _first_difference(a, b, path: str = "") -> str:
 
 
 def test_concurrent_plans_equal_serial_plans(tmp_path, monkeypatch):
-    from advisor.plan import plan_to_dict
+    from advisor.document import plan_to_dict
     from advisor.profile import clear_trace_cache
     from tests.golden.build import plan_for
 

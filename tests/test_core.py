@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from advisor.candidates import TIE
 from advisor.memory import zero_paper_model_states
 from advisor.models import build_model, resolve_model
 from advisor.plan import plan
-from advisor.recommend import TIE
 from advisor.schema import plan_inputs
 from advisor.profile import param_stats
 

@@ -94,7 +94,8 @@ def _resnet18_inputs(**kw):
 
 def test_gpu_plan_ignores_the_field():
     from advisor.hardware import resolve_hardware
-    from advisor.plan import plan, plan_to_dict
+    from advisor.document import plan_to_dict
+    from advisor.plan import plan
 
     inputs = _resnet18_inputs(gpu="RTX4090", gpus=2, host_mem_gib=64)
     hw = resolve_hardware(inputs.cluster)

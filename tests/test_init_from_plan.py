@@ -24,9 +24,11 @@ from pathlib import Path
 import pytest
 
 from advisor.cli import build_parser, main
+from advisor.document import plan_to_dict
 from advisor.errors import AdvisorError
-from advisor.plan import plan, plan_to_dict
-from advisor.schema import INIT_FROM_MAX_CHARS, echo, get_field, plan_inputs
+from advisor.plan import plan
+from advisor.free_text import INIT_FROM_MAX_CHARS
+from advisor.schema import echo, get_field, plan_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ROOT / "tests" / "data" / "small_llama.json"
@@ -147,7 +149,8 @@ def test_messages_say_it_is_for_loading_the_pretrained_weights(llama, capsys):
 
 def test_the_field_and_its_faces(llama):
     f = get_field("init_from")
-    assert f.group == "training" and f.type == "str | None" and f.opt.flag == "--init-from"
+    assert f.group == "training" and f.type == str | None and f.kind == "str" and f.optional
+    assert f.opt.flag == "--init-from"
     assert {"cli", "page", "bench"} <= set(f.opt.faces) and f.opt.label
     assert "--init-from" in build_parser().format_help()
     fresh, init = llama

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from advisor.cli import render_text
+from advisor.document import plan_to_dict
 from advisor.models import build_model, resolve_model
-from advisor.plan import plan, plan_to_dict
+from advisor.plan import plan
 from advisor.profile import param_stats
 from advisor.schema import plan_inputs
 

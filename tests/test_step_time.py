@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from advisor.candidates import TIE, pick
+from advisor.document import plan_to_dict
 from advisor.gpu_presets import get_gpu_preset
-from advisor.plan import plan, plan_to_dict
-from advisor.recommend import MB_TIE, TIE, _pick
+from advisor.plan import plan
+from advisor.recommend import MB_TIE
 from advisor.rows import StrategyRow, time_at
 from advisor.schema import plan_inputs
 from advisor.timing.comm import Fabric, bucketed_allreduce
@@ -268,10 +270,10 @@ def _timed_row(name, order, step_s, total):
 
 def test_tp_is_chosen_over_zero3_only_when_faster():
     zero3, tp = _timed_row("zero3", 2, 1.0, 10), _timed_row("tp", 3, 0.8, 20)
-    assert _pick([zero3, tp]).name == "tp"  # 20% faster
-    assert _pick([zero3, _timed_row("tp", 3, 0.99, 5)]).name == "zero3"  # within TIE: the field notes' order
-    assert _pick([zero3, _timed_row("tp", 3, 1.5, 5)]).name == "zero3"  # slower, even with less memory
-    assert _pick([_timed_row("zero1", 1, 1.0, 30), _timed_row("zero2", 1, 1.0, 20)]).name == "zero2"  # memory
+    assert pick([zero3, tp]).name == "tp"  # 20% faster
+    assert pick([zero3, _timed_row("tp", 3, 0.99, 5)]).name == "zero3"  # within TIE: the tie order
+    assert pick([zero3, _timed_row("tp", 3, 1.5, 5)]).name == "zero3"  # slower, even with less memory
+    assert pick([_timed_row("zero1", 1, 1.0, 30), _timed_row("zero2", 1, 1.0, 20)]).name == "zero2"  # memory
 
 
 def test_tp_over_pcie_is_applicable_ranked_by_time_and_warned_about():

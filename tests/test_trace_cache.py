@@ -12,7 +12,8 @@ import pytest
 
 from advisor import profile, trace
 from advisor.cache import DiskCache
-from advisor.plan import plan, plan_to_dict
+from advisor.document import plan_to_dict
+from advisor.plan import plan
 from advisor.schema import plan_inputs
 from advisor.trace import keys
 

@@ -27,7 +27,8 @@ from advisor.page.check_tab import show_check
 from advisor.page.form import cached_plan, read_form
 from advisor.page.runner import show_verify
 from advisor.page.words import gib, md, one_line, say
-from advisor.plan import Plan, plan_to_dict
+from advisor.document import plan_to_dict
+from advisor.plan import Plan
 from advisor.schema import get_field
 from advisor.units import GiB, counted, fmt_count
 

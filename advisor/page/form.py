@@ -14,7 +14,8 @@ from advisor.gpu_presets import DEFAULT_GPU_PRESET
 from advisor.model_presets import find_transformer_preset
 from advisor.models import MAX_CONFIG_FILE_BYTES, known_model_names, parse_config_text
 from advisor.plan import Plan, plan
-from advisor.schema import Field, PlanInputs, fields_for, get_field, inputs_from_values
+from advisor.fields import Field
+from advisor.schema import PlanInputs, fields_for, get_field, inputs_from_values
 from strategies import strategy_names
 
 DEFAULT_MODEL = "gpt2"

@@ -76,7 +76,7 @@ CASES: dict[str, dict] = {
 
 def plan_case(case: dict):
     """The plan document (``plan_to_dict``) for one corpus case."""
-    from advisor.plan import plan_to_dict
+    from advisor.document import plan_to_dict
 
     from .build import plan_for
 

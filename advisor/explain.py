@@ -1,0 +1,380 @@
+"""The recommendation in words: the reasons (with figures) for the strategy ``advisor.recommend`` takes, and the
+warnings about the cluster, the model and the chosen plan. Every function here builds sentences from rows the
+planner sized; which row is taken is decided in ``advisor.recommend`` and ``advisor.candidates``. The rules
+behind the warnings (slow networks, tiny models, PCIe, poor scaling, fewer nodes) are in docs/decisions.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .candidates import TIE, Alternative, Checkpointed, eligible, fastest_fitting
+from .context import StrategyContext
+from .gpu_presets import SLOW_NETWORKS
+from .hardware import Hardware
+from .memory import StrategyMemory
+from .models import AdapterSpec
+from .rows import FRAMEWORK_NAMES, StrategyRow, evaluate_row
+from .units import fmt_count, fmt_gib, fmt_rate, fmt_s
+
+# Below this many parameters, a warning that distributing may gain little: gradient sync and data loading dominate
+# a small model's step (docs/decisions.md, "tiny models").
+TINY_MODEL_PARAMS = 20_000_000
+# Above this share of the GPU's memory the chosen plan gets a warning: the caching allocator's
+# fragmentation is not in the estimate (PyTorch CUDA semantics docs, "memory management").
+HEADROOM_WARN = 0.90
+OVERHEAD_NAME = "CUDA context, communicator buffers and allocator fragmentation"
+_MODE_WORDS = {"autocast": "autocast over fp32 weights", "half": "a 16-bit module", "fp32": "fp32"}
+
+
+def fit_reasons(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRow, fitting: list[StrategyRow],
+                baseline: str | None, alternatives: tuple[Alternative, ...]) -> list[str]:
+    """The reasons for ``best``, taken among ``fitting`` (the ``eligible`` ``rows`` that surely fit): its memory, the
+    cheaper strategy that does not fit, the one-GPU baseline (``baseline_reason``), the ``alternatives``, the step
+    times, the frameworks compared, the communication, the batch and the learning rate, in that order."""
+    hw, opts = ctx.hardware, ctx.options
+    order = {r.name: r.strategy.comm_order for r in rows}
+    cap = hw.gpu_memory_bytes
+    reasons = [f"{best.title} fits: {fmt_gib(best.memory.device_total)} of {fmt_gib(cap)} per GPU "
+               f"({_pct(best.memory.device_total, cap)}) at micro-batch {opts.micro_batch_size}, "
+               f"peak allocated {fmt_gib(best.memory.peak.total)} in the {best.memory.peak.phase}"]
+    cheaper = [r for r in rows if r.applicable and order[r.name] < order[best.name] and r.fits is not True]
+    if cheaper:
+        worst = min(cheaper, key=lambda r: order[r.name])
+        if worst.short_of != "GPU memory":
+            reasons.append(f"{worst.title} does not surely fit: {worst.fit_note}")
+        elif hw.num_gpus == 1:  # nothing is sharded on one GPU
+            reasons.append(f"{worst.title} does not fit ({worst.fit_note})")
+        else:
+            reasons.append(f"{worst.title} does not fit ({worst.fit_note}); {best.title} shards what {worst.title} "
+                           "replicates")
+    elif order[best.name] == min(order.values()) and best.time is None and best.strategy.distributes:
+        reasons.append(f"the model states and activations fit on one GPU, so plain data parallel ({best.title}) has "
+                       "the least communication; ZeRO would only add sharding traffic")
+    if not best.strategy.distributes:
+        reasons.append(f"one GPU: plain training in one process ({best.title}: no wrapper, no launcher, no gradient "
+                       "buckets); sharding or offload only when it does not fit")
+    if baseline:
+        reasons.append(baseline)
+    # A LoRA plan beside full fine-tuning; a full fine-tuning that fits only with offload beside LoRA / QLoRA.
+    reasons += [_versus_full(ctx, best, a) if a.ctx.profile.spec.adapter is None else alternative_reason(ctx, a)
+                for a in alternatives]
+    reasons += _time_reasons(ctx, best, fitting)
+    sharded = _frameworks_compared(fitting) if hw.num_gpus > 1 else None
+    if sharded:
+        reasons.append(sharded)
+    link = hw.interconnect if hw.num_nodes == 1 else f"{hw.interconnect} inside nodes, {hw.network} between"
+    if hw.num_gpus > 1:
+        reasons.append(f"communication: about {fmt_gib(best.comm_bytes_per_step)} sent per GPU per step over {link}")
+    steps = "step" if best.grad_accum_steps == 1 else "steps"
+    reasons.append(f"batch: micro-batch {opts.micro_batch_size} x data-parallel size {best.dp_size} x "
+                   f"{best.grad_accum_steps} accumulation {steps} = global batch {best.global_batch_size}; "
+                   f"the largest micro-batch that fits is {best.max_micro_batch_size} per GPU")
+    if best.learning_rate is not None:
+        reasons.append(f"learning rate {best.learning_rate:.4g} by the linear scaling rule "
+                       f"({opts.base_lr:g} at batch {opts.base_batch_size} -> global {best.global_batch_size}); "
+                       "reach it at the end of a linear warmup (e.g. 5 epochs), then decay")
+    return reasons
+
+
+def fit_warnings(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRow,
+                 checkpointed: Checkpointed | None) -> list[str]:
+    """The warnings about the chosen ``best`` among the ``eligible`` ``rows``: memory headroom, slow offload, CNNs
+    before model parallelism, the strategy's link, poor scaling or too many nodes, the modelled step time and
+    borrowed efficiencies, in that order."""
+    hw, opts = ctx.hardware, ctx.options
+    order = {r.name: r.strategy.comm_order for r in rows}
+    cap = hw.gpu_memory_bytes
+    warnings: list[str] = []
+    if best.memory.device_total > HEADROOM_WARN * cap:
+        warnings.append(f"{best.title} uses {_pct(best.memory.device_total, cap)} of the GPU's memory: allocator "
+                        "fragmentation or a longer sample can run out; leave headroom ("
+                        + ", or ".join(([] if opts.micro_batch_size <= 1 else ["a smaller micro-batch"])
+                                       + ([] if opts.activation_checkpointing else ["--activation-checkpointing"])
+                                       or ["a shorter sequence or a GPU with more memory"]) + ")")
+    if best.strategy.offload and checkpointed is not None:
+        faster = fastest_fitting(eligible(checkpointed.rows, hw.num_gpus), offload=False)
+        if faster is not None:
+            warnings.append(f"offload is slow: with --activation-checkpointing, {faster.title} fits without offload "
+                            f"({fmt_gib(faster.memory.device_total)} of {fmt_gib(cap)} per GPU)")
+    if ctx.profile.spec.family == "vision" and order[best.name] > min(order.values()):
+        warnings.append("for CNNs prefer lower precision, activation checkpointing and gradient accumulation "
+                        "before model parallelism")
+    link = best.strategy.link_warning(ctx)
+    if link:
+        warnings.append(link)
+    scaling = _scaling_warning(ctx, best) or _fewer_nodes_warning(ctx, rows, best)
+    if scaling:
+        warnings.append(scaling)
+    if best.time is not None:
+        warnings.append("step times model compute, communication and the optimizer step; data loading is not "
+                        "modelled (a slow input pipeline lowers every figure)")
+        borrowed = _borrowed_efficiency(ctx)
+        if borrowed:
+            warnings.append(borrowed)
+    return warnings
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "?"
+
+
+def _borrowed_efficiency(ctx: StrategyContext) -> str | None:
+    """A warning when this GPU's generation has no public measurement fitted and its step times use another
+    generation's efficiencies (``advisor.timing.compute.EFFICIENCY``; the JSON's ``efficiency_source``)."""
+    from .timing.compute import BORROWED_BAND, GENERATION, efficiency_for, preset_for_gpu
+
+    hw, opts = ctx.hardware, ctx.options
+    if hw.calibration is not None or opts.mfu is not None or opts.bandwidth_efficiency is not None:
+        return None
+    preset = preset_for_gpu(hw.gpu_name, hw.gpu_memory_bytes)
+    if preset is None:
+        return None
+    eff = efficiency_for(preset)
+    if not eff.source.startswith("no public measurement fitted"):
+        return None
+    generation = GENERATION.get(preset.name.lower(), "this generation")
+    band = BORROWED_BAND.get(generation)
+    error = (f"against {band[2]} the throughput they give lands between {100 * (1 - band[0]):.0f}% low and "
+             f"{100 * (band[1] - 1):.0f}% high" if band else "how far off that is has not been checked against any "
+             "published run")
+    return (f"{preset.name} ({generation}) has no published run fitted here: its step times use another "
+            f"generation's efficiencies (compute {eff.compute:.2f}, bandwidth {eff.bandwidth:.2f}; "
+            f"bench/TIME.md); {error}; --mfu and --bandwidth-efficiency set them")
+
+
+def memory_parts(m: StrategyMemory) -> list[tuple[str, int]]:
+    """The named parts of ``m.device_total``: the peak's (``Breakdown.named_parts``) and the device overhead."""
+    return m.peak.named_parts() + ([(OVERHEAD_NAME, m.overhead.total)] if m.overhead.total else [])
+
+
+def memory_parts_text(m: StrategyMemory) -> str:
+    """``weights 1.00 GiB, activations 0.50 GiB, ...``: every part of ``m.device_total`` (they sum to it)."""
+    return ", ".join(f"{name} {fmt_gib(n)}" for name, n in memory_parts(m))
+
+
+def adapter_text(ctx: StrategyContext) -> str:
+    """``LoRA rank 16 on all linear layers: 40.0M trainable parameters`` (QLoRA names its base) for ``ctx``'s
+    plan; "" for full fine-tuning."""
+    a = ctx.profile.spec.adapter
+    if a is None:
+        return ""
+    return f"QLoRA ({_quantized_text(a)}) {_rank_text(ctx)}" if a.quantize else f"LoRA {_rank_text(ctx)}"
+
+
+def _rank_text(ctx: StrategyContext) -> str:
+    """``rank 16 on q_proj,v_proj: 8.39M trainable parameters``."""
+    a = ctx.profile.spec.adapter
+    where = "all linear layers" if a.targets == ("all-linear",) else a.targets_text
+    return f"rank {a.rank} on {where}: {fmt_count(ctx.profile.stats.num_trainable)} trainable parameters"
+
+
+def _quantized_text(a: AdapterSpec) -> str:
+    return f"{a.quantize}{' + double quantization' if a.double_quant else ''}"
+
+
+def _adapter_detail(ctx: StrategyContext) -> str:
+    """``adapter_text`` for a sentence that names LoRA / QLoRA already: ``nf4, rank 16 on q_proj,v_proj: 8.39M
+    trainable parameters``."""
+    a = ctx.profile.spec.adapter
+    return f"{_quantized_text(a)}, {_rank_text(ctx)}" if a.quantize else _rank_text(ctx)
+
+
+def _cluster_text(hw: Hardware) -> str:
+    return f"{hw.num_gpus} x {hw.gpu_name}"
+
+
+def _versus_full(ctx: StrategyContext, best: StrategyRow, full: Alternative) -> str:
+    """LoRA beside full fine-tuning: ``... fits DDP on 4 x RTX4090 (17.94 GiB per GPU), where full fine-tuning would
+    need ZeRO-3 (7.83 GiB)`` / ``does not fit on this cluster (the smallest: ...)``."""
+    hw = ctx.hardware
+    head = (f"{adapter_text(ctx)}; fits {best.title} on {_cluster_text(hw)} ({fmt_gib(best.memory.device_total)} per "
+            "GPU)")
+    fit = fastest_fitting(eligible(full.rows, hw.num_gpus))
+    if fit is None:
+        sized = [r for r in eligible(full.rows, hw.num_gpus) if r.applicable and r.memory and not r.strategy.offload]
+        low = min(sized, key=lambda r: r.memory.device_total) if sized else None
+        tail = (f" (the smallest without offload: {low.title}, {fmt_gib(low.memory.device_total)} per GPU)"
+                if low else "")
+        return f"{head}, where {full.label} does not fit on this cluster{tail}"
+    if fit.name == best.name:
+        return f"{head}; {full.label} would fit it too ({fmt_gib(fit.memory.device_total)} per GPU)"
+    return (f"{head}; {full.label} fits here too, fastest with {fit.title} ({fmt_gib(fit.memory.device_total)} per "
+            "GPU)")
+
+
+def alternative_reason(ctx: StrategyContext, alt: Alternative) -> str:
+    """Nothing fits with full fine-tuning: what LoRA / QLoRA would need, with the figures."""
+    hw = ctx.hardware
+    text = _adapter_detail(alt.ctx)
+    fit = fastest_fitting(eligible(alt.rows, hw.num_gpus), offload=False)
+    if fit is not None:
+        return (f"fine-tune with {alt.label} instead ({text}): {fit.title} then fits without offload, "
+                f"{fmt_gib(fit.memory.device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU")
+    sized = [r for r in eligible(alt.rows, hw.num_gpus) if r.applicable and r.memory and not r.strategy.offload]
+    if not sized:
+        return f"{alt.label} ({text}) does not apply here either"
+    low = min(sized, key=lambda r: r.memory.device_total)
+    return (f"{alt.label} ({text}) would not fit either: the smallest without offload, {low.title}, needs "
+            f"{fmt_gib(low.memory.device_total)} per GPU")
+
+
+def _frameworks_compared(fitting: list[StrategyRow]) -> str | None:
+    """Where full sharding fits in two frameworks (FSDP2 and ZeRO-3), how their memory differs, with both figures."""
+    full = [r for r in fitting if r.strategy.shards_everything and not r.strategy.offload]
+    by_fw = {}
+    for r in full:
+        by_fw.setdefault(r.strategy.framework, r)
+    if len(by_fw) < 2:
+        return None
+    a, b = sorted(by_fw.values(), key=lambda r: r.memory.device_total)[:2]
+    return (f"{a.title} and {b.title} both shard everything: {a.title} needs {fmt_gib(a.memory.device_total)} per GPU "
+            f"(model states {fmt_gib(a.memory.model_state_bytes)}), {b.title} {fmt_gib(b.memory.device_total)} (model "
+            f"states {fmt_gib(b.memory.model_state_bytes)}); {a.title} runs on {_fw(a)}, {b.title} on {_fw(b)}")
+
+
+def _fw(r: StrategyRow) -> str:
+    return FRAMEWORK_NAMES.get(r.strategy.framework, r.strategy.framework)
+
+
+def baseline_reason(ctx: StrategyContext, rows: list[StrategyRow]) -> str | None:
+    """With several GPUs: whether the model trains on one GPU without distribution, with the figures."""
+    if ctx.hardware.num_gpus == 1:
+        return None
+    plain = next((r for r in rows if not r.strategy.distributes and r.applicable and r.memory), None)
+    if plain is None:
+        return None
+    cap = ctx.hardware.gpu_memory_bytes
+    figures = (f"{fmt_gib(plain.memory.device_total)} of {fmt_gib(cap)} at micro-batch {ctx.options.micro_batch_size}"
+               f", {plain.grad_accum_steps} accumulation steps to the same global batch")
+    if plain.fits is True:
+        return f"without distribution it fits on one GPU ({plain.title}: {figures})"
+    return f"without distribution it does not fit on one GPU ({plain.title}: {figures})"
+
+
+def tokens_per_sample(ctx: StrategyContext) -> int | None:
+    """Tokens in one sample for a language model (its sequence length); None for vision and custom models."""
+    spec = ctx.profile.spec
+    return spec.seq_len if spec.seq_len and spec.family not in ("vision", "custom") else None
+
+
+def _throughput(ctx: StrategyContext, r: StrategyRow) -> str:
+    """'871K tokens/s' (language models) or '2.31K samples/s', at the row's global batch."""
+    per = r.global_batch_size / r.time.step_s
+    tokens = tokens_per_sample(ctx)
+    return f"{fmt_rate(per * tokens)} tokens/s" if tokens else f"{fmt_rate(per)} samples/s"
+
+
+def _why_slower(slow: StrategyRow, fast: StrategyRow, precision: str) -> str:
+    """Why ``slow`` takes longer than ``fast``, in figures."""
+    a, b = slow.time, fast.time
+    if a.exposed_comm_s - b.exposed_comm_s >= max(a.compute_s - b.compute_s, a.optimizer_s - b.optimizer_s):
+        passes = " + ".join(f"{c.passes} {c.kind.replace('_', '-')}{'s' if c.passes != 1 else ''}"
+                            for c in a.collectives if c.group != "host")
+        return (f"it sends {fmt_gib(slow.comm_bytes_per_step)} per GPU per step" + (f" in {passes}" if passes else "")
+                + f", {fmt_s(a.exposed_comm_s)} of it not hidden by compute, vs {fmt_gib(fast.comm_bytes_per_step)} "
+                f"and {fmt_s(b.exposed_comm_s)}")
+    if a.compute_s - b.compute_s >= a.optimizer_s - b.optimizer_s:
+        ma, mb = slow.strategy.trace_mode(precision), fast.strategy.trace_mode(precision)
+        modes = f": {_MODE_WORDS.get(ma, ma)} vs {_MODE_WORDS.get(mb, mb)}" if ma != mb else ""
+        return f"compute {fmt_s(a.compute_s)} vs {fmt_s(b.compute_s)} per step{modes}"
+    return f"optimizer step {fmt_s(a.optimizer_s)} vs {fmt_s(b.optimizer_s)}"
+
+
+def _time_reasons(ctx: StrategyContext, best: StrategyRow, fitting: list[StrategyRow]) -> list[str]:
+    """The chosen row's step time, throughput and MFU, and how much longer the others that fit take."""
+    t = best.time
+    if t is None:
+        return []
+    link = ctx.hardware.interconnect if ctx.hardware.num_nodes == 1 else f"{ctx.hardware.network} between nodes"
+    mfu = f", MFU {100 * t.mfu:.0f}%" if t.mfu is not None else ""
+    fastest = all(r.time is None or r.time.step_s >= t.step_s for r in fitting)
+    verb = "is the fastest that fits" if fastest else "takes"
+    out = [f"{best.title} {verb}: {fmt_s(t.step_s)} per optimizer step at global batch "
+           f"{best.global_batch_size} ({_throughput(ctx, best)}{mfu}; compute {fmt_s(t.compute_s)}, communication "
+           f"not hidden {fmt_s(t.exposed_comm_s)}, optimizer {fmt_s(t.optimizer_s)})"]
+    others = sorted((r for r in fitting if r is not best and r.time is not None and r.time.step_s > 0),
+                    key=lambda r: r.time.step_s)
+    # The fastest of the others and the slowest that keeps its model states on the GPU: the range of the choice.
+    on_gpu = [r for r in others[1:] if not r.strategy.offload and r.time.step_s != others[0].time.step_s]
+    shown = others[:1] + on_gpu[-1:]
+    for r in shown:
+        ratio = r.time.step_s / t.step_s
+        if ratio < 1 + TIE:
+            if r.strategy.comm_order != best.strategy.comm_order:
+                why = "by the tie order (least communication first, see docs/decisions.md)"
+            elif r.memory.device_total != best.memory.device_total:
+                why = (f"for its lower device total ({fmt_gib(best.memory.device_total)} against "
+                       f"{fmt_gib(r.memory.device_total)})")
+            else:  # the same order and memory: the registry's order decides (``pick``'s min keeps the first)
+                why = (f"as the first listed (the same tie order and the same "
+                       f"{fmt_gib(best.memory.device_total)} per GPU)")
+            out.append(f"{r.title} is as fast within {100 * TIE:.0f}% ({fmt_s(r.time.step_s)} per step); "
+                       f"{best.title} is preferred {why}")
+        else:
+            out.append(f"{r.title} over {link} would take {ratio:.2f}x longer per step ({fmt_s(r.time.step_s)}: "
+                       f"{_why_slower(r, best, ctx.options.precision)})")
+    return out
+
+
+def _scaling_warning(ctx: StrategyContext, best: StrategyRow) -> str | None:
+    """When the GPUs give less than half the ideal speed-up over one GPU (at the same global batch), the figures
+    and the better option (docs/decisions.md, "slow networks": communication a step cannot hide caps the speed-up)."""
+    t, hw = best.time, ctx.hardware
+    n = hw.num_gpus
+    if t is None or n < 2 or t.speedup_vs_single_gpu is None or t.speedup_vs_single_gpu >= n / 2:
+        return None
+    link = hw.interconnect if hw.num_nodes == 1 else f"{hw.network} between nodes"
+    if t.speedup_vs_single_gpu < 1:
+        better = "one GPU alone is faster: do not distribute this model on this cluster"
+    elif t.exposed_comm_s >= t.compute_s:
+        better = ("communication dominates: fewer GPUs (or nodes), a faster link, or a larger micro-batch "
+                  "(more compute per byte sent)")
+    else:
+        better = "a larger micro-batch (more compute per step) or fewer GPUs"
+    share = 100 * t.scaling_efficiency
+    return (f"{n} GPUs give only {t.speedup_vs_single_gpu:.2f}x the speed of one GPU ({share:.0f}% "
+            f"of the ideal {n}x): {fmt_s(t.exposed_comm_s)} of each {fmt_s(t.step_s)} step is communication over "
+            f"{link} that compute does not hide; {better}")
+
+
+def _fewer_nodes_warning(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRow) -> str | None:
+    """Several nodes whose samples per second are under half of ``nodes`` x one node's (the fastest strategy that
+    fits one node of the same GPUs, at the same micro-batch): the figures and the advice to use fewer nodes or a
+    faster network. For models one GPU cannot hold, where ``_scaling_warning`` has no single-GPU baseline."""
+    hw = ctx.hardware
+    if hw.num_nodes < 2 or best.time is None or not best.time.step_s:
+        return None
+    one = replace(ctx, hardware=replace(hw, num_nodes=1))
+    # every strategy, also those that do not apply across nodes (TP stays inside one node): one node may run them
+    candidates = [evaluate_row(r.strategy, one, False) for r in eligible(rows, hw.gpus_per_node)
+                  if r.strategy is not None]
+    timed = [r for r in candidates if r.applicable and r.fits is True and r.time is not None and r.time.step_s]
+    if not timed:
+        return None
+    node = max(timed, key=lambda r: r.global_batch_size / r.time.step_s)
+    per_s = best.global_batch_size / best.time.step_s
+    node_per_s = node.global_batch_size / node.time.step_s
+    if per_s >= hw.num_nodes * node_per_s / 2:
+        return None
+    return (f"{hw.num_nodes} nodes over {hw.network} train {per_s:.3g} samples/s, against {node_per_s:.3g} on one node "
+            f"of {hw.gpus_per_node} ({node.title}): {per_s / node_per_s:.2f}x for {hw.num_nodes}x the GPUs; use one "
+            "node, or a faster network between nodes")
+
+
+def cluster_warnings(ctx: StrategyContext, timed: bool = False) -> list[str]:
+    """The warnings about the cluster and the model (docs/decisions.md: slow networks, tiny models, PCIe);
+    ``timed``: the plan has step times, whose quantified scaling warning (``_scaling_warning``) replaces the prose
+    one about slow networks."""
+    hw, stats = ctx.hardware, ctx.profile.stats
+    out = []
+    if hw.num_nodes > 1 and hw.network in SLOW_NETWORKS and not timed:
+        out.append(f"{hw.network} between nodes is a bottleneck: communication can cost more than compute "
+                   "(a 2B model has been seen to get only 1.6x on 8 GPUs over such links); expect poor scaling")
+    if stats.num_params < TINY_MODEL_PARAMS and hw.num_gpus > 1:
+        out.append(f"the model is small ({stats.num_params / 1e6:.1f}M parameters): unless the data is large, "
+                   "distributing may gain little (gradient sync and data loading dominate)")
+    if hw.num_nodes == 1 and hw.interconnect == "pcie" and hw.num_gpus > 1:
+        out.append("PCIe between GPUs (about 32 GB/s): all-reduce is slower than over NVLink; scaling will be "
+                   "below linear")
+    return out

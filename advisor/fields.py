@@ -1,0 +1,162 @@
+"""One input field of the schema (``advisor.schema``): how it is shown and checked (``Opt``, attached to a
+dataclass field by ``option``), what it is (``Field``: its group, name, type read from the annotation, default)
+and one value checked against it (``check_value``). Nothing here knows the schema's groups."""
+
+from __future__ import annotations
+
+import math
+import types
+from collections.abc import Iterator
+from dataclasses import MISSING, dataclass, field, fields
+from functools import cache
+from typing import TypeVar, Union, get_args, get_origin, get_type_hints
+
+from .errors import AdvisorError
+
+FACES = ("cli", "page", "bench")
+STRATEGY_CHOICES = "strategies"  # resolved by the faces from the strategies registry (advisor.schema's doc)
+
+# What a field can hold (``Field.kind`` names which): the JSON-like values the faces pass.
+FieldValue = bool | int | float | str | tuple[int, ...] | dict[str, object] | None
+OptValue = str | float | bool | tuple[str, ...] | None
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Opt:
+    """How one input field is shown and checked.
+
+    ``flag``: the CLI flag (``None``: positional, or not on the CLI). ``label``: the page widget's label.
+    ``faces``: which of ``FACES`` show it. ``choices``: the allowed values, or ``STRATEGY_CHOICES``.
+    ``low``/``high``: inclusive bounds for numbers (``None``: unbounded). ``high_message``: a custom
+    message when above ``high`` (``{value}`` is filled in). ``none``: what an empty value means (help
+    text and the page's placeholder). ``metavar``: the CLI metavar. ``strict``: the value must be one of
+    ``choices`` (GPU presets are not: they match case-insensitively and by substring, with suggestions, in
+    ``get_gpu_preset``). ``positional``: the CLI takes it without a flag.
+    """
+
+    help: str
+    flag: str | None = None
+    label: str | None = None
+    faces: tuple[str, ...] = ("cli",)
+    choices: tuple[str, ...] | str | None = None
+    low: float | None = None
+    high: float | None = None
+    high_message: str | None = None
+    none: str | None = None
+    metavar: str | None = None
+    strict: bool = True
+    positional: bool = False
+
+
+def option(default: _T, **opt: OptValue) -> _T:
+    """A dataclass field carrying its ``Opt`` (keyword arguments: ``Opt``'s); mutable defaults are not allowed
+    (all inputs are frozen)."""
+    return field(default=default, metadata={"opt": Opt(**opt)})
+
+
+# The annotations a field may have, without ``None``, and the kind each is.
+_KINDS: dict[object, str] = {bool: "bool", int: "int", float: "float", str: "str", dict: "dict",
+                             tuple[int, ...]: "shape"}
+
+
+def _is_union(annotation: object) -> bool:
+    return get_origin(annotation) in (Union, types.UnionType)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One schema field: its group, name, type (the annotation, resolved: ``str | None``, ``tuple[int, ...]``),
+    default and ``Opt``."""
+
+    group: str
+    name: str
+    type: object
+    default: FieldValue
+    opt: Opt
+
+    @property
+    def optional(self) -> bool:
+        """Whether ``None`` is a value (the annotation is a union with ``None``)."""
+        return _is_union(self.type) and type(None) in get_args(self.type)
+
+    @property
+    def kind(self) -> str:
+        """``bool``, ``int``, ``float``, ``str``, ``shape`` (a tuple of ints) or ``dict``: the value's type
+        without ``None``.
+
+        Raises:
+            TypeError: an annotation the schema does not support.
+        """
+        base = self.type
+        if _is_union(base):
+            rest = tuple(a for a in get_args(base) if a is not type(None))
+            base = rest[0] if len(rest) == 1 else None
+        if base not in _KINDS:
+            raise TypeError(f"schema field {self.name} has an unsupported type {self.type}")
+        return _KINDS[base]
+
+    @property
+    def flag_name(self) -> str:
+        """What messages call it: the CLI flag, else the field name."""
+        return self.opt.flag or self.name
+
+
+@cache
+def _hints(cls: type) -> dict[str, object]:
+    """The resolved annotations of a schema dataclass (``typing.get_type_hints``: strings under
+    ``from __future__ import annotations`` evaluated once)."""
+    return get_type_hints(cls)
+
+
+def group_fields(group: str, cls: type) -> Iterator[Field]:
+    """The fields of one schema dataclass ``cls`` (group ``group``), in declaration order."""
+    hints = _hints(cls)
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else None
+        yield Field(group, f.name, hints[f.name], default, f.metadata["opt"])
+
+
+def resolve_choices(f: Field, strategy_names: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """The field's allowed values; ``STRATEGY_CHOICES`` becomes ``strategy_names`` (the faces pass
+    ``strategies.strategy_names()``)."""
+    if f.opt.choices == STRATEGY_CHOICES:
+        return tuple(strategy_names)
+    return f.opt.choices
+
+
+def check_value(f: Field, value: FieldValue, strategy_names: tuple[str, ...]) -> FieldValue:
+    """One value against its field; returns it unchanged.
+
+    Raises:
+        AdvisorError: wrong type, outside the bounds or not among the choices (one line naming the flag).
+    """
+    if value is None:
+        if not f.optional:
+            raise AdvisorError(f"{f.flag_name} needs a value")
+        return None
+    kind, flag = f.kind, f.flag_name
+    if kind == "bool" and not isinstance(value, bool):
+        raise AdvisorError(f"{flag} is on or off, got {value!r}")
+    if kind in ("int", "float"):
+        if isinstance(value, bool) or not isinstance(value, int if kind == "int" else (int, float)):
+            raise AdvisorError(f"{flag} must be {'an integer' if kind == 'int' else 'a number'}, got {value!r}")
+        if not math.isfinite(value):
+            raise AdvisorError(f"{flag} must be a finite number, got {value}")
+        lo, hi = f.opt.low, f.opt.high
+        between = f"{flag} must be between {lo} and {hi}, got {value}"
+        if lo is not None and (value <= 0 if lo == 0.0 else value < lo):
+            raise AdvisorError(between if hi is not None else
+                               f"{flag} must be {'a positive integer' if kind == 'int' else 'a positive number'}, "
+                               f"got {value}")
+        if hi is not None and value > hi:
+            raise AdvisorError(f.opt.high_message.format(value=value) if f.opt.high_message else between)
+    if kind == "str" and not isinstance(value, str):
+        raise AdvisorError(f"{flag} must be text, got {value!r}")
+    choices = resolve_choices(f, strategy_names)
+    if choices and kind == "str" and not value.strip():
+        raise AdvisorError(f"{flag} needs a value: one of {', '.join(map(str, choices))}")
+    if choices and f.opt.strict and value not in choices:
+        raise AdvisorError(f"{flag} must be one of {', '.join(map(str, choices))}, got {value!r}")
+    return value
