@@ -39,10 +39,12 @@ def _module_name(path: Path) -> str:
 
 
 def _sources() -> dict[str, Path]:
-    files = [ROOT / "app.py", *(ROOT / "advisor").rglob("*.py"), *(ROOT / "strategies").glob("*.py"),
+    files = [ROOT / "app.py", *(ROOT / "advisor").rglob("*.py"), *(ROOT / "strategies").rglob("*.py"),
              *(ROOT / "bench").glob("*.py")]
-    # Fragments and templates are text pasted into generated scripts, not modules of this program.
-    return {_module_name(p): p for p in files if "fragments" not in p.parts}
+    # Fragments, templates and the probe are text pasted into (or run beside) generated scripts, not modules of
+    # this program.
+    text = ("fragments", "templates", "probe")
+    return {_module_name(p): p for p in files if not any(t in p.relative_to(ROOT).parts for t in text)}
 
 
 def _imports(name: str, path: Path) -> set[str]:
