@@ -401,7 +401,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
 
         return check_main(argv)
     if name == "cache":
-        from .cache import main as cache_main
+        from .cache_face import main as cache_main
 
         return cache_main(argv)
     from .doctor import main as doctor_main

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # beside plan and may import only the bottom layer (and themselves).
 LAYERS: list[tuple[str, ...]] = [
     ("advisor", "advisor.errors", "advisor.units", "advisor.gpu_presets", "advisor.model_presets", "advisor.schema",
-     "advisor.faces", "advisor.locks", "advisor.cache", "advisor.processes"),
+     "advisor.faces", "advisor.locks", "advisor.cache", "advisor.cache_face",
+     "advisor.processes"),
     ("advisor.models", "advisor.hardware", "advisor.checkpointing", "advisor.measure", "advisor.trace",
      "advisor.memory", "advisor.profile", "advisor.context"),
     ("strategies",),
