@@ -363,7 +363,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
 
         return check_main(argv)
     if name == "cache":
-        from .cache import main as cache_main
+        from .cache_face import main as cache_main
 
         return cache_main(argv)
     if name == "page":

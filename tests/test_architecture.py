@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # beside plan and may import only the bottom layer (and themselves).
 LAYERS: list[tuple[str, ...]] = [
     ("advisor", "advisor.errors", "advisor.units", "advisor.gpu_presets", "advisor.model_presets", "advisor.schema",
-     "advisor.fields", "advisor.free_text", "advisor.faces", "advisor.locks", "advisor.cache", "advisor.processes"),
+     "advisor.fields", "advisor.free_text", "advisor.faces", "advisor.locks", "advisor.cache", "advisor.cache_face",
+     "advisor.processes"),
     ("advisor.models", "advisor.hardware", "advisor.checkpointing", "advisor.measure", "advisor.trace",
      "advisor.memory", "advisor.profile", "advisor.context"),
     ("strategies",),
@@ -41,10 +42,12 @@ def _module_name(path: Path) -> str:
 
 def _sources() -> dict[str, Path]:
     # advisor/ with its packages (advisor/page: the Streamlit page) and the repository's app.py shim.
-    files = [ROOT / "app.py", *(ROOT / "advisor").rglob("*.py"), *(ROOT / "strategies").glob("*.py"),
+    files = [ROOT / "app.py", *(ROOT / "advisor").rglob("*.py"), *(ROOT / "strategies").rglob("*.py"),
              *(ROOT / "bench").glob("*.py")]
-    # Fragments and templates are text pasted into generated scripts, not modules of this program.
-    return {_module_name(p): p for p in files if "fragments" not in p.parts}
+    # Fragments, templates and the probe are text pasted into (or run beside) generated scripts, not modules of
+    # this program.
+    text = ("fragments", "templates", "probe")
+    return {_module_name(p): p for p in files if not any(t in p.relative_to(ROOT).parts for t in text)}
 
 
 def _imports(name: str, path: Path) -> set[str]:

@@ -23,9 +23,9 @@ from advisor.cache import (
     cache_dir,
     entry_name,
     library_versions,
-    main,
     open_cache,
 )
+from advisor.cache_face import main
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = {"model": "llama-2-70b", "micro_batch": 2, "mode": "autocast", "checkpointing": False,
@@ -541,9 +541,9 @@ def test_face_info_says_when_the_location_is_unusable(tmp_path, monkeypatch, cap
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     monkeypatch.setenv("ADVISOR_CACHE_DIR", str(blocker / "cache"))
-    assert cache_mod.main(["info"]) == 0
+    assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert f"{blocker} is not a directory: nothing is cached" in out
     monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path / "fresh"))
-    assert cache_mod.main(["info"]) == 0
+    assert main(["info"]) == 0
     assert "nothing is cached" not in capsys.readouterr().out

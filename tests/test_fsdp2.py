@@ -13,7 +13,7 @@ import torch
 from advisor.plan import plan
 from advisor.schema import plan_inputs
 from strategies import get_strategy
-from strategies.fsdp2 import units
+from strategies.fsdp2.layout import units
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "data" / "small_llama.json")

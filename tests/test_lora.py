@@ -160,7 +160,7 @@ def test_memory_terms_by_hand():
     assert z3.optimizer_states == -(-4 * t // 2) + bnb_layout.optimizer_state_bytes("adamw", [(-(-t // 2),)], 4)
     f = p.row("fsdp2").memory
     from strategies import get_strategy
-    from strategies.fsdp2 import units
+    from strategies.fsdp2.layout import units
 
     us = units(st, 2)
     shards = sum((u.shard(2) - u.trainable_shard(2)) * 2 + u.trainable_shard(2) * 4 for u in us)

@@ -118,13 +118,13 @@ def test_estimate_shards_the_quantized_storage(planned):
     q = get_strategy("zero3").quantized_sizes(planned.context())
     shape = (CONFIG["hidden_size"], CONFIG["hidden_size"])  # every quantized weight here is 1024 x 1024
     local, full, states = _by_hand(shape, 4, 2)
-    assert q["storage"] == QUANTIZED * local == 1_835_008  # 7 x 131,072 fp32 elements / 2 ranks x 4 B
-    assert q["full_storage"] == QUANTIZED * full == 2 * q["storage"]
-    assert q["quant_states"] == QUANTIZED * states == 459_200
+    assert q.storage == QUANTIZED * local == 1_835_008  # 7 x 131,072 fp32 elements / 2 ranks x 4 B
+    assert q.full_storage == QUANTIZED * full == 2 * q.storage
+    assert q.quant_states == QUANTIZED * states == 459_200
     # the rest (embeddings, norms, LM head, adapters) partitioned in fp32
     rest = planned.profile.stats.num_params - QUANTIZED * math.prod(shape)
-    assert q["rest_full"] == 4 * rest
-    assert row.memory.peak.total >= q["storage"] + q["quant_states"]
+    assert q.rest_full == 4 * rest
+    assert row.memory.peak.total >= q.storage + q.quant_states
     assert row.memory.model_state_bytes < planned.row("ddp").memory.model_state_bytes
     for name in ("zero1", "zero2"):
         assert not planned.row(name).applicable and "zero3" in planned.row(name).reason
@@ -161,7 +161,7 @@ def test_emitted_zero3_qlora_script_trains_two_ranks(tiny, planned, tmp_path):
         assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.02, losses
         held = json.loads((run / f"quantized_rank{r['rank']}.json").read_text())
         assert held["tensors"] == QUANTIZED and held["dtypes"] == ["torch.float32"], held
-        assert held["local_bytes"] == q["storage"] and 2 * held["local_bytes"] == held["full_bytes"], held
+        assert held["local_bytes"] == q.storage and 2 * held["local_bytes"] == held["full_bytes"], held
         measured = r["peak_allocated_bytes"]
         print(f"rank {r['rank']}: peak measured {measured:,} B, estimated {estimate:,} B "
               f"({(estimate - measured) / measured:+.1%}); packed storage held {held['local_bytes']:,} of "

@@ -64,12 +64,14 @@ def test_zero1_matches_the_measured_peak(zero1_fp32):
 
 
 def _stage1_phases(p, s=None, step=None):
-    from strategies.zero import Zero, stage12_phases
+    from strategies.zero import Zero
+    from strategies.zero.phases import stage12_phases
+    from strategies.zero.sizes import zero_sizes
 
     ctx, z = p.context(), Zero(1)
-    s = s or z._sizes(ctx)
+    s = s or zero_sizes(ctx, 1, None)
     step = step or ctx.profile.activations(z.trace_mode(ctx.options.precision)).at(ctx.options.micro_batch_size)
-    params, optim = s["weights"], s["master"] + s["moments"]
+    params, optim = s.weights, s.master + s.moments
     return {b.phase: b for b in stage12_phases(s, step, params, optim, 1, False, 0, bucket_fills=False)}
 
 
@@ -93,10 +95,12 @@ def test_zero1_reductions_of_a_model_larger_than_the_bucket(zero1_fp32):
     the bucket are left."""
     from types import SimpleNamespace
 
+    from strategies.zero.sizes import ZeroSizes
+
     p, _ = zero1_fp32
     b = 1000
-    s = {"weights": 20 * b, "master": 10 * b, "moments": 20 * b, "grads16": 20 * b, "grads16_partition": 5 * b,
-         "grads32": 10 * b, "bucket": 2 * b, "reduce_copy": 2 * b, "partition_numel": 2500, "w": 2}
+    s = ZeroSizes(weights=20 * b, gathered=0, master=10 * b, moments=20 * b, grads16=20 * b, grads16_partition=5 * b,
+                  grads32=10 * b, bucket=2 * b, reduce_copy=2 * b, partition_numel=2500, w=2)
     step = SimpleNamespace(activations=0, fwd_peak=0, bwd_activations=0, bwd_grads=0, bwd_peak=0,
                            bwd_net_activations=0, bwd_net_grads=0, bwd_net_peak=0)
     phases = _stage1_phases(p, s, step)

@@ -1,0 +1,155 @@
+"""ZeRO's time rules: the bytes each rank sends per optimizer step and the step's time (compute, collectives in
+the buckets of the emitted ds_config, their overlap, the optimizer step; offload's PCIe copies and CPU step), from
+deepspeed/runtime/zero/stage_1_and_2.py and stage3.py (DeepSpeed 0.19)."""
+
+from __future__ import annotations
+
+from advisor.context import StrategyContext
+from advisor.memory import states_per_element
+from advisor.timing.comm import pcie_transfer_s, split_buckets
+from advisor.timing.compute import ComputeTime
+from advisor.timing.step import FOREACH_FACTOR, HOST_MEM_GBPS, HOST_MEM_SOURCE, Collective, StepTime, exposed_s
+
+from ..base import Timing, fabric_of, optimizer_step_s
+from .ds_config import bucket_elems
+from .sizes import module_dtype_bytes, quantized_sizes
+
+
+def comm_bytes_per_step(ctx: StrategyContext, stage: int, quantized_base: bool, grad_accum_steps: int = 1) -> int:
+    """Bytes each GPU sends per optimizer step, in DeepSpeed's 16-bit (fp32: 32-bit) dtype: a ring
+    reduce-scatter or all-gather of S sends (n-1)/n x S (nccl-tests PERFORMANCE.md). ZeRO-1: gradients
+    reduce-scattered once per step, updated parameters all-gathered once; ZeRO-2 reduce-scatters on every
+    micro-step (it keeps only its gradient partition); ZeRO-3 gathers the parameters in forward and in backward
+    and reduce-scatters the gradients on every micro-step (ZeRO paper section 7.2.2: 1.5x DDP per micro-step).
+    0 on one GPU."""
+    n, w = ctx.world_size, module_dtype_bytes(ctx)
+    stats, ga = ctx.profile.stats, max(1, grad_accum_steps)
+    # Stages 1-2 partition and re-gather only what the optimizer updates (its param groups: the trainable
+    # parameters; a frozen LoRA base stays replicated and is never sent).
+    grads, params = stats.num_trainable * w, stats.num_trainable * w
+    if stage == 1:
+        total = grads + params
+    elif stage == 2:
+        total = ga * grads + params
+    else:
+        total = ga * (grads + 2 * gathered_total(ctx, quantized_base))
+    return (n - 1) * total // n
+
+
+def gathered_total(ctx: StrategyContext, quantized_base: bool) -> int:
+    """Bytes one ZeRO-3 pass (forward or backward) all-gathers: every non-persistent parameter in the module's
+    dtype (QLoRA: the packed 4-bit storage of the quantized weights, ``quantized_sizes``)."""
+    q = quantized_sizes(ctx, quantized_base)
+    if q is not None:
+        return q.gathered_total
+    stats = ctx.profile.stats
+    return (stats.num_params - stats.persistent_params) * module_dtype_bytes(ctx)
+
+
+def step_time(ctx: StrategyContext, t: Timing, c: ComputeTime, grad_accum_steps: int, stage: int, offload: bool,
+              quantized_base: bool) -> StepTime:
+    """Time rule (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py; DeepSpeed 0.19). Compute: the roofline
+    of the 16-bit-weights trace (DeepSpeed casts the module, no autocast casts). Collectives in the 16-bit
+    dtype (fp32 runs: 32-bit), buckets as the emitted ds_config sets them:
+
+    * ZeRO-1: reduce-scatter of the gradients at the accumulation boundary only (the engine's
+      ``allreduce_gradients`` reduces stage 1 only there), all-gather of the updated parameters after the step;
+    * ZeRO-2: reduce-scatter on every micro-step (``overlapping_partition_gradients_reduce_epilogue``: it keeps
+      only its partition), all-gather after the step. The emitted config sets ``overlap_comm`` false for
+      stages 1-2, so each bucket is reduced inside the backward hook that filled it: nothing overlaps;
+    * ZeRO-3 (``overlap_comm`` true, prefetch ``stage3_prefetch_bucket_size``): every micro-step gathers the
+      non-persistent parameters module by module in forward and again in backward and reduce-scatters the
+      gradients; gathers are prefetched behind the compute of the modules before them, the reduce-scatter
+      runs beside backward; exposed: the first module's gather of each pass, the last reduce bucket, and
+      whatever communication outlasts compute (``advisor.timing.step.exposed_s``);
+    * offload: the gradient partition goes to host memory over PCIe on every micro-step, the optimizer runs on
+      the CPU (torch's foreach loop, all the node's ranks sharing the host memory bandwidth), the updated
+      16-bit partition comes back over PCIe (ZeRO-3 + offload_param: the parameter partition comes up before
+      every gather instead); all of it exposed.
+
+    Optimizer on the GPU: fused AdamW over this rank's fp32 partition plus DeepSpeed's fp32 gradient
+    flatten/cast and the copy of the updated partition into the 16-bit weights (6 bytes per element each).
+
+    One optimizer step of ``grad_accum_steps`` micro-steps, in seconds, of ZeRO ``stage`` (1-3, ``offload``,
+    ``quantized_base``: QLoRA's packed base gathered under ZeRO-3); ``t``: the GPU's ``Timing``, ``c``: one
+    micro-step's compute (``Strategy.compute_time``)."""
+    hw, opts, stats = ctx.hardware, ctx.options, ctx.profile.stats
+    n, w, ga = ctx.world_size, module_dtype_bytes(ctx), grad_accum_steps
+    fabric = fabric_of(ctx, t, hw.gpus_per_node, hw.num_nodes)
+    b = bucket_elems(ctx)
+    grads, params = stats.num_trainable * w, stats.num_trainable * w  # stages 1-2 gather the updated (trainable)
+    coll: list[Collective] = []
+
+    def run(kind: str, nbytes: int, bucket_bytes: int) -> tuple[float, float, int]:
+        """(seconds, last bucket's seconds, calls) of one collective over ``nbytes`` in buckets."""
+        sizes = split_buckets(nbytes, max(1, bucket_bytes)) if nbytes else []
+        times = [fabric.time_s(kind, x) for x in sizes]
+        return sum(times), (times[-1] if times else 0.0), len(sizes)
+
+    exposed = comm = 0.0
+    if stage in (1, 2):
+        rs_s, _, rs_calls = run("reduce_scatter", grads, b["reduce_bucket_size"] * w)
+        ag_s, _, ag_calls = run("all_gather", params, b["allgather_bucket_size"] * w)
+        per = 1 if stage == 1 else ga
+        if rs_s:
+            coll.append(Collective("gradient reduce-scatter" + (" (every micro-step)" if stage == 2 else ""),
+                                   "reduce_scatter", "data-parallel", grads, per * rs_calls, per * rs_s,
+                                   per * rs_s, passes=per))
+        if ag_s:
+            coll.append(Collective("all-gather of the updated parameters", "all_gather", "data-parallel", params,
+                                   ag_calls, ag_s, ag_s))
+        comm = exposed = per * rs_s + ag_s
+        overlap = "none: the emitted ds_config sets overlap_comm false for ZeRO-1/2"
+    else:
+        gathered = gathered_total(ctx, quantized_base)
+        modules = max(1, stats.num_gathered_modules or stats.num_param_tensors)
+        ag_s = fabric.time_s("all_gather", gathered // modules) * modules if n > 1 and gathered else 0.0
+        rs_s, rs_last, rs_calls = run("reduce_scatter", grads, b["reduce_bucket_size"] * w)
+        first = ag_s / modules
+        fwd = exposed_s(ag_s, c.fwd_s, modules, first_s=first)
+        bwd = exposed_s(ag_s + rs_s, c.bwd_s, modules + rs_calls, first_s=first, last_s=rs_last)
+        if ag_s:
+            coll.append(Collective("parameter all-gather in forward and in backward (every micro-step, "
+                                   f"{modules} modules)", "all_gather", "data-parallel", gathered,
+                                   2 * ga * modules, 2 * ga * ag_s, ga * (fwd + bwd - min(bwd, rs_last)),
+                                   passes=2 * ga))
+        if rs_s:
+            coll.append(Collective("gradient reduce-scatter (every micro-step)", "reduce_scatter", "data-parallel",
+                                   grads, ga * rs_calls, ga * rs_s, ga * min(bwd, rs_last), passes=ga))
+        comm, exposed = ga * (2 * ag_s + rs_s), ga * (fwd + bwd)
+        overlap = ("parameter gathers prefetched behind the compute of the modules before them, the gradient "
+                   "reduce-scatter beside backward (overlap_comm); exposed: each pass's first gather, the last "
+                   "reduce bucket and any overrun")
+    k_opt = 0.0
+    host = 0.0
+    notes: list[str] = []
+    part = -(-stats.num_trainable // n)
+    if offload:
+        pcie = t.preset.pcie_gen
+        down = pcie_transfer_s(part * w, pcie)  # gradient partition to the host, per micro-step
+        if stage == 3:
+            up = 2 * pcie_transfer_s(-(-stats.num_params // n) * w, pcie)  # parameter partition, each pass
+            up_per_step = ga * up
+            up_what = "parameter partition to the GPU before each gather (every micro-step)"
+        else:
+            up_per_step = pcie_transfer_s(-(-stats.num_params // n) * w, pcie)
+            up_what = "updated 16-bit partition back to the GPU"
+        coll.append(Collective("gradient partition to host memory (every micro-step)", "pcie", "host", part * w,
+                               ga, ga * down, ga * down, passes=ga))
+        ups = 2 * ga if stage == 3 else 1
+        coll.append(Collective(up_what, "pcie", "host", -(-stats.num_params // n) * w, ups, up_per_step,
+                               up_per_step, passes=ups))
+        comm += ga * down + up_per_step
+        exposed += ga * down + up_per_step
+        per_elem = (2 * 4 + 4 + 2 * states_per_element(opts.optimizer, 4)) * FOREACH_FACTOR
+        # Every rank of the node steps its partition on the same host at once.
+        host = part * hw.gpus_per_node * per_elem / (HOST_MEM_GBPS * 1e9)
+        k_opt = host
+        notes.append(f"CPU optimizer at {HOST_MEM_GBPS:g} GB/s of host memory bandwidth per node "
+                     f"({HOST_MEM_SOURCE})")
+    else:
+        k_opt = optimizer_step_s(ctx, t, part, 4, 4, 4, extra=12)
+    return StepTime(micro_batch=opts.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s, comm_s=comm,
+                    exposed_comm_s=exposed, optimizer_s=k_opt, flops=ga * c.flops, model_flops=ga * c.model_flops,
+                    peak_flops_per_s=t.peak_flops_per_s, overlap=overlap, collectives=tuple(coll), host_s=host,
+                    notes=tuple(notes))
