@@ -45,10 +45,9 @@ import re
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 FORMAT = 1
 # 512 MiB, in bytes. Entries are small: a llama-2-70b activation profile (`profile_activations`,
@@ -64,7 +63,9 @@ _NAMESPACE = re.compile(r"[a-z0-9_-]+")
 _ENTRY_NAME = re.compile(r"[0-9a-f]{64}")
 _VERSIONED = ("torch", "transformers", "torchvision", "peft", "advisor")
 
-JSONValue = dict | list  # what get returns on a hit and put stores (top level)
+JSONValue = dict | list  # what get returns on a hit (top level)
+JSONKey = Mapping[str, object]  # a key: a JSON object (a dict at run time)
+JSONInput = Mapping[str, object] | Sequence[object]  # what put stores: a dict or a list at run time
 
 
 def cache_dir() -> Path:
@@ -107,7 +108,7 @@ def library_versions() -> dict[str, str]:
     return dict(_versions())
 
 
-def _check_json(obj: Any, what: str, depth: int = 0) -> None:
+def _check_json(obj: object, what: str, depth: int = 0) -> None:
     """Raise unless ``obj`` round-trips through JSON unchanged (up to tuples becoming lists):
     dict keys must be ``str`` (json would turn 1 into "1" and collide it with "1"), floats finite."""
     if depth > 200:
@@ -139,11 +140,11 @@ def _check_namespace(namespace: str) -> None:
         raise ValueError(f"namespace {namespace!r} must match [a-z0-9_-]+")
 
 
-def _canonical(obj: Any) -> str:
+def _canonical(obj: object) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-def entry_name(namespace: str, key: dict) -> str:
+def entry_name(namespace: str, key: JSONKey) -> str:
     """The file name of ``key``'s entry: sha256 hex of the canonical JSON of
     ``{"namespace": namespace, "key": key}``.
 
@@ -220,13 +221,13 @@ class DiskCache:
     def __repr__(self) -> str:
         return f"DiskCache({str(self.directory)!r}, max_bytes={self.max_bytes})"
 
-    def path_for(self, namespace: str, key: dict) -> Path:
+    def path_for(self, namespace: str, key: JSONKey) -> Path:
         """Where ``key``'s entry lives (whether or not it exists). Raises as ``entry_name``."""
         return self.directory / namespace / entry_name(namespace, key)
 
     # ---- reading -----------------------------------------------------------------------------
 
-    def get(self, namespace: str, key: dict) -> JSONValue | None:
+    def get(self, namespace: str, key: JSONKey) -> JSONValue | None:
         """The value stored under ``key`` in ``namespace``, or None (a miss: absent, unreadable,
         corrupt, another key, unknown format). A hit marks the entry as recently used.
 
@@ -265,7 +266,7 @@ class DiskCache:
 
     # ---- writing -----------------------------------------------------------------------------
 
-    def put(self, namespace: str, key: dict, value: JSONValue) -> None:
+    def put(self, namespace: str, key: JSONKey, value: JSONInput) -> None:
         """Store ``value`` (a JSON-able dict or list) under ``key``, then evict least-recently-used
         entries until the total is at most ``max_bytes``. An entry larger than ``max_bytes`` on its
         own is not stored (and an older entry of that key is removed). I/O failures are skipped silently.
@@ -310,7 +311,7 @@ class DiskCache:
 
     # ---- scanning, eviction ------------------------------------------------------------------
 
-    def _scan(self) -> Iterator[tuple[str, os.DirEntry]]:
+    def _scan(self) -> Iterator[tuple[str, os.DirEntry[str]]]:
         """(namespace, dir entry) for every file in a namespace folder; nothing on I/O trouble."""
         try:
             with os.scandir(self.directory) as top:
@@ -391,12 +392,12 @@ class NullCache:
     def __repr__(self) -> str:
         return "NullCache()"
 
-    def get(self, namespace: str, key: dict) -> JSONValue | None:
+    def get(self, namespace: str, key: JSONKey) -> JSONValue | None:
         """Always None. Raises ``ValueError``/``TypeError`` for a bad namespace or key."""
         entry_name(namespace, key)
         return None
 
-    def put(self, namespace: str, key: dict, value: JSONValue) -> None:
+    def put(self, namespace: str, key: JSONKey, value: JSONInput) -> None:
         """Does nothing. Raises ``ValueError``/``TypeError`` for bad arguments, as ``DiskCache.put``."""
         entry_name(namespace, key)
         if not isinstance(value, (dict, list)):

@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import math
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
-from typing import TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Concatenate, Literal, ParamSpec, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from .errors import AdvisorError
 
 FACES = ("cli", "page", "bench")
-STRATEGY_CHOICES = "strategies"  # resolved by the faces from the strategies registry (advisor.schema's doc)
+# Resolved by the faces from the strategies registry (advisor.schema's doc).
+STRATEGY_CHOICES: Literal["strategies"] = "strategies"
 
 # What a field can hold (``Field.kind`` names which): the JSON-like values the faces pass.
 FieldValue = bool | int | float | str | tuple[int, ...] | dict[str, object] | None
-OptValue = str | float | bool | tuple[str, ...] | None
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Opt:
     flag: str | None = None
     label: str | None = None
     faces: tuple[str, ...] = ("cli",)
-    choices: tuple[str, ...] | str | None = None
+    choices: tuple[str, ...] | Literal["strategies"] | None = None
     low: float | None = None
     high: float | None = None
     high_message: str | None = None
@@ -50,14 +51,22 @@ class Opt:
     positional: bool = False
 
 
-def option(default: _T, **opt: OptValue) -> _T:
-    """A dataclass field carrying its ``Opt`` (keyword arguments: ``Opt``'s); mutable defaults are not allowed
-    (all inputs are frozen)."""
-    return field(default=default, metadata={"opt": Opt(**opt)})
+def _carrying(make: Callable[_P, Opt]) -> Callable[Concatenate[_T, _P], _T]:
+    """``option`` for the ``Opt`` that ``make`` builds: its keyword arguments are checked as ``make``'s."""
+
+    def option(default: _T, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return field(default=default, metadata={"opt": make(*args, **kwargs)})
+
+    return option
+
+
+# ``option(default, help=..., flag=..., ...)``: a dataclass field carrying its ``Opt`` (keyword arguments:
+# ``Opt``'s); mutable defaults are not allowed (all inputs are frozen).
+option = _carrying(Opt)
 
 
 # The annotations a field may have, without ``None``, and the kind each is.
-_KINDS: dict[object, str] = {bool: "bool", int: "int", float: "float", str: "str", dict: "dict",
+_KINDS: dict[object, str] = {bool: "bool", int: "int", float: "float", str: "str", dict[str, object]: "dict",
                              tuple[int, ...]: "shape"}
 
 
@@ -121,9 +130,10 @@ def group_fields(group: str, cls: type) -> Iterator[Field]:
 def resolve_choices(f: Field, strategy_names: tuple[str, ...] = ()) -> tuple[str, ...] | None:
     """The field's allowed values; ``STRATEGY_CHOICES`` becomes ``strategy_names`` (the faces pass
     ``strategies.strategy_names()``)."""
-    if f.opt.choices == STRATEGY_CHOICES:
+    choices = f.opt.choices
+    if isinstance(choices, str):  # the one text value Opt.choices takes: STRATEGY_CHOICES
         return tuple(strategy_names)
-    return f.opt.choices
+    return choices
 
 
 def check_value(f: Field, value: FieldValue, strategy_names: tuple[str, ...]) -> FieldValue:
@@ -155,7 +165,7 @@ def check_value(f: Field, value: FieldValue, strategy_names: tuple[str, ...]) ->
     if kind == "str" and not isinstance(value, str):
         raise AdvisorError(f"{flag} must be text, got {value!r}")
     choices = resolve_choices(f, strategy_names)
-    if choices and kind == "str" and not value.strip():
+    if choices and kind == "str" and isinstance(value, str) and not value.strip():  # (a str: checked above)
         raise AdvisorError(f"{flag} needs a value: one of {', '.join(map(str, choices))}")
     if choices and f.opt.strict and value not in choices:
         raise AdvisorError(f"{flag} must be one of {', '.join(map(str, choices))}, got {value!r}")

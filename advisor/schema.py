@@ -20,9 +20,9 @@ Nothing here imports torch or any other layer of advisor but the bottom data mod
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 from .bnb_layout import OPTIMIZER_CHOICES, QUANT_CHOICES
 from .errors import AdvisorError
@@ -53,7 +53,7 @@ class ModelSource:
                                 "...) or Hugging Face repo id alias; see --list-models")
     config_path: str | None = _f(None, flag="--config", metavar="PATH", faces=("cli", "bench"),
                                  help="a Hugging Face config.json (parsed as JSON only)")
-    config_dict: dict | None = _f(None, label="Paste a config.json", faces=("page",),
+    config_dict: dict[str, object] | None = _f(None, label="Paste a config.json", faces=("page",),
                                   help="a pasted or uploaded Hugging Face config.json (parsed as JSON only)")
     config_source: str | None = _f(None, faces=(), help="where config_dict came from (an upload's name)")
     model_factory: str | None = _f(None, flag="--model-factory", metavar="MOD:FN",
@@ -279,7 +279,8 @@ def field_labels() -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------------------- validation
-def validate_group(group: Any, strategy_names: tuple[str, ...] = ()) -> None:
+def validate_group(group: ModelSource | TrainingOptions | ClusterSpec | RunOptions,
+                   strategy_names: tuple[str, ...] = ()) -> None:
     """Check every field of one group instance (``ModelSource``, ``TrainingOptions``, ...).
 
     Raises:
@@ -360,20 +361,33 @@ def validate_run(run: RunOptions, strategy_names: tuple[str, ...]) -> None:
 
 
 # ------------------------------------------------------------------------------- building and echo
-def split_values(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def split_values(values: Mapping[str, object]) -> dict[str, dict[str, object]]:
     """Flat ``{field name: value}`` -> ``{group: {field name: value}}`` (unset names keep defaults).
 
     Raises:
         KeyError: a name that is no schema field.
     """
     by_name = {f.name: f.group for f in all_fields()}
-    out: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+    out: dict[str, dict[str, object]] = {g: {} for g in GROUPS}
     for name, value in values.items():
         out[by_name[name]][name] = value
     return out
 
 
-def inputs_from_values(values: dict[str, Any]) -> tuple[PlanInputs, RunOptions]:
+_Group = TypeVar("_Group")  # one of GROUPS' classes
+
+
+def _group(cls: type[_Group], values: Mapping[str, object]) -> _Group:
+    """``cls(**values)``: one group from the values a face gave, of whatever types they are (``validate`` checks
+    them).
+
+    Raises:
+        TypeError: a name that is no field of ``cls``.
+    """
+    return cls(**values)
+
+
+def inputs_from_values(values: Mapping[str, object]) -> tuple[PlanInputs, RunOptions]:
     """What every face does with what the user gave: flat field values -> typed, validated inputs.
 
     Raises:
@@ -381,14 +395,14 @@ def inputs_from_values(values: dict[str, Any]) -> tuple[PlanInputs, RunOptions]:
         KeyError: a name that is no schema field (a face's bug, not the user's).
     """
     g = split_values(values)
-    run = RunOptions(**g["run"])
-    inputs = PlanInputs(source=ModelSource(**g["model"]), training=TrainingOptions(**g["training"]),
-                        cluster=ClusterSpec(**g["cluster"]), compare=run.compare, use_cache=not run.no_cache)
+    run = _group(RunOptions, g["run"])
+    inputs = PlanInputs(source=_group(ModelSource, g["model"]), training=_group(TrainingOptions, g["training"]),
+                        cluster=_group(ClusterSpec, g["cluster"]), compare=run.compare, use_cache=not run.no_cache)
     validate(inputs)
     return inputs, run
 
 
-def plan_inputs(**values: Any) -> PlanInputs:
+def plan_inputs(**values: object) -> PlanInputs:
     """``PlanInputs`` from field values by name, validated: ``plan_inputs(model="gpt2", gpus=2, seq_len=256)``.
 
     Raises:
@@ -397,16 +411,17 @@ def plan_inputs(**values: Any) -> PlanInputs:
     return inputs_from_values(values)[0]
 
 
-def echo(inputs: PlanInputs) -> dict[str, Any]:
+def echo(inputs: PlanInputs) -> dict[str, object]:
     """The inputs as JSON: ``{group: {field: value}}`` for every field a face can set (a pasted config is
     echoed as its source name, not its text)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for name, group in (("model", inputs.source), ("training", inputs.training), ("cluster", inputs.cluster)):
-        out[name] = {}
+        values: dict[str, object] = {}
+        out[name] = values
         for f in (f for f in all_fields() if f.group == name and f.opt.faces):
             value = getattr(group, f.name)
             if f.name == "config_dict":
                 value = None if value is None else (inputs.source.config_source or "pasted config")
-            out[name][f.name] = list(value) if isinstance(value, tuple) else value
+            values[f.name] = list(value) if isinstance(value, tuple) else value
     out["use_cache"] = inputs.use_cache
     return out
