@@ -24,15 +24,20 @@ import inspect
 import math
 import pprint
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from advisor.errors import AdvisorError
 from advisor.models import ModelSpec, family_of
 
 from . import get_strategy, strategy_names
 from .slurm import SLURM_FILE, render_slurm
+
+if TYPE_CHECKING:
+    from .base import Strategy
+    from .seams import RenderedPlan
 
 TEMPLATES = Path(__file__).parent / "templates"
 # The standard-library modules a script may use; each is imported where its text uses it.
@@ -55,6 +60,20 @@ DEFAULT_STEPS = 100
 MASTER_PORT = 29500
 
 
+class Estimate(TypedDict):
+    """``Job.estimate``: what the plan estimated for the job's row, per GPU (bytes; the step in seconds)."""
+
+    peak_allocated_bytes: int
+    device_total_bytes: int
+    breakdown_bytes: dict[str, int]  # ``Breakdown.as_dict``
+    peak_phase: str
+    device: str
+    gpu: str
+    attention: str
+    step_s: float | None
+    mfu: float | None
+
+
 @dataclass(frozen=True)
 class Job:
     """Everything a generated script fixes. Sizes are per GPU; ``estimate`` holds bytes."""
@@ -71,8 +90,8 @@ class Job:
     tp_degree: int
     lr: float
     activation_checkpointing: bool
-    estimate: dict[str, Any]
-    ds_config: dict[str, Any] | None = None
+    estimate: Estimate
+    ds_config: dict[str, object] | None = None
     steps: int = DEFAULT_STEPS
     master_port: int = MASTER_PORT
     fsdp_grad_sync: str = "every-micro-step"  # FSDP2 with accumulation: reduce-scatter every micro-step or the last
@@ -93,12 +112,13 @@ class Job:
         return self.micro_batch_size * self.dp_size * self.grad_accum_steps
 
     @property
-    def strategy_unit(self):
+    def strategy_unit(self) -> Strategy:
         """The registered ``Strategy`` this job runs."""
         return get_strategy(self.strategy)
 
 
-def job_from_plan(plan, strategy: str, steps: int = DEFAULT_STEPS, master_port: int = MASTER_PORT) -> Job:
+def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
+                  master_port: int = MASTER_PORT) -> Job:
     """The job for ``strategy`` as sized in ``plan``.
 
     Raises:
@@ -112,23 +132,27 @@ def job_from_plan(plan, strategy: str, steps: int = DEFAULT_STEPS, master_port: 
     strat = get_strategy(strategy)
     ctx = plan.context()
     opts, hw = plan.options, plan.hardware
+    mem, t = row.memory, row.time
+    precision, micro_batch, grad_accum, global_batch = (opts.precision, opts.micro_batch_size, row.grad_accum_steps,
+                                                        row.global_batch_size)
+    assert (mem is not None and precision is not None and micro_batch is not None and grad_accum is not None
+            and global_batch is not None), "the plan sizes every row that applies, at the options it resolved"
     # Linear scaling rule (Goyal et al. 2017): lr x global batch / base batch, when given; else the family's default.
     if row.learning_rate is not None:
         lr, lr_source = row.learning_rate, (f"--base-lr {opts.base_lr:g} at batch {opts.base_batch_size}, linearly "
                                             "scaled (Goyal et al. 2017)")
     else:
-        lr, lr_source = family_of(plan.spec).default_lr(plan.spec, opts.optimizer, row.global_batch_size)
-    mem, t = row.memory, row.time
+        lr, lr_source = family_of(plan.spec).default_lr(plan.spec, opts.optimizer, global_batch)
     # StepTime.model_flops is one GPU's per optimizer step; every GPU runs the same, so the cluster's per sample is
     # that x the GPUs the row uses / the global batch.
-    flops = (t.model_flops * row.dp_size * row.tp_degree // row.global_batch_size
-             if t is not None and t.model_flops and row.global_batch_size else None)
-    estimate = {"peak_allocated_bytes": mem.peak.total, "device_total_bytes": mem.device_total,
-                "breakdown_bytes": mem.peak.as_dict(), "peak_phase": mem.peak.phase, "device": plan.device,
-                "gpu": hw.gpu_name, "attention": plan.attention,
-                "step_s": t.step_s if t is not None else None, "mfu": t.mfu if t is not None else None}
-    return Job(strategy=strategy, spec=plan.spec, precision=opts.precision, optimizer=opts.optimizer,
-               micro_batch_size=opts.micro_batch_size, grad_accum_steps=row.grad_accum_steps,
+    flops = (t.model_flops * row.dp_size * row.tp_degree // global_batch
+             if t is not None and t.model_flops and global_batch else None)
+    estimate: Estimate = {"peak_allocated_bytes": mem.peak.total, "device_total_bytes": mem.device_total,
+                          "breakdown_bytes": mem.peak.as_dict(), "peak_phase": mem.peak.phase, "device": plan.device,
+                          "gpu": hw.gpu_name, "attention": plan.attention,
+                          "step_s": t.step_s if t is not None else None, "mfu": t.mfu if t is not None else None}
+    return Job(strategy=strategy, spec=plan.spec, precision=precision, optimizer=opts.optimizer,
+               micro_batch_size=micro_batch, grad_accum_steps=grad_accum,
                gpus_per_node=hw.gpus_per_node, num_nodes=hw.num_nodes, dp_size=row.dp_size,
                tp_degree=row.tp_degree, lr=lr, activation_checkpointing=opts.activation_checkpointing,
                estimate=estimate, ds_config=strat.ds_config(ctx, row), steps=steps, master_port=master_port,
@@ -136,7 +160,7 @@ def job_from_plan(plan, strategy: str, steps: int = DEFAULT_STEPS, master_port: 
                model_flops_per_sample=flops, peak_flops_per_gpu=t.peak_flops_per_s if t is not None else None)
 
 
-def _check_literal(value: Any, where: str) -> None:
+def _check_literal(value: object, where: str) -> None:
     """Only JSON-like data may be written into a script, and no non-finite floats."""
     if isinstance(value, float) and not math.isfinite(value):
         raise AdvisorError(f"{where}: non-finite number {value!r} cannot go into a script: fix the config")
@@ -152,7 +176,7 @@ def _check_literal(value: Any, where: str) -> None:
         raise AdvisorError(f"{where}: {type(value).__name__} values cannot go into a script")
 
 
-def _constants(job: Job) -> dict[str, Any]:
+def _constants(job: Job) -> dict[str, object]:
     """The script's constants: the job's, then the model family's (``ModelFamily.script_constants``).
 
     Raises:
@@ -161,7 +185,7 @@ def _constants(job: Job) -> dict[str, Any]:
     spec, strategy = job.spec, job.strategy_unit
     family = family_of(spec)
     warmup = max(1, job.steps // 10)
-    consts: dict[str, Any] = {
+    consts: dict[str, object] = {
         "STRATEGY": job.strategy,
         "MODEL": spec.name,
         **family.script_constants(spec),
@@ -233,7 +257,7 @@ CONSTANT_NOTES = {
 }
 
 
-def _constant_line(name: str, value: Any) -> str:
+def _constant_line(name: str, value: object) -> str:
     """``NAME = value  # note``; a dict or list too long for a line is written one item per line (pprint)."""
     text = repr(value)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**6:
@@ -249,13 +273,13 @@ def _constant_line(name: str, value: Any) -> str:
         f"{name} = {text}  # {note}"
 
 
-def _adapter_constants(job: Job, consts: dict[str, Any]) -> dict[str, Any]:
+def _adapter_constants(job: Job, consts: Mapping[str, object]) -> dict[str, object]:
     """LoRA's constants (none without ``job.spec.adapter``): peft ``LoraConfig``'s fields, the adapters' dtype and
     peft's task type for the model class; QLoRA adds bitsandbytes' quantization (``BitsAndBytesConfig``)."""
     adapter = job.spec.adapter
     if adapter is None:
         return {}
-    targets: Any = None  # peft's default target modules for the architecture
+    targets: str | list[str] | None = None  # peft's default target modules for the architecture
     if adapter.targets == ("all-linear",):
         targets = "all-linear"
     elif adapter.targets:
@@ -263,8 +287,9 @@ def _adapter_constants(job: Job, consts: dict[str, Any]) -> dict[str, Any]:
     cls = str(consts.get("HF_MODEL_CLASS") or "")
     task = "CAUSAL_LM" if cls.endswith("ForCausalLM") else "SEQ_2_SEQ_LM" if cls.endswith(
         ("ForConditionalGeneration", "ForSeq2SeqLM")) else None
-    out: dict[str, Any] = {"LORA_RANK": adapter.rank, "LORA_ALPHA": adapter.alpha, "LORA_DROPOUT": adapter.dropout,
-                           "LORA_TARGETS": targets, "LORA_DTYPE": adapter.dtype, "LORA_TASK_TYPE": task}
+    out: dict[str, object] = {"LORA_RANK": adapter.rank, "LORA_ALPHA": adapter.alpha,
+                              "LORA_DROPOUT": adapter.dropout, "LORA_TARGETS": targets, "LORA_DTYPE": adapter.dtype,
+                              "LORA_TASK_TYPE": task}
     if adapter.quantize:
         out.update({"QUANTIZE": adapter.quantize, "DOUBLE_QUANT": adapter.double_quant,
                     "BNB_COMPUTE_DTYPE": adapter.compute_dtype})
@@ -300,7 +325,8 @@ def select_blocks(text: str, tags: set[str] | frozenset[str]) -> str:
     Raises:
         AdvisorError: an unknown tag, or markers that do not pair up (a template bug).
     """
-    out, stack = [], []
+    out: list[str] = []
+    stack: list[str] = []
     for line in text.splitlines(keepends=True):
         m = _MARKER.match(line.rstrip("\n"))
         if m is None:
@@ -327,7 +353,11 @@ def _doc_text(text: str) -> str:
 
 def _docstring(job: Job, launch: str) -> str:
     spec = job.spec
-    what = f"seq-len {spec.seq_len}" if spec.is_transformer else f"input {tuple(spec.input_shape)}"
+    if spec.is_transformer:
+        what = f"seq-len {spec.seq_len}"
+    else:
+        assert spec.input_shape is not None, "a vision or custom model has an input shape"
+        what = f"input {tuple(spec.input_shape)}"
     est = job.estimate
     name, source = _doc_text(spec.name), _doc_text(spec.source)
     distributes = job.strategy_unit.distributes
@@ -400,7 +430,8 @@ def _helpers_source(job: Job, template: str) -> str:
     units, one per repeated block)."""
     from advisor.checkpointing import enable_activation_checkpointing, repeated_blocks
 
-    parts = [repeated_blocks] if job.activation_checkpointing or "repeated_blocks(" in template else []
+    parts: list[Callable[..., object]] = ([repeated_blocks] if job.activation_checkpointing
+                                          or "repeated_blocks(" in template else [])
     if job.activation_checkpointing:
         parts.append(enable_activation_checkpointing)
     if not parts:
@@ -490,7 +521,7 @@ def render_job(job: Job) -> dict[str, str]:
     return files
 
 
-def render_files(plan, strategy: str, steps: int = DEFAULT_STEPS) -> dict[str, str]:
+def render_files(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS) -> dict[str, str]:
     """Render the files for ``strategy`` in ``plan`` (see ``render_job``).
 
     Raises:
@@ -499,7 +530,7 @@ def render_files(plan, strategy: str, steps: int = DEFAULT_STEPS) -> dict[str, s
     return render_job(job_from_plan(plan, strategy, steps))
 
 
-def launch_command(plan, strategy: str) -> str | None:
+def launch_command(plan: RenderedPlan, strategy: str) -> str | None:
     """The launch line for ``strategy`` in ``plan`` (None when it does not apply). Renders nothing:
     the text output prints it, and it must not need the model's classes."""
     if strategy not in strategy_names() or not plan.row(strategy).applicable:

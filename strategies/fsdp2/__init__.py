@@ -14,8 +14,6 @@ phase) and ``timing`` (the bytes sent and the time rule).
 
 from __future__ import annotations
 
-from typing import Any
-
 from advisor.context import StrategyContext
 from advisor.memory import (
     RULE_OF_THUMB_BYTES_PER_PARAM,
@@ -27,9 +25,11 @@ from advisor.memory import (
     trace_mode,
     weight_bytes,
 )
+from advisor.models.families import ModelFamily
 from advisor.timing.step import StepTime
 
 from ..base import DCP_IMPORTS, Strategy, pretrained_bytes, pretrained_copies, timing_of
+from ..seams import PlannedRow, ScriptJob
 from . import timing
 from .memory import step_phases
 from .layout import Dtypes, dtypes
@@ -70,8 +70,10 @@ class FSDP2(Strategy):
     def dtypes(self, ctx: StrategyContext) -> Dtypes:
         """``dtypes`` of this plan: the trainable parameters held as under autocast (LoRA adapters in fp32, peft's
         upcast, unless ``--lora-dtype``), the frozen base apart (``phases``)."""
-        wb = weight_bytes(ctx.profile.stats, ctx.profile.spec.adapter, trace_mode(ctx.options.precision, False))
-        return dtypes(ctx.options.precision, wb.trainable_elem)
+        precision = ctx.options.precision
+        assert precision is not None, "the planner resolves the precision before any rule reads it"
+        wb = weight_bytes(ctx.profile.stats, ctx.profile.spec.adapter, trace_mode(precision, False))
+        return dtypes(precision, wb.trainable_elem)
 
     def shard_size(self, ctx: StrategyContext) -> int:
         """N: the ranks a parameter is sharded over (HSDP: one node's GPUs)."""
@@ -126,7 +128,7 @@ class FSDP2(Strategy):
         """Bytes each GPU sends per optimizer step (``strategies.fsdp2.timing.comm_bytes_per_step``)."""
         return timing.comm_bytes_per_step(self, ctx, grad_accum_steps)
 
-    def step_time(self, ctx: StrategyContext, row: Any) -> StepTime | None:
+    def step_time(self, ctx: StrategyContext, row: PlannedRow) -> StepTime | None:
         """One optimizer step at ``row``'s accumulation steps (``strategies.fsdp2.timing.step_time``); None for a GPU
         without a preset."""
         t = timing_of(ctx)
@@ -135,7 +137,7 @@ class FSDP2(Strategy):
         return timing.step_time(self, ctx, t, self.compute_time(ctx, t), row.grad_accum_steps or 1)
 
     # --- the script -------------------------------------------------------------------------------------------
-    def script_tags(self, job: Any) -> set[str]:
+    def script_tags(self, job: ScriptJob) -> set[str]:
         """``offload`` (CPUOffloadPolicy), ``hsdp`` (the 2-D mesh) and ``sync-last`` (gradients reduce-scattered on
         the last accumulation micro-step only, where there are several)."""
         tags = {"offload"} if self.offload else set()
@@ -145,9 +147,9 @@ class FSDP2(Strategy):
             tags.add("sync-last")
         return tags
 
-    def script_constants(self, job: Any, family: Any) -> dict[str, Any]:
+    def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
         # Blocks free their gathered parameters after forward and gather again in backward (ZeRO-3-like).
-        consts: dict[str, Any] = {"RESHARD_AFTER_FORWARD": self.reshard}
+        consts: dict[str, object] = {"RESHARD_AFTER_FORWARD": self.reshard}
         if self.hybrid:  # 2-D mesh: replicate across nodes, shard inside a node
             consts["REPLICATE_DEGREE"] = job.num_nodes
         return consts

@@ -10,15 +10,16 @@ sourced to the DeepSpeed code it follows (DeepSpeed 0.19).
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from advisor.context import StrategyContext
 from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory, rule_of_thumb_split
 from advisor.models import family_of
+from advisor.models.families import ModelFamily
 from advisor.timing.step import StepTime
 
 from ..base import Strategy, pretrained_bytes, timing_of
 from ..launchers import DEEPSPEED
+from ..seams import PlannedRow, ScriptJob
 from . import timing
 from .ds_config import build_ds_config
 from .memory import deepspeed_model_state_estimate, zero_memory
@@ -66,8 +67,9 @@ class Zero(Strategy):
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         """Per-GPU bytes at ``micro_batch`` samples per GPU (``strategies.zero.memory.zero_memory``)."""
-        return zero_memory(ctx, micro_batch, self.stage, self.offload, self.quantized_base,
-                           self.trace_mode(ctx.options.precision))
+        precision = ctx.options.precision
+        assert precision is not None, "the planner resolves the precision before any rule reads it"
+        return zero_memory(ctx, micro_batch, self.stage, self.offload, self.quantized_base, self.trace_mode(precision))
 
     def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
         """ZeRO-3 builds the model inside ``deepspeed.zero.Init`` where the family allows it
@@ -111,16 +113,17 @@ class Zero(Strategy):
             return 2 * p if self.stage == 2 else 2 * p // n
         return sharded[self.stage]
 
-    def ds_config(self, ctx: StrategyContext, row: Any) -> dict[str, Any]:
+    def ds_config(self, ctx: StrategyContext, row: PlannedRow) -> dict[str, object]:
         """The ds_config.json matching this estimate at ``row``'s data-parallel size and accumulation steps
         (``strategies.zero.ds_config.build_ds_config``)."""
+        assert row.grad_accum_steps is not None, "a row that applies has its accumulation steps (evaluate_row)"
         return build_ds_config(ctx, self.stage, self.offload, row.dp_size, row.grad_accum_steps)
 
     def comm_bytes_per_step(self, ctx: StrategyContext, grad_accum_steps: int = 1) -> int:
         """Bytes each GPU sends per optimizer step (``strategies.zero.timing.comm_bytes_per_step``)."""
         return timing.comm_bytes_per_step(ctx, self.stage, self.quantized_base, grad_accum_steps)
 
-    def step_time(self, ctx: StrategyContext, row: Any) -> StepTime | None:
+    def step_time(self, ctx: StrategyContext, row: PlannedRow) -> StepTime | None:
         """One optimizer step at ``row``'s accumulation steps (``strategies.zero.timing.step_time``); None for a GPU
         without a preset."""
         t = timing_of(ctx)
@@ -129,7 +132,7 @@ class Zero(Strategy):
         return timing.step_time(ctx, t, self.compute_time(ctx, t), row.grad_accum_steps or 1, self.stage,
                                 self.offload, self.quantized_base)
 
-    def script_tags(self, job: Any) -> set[str]:
+    def script_tags(self, job: ScriptJob) -> set[str]:
         """``ds`` (the deepspeed launcher's flags), ``zero3`` (partitioned weights: gathered to export),
         ``zero-init`` (parameters partitioned as they are created, deepspeed.zero.Init, where the family allows it
         and the base is not quantized)
@@ -145,10 +148,10 @@ class Zero(Strategy):
             tags.add("offload")
         return tags
 
-    def script_constants(self, job: Any, family: Any) -> dict[str, Any]:
+    def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
         return {"DS_CONFIG_FILE": "ds_config.json"}
 
-    def extra_files(self, job: Any) -> dict[str, str]:
+    def extra_files(self, job: ScriptJob) -> dict[str, str]:
         """ds_config.json (what the estimate assumed), and a hostfile for several nodes."""
         files = {"ds_config.json": json.dumps(job.ds_config, indent=2) + "\n"}
         if job.num_nodes > 1:

@@ -4,8 +4,6 @@ rules (``strategies.zero.memory``, ``strategies.zero.timing``) read the same buc
 
 from __future__ import annotations
 
-from typing import Any
-
 from advisor.context import StrategyContext
 
 # DeepSpeed defaults (deepspeed/runtime/zero/config.py) and what generated ds_configs use.
@@ -28,13 +26,15 @@ def bucket_elems(ctx: StrategyContext) -> dict[str, int]:
 
 
 def build_ds_config(ctx: StrategyContext, stage: int, offload: bool, dp_size: int,
-                    grad_accum_steps: int) -> dict[str, Any]:
+                    grad_accum_steps: int) -> dict[str, object]:
     """The ds_config.json matching the estimate of ZeRO ``stage`` (1-3, ``offload``: optimizer states, and under
     stage 3 parameters, in host memory) at ``dp_size`` data-parallel ranks and ``grad_accum_steps`` micro-steps
     per optimizer step (DeepSpeed config docs, "ZeRO optimizations"). A JSON document; batch sizes in samples,
     bucket sizes in elements."""
     opts, b = ctx.options, bucket_elems(ctx)
-    zero: dict[str, Any] = {
+    mb = opts.micro_batch_size
+    assert mb is not None, "the planner resolves the micro-batch before any rule reads it"
+    zero: dict[str, object] = {
         "stage": stage,
         "contiguous_gradients": True,
         "overlap_comm": stage == 3,  # DeepSpeed's default: on for stage 3 only
@@ -56,10 +56,10 @@ def build_ds_config(ctx: StrategyContext, stage: int, offload: bool, dp_size: in
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if stage == 3:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": opts.micro_batch_size,
+    config: dict[str, object] = {
+        "train_micro_batch_size_per_gpu": mb,
         "gradient_accumulation_steps": grad_accum_steps,
-        "train_batch_size": opts.micro_batch_size * dp_size * grad_accum_steps,
+        "train_batch_size": mb * dp_size * grad_accum_steps,
         "zero_optimization": zero,
         # Set explicitly, as every other strategy's script clips (DeepSpeed's default is also 1.0).
         "gradient_clipping": 1.0,

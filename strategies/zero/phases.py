@@ -4,6 +4,8 @@ activations of the traced step, each moment sourced to the DeepSpeed function th
 
 from __future__ import annotations
 
+from functools import partial
+
 from advisor.memory import Breakdown
 from advisor.trace import StepTrace
 
@@ -120,16 +122,16 @@ def stage3_phases(s: ZeroSizes, step: StepTrace, params: int, optim: int, offloa
     ``dequant``: QLoRA's dequantized copy of the layer being computed, (forward, backward)
     (``advisor.memory.dequantized_weight_bytes``)."""
     grads = 0 if offload else s.grads16
-    resident = dict(params=params, grads=grads, optimizer_states=optim)
+    resident = partial(Breakdown, params=params, grads=grads, optimizer_states=optim)
     buffers = s.bucket + s.gathered
     in_flight = max(0, step.bwd_net_peak - step.bwd_net_activations)
-    fwd = Breakdown(**resident, buffers=buffers, activations=step.activations,
-                    other=max(0, step.fwd_peak - step.activations) + dequant[0], phase="forward")
-    bwd = Breakdown(**resident, buffers=buffers, activations=step.bwd_net_activations, other=in_flight + dequant[1],
-                    phase="backward")
+    fwd = resident(buffers=buffers, activations=step.activations,
+                   other=max(0, step.fwd_peak - step.activations) + dequant[0], phase="forward")
+    bwd = resident(buffers=buffers, activations=step.bwd_net_activations, other=in_flight + dequant[1],
+                   phase="backward")
     if offload:
         return [fwd, bwd]
-    reduce = Breakdown(**resident, buffers=s.bucket + 2 * s.reduce_copy, phase="end of backward (reduce-scatter)")
+    reduce = resident(buffers=s.bucket + 2 * s.reduce_copy, phase="end of backward (reduce-scatter)")
     opt_step = Breakdown(params=params, grads=grads + s.grads32, optimizer_states=optim, buffers=s.bucket,
                          other=temp, phase="optimizer step")
     return [fwd, bwd, reduce, opt_step]
