@@ -6,9 +6,14 @@ Both ``advisor.recommend`` (the decision) and ``advisor.explain`` (its sentences
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .context import StrategyContext
+from .memory import StrategyMemory
 from .rows import StrategyRow
+
+if TYPE_CHECKING:
+    from .timing.step import StepTime
 
 # Step times within 10% of the fastest are ties: the time model cannot tell them apart (bench/TIME.md: its errors
 # against the published runs reach 21%; 2-4% separate autocast's fp32 residual stream from a 16-bit module on the
@@ -38,6 +43,25 @@ class Alternative:
     rows: list[StrategyRow]
 
 
+def sized(r: StrategyRow) -> StrategyMemory:
+    """``r.memory`` of a row that applies: ``evaluate_row`` sizes every one (bytes per GPU)."""
+    assert r.memory is not None, f"{r.name} applies, so it is sized"
+    return r.memory
+
+
+def timed(r: StrategyRow) -> StepTime:
+    """``r.time`` of a row known to be timed (its ``time`` is not None)."""
+    assert r.time is not None, f"{r.name} is timed"
+    return r.time
+
+
+def samples_per_s(r: StrategyRow) -> float:
+    """Samples per second of a timed row at its global batch (``timed``)."""
+    t = timed(r)
+    assert r.global_batch_size is not None, f"{r.name} is sized at a global batch"
+    return r.global_batch_size / t.step_s
+
+
 def eligible(rows: list[StrategyRow], gpus: int) -> list[StrategyRow]:
     """The rows the recommender chooses among on ``gpus`` GPUs: with several GPUs, only those that distribute
     (one process, ``single``, is then the baseline row, not a choice)."""
@@ -57,12 +81,12 @@ def pick(fitting: list[StrategyRow]) -> StrategyRow:
     plain = [r for r in fitting if not r.strategy.distributes]
     if plain:
         fitting = plain
-    timed = [r for r in fitting if r.time is not None and r.time.step_s > 0]
+    with_time = [r for r in fitting if r.time is not None and r.time.step_s > 0]
     pool = fitting
-    if timed:
-        fastest = min(r.time.step_s for r in timed)
-        pool = [r for r in timed if r.time.step_s <= fastest * (1 + TIE)]
-    return min(pool, key=lambda r: (r.strategy.comm_order, r.memory.device_total))
+    if with_time:
+        fastest = min(timed(r).step_s for r in with_time)
+        pool = [r for r in with_time if timed(r).step_s <= fastest * (1 + TIE)]
+    return min(pool, key=lambda r: (r.strategy.comm_order, sized(r).device_total))
 
 
 def fastest_fitting(rows: list[StrategyRow], offload: bool | None = None) -> StrategyRow | None:

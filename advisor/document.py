@@ -176,6 +176,7 @@ def time_to_dict(p: Plan, r: StrategyRow) -> TimeDoc | None:
     if t is None:
         return None
     ctx = p.context()
+    assert r.global_batch_size is not None, "a timed row is sized at a global batch"
     per_s = r.global_batch_size / t.step_s if t.step_s else None
     tokens = tokens_per_sample(ctx)
     n = gpus_used(r, p.hardware.num_gpus)
@@ -197,7 +198,8 @@ def time_to_dict(p: Plan, r: StrategyRow) -> TimeDoc | None:
 
 
 def _model_doc(p: Plan) -> ModelDoc:
-    prof, opts = p.profile, p.options
+    prof, mb = p.profile, p.options.micro_batch_size
+    assert mb is not None, "a plan's options have the micro-batch resolved"
     act = prof.activations(p.model_mode)
     return {
         "name": p.spec.name,
@@ -212,7 +214,7 @@ def _model_doc(p: Plan) -> ModelDoc:
         "quantized_bytes": prof.stats.quantized_bytes,
         "buffer_bytes": prof.stats.buffer_bytes,
         "activation_bytes_per_sample": act.activation_bytes_per_sample,
-        "activation_bytes": act.at(opts.micro_batch_size).activations,
+        "activation_bytes": act.at(mb).activations,
         "flops_per_sample": act.flops_per_sample,
         "seq_len": p.spec.seq_len,
         "input_shape": list(p.spec.input_shape) if p.spec.input_shape else None,
@@ -241,6 +243,7 @@ def _strategy_doc(p: Plan, r: StrategyRow) -> StrategyDoc:
         return {"name": r.name, "title": r.title, "applicable": r.applicable, "framework": r.strategy.framework,
                 "launcher": r.strategy.launcher.name, "reason": r.reason, "time": None}
     m = r.memory
+    assert m is not None, "a row that applies is sized"
     d = StrategyDoc(
         name=r.name,
         title=r.title,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .candidates import TIE, Alternative, Checkpointed, eligible, fastest_fitting
+from .candidates import TIE, Alternative, Checkpointed, eligible, fastest_fitting, samples_per_s, sized, timed
 from .context import StrategyContext
 from .gpu_presets import SLOW_NETWORKS
 from .hardware import Hardware
@@ -34,10 +34,10 @@ def fit_reasons(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRow
     times, the frameworks compared, the communication, the batch and the learning rate, in that order."""
     hw, opts = ctx.hardware, ctx.options
     order = {r.name: r.strategy.comm_order for r in rows}
-    cap = hw.gpu_memory_bytes
-    reasons = [f"{best.title} fits: {fmt_gib(best.memory.device_total)} of {fmt_gib(cap)} per GPU "
-               f"({_pct(best.memory.device_total, cap)}) at micro-batch {opts.micro_batch_size}, "
-               f"peak allocated {fmt_gib(best.memory.peak.total)} in the {best.memory.peak.phase}"]
+    cap, mem = hw.gpu_memory_bytes, sized(best)
+    reasons = [f"{best.title} fits: {fmt_gib(mem.device_total)} of {fmt_gib(cap)} per GPU "
+               f"({_pct(mem.device_total, cap)}) at micro-batch {opts.micro_batch_size}, "
+               f"peak allocated {fmt_gib(mem.peak.total)} in the {mem.peak.phase}"]
     cheaper = [r for r in rows if r.applicable and order[r.name] < order[best.name] and r.fits is not True]
     if cheaper:
         worst = min(cheaper, key=lambda r: order[r.name])
@@ -84,19 +84,20 @@ def fit_warnings(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRo
     borrowed efficiencies, in that order."""
     hw, opts = ctx.hardware, ctx.options
     order = {r.name: r.strategy.comm_order for r in rows}
-    cap = hw.gpu_memory_bytes
+    cap, mb = hw.gpu_memory_bytes, opts.micro_batch_size
+    assert mb is not None, "the planner resolves the micro-batch before it recommends"
     warnings: list[str] = []
-    if best.memory.device_total > HEADROOM_WARN * cap:
-        warnings.append(f"{best.title} uses {_pct(best.memory.device_total, cap)} of the GPU's memory: allocator "
+    if sized(best).device_total > HEADROOM_WARN * cap:
+        warnings.append(f"{best.title} uses {_pct(sized(best).device_total, cap)} of the GPU's memory: allocator "
                         "fragmentation or a longer sample can run out; leave headroom ("
-                        + ", or ".join(([] if opts.micro_batch_size <= 1 else ["a smaller micro-batch"])
+                        + ", or ".join(([] if mb <= 1 else ["a smaller micro-batch"])
                                        + ([] if opts.activation_checkpointing else ["--activation-checkpointing"])
                                        or ["a shorter sequence or a GPU with more memory"]) + ")")
     if best.strategy.offload and checkpointed is not None:
         faster = fastest_fitting(eligible(checkpointed.rows, hw.num_gpus), offload=False)
         if faster is not None:
             warnings.append(f"offload is slow: with --activation-checkpointing, {faster.title} fits without offload "
-                            f"({fmt_gib(faster.memory.device_total)} of {fmt_gib(cap)} per GPU)")
+                            f"({fmt_gib(sized(faster).device_total)} of {fmt_gib(cap)} per GPU)")
     if ctx.profile.spec.family == "vision" and order[best.name] > min(order.values()):
         warnings.append("for CNNs prefer lower precision, activation checkpointing and gradient accumulation "
                         "before model parallelism")
@@ -165,6 +166,7 @@ def adapter_text(ctx: StrategyContext) -> str:
 def _rank_text(ctx: StrategyContext) -> str:
     """``rank 16 on q_proj,v_proj: 8.39M trainable parameters``."""
     a = ctx.profile.spec.adapter
+    assert a is not None, "a LoRA plan"
     where = "all linear layers" if a.targets == ("all-linear",) else a.targets_text
     return f"rank {a.rank} on {where}: {fmt_count(ctx.profile.stats.num_trainable)} trainable parameters"
 
@@ -177,6 +179,7 @@ def _adapter_detail(ctx: StrategyContext) -> str:
     """``adapter_text`` for a sentence that names LoRA / QLoRA already: ``nf4, rank 16 on q_proj,v_proj: 8.39M
     trainable parameters``."""
     a = ctx.profile.spec.adapter
+    assert a is not None, "a LoRA plan"
     return f"{_quantized_text(a)}, {_rank_text(ctx)}" if a.quantize else _rank_text(ctx)
 
 
@@ -188,18 +191,18 @@ def _versus_full(ctx: StrategyContext, best: StrategyRow, full: Alternative) -> 
     """LoRA beside full fine-tuning: ``... fits DDP on 4 x RTX4090 (17.94 GiB per GPU), where full fine-tuning would
     need ZeRO-3 (7.83 GiB)`` / ``does not fit on this cluster (the smallest: ...)``."""
     hw = ctx.hardware
-    head = (f"{adapter_text(ctx)}; fits {best.title} on {_cluster_text(hw)} ({fmt_gib(best.memory.device_total)} per "
-            "GPU)")
+    head = (f"{adapter_text(ctx)}; fits {best.title} on {_cluster_text(hw)} ({fmt_gib(sized(best).device_total)} "
+            "per GPU)")
     fit = fastest_fitting(eligible(full.rows, hw.num_gpus))
     if fit is None:
-        sized = [r for r in eligible(full.rows, hw.num_gpus) if r.applicable and r.memory and not r.strategy.offload]
-        low = min(sized, key=lambda r: r.memory.device_total) if sized else None
-        tail = (f" (the smallest without offload: {low.title}, {fmt_gib(low.memory.device_total)} per GPU)"
+        small = [r for r in eligible(full.rows, hw.num_gpus) if r.applicable and r.memory and not r.strategy.offload]
+        low = min(small, key=lambda r: sized(r).device_total) if small else None
+        tail = (f" (the smallest without offload: {low.title}, {fmt_gib(sized(low).device_total)} per GPU)"
                 if low else "")
         return f"{head}, where {full.label} does not fit on this cluster{tail}"
     if fit.name == best.name:
-        return f"{head}; {full.label} would fit it too ({fmt_gib(fit.memory.device_total)} per GPU)"
-    return (f"{head}; {full.label} fits here too, fastest with {fit.title} ({fmt_gib(fit.memory.device_total)} per "
+        return f"{head}; {full.label} would fit it too ({fmt_gib(sized(fit).device_total)} per GPU)"
+    return (f"{head}; {full.label} fits here too, fastest with {fit.title} ({fmt_gib(sized(fit).device_total)} per "
             "GPU)")
 
 
@@ -210,27 +213,28 @@ def alternative_reason(ctx: StrategyContext, alt: Alternative) -> str:
     fit = fastest_fitting(eligible(alt.rows, hw.num_gpus), offload=False)
     if fit is not None:
         return (f"fine-tune with {alt.label} instead ({text}): {fit.title} then fits without offload, "
-                f"{fmt_gib(fit.memory.device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU")
-    sized = [r for r in eligible(alt.rows, hw.num_gpus) if r.applicable and r.memory and not r.strategy.offload]
-    if not sized:
+                f"{fmt_gib(sized(fit).device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU")
+    small = [r for r in eligible(alt.rows, hw.num_gpus) if r.applicable and r.memory and not r.strategy.offload]
+    if not small:
         return f"{alt.label} ({text}) does not apply here either"
-    low = min(sized, key=lambda r: r.memory.device_total)
+    low = min(small, key=lambda r: sized(r).device_total)
     return (f"{alt.label} ({text}) would not fit either: the smallest without offload, {low.title}, needs "
-            f"{fmt_gib(low.memory.device_total)} per GPU")
+            f"{fmt_gib(sized(low).device_total)} per GPU")
 
 
 def _frameworks_compared(fitting: list[StrategyRow]) -> str | None:
     """Where full sharding fits in two frameworks (FSDP2 and ZeRO-3), how their memory differs, with both figures."""
     full = [r for r in fitting if r.strategy.shards_everything and not r.strategy.offload]
-    by_fw = {}
+    by_fw: dict[str, StrategyRow] = {}
     for r in full:
         by_fw.setdefault(r.strategy.framework, r)
     if len(by_fw) < 2:
         return None
-    a, b = sorted(by_fw.values(), key=lambda r: r.memory.device_total)[:2]
-    return (f"{a.title} and {b.title} both shard everything: {a.title} needs {fmt_gib(a.memory.device_total)} per GPU "
-            f"(model states {fmt_gib(a.memory.model_state_bytes)}), {b.title} {fmt_gib(b.memory.device_total)} (model "
-            f"states {fmt_gib(b.memory.model_state_bytes)}); {a.title} runs on {_fw(a)}, {b.title} on {_fw(b)}")
+    a, b = sorted(by_fw.values(), key=lambda r: sized(r).device_total)[:2]
+    ma, mb = sized(a), sized(b)
+    return (f"{a.title} and {b.title} both shard everything: {a.title} needs {fmt_gib(ma.device_total)} per GPU "
+            f"(model states {fmt_gib(ma.model_state_bytes)}), {b.title} {fmt_gib(mb.device_total)} (model "
+            f"states {fmt_gib(mb.model_state_bytes)}); {a.title} runs on {_fw(a)}, {b.title} on {_fw(b)}")
 
 
 def _fw(r: StrategyRow) -> str:
@@ -245,7 +249,7 @@ def baseline_reason(ctx: StrategyContext, rows: list[StrategyRow]) -> str | None
     if plain is None:
         return None
     cap = ctx.hardware.gpu_memory_bytes
-    figures = (f"{fmt_gib(plain.memory.device_total)} of {fmt_gib(cap)} at micro-batch {ctx.options.micro_batch_size}"
+    figures = (f"{fmt_gib(sized(plain).device_total)} of {fmt_gib(cap)} at micro-batch {ctx.options.micro_batch_size}"
                f", {plain.grad_accum_steps} accumulation steps to the same global batch")
     if plain.fits is True:
         return f"without distribution it fits on one GPU ({plain.title}: {figures})"
@@ -260,14 +264,14 @@ def tokens_per_sample(ctx: StrategyContext) -> int | None:
 
 def _throughput(ctx: StrategyContext, r: StrategyRow) -> str:
     """'871K tokens/s' (language models) or '2.31K samples/s', at the row's global batch."""
-    per = r.global_batch_size / r.time.step_s
+    per = samples_per_s(r)
     tokens = tokens_per_sample(ctx)
     return f"{fmt_rate(per * tokens)} tokens/s" if tokens else f"{fmt_rate(per)} samples/s"
 
 
-def _why_slower(slow: StrategyRow, fast: StrategyRow, precision: str) -> str:
-    """Why ``slow`` takes longer than ``fast``, in figures."""
-    a, b = slow.time, fast.time
+def _why_slower(slow: StrategyRow, fast: StrategyRow, precision: str | None) -> str:
+    """Why ``slow`` takes longer than ``fast`` (both timed), in figures."""
+    a, b = timed(slow), timed(fast)
     if a.exposed_comm_s - b.exposed_comm_s >= max(a.compute_s - b.compute_s, a.optimizer_s - b.optimizer_s):
         passes = " + ".join(f"{c.passes} {c.kind.replace('_', '-')}{'s' if c.passes != 1 else ''}"
                             for c in a.collectives if c.group != "host")
@@ -294,25 +298,25 @@ def _time_reasons(ctx: StrategyContext, best: StrategyRow, fitting: list[Strateg
            f"{best.global_batch_size} ({_throughput(ctx, best)}{mfu}; compute {fmt_s(t.compute_s)}, communication "
            f"not hidden {fmt_s(t.exposed_comm_s)}, optimizer {fmt_s(t.optimizer_s)})"]
     others = sorted((r for r in fitting if r is not best and r.time is not None and r.time.step_s > 0),
-                    key=lambda r: r.time.step_s)
+                    key=lambda r: timed(r).step_s)
     # The fastest of the others and the slowest that keeps its model states on the GPU: the range of the choice.
-    on_gpu = [r for r in others[1:] if not r.strategy.offload and r.time.step_s != others[0].time.step_s]
+    on_gpu = [r for r in others[1:] if not r.strategy.offload and timed(r).step_s != timed(others[0]).step_s]
     shown = others[:1] + on_gpu[-1:]
     for r in shown:
-        ratio = r.time.step_s / t.step_s
+        ratio = timed(r).step_s / t.step_s
         if ratio < 1 + TIE:
             if r.strategy.comm_order != best.strategy.comm_order:
                 why = "by the tie order (least communication first, see docs/decisions.md)"
-            elif r.memory.device_total != best.memory.device_total:
-                why = (f"for its lower device total ({fmt_gib(best.memory.device_total)} against "
-                       f"{fmt_gib(r.memory.device_total)})")
+            elif sized(r).device_total != sized(best).device_total:
+                why = (f"for its lower device total ({fmt_gib(sized(best).device_total)} against "
+                       f"{fmt_gib(sized(r).device_total)})")
             else:  # the same order and memory: the registry's order decides (``pick``'s min keeps the first)
                 why = (f"as the first listed (the same tie order and the same "
-                       f"{fmt_gib(best.memory.device_total)} per GPU)")
-            out.append(f"{r.title} is as fast within {100 * TIE:.0f}% ({fmt_s(r.time.step_s)} per step); "
+                       f"{fmt_gib(sized(best).device_total)} per GPU)")
+            out.append(f"{r.title} is as fast within {100 * TIE:.0f}% ({fmt_s(timed(r).step_s)} per step); "
                        f"{best.title} is preferred {why}")
         else:
-            out.append(f"{r.title} over {link} would take {ratio:.2f}x longer per step ({fmt_s(r.time.step_s)}: "
+            out.append(f"{r.title} over {link} would take {ratio:.2f}x longer per step ({fmt_s(timed(r).step_s)}: "
                        f"{_why_slower(r, best, ctx.options.precision)})")
     return out
 
@@ -332,6 +336,7 @@ def _scaling_warning(ctx: StrategyContext, best: StrategyRow) -> str | None:
                   "(more compute per byte sent)")
     else:
         better = "a larger micro-batch (more compute per step) or fewer GPUs"
+    assert t.scaling_efficiency is not None, "set with the speed-up (advisor.rows.with_speedup)"
     share = 100 * t.scaling_efficiency
     return (f"{n} GPUs give only {t.speedup_vs_single_gpu:.2f}x the speed of one GPU ({share:.0f}% "
             f"of the ideal {n}x): {fmt_s(t.exposed_comm_s)} of each {fmt_s(t.step_s)} step is communication over "
@@ -349,12 +354,12 @@ def _fewer_nodes_warning(ctx: StrategyContext, rows: list[StrategyRow], best: St
     # every strategy, also those that do not apply across nodes (TP stays inside one node): one node may run them
     candidates = [evaluate_row(r.strategy, one, False) for r in eligible(rows, hw.gpus_per_node)
                   if r.strategy is not None]
-    timed = [r for r in candidates if r.applicable and r.fits is True and r.time is not None and r.time.step_s]
-    if not timed:
+    fitting = [r for r in candidates if r.applicable and r.fits is True and r.time is not None and r.time.step_s]
+    if not fitting:
         return None
-    node = max(timed, key=lambda r: r.global_batch_size / r.time.step_s)
-    per_s = best.global_batch_size / best.time.step_s
-    node_per_s = node.global_batch_size / node.time.step_s
+    node = max(fitting, key=samples_per_s)
+    per_s = samples_per_s(best)
+    node_per_s = samples_per_s(node)
     if per_s >= hw.num_nodes * node_per_s / 2:
         return None
     return (f"{hw.num_nodes} nodes over {hw.network} train {per_s:.3g} samples/s, against {node_per_s:.3g} on one node "

@@ -3,12 +3,13 @@ parse input, call this and render the result."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from strategies import all_strategies
 
-from .cache import open_cache
+from .cache import DiskCache, NullCache, open_cache
 from .candidates import Alternative, Checkpointed, eligible
 from .context import StrategyContext
 from .errors import AdvisorError
@@ -26,6 +27,9 @@ from .rows import (Recommendation, StrategyRow, evaluate_row, fit_verdict, gpus_
                    single_gpu_step_s, time_at, with_speedup)
 from .schema import LORA_ALPHA, LORA_DROPOUT, PlanInputs, TrainingOptions, validate
 from .units import counted, fmt_count, fmt_s, gib
+
+if TYPE_CHECKING:
+    from strategies.base import Strategy
 
 # GPUs on which FlashAttention-2 runs (compute capability >= 8.0, FlashAttention README).
 _FLASH_GPUS = ("a100", "h100", "h200", "a10", "l4", "rtx3090", "rtx4090", "3090", "4090", "l40", "a6000", "b200")
@@ -58,7 +62,9 @@ class Plan:
     def model_mode(self) -> str:
         """The trace mode of the model-level figures (activations per sample, FLOPs, attention label):
         the precision as autocast-style scripts run it (``advisor.memory.trace_mode``)."""
-        return trace_mode(self.options.precision, casts_weights=False)
+        precision = self.options.precision
+        assert precision is not None, "a plan's options have the precision resolved"
+        return trace_mode(precision, casts_weights=False)
 
 
 def resolve_attention(choice: str, device: str, gpu_name: str, precision: str, dropout: float = 0.0) -> str:
@@ -170,18 +176,21 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
         raise AdvisorError(f"--tp-degree {opts.tp_degree} does not divide {hw.num_gpus} GPUs "
                            f"({hw.gpus_per_node} per node x {counted(hw.num_nodes, 'node')})")
     opts, precision_notes = resolve_precision(opts, hw)
+    precision = opts.precision
+    assert precision is not None, "resolve_precision resolves it"
     spec, opts, adapter_notes = resolve_adapter(opts, spec)
     precision_notes += adapter_notes
     family = family_of(spec)
     cache = open_cache(inputs.use_cache)
-    opts = replace(opts, micro_batch_size=opts.micro_batch_size or family.default_micro_batch)
-    per_step = opts.micro_batch_size * hw.num_gpus
+    micro_batch = opts.micro_batch_size or family.default_micro_batch
+    opts = replace(opts, micro_batch_size=micro_batch)
+    per_step = micro_batch * hw.num_gpus
     if opts.global_batch_size and opts.global_batch_size % per_step:
         raise AdvisorError(f"--global-batch-size {opts.global_batch_size} is not a multiple of micro-batch "
                            f"{opts.micro_batch_size} x {hw.num_gpus} GPUs = {per_step}: use a multiple of {per_step} "
                            "or another --micro-batch-size")
     dropout = attention_dropout(spec, cache) if device == "cpu" else 0.0
-    attention = resolve_attention(opts.attention, device, hw.gpu_name, opts.precision, dropout)
+    attention = resolve_attention(opts.attention, device, hw.gpu_name, precision, dropout)
     # oneDNN's convolution scratch exists only in CPU runs (cuDNN has none of it): GPU plans ignore the field.
     scratch_threads = hw.cpu_conv_scratch_threads if device == "cpu" else 0
     profile = build_profile(spec, attention, opts.activation_checkpointing, cache=cache,
@@ -190,7 +199,7 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
     strategies = all_strategies()
     rows = [evaluate_row(s, ctx, inputs.compare) for s in strategies]
     if not any(r.applicable for r in rows):
-        reasons = list(dict.fromkeys(r.reason for r in rows))
+        reasons = list(dict.fromkeys(r.reason for r in rows if r.reason is not None))  # each row has its reason
         raise AdvisorError("no strategy applies to these choices (" + "; ".join(reasons[:3]) + "): change "
                            "--framework or --precision")
     mb_note, asked_micro_batch = None, opts.micro_batch_size  # the user's, else the family's default
@@ -206,7 +215,7 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
                 hints = {r.name: r.max_micro_batch_size for r in rows}
                 rows = [evaluate_row(s, ctx, inputs.compare, hints.get(s.name)) for s in strategies]
     _add_speedups(ctx, rows, strategies)
-    mode = trace_mode(opts.precision, casts_weights=False)
+    mode = trace_mode(precision, casts_weights=False)
     warnings = list(spec.warnings) + list(hw.warnings) + precision_notes
     if opts.activation_checkpointing and profile.activations(mode).checkpointed_blocks == 0:
         warnings.append(f"{spec.name} has no repeated blocks to checkpoint: activation checkpointing changes nothing")
@@ -246,7 +255,7 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
     return result
 
 
-def _add_speedups(ctx: StrategyContext, rows: list[StrategyRow], strategies: Any) -> None:
+def _add_speedups(ctx: StrategyContext, rows: list[StrategyRow], strategies: Sequence[Strategy]) -> None:
     """Each timed row's speed-up over one GPU of this kind at the same global batch (by accumulation) and its
     scaling efficiency, all rows against one baseline: the fastest recipe that fits one GPU
     (``advisor.rows.one_gpu_step_times``, ``single_gpu_step_s``; None when one GPU cannot hold the model)."""
@@ -292,8 +301,8 @@ def _budget_warnings(opts: TrainingOptions, ctx: StrategyContext) -> list[str]:
     return []
 
 
-def _checkpointed(ctx: StrategyContext, rows: list[StrategyRow], strategies: list, cache: Any,
-                  scratch_threads: int, mode: str) -> Checkpointed | None:
+def _checkpointed(ctx: StrategyContext, rows: list[StrategyRow], strategies: Sequence[Strategy],
+                  cache: DiskCache | NullCache, scratch_threads: int, mode: str) -> Checkpointed | None:
     """The rows with activation checkpointing on, when it is off, the model has blocks to checkpoint,
     and the answer needs it (nothing fits, or only with CPU offload): the recommender names that fix,
     with its figures, before offload or a larger cluster. One more trace, only in those cases."""
@@ -315,8 +324,8 @@ def _checkpointed(ctx: StrategyContext, rows: list[StrategyRow], strategies: lis
 AC_HINT_SPEEDUP = 1.1
 
 
-def _checkpointing_not_needed(ctx: StrategyContext, best: StrategyRow, rows: list[StrategyRow], cache: Any,
-                              scratch_threads: int) -> str | None:
+def _checkpointing_not_needed(ctx: StrategyContext, best: StrategyRow, rows: list[StrategyRow],
+                              cache: DiskCache | NullCache, scratch_threads: int) -> str | None:
     """The hint that activation checkpointing, which the user turned on, is not needed: some strategy fits
     without it at the recommended row's global batch (at the plan's micro-batch, else the largest that fits without
     it and divides the global batch, reaching it by accumulation) and is at least ``AC_HINT_SPEEDUP`` faster per
@@ -324,6 +333,8 @@ def _checkpointing_not_needed(ctx: StrategyContext, best: StrategyRow, rows: lis
     trace (usually cached: the common case). None when nothing fits without it faster, or there is nothing to time."""
     if best.time is None or not best.time.step_s or not best.global_batch_size:
         return None
+    micro_batch = ctx.options.micro_batch_size
+    assert micro_batch is not None, "the planner resolves the micro-batch before it recommends"
     profile = build_profile(ctx.profile.spec, ctx.profile.attention, False, cache=cache,
                             cpu_conv_scratch_threads=scratch_threads)
     opts = replace(ctx.options, activation_checkpointing=False, global_batch_size=best.global_batch_size)
@@ -336,7 +347,7 @@ def _checkpointing_not_needed(ctx: StrategyContext, best: StrategyRow, rows: lis
         if not row.applicable or not row.dp_size or best.global_batch_size % row.dp_size:
             continue
         per_rank = best.global_batch_size // row.dp_size
-        sizes = [b for b in range(min(row.max_micro_batch_size, ctx.options.micro_batch_size), 0, -1)
+        sizes = [b for b in range(min(row.max_micro_batch_size, micro_batch), 0, -1)
                  if per_rank % b == 0]
         if not sizes:
             continue
@@ -352,6 +363,7 @@ def _checkpointing_not_needed(ctx: StrategyContext, best: StrategyRow, rows: lis
     step_s, title, b, shadow, memory = min(found, key=lambda f: f[0])
     if best.time.step_s < AC_HINT_SPEEDUP * step_s:
         return None
+    assert shadow.grad_accum_steps is not None, "a timed row has its accumulation steps"
     batch = (f"micro-batch {b}" + (f" x {shadow.grad_accum_steps} accumulation steps" if shadow.grad_accum_steps > 1
                                    else "") + f" (global batch {shadow.global_batch_size})")
     return (f"activation checkpointing is on but not needed: {title} fits without it at {batch}, "
@@ -368,8 +380,9 @@ _LORA_OFFERS = (("LoRA", AdapterSpec(rank=16)),
                 ("QLoRA", AdapterSpec(rank=16, quantize="nf4", double_quant=True)))
 
 
-def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: list, cache: Any,
-                  scratch_threads: int, asked_micro_batch: int | None = None) -> tuple[Alternative, ...]:
+def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: Sequence[Strategy],
+                  cache: DiskCache | NullCache, scratch_threads: int,
+                  asked_micro_batch: int | None = None) -> tuple[Alternative, ...]:
     """What the recommender compares the plan with (``advisor.candidates.Alternative``): a LoRA plan beside full
     fine-tuning of the same model on the same cluster at the same micro-batch (one more trace); a full fine-tuning
     of a transformer that fits nowhere without offload beside LoRA and QLoRA (``_LORA_OFFERS``; skipped where peft

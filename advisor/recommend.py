@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .candidates import Alternative, Checkpointed, eligible, fastest_fitting, pick
+from .candidates import Alternative, Checkpointed, eligible, fastest_fitting, pick, samples_per_s, sized
 from .context import StrategyContext
 from .explain import (HEADROOM_WARN, alternative_reason, baseline_reason, cluster_warnings, fit_reasons, fit_warnings,
                       memory_parts_text)
@@ -98,7 +98,7 @@ def choose_micro_batch(ctx: StrategyContext, rows: list[StrategyRow]) -> tuple[i
                 fitting.append(replace(shadow, time=t, memory=mem))
         if fitting:  # the row the recommender would pick at this micro-batch, and its throughput
             row = pick(fitting)
-            found[b] = (row.global_batch_size / row.time.step_s, row.memory.device_total <= room_limit, row.title)
+            found[b] = (samples_per_s(row), sized(row).device_total <= room_limit, row.title)
     if not found:
         return None
     pool = {b: v for b, v in found.items() if v[1]} or found
@@ -121,6 +121,7 @@ def _cluster_that_fits(ctx: StrategyContext, strategy: Strategy) -> tuple[int, i
     micro-batch: more GPUs in the node first (up to 8, or the node's own count), then nodes of that
     size (doubling, then refined). None when even ``MAX_GPUS_SEARCHED`` GPUs do not fit."""
     hw, b = ctx.hardware, ctx.options.micro_batch_size
+    assert b is not None, "the planner resolves the micro-batch before it recommends"
 
     def ok(per_node: int, nodes: int) -> bool:
         trial = replace(ctx, hardware=replace(hw, gpus_per_node=per_node, num_nodes=nodes))
@@ -147,15 +148,17 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
     """No row fits: the cheaper fixes first, each with its figures (activation checkpointing, then CPU
     offload), then the smallest cluster on which the strategy that shards everything would fit."""
     hw, opts = ctx.hardware, ctx.options
+    mb = opts.micro_batch_size
+    assert mb is not None, "the planner resolves the micro-batch before it recommends"
     reasons = ["no strategy fits: " + "; ".join(
-        f"{r.title} {fmt_gib(r.memory.device_total)}" for r in rows if r.applicable and r.memory)
+        f"{r.title} {fmt_gib(sized(r).device_total)}" for r in rows if r.applicable and r.memory)
         + f" per GPU vs {fmt_gib(hw.gpu_memory_bytes)} available"]
     short_host = [r for r in rows if r.applicable and r.fits is not True and r.short_of != "GPU memory"]
     for r in short_host:
         reasons.append(f"{r.title}: {r.fit_note}")
     search_ctx, search_rows = ctx, rows
     smaller = [r for r in rows if r.applicable and r.max_micro_batch_size >= 1]
-    if opts.micro_batch_size > 1 and smaller:
+    if mb > 1 and smaller:
         # Without offload first (offload's largest micro-batch counts GPU memory only), then the largest.
         r = max(smaller, key=lambda r: (not r.strategy.offload, r.max_micro_batch_size, -r.strategy.comm_order))
         reasons.append(f"at micro-batch {opts.micro_batch_size} nothing fits; lower --micro-batch-size: {r.title} fits "
@@ -165,30 +168,30 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
         fix = fastest_fitting(eligible(checkpointed.rows, hw.num_gpus))
         if fix is not None:
             reasons.append(f"turn on activation checkpointing (--activation-checkpointing): {fix.title} then fits, "
-                           f"{fmt_gib(fix.memory.device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU")
+                           f"{fmt_gib(sized(fix).device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU")
             return Recommendation(strategy=None, reasons=reasons, warnings=warnings)
         maybe = [r for r in checkpointed.rows if r.applicable and r.fits is None]
-        sized = [r for r in checkpointed.rows if r.applicable and r.memory]
+        with_memory = [r for r in checkpointed.rows if r.applicable and r.memory]
         if maybe:
-            r = min(maybe, key=lambda r: (r.strategy.comm_order, r.memory.device_total))
+            r = min(maybe, key=lambda r: (r.strategy.comm_order, sized(r).device_total))
             reasons.append(f"with activation checkpointing (--activation-checkpointing) {r.title} needs "
-                           f"{fmt_gib(r.memory.device_total)} per GPU and {fmt_gib(r.memory.host_bytes_per_node)} of "
+                           f"{fmt_gib(sized(r).device_total)} per GPU and {fmt_gib(sized(r).host_bytes_per_node)} of "
                            "host RAM per node: it fits if the nodes have that RAM (give --host-mem to check)")
-        elif sized:
-            low = min(sized, key=lambda r: r.memory.device_total)
+        elif with_memory:
+            low = min(with_memory, key=lambda r: sized(r).device_total)
             reasons.append(f"activation checkpointing alone is not enough: the smallest, {low.title}, would still "
-                           f"need {fmt_gib(low.memory.device_total)} per GPU ({low.fit_note})")
+                           f"need {fmt_gib(sized(low).device_total)} per GPU ({low.fit_note})")
         search_ctx, search_rows = checkpointed.ctx, eligible(checkpointed.rows, hw.num_gpus)
     off = next((r for r in search_rows if r.applicable and r.memory and r.strategy.shards_everything
                 and r.strategy.offload), None)
-    host = off.memory.host_bytes_per_node if off else None
+    host = sized(off).host_bytes_per_node if off else None
     if off is not None and all(o.name != off.name for o in short_host):
         where = hw.sources.get("host_mem_bytes", "")
         have = ("host RAM unknown: give --host-mem" if hw.host_mem_bytes is None else
                 f"have {fmt_gib(hw.host_mem_bytes)}, {where}"
                 + ("; pass --host-mem for the target nodes' RAM" if where.startswith("detected") else ""))
-        reasons.append(f"{off.title} would need {fmt_gib(host)} of host RAM per node ({have}) and "
-                       f"{fmt_gib(off.memory.device_total)} per GPU")
+        reasons.append(f"{off.title} would need {fmt_gib(sized(off).host_bytes_per_node)} of host RAM per node "
+                       f"({have}) and {fmt_gib(sized(off).device_total)} per GPU")
     need = next((r for r in search_rows if r.applicable and r.strategy.shards_everything and not r.strategy.offload),
                 None)
     min_gpus = min_nodes = None
@@ -214,13 +217,13 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
                 reasons.append("across nodes the field's answer for models this large is data parallel x ZeRO x "
                                "pipeline parallelism; pipeline parallelism is out of scope for this tool")
         else:
-            lower = " or lower the micro-batch" if opts.micro_batch_size > 1 else ""
+            lower = " or lower the micro-batch" if mb > 1 else ""
             fixes = f"shorten the sequence{lower}" if search_ctx is not ctx or \
                 opts.activation_checkpointing else "turn on activation checkpointing or shorten the sequence"
             # What more GPUs do not shrink: the row at the largest cluster searched, less its sharded model states.
             big = replace(search_ctx, hardware=replace(hw, gpus_per_node=GPUS_PER_NODE_SEARCHED,
                                                        num_nodes=MAX_GPUS_SEARCHED // GPUS_PER_NODE_SEARCHED))
-            floor = need.strategy.memory(big, opts.micro_batch_size)
+            floor = need.strategy.memory(big, mb)
             if floor.peak.phase.startswith("loading"):  # the whole base on every rank before it is partitioned
                 fixes = ("transformers loads a quantized base whole on every GPU, without zero.Init, before "
                          "DeepSpeed partitions it: drop --quantize (ZeRO-3 then partitions a 16-bit base as it builds) "

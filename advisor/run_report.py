@@ -8,14 +8,32 @@ import json
 import re
 import signal
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from .processes import root_cause
 
 _OOM_PATTERNS = ("out of memory", "OutOfMemoryError", "Cannot allocate memory", "std::bad_alloc")
 
 
-def read_report(path: Path, world_size: int, steps: int, since: float) -> tuple[dict[str, Any] | None, str]:
+class RankReport(TypedDict):
+    """One rank's entry of the report (``per_rank``) as read here; the probe writes more keys. Bytes and
+    seconds."""
+
+    rank: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: NotRequired[int]
+    losses: list[float]  # one per measured step
+    step_times_s: NotRequired[list[float]]
+    profiled_steps: NotRequired[int]  # the first steps, run under the CPU memory profiler
+
+
+class RunReport(TypedDict):
+    """The report of a run as read here (``read_report`` checks it whole): one entry per rank."""
+
+    per_rank: list[RankReport]
+
+
+def read_report(path: Path, world_size: int, steps: int, since: float) -> tuple[RunReport | None, str]:
     """The run's report if it is whole, else (None, why not). Whole: written by this run (not before
     ``since``, so a report left by an earlier run in a --force'd directory never counts), valid JSON,
     one entry for each rank 0 .. world_size-1 with its peak and a loss for each of ``steps`` steps.
@@ -24,7 +42,7 @@ def read_report(path: Path, world_size: int, steps: int, since: float) -> tuple[
     try:
         if path.stat().st_mtime < since - 1.0:  # 1 s: file time stamps are coarser than time.time()
             return None, f"{path} is left over from an earlier run"
-        report = json.loads(path.read_text())
+        report: object = json.loads(path.read_text())
     except FileNotFoundError:
         return None, "no report was written"
     except (OSError, ValueError) as err:
@@ -38,7 +56,7 @@ def read_report(path: Path, world_size: int, steps: int, since: float) -> tuple[
     for r in per_rank:
         if not isinstance(r.get("peak_allocated_bytes"), int) or len(r.get("losses") or []) != steps:
             return None, f"rank {r['rank']} reported {len(r.get('losses') or [])} of {steps} steps or no peak"
-    return report, ""
+    return cast(RunReport, report), ""  # checked above: a dict whose per_rank is whole
 
 
 _DS_EXIT = re.compile(r"--local_rank=(\d+)'.*exits with return code = (-?\d+)")

@@ -15,9 +15,10 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from strategies import get_strategy, strategy_names
 from strategies.render import job_from_plan, render_job, write_files
@@ -33,9 +34,12 @@ from .processes import (
     kill_group,
     lock_path,
 )
-from .run_report import failure_message, read_report, teardown_note
+from .run_report import RunReport, failure_message, read_report, teardown_note
 from .schema import PlanInputs
 from .timing.calibrate import OtherCpu
+
+if TYPE_CHECKING:
+    from .timing.step import StepTime
 
 __all__ = ["MAX_CPU_RANKS", "TIMING_STEPS", "TOLERANCE", "WARMUP_STEPS", "MachineLock", "VerifyBusy", "VerifyResult",
            "add_step_time", "calibrated", "conclude", "free_port", "lock_path", "median_step_s", "predicted_step_s",
@@ -50,6 +54,18 @@ TOLERANCE = 0.25  # |estimate - measured| / measured; the benchmark's worst-case
 _STEP_RE = re.compile(r"step (\d+)/(\d+) loss ([-\d.naninf]+)")
 
 
+class RankResult(TypedDict):
+    """One rank's figures in ``VerifyResult.per_rank``: bytes, seconds; ``relative_error`` is (estimate - measured)
+    / measured (None: nothing measured)."""
+
+    rank: int
+    measured_peak_bytes: int
+    measured_reserved_bytes: int | None
+    estimated_peak_bytes: int
+    relative_error: float | None
+    measured_step_s: NotRequired[float | None]  # ``add_step_time``
+
+
 @dataclass
 class VerifyResult:
     strategy: str
@@ -59,7 +75,7 @@ class VerifyResult:
     log_dir: str
     ok: bool = False
     message: str = ""
-    per_rank: list[dict] = field(default_factory=list)
+    per_rank: list[RankResult] = field(default_factory=list)
     relative_error: float | None = None
     within_tolerance: bool = False
     losses: list[float] = field(default_factory=list)
@@ -69,9 +85,10 @@ class VerifyResult:
     measured_step_s: float | None = None  # max over ranks of each rank's median (``median_step_s``)
     step_time_error: float | None = None  # (predicted - measured) / measured
     cpu_contention: float | None = None  # share of all cores' time other processes took during the run (CPU runs)
-    estimate: dict = field(default_factory=dict)  # the job's estimate (``Job.estimate``: bytes, breakdown, phase)
+    # the job's estimate (``strategies.render.Estimate``: bytes, breakdown, phase); empty before the job is rendered
+    estimate: Mapping[str, object] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {"strategy": self.strategy, "device": self.device, "world_size": self.world_size,
                 "steps": self.steps, "per_rank": self.per_rank, "relative_error": self.relative_error,
                 "tolerance": TOLERANCE, "within_tolerance": self.within_tolerance, "log_dir": self.log_dir,
@@ -144,7 +161,7 @@ def run_hardware(requested: int, device: str, notes: list[str]) -> Hardware:
                     cpu_conv_scratch_threads=scratch_threads)
 
 
-def _launch(cmd: list[str], cwd: Path, env: dict, timeout_s: float, total_steps: int,
+def _launch(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float, total_steps: int,
             progress: Callable[[str], None]) -> tuple[int | None, bool]:
     """Run ``cmd`` in its own process group, log to cwd/run.log, report progress; returns
     (exit code or None, timed_out)."""
@@ -154,6 +171,7 @@ def _launch(cmd: list[str], cwd: Path, env: dict, timeout_s: float, total_steps:
                                 stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
 
         def pump() -> None:
+            assert proc.stdout is not None, "stdout=PIPE"
             for line in proc.stdout:
                 log.write(line)
                 log.flush()
@@ -177,7 +195,7 @@ def _launch(cmd: list[str], cwd: Path, env: dict, timeout_s: float, total_steps:
     return (None if timed_out else proc.returncode), timed_out
 
 
-def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: float = 600.0,
+def verify(inputs: PlanInputs, strategy: str | None = None, *, steps: int = 6, timeout_s: float = 600.0,
            out_dir: str | None = None, force: bool = False, precision_explicit: bool = False,
            progress: Callable[[str], None] | None = None, timing_steps: int = TIMING_STEPS) -> VerifyResult:
     """Emit, launch and measure ``strategy`` (default: the recommended one) for ``inputs``.
@@ -201,14 +219,16 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name, run_plan, hw, notes = verify_plan(inputs, strategy, device, precision_explicit, inputs.use_cache, say)
-    run_row, strategy = run_plan.row(name), get_strategy(name)
-    need = run_row.memory.peak.total * hw.num_gpus
+    run_row, unit = run_plan.row(name), get_strategy(name)
+    run_memory = run_row.memory
+    assert run_memory is not None, "verify_plan checked that the row applies"
+    need = run_memory.peak.total * hw.num_gpus
     if device == "cpu" and need > 0.8 * available_memory_bytes():
         raise AdvisorError(f"verifying {name} on {hw.num_gpus} CPU ranks needs about {need / 2**30:.1f} GiB of RAM "
                            f"(estimated peak per rank x ranks), more than this machine can spare "
                            f"({available_memory_bytes() / 2**30:.1f} GiB available): verify a smaller model, "
                            "sequence or micro-batch here and the full one on the GPU machine")
-    blocker = strategy.verify_blocker(device)
+    blocker = unit.verify_blocker(device)
     if blocker:
         raise AdvisorError(blocker)
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run_plan.spec.name)
@@ -217,16 +237,16 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(CPU_RANK_THREADS),
                PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")])))
     if device == "cpu":
-        env.update(strategy.launcher.cpu_env)
+        env.update(unit.launcher.cpu_env)
     with MachineLock():  # before writing anything: a busy machine leaves no empty run directory
         port = free_port()
         job = job_from_plan(run_plan, name, steps=steps, master_port=port)
         write_files(render_job(job), run_dir, force=force)
         result = VerifyResult(strategy=name, device=device, world_size=world, steps=steps, log_dir=str(run_dir),
-                              notes=notes, estimated_peak_bytes=run_row.memory.peak.total,
+                              notes=notes, estimated_peak_bytes=run_memory.peak.total,
                               predicted_step_s=predicted_step_s(hw, run_row.time), estimate=job.estimate)
         say(f"launching {name} on {world} {device} rank(s) in {run_dir}")
-        first_use = strategy.launcher.first_use_note(device, env)
+        first_use = unit.launcher.first_use_note(device, env)
         if first_use:
             say(first_use)
         started = time.time()
@@ -235,9 +255,9 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
             # meter); the run's last checkpoint is still written after training.
             # The probe measures memory over the first ``steps`` steps, then the ``timing_steps`` after them run
             # unmetered for the step time.
-            cmd = strategy.launcher.verify_argv(world, port, ["--steps", str(steps + timing_steps), "--out", "out",
-                                                              "--eval-every", "0", "--save-every", "0"],
-                                                probe=["--measured-steps", str(steps)])
+            cmd = unit.launcher.verify_argv(world, port, ["--steps", str(steps + timing_steps), "--out", "out",
+                                                          "--eval-every", "0", "--save-every", "0"],
+                                            probe=["--measured-steps", str(steps)])
             others = OtherCpu()
             rc, timed_out = _launch(cmd, run_dir, env, timeout_s, steps + timing_steps, say)
             result.cpu_contention = others.share() if device == "cpu" else None
@@ -266,8 +286,9 @@ def conclude(result: VerifyResult, rc: int | None, timed_out: bool, timeout_s: f
     return _compare(result, report)
 
 
-def _compare(result: VerifyResult, report: dict) -> VerifyResult:
+def _compare(result: VerifyResult, report: RunReport) -> VerifyResult:
     est = result.estimated_peak_bytes
+    assert est is not None, "a run is launched with its estimate"
     worst = None
     for r in report["per_rank"]:
         measured = int(r["peak_allocated_bytes"])
@@ -352,7 +373,7 @@ def calibrated(hw: Hardware, device: str, use_cache: bool, say: Callable[[str], 
     return replace(hw, calibration=cal)
 
 
-def predicted_step_s(hw: Hardware, t) -> float | None:
+def predicted_step_s(hw: Hardware, t: StepTime | None) -> float | None:
     """The step time the model predicts for the run: the row's ``StepTime`` (``t``; None: untimed), on a
     calibrated CPU with the CPU's overlap rule (``CpuCalibration.step_s``)."""
     if t is None:
@@ -367,17 +388,18 @@ def median_step_s(step_times: list[float], profiled_steps: int = 0, warmup: int 
     return statistics.median(rest) if rest else None
 
 
-def add_step_time(result: VerifyResult, report: dict) -> None:
+def add_step_time(result: VerifyResult, report: RunReport) -> None:
     """Each rank's measured step time into ``result.per_rank`` (same order as the report), the run's (the
     slowest rank's: ranks wait for each other) and its error against ``result.predicted_step_s``."""
-    medians = []
+    medians: list[float | None] = []
     for r, mine in zip(report["per_rank"], result.per_rank):
         losses = r.get("losses") or []
         profiled = r.get("profiled_steps", 0 if result.device == "cuda" else len(losses))
         mine["measured_step_s"] = median_step_s(r.get("step_times_s") or [], profiled)
         medians.append(mine["measured_step_s"])
-    if medians and all(m is not None for m in medians):
-        result.measured_step_s = max(medians)
+    measured = [m for m in medians if m is not None]
+    if medians and len(measured) == len(medians):
+        result.measured_step_s = max(measured)
         if result.predicted_step_s is not None and result.measured_step_s > 0:
             result.step_time_error = (result.predicted_step_s - result.measured_step_s) / result.measured_step_s
 
