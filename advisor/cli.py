@@ -18,8 +18,9 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .errors import AdvisorError
 from .faces import OneLineParser, finite_float, positive_float, positive_int, quiet_library_logs, run_face
@@ -29,10 +30,15 @@ from .schema import GROUP_TITLES, PlanInputs, RunOptions, fields_for, inputs_fro
 from .text_table import amount, fits_word, gib_cell, short_phase, table
 from .units import counted, fmt_count, gib
 
+if TYPE_CHECKING:
+    from .plan import Plan
+    from .rows import StrategyRow
+    from .verify import VerifyResult
+
 VERIFY_STEPS, VERIFY_TIMEOUT_S = 6, 600.0
 
 
-def _argparse_type(f: Field):
+def _argparse_type(f: Field) -> Callable[[str], int | float | str]:
     """The argparse type of a schema field (one-line errors; ranges are checked by the schema)."""
     if f.kind == "int":
         return positive_int if (f.opt.low or 0) >= 1 else int
@@ -41,7 +47,7 @@ def _argparse_type(f: Field):
     return str
 
 
-def _any_case(choices: Sequence[str]):
+def _any_case(choices: Sequence[str]) -> Callable[[str], str]:
     """An argparse type mapping a value to the choice it equals ignoring case (else the value itself, which
     argparse then refuses with the list of choices)."""
     by_fold = {str(c).casefold(): c for c in choices}
@@ -86,25 +92,24 @@ def build_parser(strategy_names: tuple[str, ...] | None = None) -> argparse.Argu
             p.add_argument(f.name, nargs="?", help=_help(f, strategy_names))
             continue
         group = groups.get(f.group) or groups.setdefault(f.group, p.add_argument_group(GROUP_TITLES[f.group]))
-        kwargs: dict = {"dest": f.name, "help": _help(f, strategy_names), "default": None}
+        flag, help_text = f.opt.flag, _help(f, strategy_names)
+        assert flag is not None, f"the CLI field {f.name} is positional or has a flag"
         if f.kind == "bool":
-            kwargs.update(action="store_true", default=False)
-        else:
-            kwargs["type"] = _argparse_type(f)
-            choices = resolve_choices(f, strategy_names)
-            if choices and f.opt.strict:
-                kwargs["choices"] = choices
-                if f.kind == "str":  # any case, as --gpu: --strategy ZeRO3 is zero3, --precision BF16 is bf16
-                    kwargs["type"] = _any_case(choices)
-            if f.opt.metavar:
-                kwargs["metavar"] = f.opt.metavar
-        group.add_argument(f.opt.flag, **kwargs)
+            group.add_argument(flag, dest=f.name, help=help_text, default=False, action="store_true")
+            continue
+        convert = _argparse_type(f)
+        choices = resolve_choices(f, strategy_names)
+        strict = choices if choices and f.opt.strict else None
+        if strict and f.kind == "str":  # any case, as --gpu: --strategy ZeRO3 is zero3, --precision BF16 is bf16
+            convert = _any_case(strict)
+        group.add_argument(flag, dest=f.name, help=help_text, default=None, type=convert, choices=strict,
+                           metavar=f.opt.metavar or None)
     return p
 
 
-def _values(args: argparse.Namespace) -> dict:
+def _values(args: argparse.Namespace) -> dict[str, object]:
     """The parsed flags as schema field values (unset flags keep the schema's defaults)."""
-    values = {}
+    values: dict[str, object] = {}
     for f in fields_for("cli"):
         value = getattr(args, f.name)
         if f.kind == "shape":
@@ -123,7 +128,7 @@ def inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, RunOptions]:
     return inputs_from_values(_values(args))
 
 
-def render_text(p, strategy: str | None = None) -> str:
+def render_text(p: Plan, strategy: str | None = None) -> str:
     """The human-readable report: inputs, a breakdown table (GiB), the recommendation, and the launch
     line of ``strategy`` (default: the recommended one)."""
     spec, st, hw, o = p.spec, p.profile.stats, p.hardware, p.options
@@ -162,7 +167,9 @@ def render_text(p, strategy: str | None = None) -> str:
         if not r.applicable:
             cells.append(f"{r.name} n/a: {r.reason}")
             continue
-        b, m = r.memory.peak, r.memory
+        m = r.memory
+        assert m is not None and r.rule_of_thumb_bytes is not None, "a row that applies is sized"
+        b = m.peak
         rule = f"{gib(r.rule_of_thumb_bytes):.1f}{'' if r.rule_of_thumb_fits else '!'}"
         cells.append([r.name, *map(gib_cell, (b.params, b.grads, b.optimizer_states, b.activations, b.buffers,
                                               b.other, b.total, m.device_total)),
@@ -177,7 +184,7 @@ def render_text(p, strategy: str | None = None) -> str:
     if any(r.applicable and r.fits is None for r in p.rows):
         lines.append("fits ?: the strategy keeps model states in host RAM and the target's host RAM is unknown: "
                      "give --host-mem GIB")
-    short: dict[str, list[str]] = {}
+    short: dict[str | None, list[str]] = {}
     for r in p.rows:
         if r.applicable and r.fits is False and r.short_of == "host RAM":
             short.setdefault(r.fit_note, []).append(r.name)
@@ -207,13 +214,13 @@ def render_text(p, strategy: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def _time_lines(p) -> list[str]:
+def _time_lines(p: Plan) -> list[str]:
     """The step-time table: one optimizer step at each row's global batch, its parts, throughput, MFU and the
     speed-up over one GPU (issue 13). Empty when no row could be timed (a GPU without a preset)."""
     from .document import time_to_dict
     from .units import fmt_rate, fmt_s
 
-    timed = [(r, time_to_dict(p, r)) for r in p.rows if r.applicable and r.time is not None]
+    timed = [(r, d) for r in p.rows if r.applicable and r.time is not None and (d := time_to_dict(p, r)) is not None]
     if not timed:
         return []
     lm = any(d["tokens_per_s"] is not None for _, d in timed)
@@ -244,7 +251,7 @@ def _time_lines(p) -> list[str]:
     return lines
 
 
-def _load_line(rows: list, init_from: str | None = None, base_16bit: bool = False) -> str | None:
+def _load_line(rows: list[StrategyRow], init_from: str | None = None, base_16bit: bool = False) -> str | None:
     """Host RAM each strategy's script needs per node while it builds the model (``init_from``: while it loads the
     pretrained weights), grouped by value. ``base_16bit``: a LoRA base loaded in 16 bits (``from_pretrained(...,
     dtype=)`` under bf16/fp16; ``strategies.base.pretrained_bytes``)."""
@@ -266,7 +273,7 @@ def _load_line(rows: list, init_from: str | None = None, base_16bit: bool = Fals
             "single is one process), GiB: " + ", ".join(parts))
 
 
-def _launch_line(p, strategy: str | None) -> str | None:
+def _launch_line(p: Plan, strategy: str | None) -> str | None:
     if not strategy:
         return None
     from strategies.render import launch_command
@@ -284,7 +291,7 @@ def _check_run_flags(run: RunOptions) -> RunOptions:
                    timeout=VERIFY_TIMEOUT_S if run.timeout is None else run.timeout)
 
 
-def _emit(result, args: RunOptions) -> None:
+def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
     from strategies.render import job_from_plan, launch_command_for, render_job, write_files
 
     from .plan import training_budget
@@ -294,30 +301,31 @@ def _emit(result, args: RunOptions) -> None:
         raise AdvisorError("nothing fits, so there is no recommended strategy to emit: pass --strategy NAME")
     job = job_from_plan(result, name)
     budget = training_budget(result.options, result.context(), result.row(name)) or {}
-    if budget.get("train_hours"):
+    if hours := budget.get("train_hours"):
         # slurm.sbatch's time limit: the estimated training time, plus 20% and 30 minutes for loading, evaluation
         # and checkpoints (a job past its limit is killed; --signal gives it 120 s to save first).
-        job = replace(job, time_limit_s=budget["train_hours"] * 3600 * 1.2 + 1800)
-    written = write_files(render_job(job), args.emit, force=args.force)
+        job = replace(job, time_limit_s=hours * 3600 * 1.2 + 1800)
+    written = write_files(render_job(job), out_dir, force=args.force)
     stream = sys.stderr if args.json else sys.stdout
-    row = result.row(name)
+    row, mem = result.row(name), job.estimate["device_total_bytes"]
     if not row.strategy.distributes and result.hardware.num_gpus > 1:
         print(f"  ! {row.title} runs one process on one of the {result.hardware.num_gpus} GPUs "
               "(the baseline row); for all of them emit the recommended strategy", file=stream)
     if not row.fits:
-        print(f"  ! {row.title} does not fit: {gib(row.memory.device_total):.2f} GiB per GPU estimated vs "
+        print(f"  ! {row.title} does not fit: {gib(mem):.2f} GiB per GPU estimated vs "
               f"{gib(result.hardware.gpu_memory_bytes):.2f} GiB; the script will likely run out of memory", file=stream)
     print(f"\nWrote {', '.join(str(p) for p in written)}", file=stream)
-    where = shlex.quote(args.emit.rstrip("/") or "/")
+    where = shlex.quote(out_dir.rstrip("/") or "/")
     print(f"Run: cd {where} && {launch_command_for(job)}   (or: bash {where}/launch.sh)", file=stream)
 
 
-def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool):
+def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool) -> VerifyResult:
     from .verify import step_time_line, verify
 
     def progress(msg: str) -> None:
         print(f"[verify] {msg}", file=sys.stderr, flush=True)
 
+    assert args.steps is not None and args.timeout is not None, "_check_run_flags fills them"
     outcome = verify(inputs, args.strategy, steps=args.steps, timeout_s=args.timeout, out_dir=args.emit,
                      force=args.force, precision_explicit=precision_explicit, progress=progress)
     stream = sys.stderr if args.json else sys.stdout
@@ -329,7 +337,9 @@ def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool):
         return outcome
     print(f"Verify {outcome.strategy} on {outcome.world_size} {outcome.device} rank(s), {outcome.steps} steps "
           f"(loss {outcome.losses[0]:.3f} -> {outcome.losses[-1]:.3f}); peak allocated per rank:", file=stream)
+    assert outcome.relative_error is not None, "a completed run measured a peak"
     for r in outcome.per_rank:
+        assert r["relative_error"] is not None, "every rank measured a peak"
         print(f"  rank {r['rank']}: measured {gib(r['measured_peak_bytes']):.3f} GiB, estimated "
               f"{gib(r['estimated_peak_bytes']):.3f} GiB, error {100 * r['relative_error']:+.1f}%", file=stream)
     verdict = "within" if outcome.within_tolerance else "OUTSIDE"
@@ -409,7 +419,7 @@ def _plan_face(argv: list[str]) -> int:
         print(render_text(result, run.strategy))
     code = 0
     if run.emit and not run.verify:  # --verify writes into --emit DIR itself
-        _emit(result, run)
+        _emit(result, run, run.emit)
     if run.verify:
         outcome = _verify(inputs, run, precision_explicit=args.precision is not None)
         code = 0 if outcome.ok else 1
