@@ -107,6 +107,12 @@ class Field:
         return _KINDS[base]
 
     @property
+    def label(self) -> str:
+        """The page widget's label (``opt.label``; every field the page shows has one)."""
+        assert self.opt.label is not None, f"schema field {self.name} has no label"
+        return self.opt.label
+
+    @property
     def flag_name(self) -> str:
         """What messages call it: the CLI flag, else the field name."""
         return self.opt.flag or self.name

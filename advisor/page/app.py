@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 
 import streamlit as st
 
@@ -27,7 +26,7 @@ from advisor.page.check_tab import show_check
 from advisor.page.form import cached_plan, read_form
 from advisor.page.runner import show_verify
 from advisor.page.words import gib, md, one_line, say
-from advisor.document import plan_to_dict
+from advisor.document import PlanDoc, plan_to_dict
 from advisor.plan import Plan
 from advisor.schema import get_field
 from advisor.units import GiB, counted, fmt_count
@@ -39,7 +38,7 @@ NO_SCRIPTS = "script generation not available"
 CONTROLS = ("config_file", "zoom", "verify", "check_text", "check_file")
 
 
-def show_summary(p: Plan, doc: dict[str, Any]) -> None:
+def show_summary(p: Plan, doc: PlanDoc) -> None:
     """Parameter count and the hardware, prominently; the rest of the inputs as a caption."""
     model, hw, tr = doc["model"], doc["hardware"], doc["training"]
     # A wrapping row of content-wide metrics, not fixed columns: a long value ("16 x H100-80GB", a long
@@ -69,9 +68,12 @@ def show_recommendation(p: Plan) -> None:
     if rec.strategy:
         st.success(md(f"Recommendation: {p.row(rec.strategy).title} ({rec.strategy})"))
     else:
-        hw = p.hardware
-        need = (f" The smallest cluster that fits: {counted(rec.min_gpus, 'GPU')} ({counted(rec.min_nodes, 'node')} of "
-                f"{counted(hw.gpus_per_node, 'GPU')}) with full sharding (see the reasons)." if rec.min_gpus else "")
+        hw, need = p.hardware, ""
+        if rec.min_gpus:
+            assert rec.min_nodes is not None, "found with the GPUs (advisor.recommend)"
+            need = (f" The smallest cluster that fits: {counted(rec.min_gpus, 'GPU')} "
+                    f"({counted(rec.min_nodes, 'node')} of {counted(hw.gpus_per_node, 'GPU')}) with full sharding "
+                    "(see the reasons).")
         st.error(md(f"Nothing fits: no strategy fits {p.spec.name} on {hw.num_gpus} x {hw.gpu_name} "
                     f"({hw.gpu_memory_bytes / GiB:.2f} GiB each).{need}"))
     st.markdown("\n".join(f"- {say(r)}" for r in rec.reasons))
@@ -87,7 +89,7 @@ def choose_strategy(p: Plan) -> str | None:
         return None
     titles = {r.name: r.title for r in p.rows}
     rec = p.recommendation.strategy
-    return st.selectbox(get_field("strategy").opt.label, names, key="strategy",
+    return st.selectbox(get_field("strategy").label, names, key="strategy",
                         index=names.index(rec) if rec in names else 0,
                         format_func=lambda n: f"{titles[n]} ({n})" + (" - recommended" if n == rec else ""))
 

@@ -4,7 +4,7 @@ are built from ``advisor.plan.plan_to_dict``'s document; sizes are shown in GiB 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 import altair as alt
 import pandas as pd
@@ -12,6 +12,9 @@ import streamlit as st
 
 from advisor.page.words import md, page_text
 from advisor.units import GiB
+
+if TYPE_CHECKING:
+    from advisor.document import PlanDoc, StrategyDoc
 
 # The chart's components, bottom to top: Breakdown fields (plan_to_dict keys) -> legend labels, then
 # what nvidia-smi shows beyond the peak allocated.
@@ -21,7 +24,7 @@ OVERHEAD = "device overhead"
 COMPONENTS = (*BREAKDOWN.values(), OVERHEAD)
 
 
-def memory_frame(doc: dict[str, Any]) -> pd.DataFrame:
+def memory_frame(doc: PlanDoc) -> pd.DataFrame:
     """Long-form per-GPU GiB by component for every applicable strategy (device overhead = device
     total - peak allocated)."""
     rows = []
@@ -41,7 +44,7 @@ CHART_AXES_PX = 70  # the axis and its title below the bars
 
 
 def memory_chart(frame: pd.DataFrame, capacity_bytes: int, strategy_order: list[str],
-                 zoom: bool = False) -> alt.Chart | alt.LayerChart:
+                 zoom: bool = False) -> alt.Chart | alt.LayerChart | alt.FacetChart:
     """Horizontal stacked bars, one row per strategy labelled with its whole title (however many
     strategies: no label is dropped, turned or cut), and a red dashed rule at the GPU's usable memory,
     named with its value in the axis title (theme-coloured text, readable on light and dark pages).
@@ -69,10 +72,11 @@ def memory_chart(frame: pd.DataFrame, capacity_bytes: int, strategy_order: list[
     return alt.layer(bars, rule)
 
 
-TIME_PARTS = (("compute_s", "compute"), ("exposed_comm_s", "communication not hidden"), ("optimizer_s", "optimizer"))
+TIME_PARTS: tuple[tuple[Literal["compute_s", "exposed_comm_s", "optimizer_s"], str], ...] = (
+    ("compute_s", "compute"), ("exposed_comm_s", "communication not hidden"), ("optimizer_s", "optimizer"))
 
 
-def time_frame(doc: dict[str, Any]) -> pd.DataFrame:
+def time_frame(doc: PlanDoc) -> pd.DataFrame:
     """Long-form seconds per optimizer step by part for every timed strategy (issue 13)."""
     rows = []
     for s in doc["strategies"]:
@@ -103,12 +107,12 @@ TABLE_COLUMNS = ("strategy", "name", "fits", "device total (GiB)", "peak allocat
                  "grad. accumulation steps", "global batch", "host RAM / node (GiB)", "note")
 
 
-def _fits_text(s: dict[str, Any]) -> str:
+def _fits_text(s: StrategyDoc) -> str:
     """yes / no / ? (the verdict waits for host RAM nobody gave)."""
     return "?" if s["fits"] is None else "yes" if s["fits"] else "no"
 
 
-def _note(s: dict[str, Any]) -> str:
+def _note(s: StrategyDoc) -> str:
     """Where the peak is and what is short, in the page's words (``page_text``)."""
     short = s["short_of"]
     what = ("host RAM per node unknown: give --host-mem" if short == "host RAM unknown" else
@@ -116,7 +120,7 @@ def _note(s: dict[str, Any]) -> str:
     return page_text(f"peak in the {s['peak_phase']}" + (f"; {what}" if what else ""))
 
 
-def strategy_table(doc: dict[str, Any]) -> pd.DataFrame:
+def strategy_table(doc: PlanDoc) -> pd.DataFrame:
     """One row per strategy, as the text shown (a static table: nothing is cut or shown as "None"): fits,
     GiB, max micro-batch, accumulation steps, host RAM; "n/a" and the whole reason when n/a."""
     rows = []
@@ -135,7 +139,7 @@ def strategy_table(doc: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
 
 
-def show_memory(doc: dict[str, Any]) -> None:
+def show_memory(doc: PlanDoc) -> None:
     """The stacked chart with the capacity line, then the table."""
     st.subheader("Per-GPU memory by strategy (GiB)")
     frame = memory_frame(doc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import streamlit as st
 
@@ -39,7 +39,7 @@ class Form:
     """What the user chose, as plain JSON-able values: the cache key of the plan. ``values`` are schema
     field values by name (unset fields omitted); a pasted or uploaded config stays text until planning."""
 
-    values: dict[str, Any]
+    values: dict[str, FormValue]
     config_text: str | None = None  # pasted or uploaded config.json; wins over the catalog model when given
     config_source: str = "pasted config"
 
@@ -62,7 +62,7 @@ class Form:
         Raises:
             AdvisorError: malformed JSON, JSON that is not an object, or a value the schema refuses.
         """
-        values = dict(self.values)
+        values: dict[str, object] = dict(self.values)
         if self.config_text is not None:
             config = parse_config_text(self.config_text, self.config_source)
             if not isinstance(config, dict):  # resolve_model calls .get() before it checks the type
@@ -87,41 +87,49 @@ def cached_plan(form_key: str) -> Plan:
 
 def _optional_number(f: Field, help: str | None = None) -> int | float | None:
     """A number input that may be left empty (None: advisor's default, shown as the placeholder)."""
-    integer = f.kind == "int"
-    low = f.opt.low if f.opt.low is not None and (integer or f.opt.low > 0) else (1 if integer else None)
-    value = st.number_input(f.opt.label, min_value=low, value=None, step=1 if integer else 1.0, key=f.name,
-                            placeholder=f.opt.none or "", help=help or f.opt.help)
-    return None if value is None else (int(value) if integer else float(value))
+    low, placeholder, text = f.opt.low, f.opt.none or "", help or f.opt.help
+    if f.kind == "int":
+        count = st.number_input(f.label, min_value=1 if low is None else int(low), value=None, step=1, key=f.name,
+                                placeholder=placeholder, help=text)
+        return None if count is None else int(count)
+    value = st.number_input(f.label, min_value=low if low is not None and low > 0 else None, value=None, step=1.0,
+                            key=f.name, placeholder=placeholder, help=text)
+    return None if value is None else float(value)
 
 
 def _widget(f: Field) -> FormValue | None:
     """The widget of one schema field, keyed by the field's name: a selectbox for choices (with the
     default first when the field may be empty), a checkbox for switches, a number input otherwise."""
     if f.kind == "bool":
-        return st.checkbox(f.opt.label, key=f.name, value=bool(f.default), help=f.opt.help)
+        return st.checkbox(f.label, key=f.name, value=bool(f.default), help=f.opt.help)
     if f.opt.choices:
         options = tuple(f.opt.choices)
         if f.optional:
             options = (DEFAULT, *options)
-        chosen = st.selectbox(f.opt.label, options, key=f.name, help=f.opt.help,
+        chosen = st.selectbox(f.label, options, key=f.name, help=f.opt.help,
                               format_func=lambda v: f"default ({f.opt.none})" if v == DEFAULT else str(v))
         return None if chosen == DEFAULT else chosen
     if f.kind == "str":  # free text (LoRA target module names): empty means the default
-        text = st.text_input(f.opt.label, key=f.name, placeholder=f.opt.none or "", help=f.opt.help)
+        text = st.text_input(f.label, key=f.name, placeholder=f.opt.none or "", help=f.opt.help)
         return text.strip() or None
     if f.optional:
         return _optional_number(f)
+    default, low = f.default, f.opt.low
+    if f.kind == "int":
+        assert isinstance(default, int), f"schema field {f.name} is an integer"
+        return st.number_input(f.label, min_value=None if low is None else int(low), value=default, step=1,
+                               key=f.name, help=f.opt.help)
+    assert isinstance(default, (int, float)), f"schema field {f.name} is a number"
     # A float's step is a float (Streamlit refuses mixed types): small ones (a dropout) in 0.05 steps.
-    step = 1 if f.kind == "int" else (0.05 if float(f.default) < 1 else 1.0)
-    low = f.opt.low if f.opt.low is not None else (0.0 if f.kind == "float" else None)
-    return st.number_input(f.opt.label, min_value=low, value=f.default, step=step, key=f.name, help=f.opt.help)
+    return st.number_input(f.label, min_value=0.0 if low is None else low, value=default,
+                           step=0.05 if float(default) < 1 else 1.0, key=f.name, help=f.opt.help)
 
 
 def _config_text() -> tuple[str | None, str]:
     """Uploaded file, else pasted text, else None. Returns (text, source name for messages)."""
     st.caption("A pasted or uploaded Hugging Face config.json replaces the catalog model (an upload wins over "
                "pasted text). It is read as JSON only; no code runs and nothing is downloaded.")
-    pasted = st.text_area(get_field("config_dict").opt.label, key="config_dict", height=150,
+    pasted = st.text_area(get_field("config_dict").label, key="config_dict", height=150,
                           placeholder='{"model_type": "llama", "hidden_size": 4096, ...}')
     upload = st.file_uploader("or upload a config.json", type=["json"], key="config_file")
     text, name = upload_or_paste(upload, pasted, MAX_CONFIG_FILE_BYTES, "the model's config.json, not weights")
@@ -163,17 +171,20 @@ def read_form() -> Form:
             for f in (f for f in fields_for("page") if f.group == group):
                 if f.name == "model":
                     names = model_names()
-                    values["model"] = st.selectbox(f.opt.label, names, index=names.index(DEFAULT_MODEL), key="model",
+                    values["model"] = st.selectbox(f.label, names, index=names.index(DEFAULT_MODEL), key="model",
                                                    help="transformer presets (Hugging Face configs) and torchvision "
                                                         "classifiers")
                 elif f.name == "config_dict":
                     text, source = _config_text()
                 elif f.name in ("seq_len", "image_size"):
-                    transformer = text is not None or find_transformer_preset(values["model"]) is not None
+                    model = values["model"]  # the catalog's selectbox above: a name
+                    assert isinstance(model, str), "the model field comes first"
+                    transformer = text is not None or find_transformer_preset(model) is not None
                     if transformer == (f.name == "seq_len"):
                         values[f.name] = _optional_number(f)
                 elif f.name == "gpu":
-                    gpu = st.selectbox(f.opt.label, (DETECTED, *f.opt.choices), key="gpu", help=f.opt.help,
+                    assert isinstance(f.opt.choices, tuple), "the GPU presets"
+                    gpu = st.selectbox(f.label, (DETECTED, *f.opt.choices), key="gpu", help=f.opt.help,
                                        format_func=lambda g: f"detected GPUs (else {DEFAULT_GPU_PRESET})"
                                        if g == DETECTED else g)
                     values["gpu"] = None if gpu == DETECTED else gpu

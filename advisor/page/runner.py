@@ -101,7 +101,7 @@ def new_run_dir(folder: str, model: str, strategy: str) -> Path:
     Raises:
         AdvisorError: ``folder`` exists and is not a folder.
     """
-    label = get_field("runs_dir").opt.label
+    label = get_field("runs_dir").label
     try:
         base = runs_base(folder)
         if base.exists() and not base.is_dir():
@@ -211,12 +211,13 @@ def show_verify(form: Form, strategy: str, model: str) -> None:
                "the measured peak memory per rank with the estimate.")
     c1, c2 = st.columns(2)
     sf, tf = get_field("steps"), get_field("timeout")
-    steps = int(c1.number_input(sf.opt.label, min_value=int(sf.opt.low), max_value=int(sf.opt.high), value=6,
+    assert sf.opt.low is not None and sf.opt.high is not None and tf.opt.high is not None, "bounded in the schema"
+    steps = int(c1.number_input(sf.label, min_value=int(sf.opt.low), max_value=int(sf.opt.high), value=6,
                                 key="steps", help=sf.opt.help))
-    timeout_s = int(c2.number_input(tf.opt.label, min_value=1, max_value=int(tf.opt.high), value=600, key="timeout",
+    timeout_s = int(c2.number_input(tf.label, min_value=1, max_value=int(tf.opt.high), value=600, key="timeout",
                                     help=tf.opt.help))
     rf = get_field("runs_dir")
-    folder = st.text_input(rf.opt.label, value=str(Path(DEFAULT_RUNS_DIR).resolve()), key="runs_dir", help=rf.opt.help)
+    folder = st.text_input(rf.label, value=str(Path(DEFAULT_RUNS_DIR).resolve()), key="runs_dir", help=rf.opt.help)
     try:
         where = str(runs_base(folder) / f"{run_stem(model, strategy)}-TIME")
     except (OSError, ValueError):

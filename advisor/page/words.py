@@ -17,7 +17,7 @@ def md(text: str) -> str:
 # The core's messages name CLI flags; on this page the same choice is a widget (the schema gives both).
 # Flags without a widget here (--tp-degree, --attention, ...) stay as they are: they are CLI options.
 # --emit: on this page verification writes its run into a new folder of the runs folder.
-FLAG_WIDGETS = field_labels() | {"--config": "the config.json box", "--emit": get_field("runs_dir").opt.label}
+FLAG_WIDGETS = field_labels() | {"--config": "the config.json box", "--emit": get_field("runs_dir").label}
 # "pass --host-mem" / "give --host-mem" -> "set 'Host RAM per node (GiB)'"; "flag --host-mem" -> the label.
 _FLAG = re.compile(r"(?:\b(pass|give|add|flag) )?(--[a-z][a-z0-9-]*)")
 
@@ -47,6 +47,6 @@ def one_line(err: BaseException) -> str:
     return f"{err.__class__.__name__}: {text.splitlines()[0][:300]}" if text else err.__class__.__name__
 
 
-def gib(n_bytes: int | None) -> float | None:
+def gib(n_bytes: float | None) -> float | None:
     """Bytes -> GiB (2**30) for display, or None."""
     return None if n_bytes is None else round(n_bytes / GiB, 3)
