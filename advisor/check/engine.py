@@ -24,9 +24,11 @@ _IGNORE = re.compile(r"#\s*advisor:\s*ignore\b(?:\[([^\]]*)\])?", re.IGNORECASE)
 
 def _refuse_nul(data: str | bytes, path: str) -> None:
     """A NUL byte means a binary file: say so, with its line."""
-    nul, newline = ("\x00", "\n") if isinstance(data, str) else (b"\x00", b"\n")
-    if nul in data:
-        line = data.count(newline, 0, data.index(nul)) + 1
+    if isinstance(data, str):
+        line = data.count("\n", 0, data.index("\x00")) + 1 if "\x00" in data else 0
+    else:
+        line = data.count(b"\n", 0, data.index(b"\x00")) + 1 if b"\x00" in data else 0
+    if line:
         raise CheckError(f"{path}:{line}: cannot parse: NUL byte (a binary file, not Python source)", path, line)
 
 
