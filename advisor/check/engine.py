@@ -96,7 +96,7 @@ def _rule_ids(select: Iterable[str] | None, ignore: Iterable[str] | None) -> lis
 
 
 def check_source(text: str, path: str = "<string>", *, select: Iterable[str] | None = None,
-                 ignore: Iterable[str] | None = None, facts: dict | None = None) -> list[Finding]:
+                 ignore: Iterable[str] | None = None, facts: dict[str, object] | None = None) -> list[Finding]:
     """Findings for Python source ``text`` (reported under ``path``), sorted by line. ``select`` /
     ``ignore`` restrict the rule ids (unknown ids are simply not run). The text is parsed with
     ``ast`` only: nothing is imported or executed. ``facts``, when given, receives
@@ -115,7 +115,7 @@ def check_source(text: str, path: str = "<string>", *, select: Iterable[str] | N
 
 
 def _check(text: str, path: str, select: Iterable[str] | None, ignore: Iterable[str] | None,
-           facts: dict | None = None) -> list[Finding]:
+           facts: dict[str, object] | None = None) -> list[Finding]:
     tree = _parse(text, path)
     silenced = suppressions(text)
     findings: set[Finding] = set()
@@ -205,7 +205,7 @@ def check_files(paths: Iterable[str | Path], *, select: Iterable[str] | None = N
     findings: list[Finding] = []
     errors: list[CheckError] = []
     for path in paths:
-        facts: dict = {}
+        facts: dict[str, object] = {}
         try:
             findings += check_source(read_source(path), display_path(path), select=select, ignore=ignore,
                                      facts=facts)

@@ -50,7 +50,7 @@ def _int(expr: ast.AST) -> int | None:
     return None
 
 
-def _compare(ctx: Context, test: ast.Compare) -> tuple[type, ast.AST] | None:
+def _compare(ctx: Context, test: ast.Compare) -> tuple[type[ast.cmpop], ast.AST] | None:
     """``R op value`` with the rank-like side put on the left; None when neither side is a rank."""
     if len(test.ops) != 1:
         return None
@@ -66,14 +66,14 @@ def _values(expr: ast.AST) -> list[int | None]:
     return [_int(e) for e in expr.elts] if isinstance(expr, (ast.Tuple, ast.List, ast.Set)) else [None]
 
 
-def _one_rank(op: type, value: ast.AST) -> bool:
+def _one_rank(op: type[ast.cmpop], value: ast.AST) -> bool:
     """``R == k``, ``R <= 0``, ``R < 1``, ``R in (-1, 0)``: true for rank 0 (or one fixed rank) only."""
     n, values = _int(value), _values(value)
     return ((op in (ast.Eq, ast.Is) and n is not None) or (op is ast.LtE and n == 0) or (op is ast.Lt and n == 1)
             or (op is ast.In and 0 in values and all(v is not None and v <= 0 for v in values)))
 
 
-def _not_rank_zero(op: type, value: ast.AST) -> bool:
+def _not_rank_zero(op: type[ast.cmpop], value: ast.AST) -> bool:
     """``R != 0``, ``R > 0``, ``R >= 1``, ``R not in (-1, 0)``: true on every rank but 0."""
     n = _int(value)
     return ((op in (ast.NotEq, ast.IsNot) and n == 0) or (op is ast.Gt and n == 0) or (op is ast.GtE and n == 1)
