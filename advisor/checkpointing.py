@@ -9,12 +9,30 @@ copy of ``repeated_blocks`` (they must not import this package); a test keeps th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def repeated_blocks(model) -> list:
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
+    from typing import TypedDict
+
+    from torch import nn
+
+    class CheckpointKwargs(TypedDict, total=False):
+        """Keyword arguments of ``torch.utils.checkpoint.checkpoint`` that ``enable_activation_checkpointing`` passes
+        on (``context_fn``: the forward's and the recomputation's contexts)."""
+
+        context_fn: Callable[[], tuple[AbstractContextManager, AbstractContextManager]]
+        use_reentrant: bool
+
+
+# The annotations below are quoted: generated scripts carry these functions' source (``inspect.getsource``), where
+# nothing but the quoted text of an annotation may name what this module imports.
+def repeated_blocks(model: "nn.Module") -> "list[nn.Module]":
     """Outermost modules that sit in a run of >= 2 same-class siblings inside a Sequential/ModuleList."""
     from torch import nn
 
-    chosen: list = []
+    chosen: "list[nn.Module]" = []
     taken: set[int] = set()
     for module in model.modules():
         if id(module) in taken or not isinstance(module, (nn.Sequential, nn.ModuleList)):
@@ -27,20 +45,20 @@ def repeated_blocks(model) -> list:
     return chosen
 
 
-def enable_activation_checkpointing(model, checkpoint_kwargs=None) -> int:
+def enable_activation_checkpointing(model: "nn.Module", checkpoint_kwargs: "CheckpointKwargs | None" = None) -> int:
     """Turn on activation checkpointing; return how many blocks are checkpointed (0: not supported).
 
     ``checkpoint_kwargs``: extra keyword arguments for ``torch.utils.checkpoint.checkpoint`` (always
     non-reentrant); the trace passes a ``context_fn`` so that recomputation in backward sees the same
     attention stand-in as the forward did. Generated scripts call this without it.
     """
-    kwargs = dict(checkpoint_kwargs or {}, use_reentrant=False)
+    kwargs: "CheckpointKwargs" = {**(checkpoint_kwargs or {}), "use_reentrant": False}
     if hasattr(model, "gradient_checkpointing_enable") and getattr(model, "supports_gradient_checkpointing", False):
         enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
         if enable is not None:
             enable(activation_checkpointing_kwargs=kwargs)
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            getattr(model, "gradient_checkpointing_enable")(gradient_checkpointing_kwargs=kwargs)  # transformers'
         return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False)) or 1
     from functools import partial
 

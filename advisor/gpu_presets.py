@@ -189,7 +189,8 @@ def _v100(name: str, memory_mib: int) -> GpuPreset:
                      pcie_gen="V100 datasheet: PCIe Gen3", nics_per_node=_V100_NIC))
 
 
-def _pcie_card(name: str, memory_mib: int, link_gbps: float, source: str, *, tflops: tuple, tflops_src: str,
+def _pcie_card(name: str, memory_mib: int, link_gbps: float, source: str, *,
+               tflops: tuple[float | None, float | None, float | None, float | None], tflops_src: str,
                hbm_gbps: float, hbm_src: str, pcie_gen: int, nvlink_src: str, nvlink_gen: int | None = None,
                bridge_busbw: BusBw | None = None) -> GpuPreset:
     """A PCIe card: GPUs talk over PCIe by default; ``nvlink_gen`` when a 2-way NVLink bridge can pair two."""

@@ -134,7 +134,7 @@ def render_json(checks: Sequence[Check], versions: dict[str, str | None], option
     with a nodes file, ``nodes`` (host, slots, command) and ``compare``."""
     import socket
 
-    doc: dict = {"host": socket.gethostname(),
+    doc: dict[str, object] = {"host": socket.gethostname(),
                  "checks": [{"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix} for c in checks],
                  "versions": versions}
     if options.hosts:

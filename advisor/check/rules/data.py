@@ -69,9 +69,12 @@ def _loader_escapes(ctx: Context, call: ast.Call) -> bool:
     parent = ctx.parents.get(call)
     if isinstance(parent, (ast.For, ast.AsyncFor)) and parent.iter is call:
         return False
-    if not (isinstance(parent, ast.Assign) and all(isinstance(t, ast.Name) for t in parent.targets)):
+    if not isinstance(parent, ast.Assign):
         return True
-    for target in parent.targets:
+    names = [t for t in parent.targets if isinstance(t, ast.Name)]
+    if len(names) < len(parent.targets):
+        return True
+    for target in names:
         for use in _visible_loads(ctx, ctx.scope_of(parent), target.id):
             user = ctx.parents[use]
             iterated = isinstance(user, (ast.For, ast.AsyncFor)) and user.iter is use
@@ -124,7 +127,7 @@ def _reused_across_epochs(ctx: Context, call: ast.Call) -> bool:
     if not isinstance(assign, ast.Assign) or _loader_escapes(ctx, call):
         return False
     built_in = set(ctx.ancestors(assign))
-    for target in assign.targets:
+    for target in (t for t in assign.targets if isinstance(t, ast.Name)):  # all of them (_loader_escapes)
         for use in _visible_loads(ctx, ctx.scope_of(assign), target.id):
             loop = _iterated(ctx, use)
             epochs = ctx.loop_of(loop) if loop is not None else None
@@ -223,6 +226,8 @@ def sampler_on_iterable(ctx: Context) -> Iterator[Hit]:
     """
     for call in ctx.calls_to(SAMPLER):
         dataset = argument(call, 0, "dataset")
-        why = _iterable_dataset(ctx, ctx.resolve(dataset)) if dataset is not None else None
+        if dataset is None:
+            continue
+        why = _iterable_dataset(ctx, ctx.resolve(dataset))
         if why:
             yield Hit(call, f"DistributedSampler(`{text(dataset)}`): {why}, which has no indices to sample")

@@ -28,14 +28,14 @@ NOT_DISTRIBUTED = ("torch.distributed.algorithms._checkpoint",)
 def is_distributed(ctx: Context) -> bool:
     """Whether the file is a distributed script: it imports or uses ``torch.distributed``,
     ``deepspeed``, DistributedDataParallel or DistributedSampler, or calls an init."""
-    if "distributed" not in ctx.memo:
+    def find() -> bool:
         markers = ("torch.distributed", "deepspeed")
         names = set(ctx.imports.modules) | set(ctx.imports.table.values())
         names |= {q for n in ctx.nodes if isinstance(n, ast.Attribute) and (q := ctx.imports.dotted(n))}
         names = {n for n in names if not n.startswith(NOT_DISTRIBUTED)}
-        ctx.memo["distributed"] = any(n.startswith(markers) or n in (DDP, SAMPLER) for n in names) or bool(
-            ctx.calls_to(DDP, *INITS))
-    return bool(ctx.memo["distributed"])
+        return any(n.startswith(markers) or n in (DDP, SAMPLER) for n in names) or bool(ctx.calls_to(DDP, *INITS))
+
+    return ctx.remember("distributed", find)
 
 
 def _nn_module_class(ctx: Context, name: str, seen: frozenset[str] = frozenset()) -> bool:

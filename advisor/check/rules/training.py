@@ -101,7 +101,7 @@ def _sync_helpers(ctx: Context) -> set[str]:
     """Names that stand for ``no_sync`` in this file: functions whose body mentions it (also through
     other such functions) and names or attributes assigned an expression that mentions it
     (``self.sync_context = model.no_sync``)."""
-    if "sync-helpers" not in ctx.memo:
+    def find() -> set[str]:
         helpers: set[str] = set()
         bodies = {fn: _names(ast.walk(fn)) for fns in ctx.functions.values() for fn in fns}
         assigned = [(_names(ast.walk(n.value)), n.targets) for n in ctx.nodes if isinstance(n, ast.Assign)]
@@ -113,8 +113,9 @@ def _sync_helpers(ctx: Context) -> set[str]:
             if grown <= helpers:
                 break
             helpers |= grown
-        ctx.memo["sync-helpers"] = helpers
-    return ctx.memo["sync-helpers"]  # type: ignore[return-value]
+        return helpers
+
+    return ctx.remember("sync-helpers", find)
 
 
 def _skips_sync(ctx: Context, loop: ast.AST) -> bool:
@@ -122,10 +123,9 @@ def _skips_sync(ctx: Context, loop: ast.AST) -> bool:
     function (the module's own code at top level) mentions ``no_sync`` or
     ``require_backward_grad_sync``, or a name that stands for them (``_sync_helpers``)."""
     region = next((a for a in reversed(list(ctx.ancestors(loop))) if isinstance(a, FUNCTIONS)), ctx.tree)
-    key = ("region-names", region)
-    if key not in ctx.memo:
-        ctx.memo[key] = _names(ast.walk(region) if region is not ctx.tree else ctx.in_scope(ctx.tree))
-    return bool(ctx.memo[key] & (set(_SYNC_WORDS) | _sync_helpers(ctx)))  # type: ignore[operator]
+    names = ctx.remember(("region-names", region),
+                         lambda: _names(ast.walk(region) if region is not ctx.tree else ctx.in_scope(ctx.tree)))
+    return bool(names & (set(_SYNC_WORDS) | _sync_helpers(ctx)))
 
 
 @rule("MG011", "warning", (16,), "gradient accumulation without no_sync",
@@ -200,12 +200,11 @@ def _divisions(node: ast.AST) -> Iterator[tuple[ast.AST | None, ast.AST]]:
 
 def _divided(ctx: Context, region: ast.AST, key: str) -> bool:
     """Whether ``region`` divides the tensor ``key`` by anything, or anything by a world-size-like value."""
-    memo = ("divisions", region)
-    if memo not in ctx.memo:  # (what is divided, by a world size?) for each division, once per region
-        ctx.memo[memo] = [(None if divided is None else _key(divided),
-                           any(_WORLD.search(last_name(n) or "") for n in ast.walk(divisor)))
-                          for node in ast.walk(region) for divided, divisor in _divisions(node)]
-    return any(world or divided == key for divided, world in ctx.memo[memo])  # type: ignore[attr-defined]
+    # (what is divided, by a world size?) for each division, once per region
+    divisions = ctx.remember(("divisions", region), lambda: [
+        (None if divided is None else _key(divided), any(_WORLD.search(last_name(n) or "") for n in ast.walk(divisor)))
+        for node in ast.walk(region) for divided, divisor in _divisions(node)])
+    return any(world or divided == key for divided, world in divisions)
 
 
 @rule("MG012", "error", (6,), "gradient all_reduce without division by world size",
