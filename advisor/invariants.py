@@ -2,7 +2,7 @@
 return a plan that breaks one (``enforce``), so an impossible figure becomes a one-line error to
 report instead of a table a user might trust.
 
-The rules (issue 12):
+The rules:
 
 * every breakdown component is >= 0, the components sum to the peak, the device total is the peak
   plus the device overhead, and both are >= 0;
@@ -10,7 +10,7 @@ The rules (issue 12):
   a higher stage never holds more model states than a lower one (DDP from world size 2, see below);
 * a timed row's terms are >= 0 and the exposed communication is at most all of it;
 * a breakdown's named parts of its weights (``Breakdown.params_parts``) sum to its weights, and every line that
-  quotes a total "per GPU in all" lists parts that sum to it within display rounding (issue 25: a Mixtral QLoRA
+  quotes a total "per GPU in all" lists parts that sum to it within display rounding (a Mixtral QLoRA
   line listed 0.03 GiB of parts against 94.60 GiB in all, the fused expert weights missing);
 * a row that does not surely fit names what is short (``short_of``: GPU memory, host RAM, or host RAM
   unknown) and says it with the figures (``fit_note``);

@@ -31,7 +31,7 @@ NCCL_BUFFER_BYTES = 256 * MiB
 #   (PyTorch "CUDA semantics: memory management"); we take 10% of the peak allocated.
 FRAGMENTATION = 0.10
 
-# The field notes' rule of thumb (004 section 1.1; ZeRO paper section 3.1): bytes per parameter.
+# The usual rule of thumb (ZeRO paper section 3.1: mixed-precision Adam): bytes per parameter.
 RULE_OF_THUMB = {"half_weights": 2, "half_grads": 2, "fp32_master": 4, "adam_m": 4, "adam_v": 4}
 RULE_OF_THUMB_BYTES_PER_PARAM = sum(RULE_OF_THUMB.values())  # 16
 

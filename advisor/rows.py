@@ -163,7 +163,7 @@ def evaluate_row(strategy: Strategy, ctx: StrategyContext, compare: bool,
     row.max_micro_batch_size = max_micro_batch(strategy, ctx, max_hint)
     row.dp_size = strategy.dp_size(ctx)
     row.tp_degree = strategy.tp_degree_of(ctx)
-    # Every row at the same global batch (issue 13): --global-batch-size, else micro-batch x all GPUs; a row
+    # Every row at the same global batch: --global-batch-size, else micro-batch x all GPUs; a row
     # with a smaller data-parallel size (TP) accumulates to reach it.
     per_step = mb * row.dp_size
     target = opts.global_batch_size or mb * hw.num_gpus
@@ -173,7 +173,7 @@ def evaluate_row(strategy: Strategy, ctx: StrategyContext, compare: bool,
     row.time = strategy.step_time(ctx, row)
     if opts.base_lr is not None:
         assert opts.base_batch_size is not None, "--base-lr comes with --base-batch-size (advisor.schema.validate)"
-        # Linear scaling rule (Goyal et al. 2017; field notes 000 section 3.4): lr x (global / base).
+        # Linear scaling rule (Goyal et al. 2017, section 2.1): lr x (global / base).
         row.learning_rate = opts.base_lr * global_batch / opts.base_batch_size
     if compare:
         row.deepspeed_estimate = strategy.deepspeed_estimate(ctx)

@@ -3,7 +3,7 @@
 A strategy owns everything that differs between strategies: whether it applies (and why not), its
 data-parallel size, its per-GPU memory rule, its share of the 16-bytes-per-parameter rule of thumb,
 its communication volume and pattern, its time rule (``step_time``: compute, collectives with their sizes and
-overlap, optimizer step; issue 13), which traced step its precision runs, its launcher, script
+overlap, optimizer step), which traced step its precision runs, its launcher, script
 template and extra files, and what verifying it needs. Code outside ``strategies/`` reads these
 attributes; it never compares a strategy's name.
 """

@@ -35,7 +35,7 @@ from .base import DCP_IMPORTS, PlannedRow, ScriptJob, Strategy, fabric_of, optim
 
 def grad_accum_steps(ctx: StrategyContext, dp_size: int) -> int:
     """Accumulation steps that reach the global batch: --global-batch-size, else micro-batch x all GPUs (every
-    row is compared at the same global batch, so a smaller data-parallel size, TP's, accumulates; issue 13).
+    row is compared at the same global batch, so a smaller data-parallel size, TP's, accumulates).
     The same figure as ``advisor.rows.evaluate_row``'s."""
     mb = ctx.micro_batch_size
     target = ctx.options.global_batch_size or mb * ctx.world_size
@@ -124,7 +124,7 @@ class DDP(Strategy):
                       "from torch.nn.parallel import DistributedDataParallel as DDP")
 
     def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
-        # SyncBatchNorm below this per-GPU batch (field notes pitfall 8: small batches need global statistics);
+        # SyncBatchNorm below this per-GPU batch (docs/pitfalls.md, pitfall 8: small batches need global statistics);
         # transformers have no BatchNorm, and their scripts no SyncBatchNorm decision.
         return {} if job.spec.is_transformer else {"SYNC_BN_MAX_MICRO_BATCH": 32}
 

@@ -3,7 +3,7 @@ data parallelism across the rest of the GPUs (a 2-D device mesh: TP inside, DP o
 
 Memory rule: each rank holds one shard of every attention/MLP projection (heads and MLP width
 divided by the TP degree, Megatron-LM paper, Shoeybi et al. 2019, section 3), one vocabulary shard of the
-LM head and of the input embedding (issue 31: Megatron-LM's VocabParallelEmbedding and vocab-parallel
+LM head and of the input embedding (Megatron-LM's VocabParallelEmbedding and vocab-parallel
 cross-entropy, ibid. section 3 "output embedding"; torchtitan's Llama plan: the head ColwiseParallel with its
 output kept sharded on the vocab dim and ``loss_parallel()``), and a replica of the norms. The trace builds
 exactly that shard (advisor.models.hf_config with ``tp_degree``: heads, MLP width and vocabulary divided), so
@@ -82,7 +82,7 @@ class TensorParallel(Strategy):
             kind = "a CNN/vision model" if spec.family == "vision" else f"architecture {spec.model_type or spec.family}"
             return (f"{kind} has no tensor-parallel plan here (only llama/mistral/qwen2 attention+MLP blocks); "
                     "prefer lower precision, activation checkpointing and ZeRO")
-        # Over PCIe TP applies (issue 13): its activation all-reduces are timed and ranked like any other
+        # Over PCIe TP applies: its activation all-reduces are timed and ranked like any other
         # strategy's, and the recommender warns (``pcie_warning``). Across nodes it never applies (below).
         t = self.degree(ctx)
         cfg = spec.config or {}
@@ -111,7 +111,8 @@ class TensorParallel(Strategy):
 
     def link_warning(self, ctx: StrategyContext) -> str | None:
         """A warning for this strategy on ``ctx``'s links (None: none): TP over PCIe all-reduces activations
-        twice per block in forward and in backward over the slow link (field notes 004: TP only with NVLink)."""
+        twice per block in forward and in backward over the slow link (Megatron-LM, Shoeybi et al. 2019, keeps its
+        tensor-parallel groups inside one NVSwitch node)."""
         if ctx.hardware.interconnect == "nvlink":
             return None
         return (f"{self.title} over PCIe: the activation all-reduces (2 per block in forward, 2 in backward) cross "
@@ -200,7 +201,7 @@ class TensorParallel(Strategy):
         coll = [Collective(f"activation all-reduce ({per_block} per block: 2 forward, 2 backward"
                            + (", 2 recompute" if per_block > 4 else "") + ")", "all_reduce", "tensor-parallel",
                            nbytes, ga * calls, tp_s, tp_s, passes=ga * calls)]
-        # Vocab parallelism (issue 31), once per micro-step, all on the critical path: the embedding's output
+        # Vocab parallelism, once per micro-step, all on the critical path: the embedding's output
         # gathered whole (all-gather of its hidden shards, or all-reduce of the vocab shards' partial sums when it is
         # tied to the head), the head's input gradient all-reduced in backward (ColwiseParallel's g operator), and
         # the vocab-parallel cross-entropy's small all-reduces (``CE_ALL_REDUCES``).

@@ -129,7 +129,7 @@ def _check(text: str, path: str, select: Iterable[str] | None, ignore: Iterable[
             for hit in rule.check(ctx):
                 finding = Finding(path, getattr(hit.node, "lineno", 1), getattr(hit.node, "col_offset", 0) + 1,
                                   rule.id, hit.severity or rule.severity, hit.message, hit.fix or rule.fix,
-                                  rule.field_note)
+                                  rule.pitfall)
                 if not _silenced(finding, silenced):
                     findings.add(finding)
     except RecursionError:

@@ -1,4 +1,4 @@
-"""Rank-0 guards: does a statement run on rank 0 only? (field notes pitfall 12)
+"""Rank-0 guards: does a statement run on rank 0 only? (docs/pitfalls.md, pitfall 12)
 
 Counts as a guard (``R`` is anything ``ranks.is_rank_like`` accepts):
 - ``if R == 0`` / ``if 0 == R`` / ``if R <= 0`` / ``if R < 1`` / ``if R in (-1, 0)`` / ``if not R``

@@ -169,7 +169,7 @@ def _with_class_defaults(config: dict[str, object], model_type: str) -> tuple[di
 
 def _forced_tie_note(config: Mapping[str, object], obj: PretrainedConfig) -> str | None:
     """A note when the config file says ``tie_word_embeddings: false`` and the installed transformers' config class
-    ties the LM head to the input embedding anyway (issue 31): transformers 5's ``T5Config`` / ``MT5Config`` (and
+    ties the LM head to the input embedding anyway: transformers 5's ``T5Config`` / ``MT5Config`` (and
     umt5, longt5) set ``tie_word_embeddings = True`` in ``__post_init__`` whatever the file says, reading ``false``
     only as "do not scale the decoder output" (``scale_decoder_outputs``; transformers PR #42815), so
     ``T5ForConditionalGeneration`` holds one shared vocab x d_model matrix. advisor counts what transformers

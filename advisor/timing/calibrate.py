@@ -1,4 +1,4 @@
-"""This machine's CPU, measured, so the step-time model can predict a CPU verification run (issue 13).
+"""This machine's CPU, measured, so the step-time model can predict a CPU verification run.
 
 A verification on a machine without a GPU runs its ranks as CPU processes over gloo (``advisor.verify``:
 ``MAX_CPU_RANKS`` at most, each with ``OMP_NUM_THREADS`` intra-op threads). No datasheet describes that

@@ -206,7 +206,7 @@ class ActivationProfile:
         totals = one.combine(two, 1.0 - extra, extra)
         # The peaks and their split come from the full-depth event sequence, not from combining the two
         # traces' peaks: the peak can fall at a different event at each depth (start of backward at depth
-        # 1, end at depth 2), and mixing the two splits gave negative activations (issue 12).
+        # 1, end at depth 2), and mixing the two splits gave negative activations.
         fwd = _deep_events(_events_at(a1.fwd, a2.fwd, micro_batch), _events_at(b1.fwd, b2.fwd, micro_batch), extra)
         bwd = _deep_events(_events_at(a1.bwd, a2.bwd, micro_batch), _events_at(b1.bwd, b2.bwd, micro_batch), extra)
         f_gross, _ = _peaks(fwd)

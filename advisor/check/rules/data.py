@@ -34,7 +34,7 @@ def sampler_and_shuffle(ctx: Context) -> Iterator[Hit]:
     call, or a name assigned one (also ``DistributedSampler(...) if c else None``). The DataLoader
     raises "sampler option is mutually exclusive with shuffle". Reported on the ``shuffle=True``.
 
-    Field notes: pitfall 3. Quiet for ``shuffle=`` anything but the literal True (the usual
+    docs/pitfalls.md: pitfall 3. Quiet for ``shuffle=`` anything but the literal True (the usual
     ``shuffle=(sampler is None)`` is right), and for samplers reached through attributes or
     function results.
     """
@@ -159,7 +159,7 @@ def no_set_epoch(ctx: Context) -> Iterator[Hit]:
     (directly or through enumerate/tqdm) inside an outer loop that the DataLoader was built outside
     of, and the file never mentions ``set_epoch`` at all. Reported on the DataLoader.
 
-    Field notes: pitfall 4. Quiet (precision over recall) when the sampler escapes where it cannot be
+    docs/pitfalls.md: pitfall 4. Quiet (precision over recall) when the sampler escapes where it cannot be
     followed: passed to any call but DataLoader/len/print/isinstance, returned, yielded, stored in a
     container or attribute, aliased, or given to a DataLoader that itself is returned, stored or
     handed to a function other than enumerate/iter/len/zip/tqdm (its ``.sampler`` may get
@@ -221,7 +221,7 @@ def sampler_on_iterable(ctx: Context) -> Iterator[Hit]:
     classes), ``IterableDataset(...)`` itself, ``load_dataset(..., streaming=True)`` or
     ``x.to_iterable_dataset()``. An IterableDataset has no length or indices to sample.
 
-    Field notes: pitfall 5. Blind spots: IterableDataset subclasses imported from other files or
+    docs/pitfalls.md: pitfall 5. Blind spots: IterableDataset subclasses imported from other files or
     libraries (webdataset, torchdata), datasets built by functions, wrapped datasets.
     """
     for call in ctx.calls_to(SAMPLER):

@@ -46,7 +46,7 @@ def batchnorm_not_synced(ctx: Context) -> Iterator[Hit]:
     DistributedDataParallel and never mentions ``convert_sync_batchnorm`` or ``SyncBatchNorm``
     (a conditional conversion counts). Each GPU then normalises with its own small batch.
 
-    Field notes: pitfall 8. Info only: with a large per-GPU batch per-GPU statistics are fine.
+    docs/pitfalls.md: pitfall 8. Info only: with a large per-GPU batch per-GPU statistics are fine.
     Blind spots: models defined in other files, timm/other model zoos.
     """
     if not ctx.calls_to(DDP) or ctx.mentions("convert_sync_batchnorm", "SyncBatchNorm"):
@@ -143,7 +143,7 @@ def accumulation_without_no_sync(ctx: Context) -> Iterator[Hit]:
     attribute assigned from an expression that does (``self.maybe_sync = model.no_sync``). Another
     function of the same file that uses ``no_sync`` does not silence this one.
 
-    Field notes: pitfall 16. Blind spots: accumulation tests without ``%`` (counters compared with
+    docs/pitfalls.md: pitfall 16. Blind spots: accumulation tests without ``%`` (counters compared with
     ``==``), optimizer steps through helpers not named like ``optimizer_step``, DDP built in
     another file, a no_sync context made by a helper in another file under a neutral name.
     """
@@ -217,7 +217,7 @@ def allreduce_without_average(ctx: Context) -> Iterator[Hit]:
     world-size-like value (``world_size``, ``dist.get_world_size()``, ``num_replicas``,
     ``dp_size``). The sum is world-size times the mean gradient, so the effective learning rate grows.
 
-    Field notes: pitfall 6. Quiet with ``op=ReduceOp.AVG`` or any op that is not SUM. Blind spots:
+    docs/pitfalls.md: pitfall 6. Quiet with ``op=ReduceOp.AVG`` or any op that is not SUM. Blind spots:
     division done in another function, all_reduce through wrappers.
     """
     for call in ctx.calls_to("torch.distributed.all_reduce"):
