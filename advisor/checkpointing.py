@@ -9,12 +9,19 @@ copy of ``repeated_blocks`` (they must not import this package); a test keeps th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def repeated_blocks(model) -> list:
+if TYPE_CHECKING:
+    import torch
+
+
+# Generated scripts carry these two functions' source (``inspect.getsource``) beside their own ``import torch``, so
+# the annotations name only ``torch`` and builtins.
+def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Outermost modules that sit in a run of >= 2 same-class siblings inside a Sequential/ModuleList."""
     from torch import nn
 
-    chosen: list = []
+    chosen: list[torch.nn.Module] = []
     taken: set[int] = set()
     for module in model.modules():
         if id(module) in taken or not isinstance(module, (nn.Sequential, nn.ModuleList)):
@@ -27,20 +34,21 @@ def repeated_blocks(model) -> list:
     return chosen
 
 
-def enable_activation_checkpointing(model, checkpoint_kwargs=None) -> int:
+def enable_activation_checkpointing(model: torch.nn.Module, checkpoint_kwargs: dict[str, object] | None = None) -> int:
     """Turn on activation checkpointing; return how many blocks are checkpointed (0: not supported).
 
     ``checkpoint_kwargs``: extra keyword arguments for ``torch.utils.checkpoint.checkpoint`` (always
     non-reentrant); the trace passes a ``context_fn`` so that recomputation in backward sees the same
     attention stand-in as the forward did. Generated scripts call this without it.
     """
-    kwargs = dict(checkpoint_kwargs or {}, use_reentrant=False)
+    kwargs: dict[str, object] = {**(checkpoint_kwargs or {}), "use_reentrant": False}
     if hasattr(model, "gradient_checkpointing_enable") and getattr(model, "supports_gradient_checkpointing", False):
         enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
         if enable is not None:
             enable(activation_checkpointing_kwargs=kwargs)
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            # transformers < 5; nn.Module's __getattr__ types the method as Tensor | Module.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
         return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False)) or 1
     from functools import partial
 
@@ -56,7 +64,9 @@ def enable_activation_checkpointing(model, checkpoint_kwargs=None) -> int:
     kwargs.pop("use_reentrant")  # CheckpointImpl.NO_REENTRANT sets it
     apply_activation_checkpointing(
         model,
-        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs),
+        # kwargs: torch.utils.checkpoint.checkpoint's keyword arguments (here only context_fn), passed through.
+        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                      **kwargs),  # type: ignore[arg-type]
         check_fn=lambda m: id(m) in blocks,
     )
     return len(blocks)

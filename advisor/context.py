@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .hardware import Hardware
+from .models.limits import as_int
 from .profile import ModelProfile
 from .schema import TrainingOptions
 
@@ -28,6 +29,14 @@ class StrategyContext:
         return self.hardware.num_gpus
 
     @property
+    def micro_batch_size(self) -> int:
+        """``options.micro_batch_size``, which the planner resolves before any rule reads it (the family's default
+        when not given)."""
+        mb = self.options.micro_batch_size
+        assert mb is not None, "StrategyContext.options.micro_batch_size is resolved before any rule reads it"
+        return mb
+
+    @property
     def mixed(self) -> bool:
         """Mixed precision (bf16/fp16 compute, fp32 master weights somewhere)."""
         return self.options.precision in ("bf16", "fp16")
@@ -38,8 +47,8 @@ class StrategyContext:
         if self.options.tp_degree:
             return self.options.tp_degree
         cfg = self.profile.spec.config or {}
-        heads = int(cfg.get("num_attention_heads") or 1)
-        kv = int(cfg.get("num_key_value_heads") or heads)
+        heads = as_int(cfg.get("num_attention_heads") or 1)
+        kv = as_int(cfg.get("num_key_value_heads") or heads)
         for t in range(self.hardware.gpus_per_node, 0, -1):
             if heads % t == 0 and kv % t == 0 and (self.hardware.num_gpus % t == 0):
                 return t

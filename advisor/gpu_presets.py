@@ -128,7 +128,7 @@ _V100_NIC = "DGX-1 (V100): 4 x EDR InfiniBand 100 Gb/s (nccl-tests #29: 8 x V100
 _V100_BUSBW = ("estimate, no run found: NVLink2 is 25 GB/s per link and direction, ~20 GB/s effective (sjeaugey, "
                "nccl-tests #149, for links of that rate); 6 links per V100 -> ~120 GB/s")
 _PCIE_NO_NIC = "a PCIe server or workstation: one NIC assumed (no typical multi-NIC system)"
-_PCIE4_RING = ("about 21 GB/s for an 8-GPU PCIe Gen4 ring (issue 13); cf. nccl-tests #178 (A100 pairs joined over "
+_PCIE4_RING = ("about 21 GB/s for an 8-GPU PCIe Gen4 ring; cf. nccl-tests #178 (A100 pairs joined over "
                "PCIe/SYS: ~20 GB/s), tinygrad/open-gpu-kernel-modules #36 (4 x RTX 4090 PCIe Gen4 with P2P: 25.9 GB/s "
                "at 1 GiB), NVIDIA/nccl #1639 (8 x RTX 4090 'little different' from 8 x RTX 5090's 28 GB/s)")
 _PCIE3_RING = "estimate, no run found: the PCIe Gen4 ring figure (21 GB/s) halved (Gen3 x16 runs at half Gen4's rate)"
@@ -189,7 +189,8 @@ def _v100(name: str, memory_mib: int) -> GpuPreset:
                      pcie_gen="V100 datasheet: PCIe Gen3", nics_per_node=_V100_NIC))
 
 
-def _pcie_card(name: str, memory_mib: int, link_gbps: float, source: str, *, tflops: tuple, tflops_src: str,
+def _pcie_card(name: str, memory_mib: int, link_gbps: float, source: str, *,
+               tflops: tuple[float | None, float | None, float | None, float | None], tflops_src: str,
                hbm_gbps: float, hbm_src: str, pcie_gen: int, nvlink_src: str, nvlink_gen: int | None = None,
                bridge_busbw: BusBw | None = None) -> GpuPreset:
     """A PCIe card: GPUs talk over PCIe by default; ``nvlink_gen`` when a 2-way NVLink bridge can pair two."""
@@ -331,7 +332,7 @@ NETWORK_SPECS: dict[str, Network] = {
 # Inter-node networks, GB/s per node one direction (InfiniBand spec rates; Ethernet line rates): the line rate
 # of one NIC, as existing callers read it. NETWORK_SPECS has the per-NIC achieved bandwidth and latency.
 NETWORKS = {name: n.line_gbps for name, n in NETWORK_SPECS.items()}
-SLOW_NETWORKS = ("10gbe", "1gbe")  # field notes 004 section 3.1: 1 GbE is a bottleneck
+SLOW_NETWORKS = ("10gbe", "1gbe")  # too slow for gradient traffic between nodes (docs/decisions.md, slow networks)
 
 
 def get_gpu_preset(name: str) -> GpuPreset:

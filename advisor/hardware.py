@@ -9,10 +9,13 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .gpu_presets import DEFAULT_GPU_PRESET, GpuPreset, get_gpu_preset
 from .schema import ClusterSpec
+
+if TYPE_CHECKING:
+    from .timing.calibrate import CpuCalibration
 
 # Where the host RAM figure comes from: this machine's (planning for its own GPUs), the user's
 # (--host-mem / the page's field), or nobody's (planning for a preset GPU elsewhere).
@@ -58,7 +61,7 @@ class Hardware:
     # CPU verification runs only: this machine's measured rates (``advisor.timing.calibrate.CpuCalibration``),
     # which the step-time model uses in place of a GPU preset's figures (``strategies.base.timing_of``). None:
     # time a GPU by its preset.
-    calibration: Any = field(default=None, compare=False, repr=False)
+    calibration: CpuCalibration | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_gpus(self) -> int:
@@ -157,6 +160,7 @@ def resolve_hardware(cluster: ClusterSpec) -> Hardware:
     found = detect_gpus() if detect and preset is None else None
     sources: dict[str, str] = {}
     warnings: list[str] = []
+    bf16: bool | None
     if preset is None and found is None:
         preset = get_gpu_preset(DEFAULT_GPU_PRESET)
         warnings.append(f"no GPU detected: planning for the default preset {preset.name} (use --gpu to choose)")
@@ -168,6 +172,7 @@ def resolve_hardware(cluster: ClusterSpec) -> Hardware:
         link, tflops, link_gbps = preset.interconnect, preset.bf16_tflops, preset.link_gbps
         bf16 = preset.supports_bf16
     else:
+        assert found is not None, "without a preset the GPUs were detected (the default preset otherwise)"
         name, memory, link = found.name, found.memory_bytes, found.interconnect or "pcie"
         warnings.extend(found.warnings)
         tflops, link_gbps = 0.0, 600.0 if link == "nvlink" else 32.0

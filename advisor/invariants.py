@@ -2,7 +2,7 @@
 return a plan that breaks one (``enforce``), so an impossible figure becomes a one-line error to
 report instead of a table a user might trust.
 
-The rules (issue 12):
+The rules:
 
 * every breakdown component is >= 0, the components sum to the peak, the device total is the peak
   plus the device overhead, and both are >= 0;
@@ -10,7 +10,7 @@ The rules (issue 12):
   a higher stage never holds more model states than a lower one (DDP from world size 2, see below);
 * a timed row's terms are >= 0 and the exposed communication is at most all of it;
 * a breakdown's named parts of its weights (``Breakdown.params_parts``) sum to its weights, and every line that
-  quotes a total "per GPU in all" lists parts that sum to it within display rounding (issue 25: a Mixtral QLoRA
+  quotes a total "per GPU in all" lists parts that sum to it within display rounding (a Mixtral QLoRA
   line listed 0.03 GiB of parts against 94.60 GiB in all, the fused expert weights missing);
 * a row that does not surely fit names what is short (``short_of``: GPU memory, host RAM, or host RAM
   unknown) and says it with the figures (``fit_note``);
@@ -23,9 +23,13 @@ The rules (issue 12):
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
 from .errors import AdvisorError
+from .hardware import Hardware
+from .rows import Recommendation, StrategyRow
+from .schema import TrainingOptions
 
 SHORT_OF = ("GPU memory", "host RAM", "host RAM unknown")
 # Phrases that ask the user to turn activation checkpointing on.
@@ -33,12 +37,33 @@ ASKS_FOR_CHECKPOINTING = ("--activation-checkpointing", "turn on activation chec
                           "try activation checkpointing")
 
 
-def violations(plan: Any) -> list[str]:
+class CheckedPlan(Protocol):
+    """What the rules read of a plan (``advisor.plan.Plan``, which sits above this module)."""
+
+    @property
+    def rows(self) -> Sequence[StrategyRow]: ...
+
+    @property
+    def options(self) -> TrainingOptions: ...
+
+    @property
+    def hardware(self) -> Hardware: ...
+
+    @property
+    def recommendation(self) -> Recommendation: ...
+
+    @property
+    def warnings(self) -> Sequence[str]: ...
+
+    def row(self, name: str) -> StrategyRow: ...
+
+
+def violations(plan: CheckedPlan) -> list[str]:
     """Every rule ``plan`` (an ``advisor.plan.Plan``) breaks, one line each; [] when it holds."""
     out: list[str] = []
-    rows = [r for r in plan.rows if r.applicable and r.memory is not None]
-    for r in rows:
-        m, b = r.memory, r.memory.peak
+    rows = [(r, r.memory) for r in plan.rows if r.applicable and r.memory is not None]
+    for r, m in rows:
+        b = m.peak
         parts = b.as_dict()
         total = parts.pop("total", None)
         negative = {k: v for k, v in parts.items() if isinstance(v, int) and v < 0}
@@ -73,7 +98,7 @@ def violations(plan: Any) -> list[str]:
     # shards, and ZeRO-1 really holds more than DDP (8 + 8/N bytes vs 8 in fp32).
     adam = plan.options.optimizer in ("adam", "adamw")
     lowest = 0 if plan.hardware.num_gpus >= 2 and adam else 1
-    staged = sorted((r.strategy.sharding_stage, r.memory.model_state_bytes, r.name) for r in rows
+    staged = sorted((r.strategy.sharding_stage, m.model_state_bytes, r.name) for r, m in rows
                     if r.strategy.sharding_stage is not None and r.strategy.sharding_stage >= lowest)
     for (s1, b1, n1), (s2, b2, n2) in zip(staged, staged[1:]):
         if s2 > s1 and b2 > b1:
@@ -89,15 +114,15 @@ def violations(plan: Any) -> list[str]:
             out.append(bad)
     advice = [t.lower() for t in rec.reasons + rec.warnings + list(plan.warnings)]
     if plan.options.activation_checkpointing:
-        for t in advice:
-            if (any(p in t for p in ASKS_FOR_CHECKPOINTING) and "changes nothing" not in t
-                    and "drop --activation-checkpointing" not in t):
-                out.append(f"asks for activation checkpointing, which is on: {t[:80]!r}")
+        for line in advice:
+            if (any(p in line for p in ASKS_FOR_CHECKPOINTING) and "changes nothing" not in line
+                    and "drop --activation-checkpointing" not in line):
+                out.append(f"asks for activation checkpointing, which is on: {line[:80]!r}")
     if rec.min_gpus is not None and rec.min_gpus > plan.hardware.num_gpus:
         said = " ".join(t.lower() for t in rec.reasons)
         if not plan.options.activation_checkpointing and "activation checkpointing" not in said:
             out.append("suggests a larger cluster before naming activation checkpointing")
-        if any(r.strategy.offload for r in rows) and "offload" not in said:
+        if any(r.strategy.offload for r, _ in rows) and "offload" not in said:
             out.append("suggests a larger cluster before naming CPU offload")
     return out
 
@@ -134,7 +159,7 @@ def parts_do_not_add_up(text: str) -> str | None:
     return None
 
 
-def enforce(plan: Any) -> None:
+def enforce(plan: CheckedPlan) -> None:
     """Raise when ``plan`` breaks a rule (``violations``).
 
     Raises:

@@ -21,6 +21,24 @@ Generated scripts embed this class's source (``inspect.getsource``) so they stay
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    import torch
+
+# The fields of a Chrome-trace event the meter reads: an allocator event ("[memory]", its args the running total,
+# the bytes (negative: a free), the address and the device type) or a range (its category, start and duration, us).
+_EventArgs = TypedDict("_EventArgs", {"Total Allocated": int, "Bytes": int, "Addr": int, "Device Type": int},
+                       total=False)
+
+
+class _TraceEvent(TypedDict, total=False):
+    name: str
+    cat: str
+    ts: float
+    dur: float
+    args: _EventArgs
+
 
 class CpuPeakMeter:
     """Context manager: ``peak_bytes`` (int) after exit, and ``ranges[name] = (before, peak, after)``
@@ -31,28 +49,29 @@ class CpuPeakMeter:
         self.raw_peak_bytes = 0
         self.unseen_frees = 0
         self.final_bytes = 0
-        self.ranges: dict = {}
-        self._prof = None
+        self.ranges: dict[str, tuple[int, int, int]] = {}
+        self._prof: torch.profiler.profile | None = None
 
-    def __enter__(self):  # -> CpuPeakMeter (unannotated: the scripts that copy this class import no typing.Self)
+    def __enter__(self) -> "CpuPeakMeter":  # quoted: a copy of this class's source needs no import for it
         import torch
 
         self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
         self._prof.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         import json
         import os
         import tempfile
 
+        assert self._prof is not None, "CpuPeakMeter exits only after it entered"
         self._prof.__exit__(*exc)
         fd, path = tempfile.mkstemp(suffix=".json")
         os.close(fd)
         try:
             self._prof.export_chrome_trace(path)
             with open(path) as f:
-                events = json.load(f)["traceEvents"]
+                events: list[_TraceEvent] = json.load(f)["traceEvents"]
         finally:
             os.remove(path)
         raw = sorted((e["ts"], e["args"]["Total Allocated"], e["args"].get("Bytes"), e["args"].get("Addr"))
@@ -69,18 +88,23 @@ class CpuPeakMeter:
                 b = before[-1] if before else 0
                 self.ranges[e["name"]] = (b, max(inside + [b]), inside[-1] if inside else b)
 
-    def _seen_totals(self, raw: list, events: list) -> list:
+    def _seen_totals(self, raw: list[tuple[float, int, int | None, int | None]],
+                     events: "list[_TraceEvent]") -> list[tuple[float, int]]:
         """(time, running total) with the unseen frees put back (module docstring); the profiler's own totals
-        when the events carry no sizes or addresses."""
+        when the events carry no sizes or addresses. ``raw``: (time, the profiler's running "Total Allocated", the
+        event's bytes, its address) per allocator event."""
         import bisect
 
-        if not raw or any(size is None or addr is None for _, _, size, addr in raw):
+        sized = [(ts, total, size, addr) for ts, total, size, addr in raw if size is not None and addr is not None]
+        if not raw or len(sized) < len(raw):
             return [(ts, total) for ts, total, _, _ in raw]
         ops = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                      if str(e.get("name", "")).startswith("c10d::") and "dur" in e)
         starts = [s for s, _ in ops]
-        deltas, live, unseen = [], {}, 0
-        for ts, _, size, addr in raw:
+        deltas: list[tuple[float, int]] = []
+        live: dict[int, tuple[float, int]] = {}
+        unseen = 0
+        for ts, _, size, addr in sized:
             if size > 0 and addr in live:  # reallocated without a recorded free
                 was_ts, was_size = live.pop(addr)
                 i = bisect.bisect_right(starts, was_ts) - 1
@@ -98,7 +122,7 @@ class CpuPeakMeter:
                 deltas.append((ops[i][1], -was_size))
                 unseen += 1
         self.unseen_frees = unseen
-        total = raw[0][1] - raw[0][2]  # what was allocated before the first event
+        total = sized[0][1] - sized[0][2]  # what was allocated before the first event
         out = []
         for ts, size in sorted(deltas, key=lambda d: (d[0], d[1] > 0)):
             total += size

@@ -7,10 +7,14 @@ Strategy-specific rules live in ``strategies/``; this module knows nothing of th
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import bnb_layout
 from .units import MiB
+
+if TYPE_CHECKING:
+    from .models import AdapterSpec
+    from .profile import ParamStats
 
 # Optimizer state tensors per parameter (torch.optim docs: Adam/AdamW keep exp_avg and exp_avg_sq;
 # SGD with momentum keeps momentum_buffer; plain SGD keeps nothing).
@@ -27,7 +31,7 @@ NCCL_BUFFER_BYTES = 256 * MiB
 #   (PyTorch "CUDA semantics: memory management"); we take 10% of the peak allocated.
 FRAGMENTATION = 0.10
 
-# The field notes' rule of thumb (004 section 1.1; ZeRO paper section 3.1): bytes per parameter.
+# The usual rule of thumb (ZeRO paper section 3.1: mixed-precision Adam): bytes per parameter.
 RULE_OF_THUMB = {"half_weights": 2, "half_grads": 2, "fp32_master": 4, "adam_m": 4, "adam_v": 4}
 RULE_OF_THUMB_BYTES_PER_PARAM = sum(RULE_OF_THUMB.values())  # 16
 
@@ -77,7 +81,7 @@ class Breakdown:
 DTYPE_NAMES = {2: "16 bits", 4: "fp32"}
 
 
-def quantized_base_parts(stats: Any, quantized: int, rest_elem: int, rest_elems: int, extra: int = 0,
+def quantized_base_parts(stats: ParamStats, quantized: int, rest_elem: int, rest_elems: int, extra: int = 0,
                          extra_name: str = "the trainable adapters and the buffers") -> tuple[tuple[str, int], ...]:
     """``Breakdown.params_parts`` of a whole QLoRA base held on one rank: ``quantized`` bytes of packed 4-bit storage and
     quant states; ``rest_elems`` unquantized frozen elements at ``rest_elem`` bytes, of which a mixture of experts'
@@ -98,9 +102,10 @@ def peak_of(*phases: Breakdown) -> Breakdown:
     return max(phases, key=lambda b: b.total)
 
 
-def trace_mode(precision: str, casts_weights: bool) -> str:
+def trace_mode(precision: str | None, casts_weights: bool) -> str:
     """Which traced step a precision runs, the one place this mapping lives: ``fp32``; ``autocast``
-    (fp32 weights under bf16/fp16 autocast: PyTorch AMP, what DDP/TP/single-GPU scripts do); ``half``
+    (fp32 weights under bf16/fp16 autocast: PyTorch AMP, what DDP/TP/single-GPU scripts do; also for a
+    precision not yet resolved, None); ``half``
     (16-bit weights: pure bf16, and mixed precision in a framework that casts the module itself,
     ``casts_weights``, as DeepSpeed's bf16/fp16 modes do with ``module.half()``/``bfloat16()``)."""
     if precision == "fp32":
@@ -110,10 +115,11 @@ def trace_mode(precision: str, casts_weights: bool) -> str:
     return "autocast"
 
 
-def bytes_per_element(precision: str, role: str) -> int:
+def bytes_per_element(precision: str | None, role: str) -> int:
     """Bytes per parameter element for ``role`` in ("weights", "grads", "optim") under DDP/TP
     precision semantics: mixed precision is autocast over fp32 weights (PyTorch AMP docs), so
-    weights, grads and optimizer states stay fp32; pure bf16 keeps everything in bf16."""
+    weights, grads and optimizer states stay fp32; pure bf16 keeps everything in bf16 (a precision not yet
+    resolved, None, counts as mixed)."""
     return 2 if precision == "pure-bf16" else 4
 
 
@@ -144,7 +150,7 @@ class WeightBytes:
     frozen_elem: int
 
 
-def weight_bytes(stats: Any, adapter: Any, mode: str) -> WeightBytes:
+def weight_bytes(stats: ParamStats, adapter: AdapterSpec | None, mode: str) -> WeightBytes:
     """``WeightBytes`` of ``stats`` (``advisor.profile.ParamStats``) under the trace ``mode`` (``trace_mode``).
 
     Full fine-tuning (``adapter`` None): every parameter in the mode's weight dtype (fp32 under autocast: PyTorch
@@ -167,7 +173,7 @@ def weight_bytes(stats: Any, adapter: Any, mode: str) -> WeightBytes:
     return WeightBytes(frozen=stats.num_frozen * base, trainable_elem=trainable, frozen_elem=base)
 
 
-def rule_of_thumb_split(stats: Any, adapter: Any) -> tuple[int, int]:
+def rule_of_thumb_split(stats: ParamStats, adapter: AdapterSpec | None) -> tuple[int, int]:
     """(frozen bytes, parameters) the 16-bytes-per-parameter rule of thumb is applied to: (0, every parameter)
     under full fine-tuning; with LoRA the frozen base as it is held (``weight_bytes``: 2 bytes per parameter, about
     0.5 for a 4-bit base), which each strategy replicates or shards like the weights, and 16 bytes per trainable
@@ -184,7 +190,8 @@ def rule_of_thumb_split(stats: Any, adapter: Any) -> tuple[int, int]:
 CPU_DEQUANT_BYTES_PER_ELEMENT = {"forward": 26, "backward": 20}
 
 
-def dequantized_weight_bytes(stats: Any, adapter: Any, device: str = "cuda", phase: str = "forward") -> int:
+def dequantized_weight_bytes(stats: ParamStats, adapter: AdapterSpec | None, device: str = "cuda",
+                             phase: str = "forward") -> int:
     """QLoRA's largest temporary beyond the trace: bitsandbytes' ``MatMul4Bit`` (and ``Linear8bitLt``'s
     dequantizing path) multiplies by a dequantized copy of the layer's weight, made in forward and again in
     backward and freed after the matmul. CUDA: one copy in ``adapter.compute_dtype`` (the dequantize kernel's

@@ -8,14 +8,13 @@ Face repo ids are accepted as aliases (case-insensitive).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(frozen=True)
 class TransformerPreset:
     name: str
     model_type: str
-    config: dict[str, Any]
+    config: dict[str, object]
     source: str  # the Hugging Face config this copies
     aliases: tuple[str, ...] = field(default_factory=tuple)
 
@@ -43,7 +42,7 @@ _QWEN25_LARGE = dict(vocab_size=152064, tie_word_embeddings=False, max_position_
                      rms_norm_eps=1e-5, **_QWEN25)  # 14B-72B (7B: rms_norm_eps 1e-6, preset above)
 
 
-def _qwen25(size: str, **config: Any) -> TransformerPreset:
+def _qwen25(size: str, **config: object) -> TransformerPreset:
     repo = f"Qwen/Qwen2.5-{size}"
     return TransformerPreset(f"qwen2.5-{size.lower()}", "qwen2", config, _hf(repo),
                              (repo.lower(), f"{repo.lower()}-instruct"))

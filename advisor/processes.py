@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TextIO
 
 from .errors import AdvisorError
 
@@ -35,7 +36,7 @@ class MachineLock:
     ``wait_s``: how long to wait for a running one to finish before raising ``VerifyBusy``."""
 
     def __init__(self, wait_s: float = 0.0) -> None:
-        self._fh = None
+        self._fh: TextIO | None = None
         self._wait_s = wait_s
 
     def __enter__(self) -> MachineLock:
@@ -60,14 +61,15 @@ class MachineLock:
         self._fh.flush()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
+        assert self._fh is not None, "MachineLock exits only after it entered"
         self._fh.seek(0)
         self._fh.truncate()
         fcntl.flock(self._fh, fcntl.LOCK_UN)
         self._fh.close()
 
 
-def _holder(fh) -> str:
+def _holder(fh: TextIO) -> str:
     """Who holds the lock, as its holder wrote it in the lock file (one line), or that it is not known."""
     fh.seek(0)
     text = fh.read(400).strip().splitlines()

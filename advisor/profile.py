@@ -13,16 +13,21 @@ import dataclasses
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Generic, TypedDict, TypeVar
 
-from .cache import NullCache
+from .cache import DiskCache, NullCache
 from .locks import MODEL_BUILD_LOCK
 from .models import ModelSpec, build_model, family_of
 from .trace import ActivationProfile, profile_activations
-from .trace.keys import activation_profile_from_json, model_key, to_json, tuples_from_json
+from .trace.keys import activation_profile_from_json, dataclass_from_json, model_key, to_json
+
+if TYPE_CHECKING:
+    import torch
+
+V = TypeVar("V")
 
 # DeepSpeed ZeRO-3 keeps parameters smaller than this gathered on every rank
 # (``stage3_param_persistence_threshold`` default 1e5, DeepSpeed ZeRO config docs).
@@ -131,7 +136,18 @@ def param_stats(spec: ModelSpec, tp_degree: int = 1) -> ParamStats:
     )
 
 
-def _quantized(model, spec: ModelSpec) -> dict[str, int]:
+class _QuantizedFields(TypedDict, total=False):
+    """``ParamStats``' quantization fields, as ``_quantized`` returns them (none: the defaults, zeros)."""
+
+    quantized_numel: int
+    quantized_bytes: int
+    largest_quantized_numel: int
+    quantized_shapes: tuple[tuple[int, ...], ...]
+    largest_unquantized_module_params: int
+    unquantized_expert_numel: int
+
+
+def _quantized(model: torch.nn.Module, spec: ModelSpec) -> _QuantizedFields:
     """``ParamStats``' quantization fields of ``model`` (zeros without ``spec.adapter.quantize``)."""
     a = spec.adapter
     if a is None or not a.quantize:
@@ -153,7 +169,7 @@ def _quantized(model, spec: ModelSpec) -> dict[str, int]:
                                             if not p.requires_grad and id(p) not in quantized)}
 
 
-def fsdp_units(model) -> tuple[tuple[tuple[int, int, bool, bool], ...], ...]:
+def fsdp_units(model: torch.nn.Module) -> tuple[tuple[tuple[int, int, bool, bool], ...], ...]:
     """``ParamStats.fsdp_units`` of ``model``: the root unit, then one per repeated block; shared (tied)
     parameters once, in the first unit that owns them, as ``fully_shard`` assigns them."""
     from .checkpointing import repeated_blocks
@@ -165,7 +181,7 @@ def fsdp_units(model) -> tuple[tuple[tuple[int, int, bool, bool], ...], ...]:
     if emb is not None and getattr(emb, "weight", None) is not None:
         late.add(id(emb.weight))
 
-    def unit(params) -> tuple[tuple[int, int, bool, bool], ...]:
+    def unit(params: Iterable[torch.nn.Parameter]) -> tuple[tuple[int, int, bool, bool], ...]:
         out = []
         for p in params:
             if id(p) not in seen:
@@ -177,7 +193,7 @@ def fsdp_units(model) -> tuple[tuple[tuple[int, int, bool, bool], ...], ...]:
     return (unit(model.parameters()),) + tuple(blocks)
 
 
-def routed_experts(model) -> list[tuple[Any, int, int]]:
+def routed_experts(model: torch.nn.Module) -> list[tuple[torch.nn.Module, int, int]]:
     """The routed-experts modules of a mixture-of-experts model as (module, experts n, experts per token k):
     transformers' ``@use_experts_implementation`` classes (Mixtral, Qwen2/3-MoE, DeepSeek-V3, OLMoE, ...),
     which hold every expert's weights stacked along a first dimension of n and mark themselves with
@@ -194,7 +210,7 @@ def routed_experts(model) -> list[tuple[Any, int, int]]:
     return found
 
 
-class OnceCache:
+class OnceCache(Generic[V]):
     """``key -> value`` computed at most once at a time per key, thread-safe.
 
     ``get(key, compute)`` returns the stored value; otherwise the first caller runs ``compute()`` (outside
@@ -205,21 +221,21 @@ class OnceCache:
 
     def __init__(self, maxsize: int | None = None) -> None:
         self._lock = threading.Lock()
-        self._done: OrderedDict[Hashable, Any] = OrderedDict()
-        self._running: dict[Hashable, Future] = {}
+        self._done: OrderedDict[Hashable, V] = OrderedDict()
+        self._running: dict[Hashable, Future[V]] = {}
         self._maxsize = maxsize
 
-    def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+    def get(self, key: Hashable, compute: Callable[[], V]) -> V:
         with self._lock:
             if key in self._done:
                 self._done.move_to_end(key)
                 return self._done[key]
-            future = self._running.get(key)
-            owner = future is None
-            if owner:
-                future = self._running[key] = Future()
-        if not owner:
-            return future.result()
+            running = self._running.get(key)
+            if running is None:
+                future: Future[V] = Future()
+                self._running[key] = future
+        if running is not None:
+            return running.result()
         try:
             value = compute()
         except BaseException as err:
@@ -260,9 +276,9 @@ class ModelProfile:
     attention: str
     checkpointing: bool
     cpu_conv_scratch_threads: int = 0
-    cache: Any = field(default_factory=NullCache, repr=False, compare=False)  # DiskCache | NullCache
-    _activations: OnceCache = field(default_factory=OnceCache, repr=False, compare=False)
-    _tp_stats: OnceCache = field(default_factory=OnceCache, repr=False, compare=False)
+    cache: DiskCache | NullCache = field(default_factory=NullCache, repr=False, compare=False)
+    _activations: OnceCache[ActivationProfile] = field(default_factory=OnceCache, repr=False, compare=False)
+    _tp_stats: OnceCache[ParamStats] = field(default_factory=OnceCache, repr=False, compare=False)
 
     def flops_per_sample(self, mode: str) -> int:
         """Forward + backward FLOPs per sample under a precision trace mode (from the same traces as
@@ -286,7 +302,7 @@ def _spec_key(spec: ModelSpec) -> str:
 
 
 _TRACE_CACHE_SIZE = 64
-_TRACE_CACHE = OnceCache(maxsize=_TRACE_CACHE_SIZE)
+_TRACE_CACHE: OnceCache[ActivationProfile] = OnceCache(maxsize=_TRACE_CACHE_SIZE)
 
 # Kernels whose trace is another kernel's: the trace stands in for both fused kernels with one autograd function
 # (``advisor.trace``: ``FusedAttention`` saves q, k, v, the output and the log-sum-exp, and counts the same FLOPs and
@@ -296,7 +312,8 @@ _TRACED_AS = {"mem-efficient": "flash"}
 
 
 def _cached_activations(key: str, spec: ModelSpec, mode: str, attention: str, checkpointing: bool,
-                        tp_degree: int, cache: Any = None, cpu_conv_scratch_threads: int = 0) -> ActivationProfile:
+                        tp_degree: int, cache: DiskCache | NullCache | None = None,
+                        cpu_conv_scratch_threads: int = 0) -> ActivationProfile:
     """Traces are pure functions of their inputs and immutable: keep the last few (the page and
     repeated plans of one model re-use them) and, with a ``DiskCache``, keep them on disk. Threads asking
     for the same trace at once trace (or read) it once. A kernel in ``_TRACED_AS`` gets the profile of the
@@ -315,7 +332,7 @@ def _cached_activations(key: str, spec: ModelSpec, mode: str, attention: str, ch
         disk_key = {"model": model_key(spec), "mode": mode, "attention": attention, "checkpointing": checkpointing,
                     "tp_degree": tp_degree, "cpu_conv_scratch_threads": threads}
         stored = cache.get("activations", disk_key)
-        if stored is not None:
+        if isinstance(stored, dict):  # (a list: an entry of another shape, as below)
             try:
                 return activation_profile_from_json(stored)
             except (KeyError, TypeError, ValueError):  # an entry of another shape: trace again, overwrite
@@ -335,7 +352,7 @@ def clear_trace_cache() -> None:
     _STATS_CACHE.clear()
 
 
-def build_profile(spec: ModelSpec, attention: str, checkpointing: bool, cache: Any = None,
+def build_profile(spec: ModelSpec, attention: str, checkpointing: bool, cache: DiskCache | NullCache | None = None,
                   cpu_conv_scratch_threads: int = 0) -> ModelProfile:
     """The profile of ``spec`` for one attention kernel and checkpointing choice; ``cache`` (a
     ``DiskCache``; default none) keeps counts and traces between runs; ``cpu_conv_scratch_threads`` as
@@ -350,10 +367,10 @@ def build_profile(spec: ModelSpec, attention: str, checkpointing: bool, cache: A
                         cache=cache)
 
 
-_STATS_CACHE = OnceCache(maxsize=_TRACE_CACHE_SIZE)
+_STATS_CACHE: OnceCache[ParamStats] = OnceCache(maxsize=_TRACE_CACHE_SIZE)
 
 
-def cached_param_stats(spec: ModelSpec, tp_degree: int, cache: Any = None) -> ParamStats:
+def cached_param_stats(spec: ModelSpec, tp_degree: int, cache: DiskCache | NullCache | None = None) -> ParamStats:
     """``param_stats`` kept in-process and, with a ``DiskCache``, on disk (no model is built on a hit)."""
     cache = cache or NullCache()
 
@@ -361,7 +378,7 @@ def cached_param_stats(spec: ModelSpec, tp_degree: int, cache: Any = None) -> Pa
         key = {"model": model_key(spec), "tp_degree": tp_degree}
         stored = cache.get("param_stats", key)
         if isinstance(stored, dict) and set(stored) == {f.name for f in dataclasses.fields(ParamStats)}:
-            return ParamStats(**{k: tuples_from_json(v) for k, v in stored.items()})
+            return dataclass_from_json(ParamStats, stored)
         stats = param_stats(spec, tp_degree)
         cache.put("param_stats", key, dataclasses.asdict(stats))
         return stats
@@ -369,12 +386,12 @@ def cached_param_stats(spec: ModelSpec, tp_degree: int, cache: Any = None) -> Pa
     return _STATS_CACHE.get((_spec_key(spec), tp_degree, _where(cache)), compute)
 
 
-def _where(cache: Any) -> str | None:
+def _where(cache: DiskCache | NullCache) -> str | None:
     """The disk cache's directory (None: no disk cache), part of the in-process keys."""
     return None if isinstance(cache, NullCache) else str(cache.directory)
 
 
-def attention_dropout(spec: ModelSpec, cache: Any = None) -> float:
+def attention_dropout(spec: ModelSpec, cache: DiskCache | NullCache | None = None) -> float:
     """The model's attention-probability dropout (``ModelFamily.attention_dropout``; it decides the CPU
     attention kernel), kept on disk like the traces: reading it builds the transformers config class."""
     cache = cache or NullCache()

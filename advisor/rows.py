@@ -4,13 +4,19 @@ so both import it; it reads strategies only through the ``Strategy`` interface i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .context import StrategyContext
 from .hardware import HOST_UNKNOWN, Hardware
 from .memory import StrategyMemory
 from .units import fmt_gib
+
+if TYPE_CHECKING:
+    from strategies.base import Strategy
+
+    from .timing.step import StepTime
 
 MAX_SEARCH_MICRO_BATCH = 1 << 16
 
@@ -22,7 +28,7 @@ class StrategyRow:
     name: str
     title: str
     applicable: bool
-    strategy: Any = field(default=None, repr=False, compare=False)  # the Strategy (interface only)
+    strategy: Strategy = field(repr=False, compare=False)  # read through its interface only
     reason: str | None = None
     fits: bool | None = False
     short_of: str | None = None  # what is short when it does not fit: "GPU memory" / "host RAM" / "host RAM unknown"
@@ -41,7 +47,7 @@ class StrategyRow:
     comm_bytes_per_step: int = 0
     deepspeed_estimate: dict[str, int] | None = None
     learning_rate: float | None = None
-    time: Any = None  # advisor.timing.step.StepTime at the global batch (None: no time rule / no GPU preset)
+    time: StepTime | None = None  # at the global batch (None: no time rule / no GPU preset)
 
 
 @dataclass
@@ -64,10 +70,10 @@ def fit_verdict(memory: StrategyMemory, hw: Hardware, load_bytes: int = 0) -> tu
     is only checked when the RAM is known."""
     if memory.device_total > hw.gpu_memory_bytes:
         return False, "GPU memory"
-    known = hw.host_mem_state != HOST_UNKNOWN and hw.host_mem_bytes is not None
-    if memory.host_bytes_per_node and not known:
+    host = hw.host_mem_bytes if hw.host_mem_state != HOST_UNKNOWN else None
+    if memory.host_bytes_per_node and host is None:
         return None, "host RAM unknown"
-    if known and max(memory.host_bytes_per_node, load_bytes) > hw.host_mem_bytes:
+    if host is not None and max(memory.host_bytes_per_node, load_bytes) > host:
         return False, "host RAM"
     return True, None
 
@@ -83,6 +89,7 @@ def fit_note(row: "StrategyRow", hw: Hardware, ctx: StrategyContext | None = Non
     if row.short_of == "host RAM unknown":
         return (f"keeps {fmt_gib(mem.host_bytes_per_node)} of model states in host RAM per node; the target's "
                 "host RAM is unknown")
+    assert hw.host_mem_bytes is not None, "short of host RAM: the RAM is known (fit_verdict)"
     have = fmt_gib(hw.host_mem_bytes)
     if mem.host_bytes_per_node >= row.load_host_bytes_per_node:
         return (f"needs {fmt_gib(mem.host_bytes_per_node)} of host RAM per node for offloaded model states, the "
@@ -98,7 +105,7 @@ def fit_note(row: "StrategyRow", hw: Hardware, ctx: StrategyContext | None = Non
 FRAMEWORK_NAMES = {"torch": "PyTorch alone", "deepspeed": "DeepSpeed"}
 
 
-def framework_excludes(strategy: Any, ctx: StrategyContext) -> str | None:
+def framework_excludes(strategy: Strategy, ctx: StrategyContext) -> str | None:
     """Why ``--framework`` leaves ``strategy`` out (None: it does not): the strategy needs another framework."""
     chosen = ctx.options.framework
     if chosen in (None, "any") or strategy.framework == chosen:
@@ -111,7 +118,7 @@ def fits(memory: StrategyMemory, hw: Hardware) -> bool:
     return fit_verdict(memory, hw)[0] is True
 
 
-def max_micro_batch(strategy: Any, ctx: StrategyContext, hint: int | None = None) -> int:
+def max_micro_batch(strategy: Strategy, ctx: StrategyContext, hint: int | None = None) -> int:
     """Largest micro-batch whose device total fits the GPU (0 when even 1 does not). Doubling then
     bisection; device total is non-decreasing in the micro-batch. ``hint``: a previous answer for the same
     strategy and cluster, checked first (two evaluations when it still holds)."""
@@ -135,7 +142,8 @@ def max_micro_batch(strategy: Any, ctx: StrategyContext, hint: int | None = None
     return lo
 
 
-def evaluate_row(strategy: Any, ctx: StrategyContext, compare: bool, max_hint: int | None = None) -> StrategyRow:
+def evaluate_row(strategy: Strategy, ctx: StrategyContext, compare: bool,
+                 max_hint: int | None = None) -> StrategyRow:
     """Size ``strategy`` for ``ctx``: applicability, memory at the micro-batch, fit, the largest
     micro-batch (``max_hint``: as ``max_micro_batch``'s), data-parallel and TP sizes, accumulation steps,
     traffic, the step time (``Strategy.step_time``), the scaled learning rate."""
@@ -145,7 +153,8 @@ def evaluate_row(strategy: Any, ctx: StrategyContext, compare: bool, max_hint: i
         row.applicable, row.reason = False, reason
         return row
     opts, hw = ctx.options, ctx.hardware
-    row.memory = strategy.memory(ctx, opts.micro_batch_size)
+    mb = ctx.micro_batch_size
+    row.memory = strategy.memory(ctx, mb)
     row.load_host_bytes_per_node = strategy.load_host_bytes_per_node(ctx)
     row.fits, row.short_of = fit_verdict(row.memory, hw, row.load_host_bytes_per_node)
     row.fit_note = fit_note(row, hw, ctx)
@@ -154,23 +163,25 @@ def evaluate_row(strategy: Any, ctx: StrategyContext, compare: bool, max_hint: i
     row.max_micro_batch_size = max_micro_batch(strategy, ctx, max_hint)
     row.dp_size = strategy.dp_size(ctx)
     row.tp_degree = strategy.tp_degree_of(ctx)
-    # Every row at the same global batch (issue 13): --global-batch-size, else micro-batch x all GPUs; a row
+    # Every row at the same global batch: --global-batch-size, else micro-batch x all GPUs; a row
     # with a smaller data-parallel size (TP) accumulates to reach it.
-    per_step = opts.micro_batch_size * row.dp_size
-    target = opts.global_batch_size or opts.micro_batch_size * hw.num_gpus
-    row.grad_accum_steps = max(1, -(-target // per_step))
-    row.global_batch_size = row.grad_accum_steps * per_step
-    row.comm_bytes_per_step = strategy.comm_bytes_per_step(ctx, row.grad_accum_steps)
+    per_step = mb * row.dp_size
+    target = opts.global_batch_size or mb * hw.num_gpus
+    row.grad_accum_steps = ga = max(1, -(-target // per_step))
+    row.global_batch_size = global_batch = ga * per_step
+    row.comm_bytes_per_step = strategy.comm_bytes_per_step(ctx, ga)
     row.time = strategy.step_time(ctx, row)
     if opts.base_lr is not None:
-        # Linear scaling rule (Goyal et al. 2017; field notes 000 section 3.4): lr x (global / base).
-        row.learning_rate = opts.base_lr * row.global_batch_size / opts.base_batch_size
+        assert opts.base_batch_size is not None, "--base-lr comes with --base-batch-size (advisor.schema.validate)"
+        # Linear scaling rule (Goyal et al. 2017, section 2.1): lr x (global / base).
+        row.learning_rate = opts.base_lr * global_batch / opts.base_batch_size
     if compare:
         row.deepspeed_estimate = strategy.deepspeed_estimate(ctx)
     return row
 
 
-def time_at(strategy: Any, ctx: StrategyContext, row: StrategyRow, micro_batch: int) -> tuple[Any, StrategyRow]:
+def time_at(strategy: Strategy, ctx: StrategyContext, row: StrategyRow,
+            micro_batch: int) -> tuple[StepTime | None, StrategyRow]:
     """(step time, the row's batch figures) of ``strategy`` at another ``micro_batch`` at the global batch
     that micro-batch gives (``--global-batch-size``, else micro-batch x GPUs); memory is not re-evaluated."""
     opts = ctx.options
@@ -188,14 +199,14 @@ def gpus_used(row: StrategyRow, num_gpus: int) -> int:
     return num_gpus if row.strategy is None or row.strategy.distributes else 1
 
 
-def one_gpu_step_times(strategies: Any, ctx: StrategyContext, global_batch: int) -> dict[str, float]:
+def one_gpu_step_times(strategies: Iterable[Strategy], ctx: StrategyContext, global_batch: int) -> dict[str, float]:
     """Seconds per optimizer step of each strategy that surely fits on one GPU of this kind without CPU offload,
     training the same model at the same micro-batch and reaching ``global_batch`` by accumulation, by name (the
     untimed ones left out). Speed-ups are against the fastest of them (``single_gpu_step_s``): one baseline for
     every row, so rows with equal step times show equal speed-ups, and a cluster is not credited with autocast
     casts that a one-GPU run of DeepSpeed's 16-bit module skips too. Offload is left out: its host step would make
     any cluster look super-linear."""
-    hw, mb = ctx.hardware, ctx.options.micro_batch_size
+    hw, mb = ctx.hardware, ctx.micro_batch_size
     one = replace(ctx, hardware=replace(hw, gpus_per_node=1, num_nodes=1, network=None),
                   options=replace(ctx.options, global_batch_size=None))
     ga = max(1, -(-global_batch // mb))
@@ -218,7 +229,7 @@ def single_gpu_step_s(times: dict[str, float]) -> float | None:
     return min(times.values(), default=None)
 
 
-def with_speedup(t: Any, baseline_s: float | None, gpus: int) -> Any:
+def with_speedup(t: StepTime | None, baseline_s: float | None, gpus: int) -> StepTime | None:
     """``t`` with its speed-up over one GPU at the same global batch and the scaling efficiency (speed-up / GPUs)."""
     if t is None or baseline_s is None or not t.step_s:
         return t

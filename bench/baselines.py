@@ -10,7 +10,7 @@
   ``accelerate.utils.calculate_maximum_sizes`` (parameters + buffers). For float32 that is
   4 x the model size (weights + grads + 2 Adam moments), for float16/bf16 2 x; one GPU, batch 1,
   no activations, no sharding.
-* The field notes' rule of thumb: 16 bytes per parameter x the 1.2 safety factor, unsharded.
+* The usual rule of thumb (ZeRO paper section 3.1): 16 bytes per parameter x the 1.2 safety factor, unsharded.
 """
 
 from __future__ import annotations
@@ -59,5 +59,5 @@ def deepspeed_bytes(profile, strategy_name: str, world: int) -> int | None:
 
 
 def rule_of_thumb_bytes(num_params: int) -> int:
-    """16 bytes per parameter (field notes 004 section 1.1) x 1.2 safety factor."""
+    """16 bytes per parameter (mixed-precision Adam, ZeRO paper section 3.1) x 1.2 safety factor."""
     return int(RULE_OF_THUMB_BYTES_PER_PARAM * num_params * RULE_OF_THUMB_SAFETY)

@@ -3,7 +3,7 @@
 A strategy owns everything that differs between strategies: whether it applies (and why not), its
 data-parallel size, its per-GPU memory rule, its share of the 16-bytes-per-parameter rule of thumb,
 its communication volume and pattern, its time rule (``step_time``: compute, collectives with their sizes and
-overlap, optimizer step; issue 13), which traced step its precision runs, its launcher, script
+overlap, optimizer step), which traced step its precision runs, its launcher, script
 template and extra files, and what verifying it needs. Code outside ``strategies/`` reads these
 attributes; it never compares a strategy's name.
 """
@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Protocol
 
 from advisor import bnb_layout
 from advisor.context import StrategyContext
 from advisor.gpu_presets import GpuPreset
 from advisor.hardware import Hardware
 from advisor.memory import StrategyMemory, states_per_element, trace_mode, weight_bytes
-from advisor.models import family_of
+from advisor.models import ModelSpec, family_of
+from advisor.models.families import ModelFamily
 from advisor.schema import TrainingOptions
 from advisor.timing.comm import Fabric
 from advisor.timing.compute import (
@@ -41,6 +42,70 @@ TORCH_OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")  # torch.optim's: ev
 DCP_IMPORTS = ("import torch.distributed.checkpoint as dcp",
                "from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, "
                "get_state_dict, set_state_dict")
+
+
+class PlannedRow(Protocol):
+    """What a strategy reads of the plan's row it is sized in (``advisor.rows.StrategyRow``, which sits above
+    strategies)."""
+
+    @property
+    def applicable(self) -> bool: ...
+
+    @property
+    def grad_accum_steps(self) -> int | None: ...
+
+    @property
+    def dp_size(self) -> int: ...
+
+    @property
+    def tp_degree(self) -> int: ...
+
+
+class ScriptJob(Protocol):
+    """What a strategy reads of the job its script is rendered for (``strategies.render.Job``, which imports this
+    module): sizes per GPU."""
+
+    @property
+    def strategy(self) -> str: ...
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    @property
+    def precision(self) -> str: ...
+
+    @property
+    def optimizer(self) -> str: ...
+
+    @property
+    def micro_batch_size(self) -> int: ...
+
+    @property
+    def grad_accum_steps(self) -> int: ...
+
+    @property
+    def gpus_per_node(self) -> int: ...
+
+    @property
+    def num_nodes(self) -> int: ...
+
+    @property
+    def dp_size(self) -> int: ...
+
+    @property
+    def tp_degree(self) -> int: ...
+
+    @property
+    def ds_config(self) -> dict[str, object] | None: ...
+
+    @property
+    def master_port(self) -> int: ...
+
+    @property
+    def fsdp_grad_sync(self) -> str: ...
+
+    @property
+    def strategy_unit(self) -> Strategy: ...
 
 
 @dataclass(frozen=True)
@@ -167,7 +232,7 @@ class Strategy(ABC):
                     "DTensor shards: use adamw, or ddp / ZeRO with it")
         return None
 
-    def trace_mode(self, precision: str) -> str:
+    def trace_mode(self, precision: str | None) -> str:
         """The traced step this strategy runs at ``precision`` (``advisor.memory.trace_mode``)."""
         return trace_mode(precision, self.casts_weights)
 
@@ -204,7 +269,7 @@ class Strategy(ABC):
         """A warning the recommender gives when it picks this strategy on ``ctx``'s links (None: none)."""
         return None
 
-    def step_time(self, ctx: StrategyContext, row: Any) -> StepTime | None:
+    def step_time(self, ctx: StrategyContext, row: PlannedRow) -> StepTime | None:
         """One optimizer step at ``row``'s global batch (``row.grad_accum_steps`` micro-steps of
         ``ctx.options.micro_batch_size``), each term sourced (``advisor.timing``); None: this strategy has no time
         rule, or the GPU no preset to time it with."""
@@ -213,7 +278,7 @@ class Strategy(ABC):
     def compute_time(self, ctx: StrategyContext, t: Timing, tp_degree: int = 1) -> ComputeTime:
         """One micro-step's forward + backward on one GPU: the roofline over the ops this strategy's trace runs."""
         act = ctx.profile.activations(self.trace_mode(ctx.options.precision), tp_degree)
-        return act.compute_time(ctx.options.micro_batch_size, t.rates)
+        return act.compute_time(ctx.micro_batch_size, t.rates)
 
     def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
         """Host RAM per node while the emitted script builds the model: every rank calls
@@ -250,7 +315,7 @@ class Strategy(ABC):
         later what-if question reads them from the cache instead of tracing."""
         return []
 
-    def ds_config(self, ctx: StrategyContext, row: Any) -> dict | None:
+    def ds_config(self, ctx: StrategyContext, row: PlannedRow) -> dict[str, object] | None:
         """The DeepSpeed config the script reads (None: the strategy is not DeepSpeed's)."""
         return None
 
@@ -260,16 +325,16 @@ class Strategy(ABC):
     # reads resumable checkpoints (torch.distributed.checkpoint by default).
     script_parts: tuple[str, ...] = ("checkpoint_dcp.py",)
 
-    def script_tags(self, job: Any) -> set[str]:
+    def script_tags(self, job: ScriptJob) -> set[str]:
         """The template blocks (``strategies.render.select_blocks``) this strategy's script keeps beyond the job-wide
         ones: only the code that runs for this job is written."""
         return set()
 
-    def script_constants(self, job: Any, family: Any) -> dict[str, Any]:
+    def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
         """Constants the strategy's template reads (JSON-like values), given the job and its model family."""
         return {}
 
-    def extra_files(self, job: Any) -> dict[str, str]:
+    def extra_files(self, job: ScriptJob) -> dict[str, str]:
         """Files written beside train.py and launch.sh (name -> text)."""
         return {}
 
@@ -284,7 +349,8 @@ class Strategy(ABC):
                     "the script and verify it where a GPU is present")
         return None
 
-    def verify_cluster(self, hw: Hardware, options: TrainingOptions, row: Any) -> tuple[Hardware, TrainingOptions]:
+    def verify_cluster(self, hw: Hardware, options: TrainingOptions,
+                       row: PlannedRow) -> tuple[Hardware, TrainingOptions]:
         """The cluster and options a verification on ``hw`` (this machine's ranks) runs with.
 
         Raises:

@@ -25,20 +25,21 @@ from advisor.memory import (
     trace_mode,
     weight_bytes,
 )
+from advisor.models.families import ModelFamily
 from advisor.profile import ParamStats
 from advisor.timing.comm import allreduce_s, bucketed_allreduce
 from advisor.timing.step import Collective, StepTime, exposed_s
 
-from .base import DCP_IMPORTS, Strategy, fabric_of, optimizer_step_s, timing_of
+from .base import DCP_IMPORTS, PlannedRow, ScriptJob, Strategy, fabric_of, optimizer_step_s, timing_of
 
 
 def grad_accum_steps(ctx: StrategyContext, dp_size: int) -> int:
     """Accumulation steps that reach the global batch: --global-batch-size, else micro-batch x all GPUs (every
-    row is compared at the same global batch, so a smaller data-parallel size, TP's, accumulates; issue 13).
+    row is compared at the same global batch, so a smaller data-parallel size, TP's, accumulates).
     The same figure as ``advisor.rows.evaluate_row``'s."""
-    opts = ctx.options
-    target = opts.global_batch_size or opts.micro_batch_size * ctx.world_size
-    return max(1, -(-target // (opts.micro_batch_size * dp_size)))
+    mb = ctx.micro_batch_size
+    target = ctx.options.global_batch_size or mb * ctx.world_size
+    return max(1, -(-target // (mb * dp_size)))
 
 
 def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats, tp_degree: int = 1,
@@ -122,8 +123,8 @@ class DDP(Strategy):
     script_imports = (*DCP_IMPORTS,
                       "from torch.nn.parallel import DistributedDataParallel as DDP")
 
-    def script_constants(self, job, family) -> dict:
-        # SyncBatchNorm below this per-GPU batch (field notes pitfall 8: small batches need global statistics);
+    def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
+        # SyncBatchNorm below this per-GPU batch (docs/pitfalls.md, pitfall 8: small batches need global statistics);
         # transformers have no BatchNorm, and their scripts no SyncBatchNorm decision.
         return {} if job.spec.is_transformer else {"SYNC_BN_MAX_MICRO_BATCH": 32}
 
@@ -134,7 +135,7 @@ class DDP(Strategy):
         frozen, p = rule_of_thumb_split(ctx.profile.stats, ctx.profile.spec.adapter)
         return frozen + RULE_OF_THUMB_BYTES_PER_PARAM * p
 
-    def step_time(self, ctx: StrategyContext, row) -> StepTime | None:
+    def step_time(self, ctx: StrategyContext, row: PlannedRow) -> StepTime | None:
         """Time rule. Every micro-step runs forward + backward (the roofline of the autocast trace); the gradient
         all-reduce runs only on the last micro-step (the template wraps the others in ``no_sync()``), in
         DDP's buckets (``advisor.timing.comm.bucketed_allreduce``: 25 MiB, the first 1 MiB) and in the
@@ -166,7 +167,7 @@ class DDP(Strategy):
                            "all_reduce", "data-parallel", stats.num_trainable * g, len(ar.buckets), ar.total_s,
                            hidden),) if ar.total_s else ()
         opt = optimizer_step_s(ctx, t, stats.num_trainable, g, g, g, extra=2 * g if opts.precision == "fp16" else 0)
-        return StepTime(micro_batch=opts.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s,
+        return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s,
                         comm_s=ar.total_s, exposed_comm_s=hidden, optimizer_s=opt, flops=ga * c.flops,
                         model_flops=ga * c.model_flops, peak_flops_per_s=t.peak_flops_per_s,
                         overlap="gradient buckets overlap the last micro-step's backward, except the last bucket",

@@ -17,7 +17,7 @@ from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory, rule_o
 from advisor.schema import TrainingOptions
 from advisor.timing.step import StepTime
 
-from .base import Strategy, optimizer_step_s, timing_of
+from .base import PlannedRow, Strategy, optimizer_step_s, timing_of
 from .ddp import replicated_memory
 from .launchers import PYTHON
 
@@ -37,7 +37,8 @@ class Single(Strategy):
     def dp_size(self, ctx: StrategyContext) -> int:
         return 1
 
-    def verify_cluster(self, hw: Hardware, options: TrainingOptions, row) -> tuple[Hardware, TrainingOptions]:
+    def verify_cluster(self, hw: Hardware, options: TrainingOptions,
+                       row: PlannedRow) -> tuple[Hardware, TrainingOptions]:
         """One process: the verification runs one rank whatever ``--gpus`` says (the script starts no others)."""
         return replace(hw, gpus_per_node=1, num_nodes=1), options
 
@@ -57,7 +58,7 @@ class Single(Strategy):
         ``torch.load``'ed state_dict, ``Strategy.load_host_bytes_per_node``): one GPU's share of the base rule."""
         return super().load_host_bytes_per_node(ctx) // ctx.hardware.gpus_per_node
 
-    def step_time(self, ctx: StrategyContext, row) -> StepTime | None:
+    def step_time(self, ctx: StrategyContext, row: PlannedRow) -> StepTime | None:
         """Time rule: ``row.grad_accum_steps`` micro-steps of forward + backward (the roofline of the autocast
         trace, as DDP's), then the optimizer step (fused AdamW / foreach SGD over the full states at HBM bandwidth;
         fp16 adds GradScaler's unscale). No communication."""
@@ -69,6 +70,6 @@ class Single(Strategy):
         c = self.compute_time(ctx, t)
         w = weight_bytes(stats, ctx.profile.spec.adapter, self.trace_mode(opts.precision)).trainable_elem
         opt = optimizer_step_s(ctx, t, stats.num_trainable, w, w, w, extra=2 * w if opts.precision == "fp16" else 0)
-        return StepTime(micro_batch=opts.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s, comm_s=0.0,
+        return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s, comm_s=0.0,
                         exposed_comm_s=0.0, optimizer_s=opt, flops=ga * c.flops, model_flops=ga * c.model_flops,
                         peak_flops_per_s=t.peak_flops_per_s, overlap="nothing to overlap: one process")

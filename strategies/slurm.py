@@ -13,9 +13,12 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING
 
 from advisor.errors import AdvisorError
+
+if TYPE_CHECKING:
+    from .base import ScriptJob
 
 SLURM_FILE = "slurm.sbatch"
 DEFAULT_TIME_LIMIT_S = 24 * 3600.0
@@ -56,13 +59,14 @@ def slurm_time(time_limit_s: float | None) -> str:
     return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
 
 
-def render_slurm(job: Any, time_limit_s: float | None = None) -> str:
+def render_slurm(job: ScriptJob, time_limit_s: float | None = None) -> str:
     """The text of ``slurm.sbatch`` for ``job``: a bash batch script whose ``srun`` starts one ``torchrun`` per
     node (c10d rendezvous on the first node, port ``job.master_port``) running ``train.py`` with the launcher's
     script arguments (DeepSpeed: ``--deepspeed_config ds_config.json``) and the options given to ``sbatch``; for
     the ``python`` launcher, ``python train.py`` on one node with one GPU.
 
-    ``job``: a ``strategies.render.Job`` (typed ``Any``: render imports this module, not the other way).
+    ``job``: a ``strategies.render.Job`` (typed by the ``ScriptJob`` protocol: render imports this module, not the
+    other way).
     ``time_limit_s``: the job's wall-clock limit in seconds (``--time``), rounded up to whole minutes, at least
     10 minutes; None means 24 hours.
 

@@ -3,7 +3,7 @@ data parallelism across the rest of the GPUs (a 2-D device mesh: TP inside, DP o
 
 Memory rule: each rank holds one shard of every attention/MLP projection (heads and MLP width
 divided by the TP degree, Megatron-LM paper, Shoeybi et al. 2019, section 3), one vocabulary shard of the
-LM head and of the input embedding (issue 31: Megatron-LM's VocabParallelEmbedding and vocab-parallel
+LM head and of the input embedding (Megatron-LM's VocabParallelEmbedding and vocab-parallel
 cross-entropy, ibid. section 3 "output embedding"; torchtitan's Llama plan: the head ColwiseParallel with its
 output kept sharded on the vocab dim and ``loss_parallel()``), and a replica of the norms. The trace builds
 exactly that shard (advisor.models.hf_config with ``tp_degree``: heads, MLP width and vocabulary divided), so
@@ -30,11 +30,13 @@ from advisor.memory import (
     StrategyMemory,
     bytes_per_element,
 )
+from advisor.models.families import ModelFamily
+from advisor.models.limits import as_int
 from advisor.schema import TrainingOptions
 from advisor.timing.comm import Fabric
 from advisor.timing.step import FOREACH_FACTOR, Collective, StepTime
 
-from .base import DCP_IMPORTS, Strategy, fabric_of, optimizer_step_s, timing_of
+from .base import DCP_IMPORTS, PlannedRow, ScriptJob, Strategy, fabric_of, optimizer_step_s, timing_of
 from .ddp import replicated_memory
 
 
@@ -42,7 +44,8 @@ def vocab_shape(ctx: StrategyContext) -> tuple[bool, int, int]:
     """(tied, vocab, hidden) of ``ctx``'s model: whether the LM head shares the input embedding's weight
     (``tie_word_embeddings``; False, the llama/mistral/qwen2 config classes' default, when the config omits it)."""
     cfg = ctx.profile.spec.config or {}
-    return bool(cfg.get("tie_word_embeddings", False)), int(cfg.get("vocab_size") or 0), int(cfg.get("hidden_size") or 0)
+    return (bool(cfg.get("tie_word_embeddings", False)), as_int(cfg.get("vocab_size") or 0),
+            as_int(cfg.get("hidden_size") or 0))
 
 
 # Vocab-parallel cross-entropy: three all-reduces of one fp32 value per token in forward (the row maximum, the sum
@@ -79,12 +82,12 @@ class TensorParallel(Strategy):
             kind = "a CNN/vision model" if spec.family == "vision" else f"architecture {spec.model_type or spec.family}"
             return (f"{kind} has no tensor-parallel plan here (only llama/mistral/qwen2 attention+MLP blocks); "
                     "prefer lower precision, activation checkpointing and ZeRO")
-        # Over PCIe TP applies (issue 13): its activation all-reduces are timed and ranked like any other
+        # Over PCIe TP applies: its activation all-reduces are timed and ranked like any other
         # strategy's, and the recommender warns (``pcie_warning``). Across nodes it never applies (below).
         t = self.degree(ctx)
         cfg = spec.config or {}
-        heads = int(cfg.get("num_attention_heads") or 0)
-        kv = int(cfg.get("num_key_value_heads") or heads)
+        heads = as_int(cfg.get("num_attention_heads") or 0)
+        kv = as_int(cfg.get("num_key_value_heads") or heads)
         if t < 2:
             if ctx.hardware.gpus_per_node >= 2:
                 return (f"no TP degree of 2 or more divides both the {heads} attention heads / {kv} key/value heads "
@@ -94,7 +97,7 @@ class TensorParallel(Strategy):
             return f"TP degree {t} exceeds the {ctx.hardware.gpus_per_node} GPUs per node (never TP across nodes)"
         if heads % t or kv % t:
             return f"TP degree {t} does not divide {heads} attention heads and {kv} key/value heads"
-        if int(cfg.get("intermediate_size") or 0) % t:
+        if as_int(cfg.get("intermediate_size") or 0) % t:
             return f"TP degree {t} does not divide the MLP width {cfg.get('intermediate_size')}"
         if self.with_dp:
             if ctx.world_size % t or ctx.world_size // t < 2:
@@ -108,7 +111,8 @@ class TensorParallel(Strategy):
 
     def link_warning(self, ctx: StrategyContext) -> str | None:
         """A warning for this strategy on ``ctx``'s links (None: none): TP over PCIe all-reduces activations
-        twice per block in forward and in backward over the slow link (field notes 004: TP only with NVLink)."""
+        twice per block in forward and in backward over the slow link (Megatron-LM, Shoeybi et al. 2019, keeps its
+        tensor-parallel groups inside one NVSwitch node)."""
         if ctx.hardware.interconnect == "nvlink":
             return None
         return (f"{self.title} over PCIe: the activation all-reduces (2 per block in forward, 2 in backward) cross "
@@ -124,16 +128,17 @@ class TensorParallel(Strategy):
         if not spec.tp_capable:
             return []
         cfg = spec.config or {}
-        heads = int(cfg.get("num_attention_heads") or 0)
-        kv = int(cfg.get("num_key_value_heads") or heads)
-        ffn = int(cfg.get("intermediate_size") or 0)
+        heads = as_int(cfg.get("num_attention_heads") or 0)
+        kv = as_int(cfg.get("num_key_value_heads") or heads)
+        ffn = as_int(cfg.get("intermediate_size") or 0)
         mode = self.trace_mode(ctx.options.precision)
         return [(mode, t) for t in self.WHAT_IF_DEGREES if heads and not heads % t and not kv % t and not ffn % t]
 
-    def script_constants(self, job, family) -> dict:
+    def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
         return {"TP_DEGREE": job.tp_degree}
 
-    def verify_cluster(self, hw: Hardware, options: TrainingOptions, row) -> tuple[Hardware, TrainingOptions]:
+    def verify_cluster(self, hw: Hardware, options: TrainingOptions,
+                       row: PlannedRow) -> tuple[Hardware, TrainingOptions]:
         """Keep the planned TP degree when this machine's ranks divide it, else 2; pure TP runs on
         exactly one TP group, TP x DP needs at least two.
 
@@ -160,7 +165,7 @@ class TensorParallel(Strategy):
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
         return RULE_OF_THUMB_BYTES_PER_PARAM * ctx.profile.stats.num_params // self.degree(ctx)
 
-    def step_time(self, ctx: StrategyContext, row) -> StepTime | None:
+    def step_time(self, ctx: StrategyContext, row: PlannedRow) -> StepTime | None:
         """Time rule. Compute: the roofline of one TP rank's shard (the trace at the TP degree: heads, MLP
         width and vocabulary divided, so the LM head's matmul and the cross-entropy run on V / t logits; norms
         replicated). Tensor-parallel all-reduces (Megatron-LM paper, Shoeybi
@@ -181,10 +186,10 @@ class TensorParallel(Strategy):
         deg, ga = self.degree(ctx), row.grad_accum_steps or 1
         c = self.compute_time(ctx, t, deg)
         cfg = spec.config or {}
-        blocks = int(cfg.get("num_hidden_layers") or 0)
-        hidden = int(cfg.get("hidden_size") or 0)
+        blocks = as_int(cfg.get("num_hidden_layers") or 0)
+        hidden = as_int(cfg.get("hidden_size") or 0)
         act = 4 if opts.precision == "fp32" else 2
-        nbytes = (spec.seq_len or 1) * opts.micro_batch_size * hidden * act
+        nbytes = (spec.seq_len or 1) * ctx.micro_batch_size * hidden * act
         per_block = 4 + (2 if opts.activation_checkpointing else 0)
         tp_fabric = Fabric.from_preset(t.preset, deg, 1, interconnect=hw.interconnect,
                                        link_busbw_gbps=hw.link_busbw_gbps)
@@ -196,13 +201,13 @@ class TensorParallel(Strategy):
         coll = [Collective(f"activation all-reduce ({per_block} per block: 2 forward, 2 backward"
                            + (", 2 recompute" if per_block > 4 else "") + ")", "all_reduce", "tensor-parallel",
                            nbytes, ga * calls, tp_s, tp_s, passes=ga * calls)]
-        # Vocab parallelism (issue 31), once per micro-step, all on the critical path: the embedding's output
+        # Vocab parallelism, once per micro-step, all on the critical path: the embedding's output
         # gathered whole (all-gather of its hidden shards, or all-reduce of the vocab shards' partial sums when it is
         # tied to the head), the head's input gradient all-reduced in backward (ColwiseParallel's g operator), and
         # the vocab-parallel cross-entropy's small all-reduces (``CE_ALL_REDUCES``).
         tied, _, _ = vocab_shape(ctx)
         embed_kind = "all_reduce" if tied else "all_gather"
-        ce_bytes = (spec.seq_len or 1) * opts.micro_batch_size * CE_BYTES_PER_TOKEN
+        ce_bytes = (spec.seq_len or 1) * ctx.micro_batch_size * CE_BYTES_PER_TOKEN
         vocab_parts = ((f"embedding output {'all-reduce (vocab shards)' if tied else 'all-gather (hidden shards)'}",
                         embed_kind, nbytes, 1),
                        ("LM head input-gradient all-reduce (backward)", "all_reduce", nbytes, 1),
@@ -225,7 +230,7 @@ class TensorParallel(Strategy):
         w = bytes_per_element(opts.precision, "weights")
         opt = optimizer_step_s(ctx, t, shard.num_trainable, w, g, w, factor=FOREACH_FACTOR,
                                extra=2 * g if opts.precision == "fp16" else 0)
-        return StepTime(micro_batch=opts.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s,
+        return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s,
                         comm_s=tp_s + dp_s, exposed_comm_s=tp_s + dp_s, optimizer_s=opt, flops=ga * c.flops,
                         model_flops=ga * c.model_flops, peak_flops_per_s=t.peak_flops_per_s,
                         overlap="none: the activation all-reduces are on the critical path; the data-parallel "
@@ -240,14 +245,14 @@ class TensorParallel(Strategy):
         deg, opts, spec = self.degree(ctx), ctx.options, ctx.profile.spec
         cfg = spec.config or {}
         act = 4 if opts.precision == "fp32" else 2
-        nbytes = (spec.seq_len or 1) * opts.micro_batch_size * int(cfg.get("hidden_size") or 0) * act
-        calls = (4 + (2 if opts.activation_checkpointing else 0)) * int(cfg.get("num_hidden_layers") or 0)
+        nbytes = (spec.seq_len or 1) * ctx.micro_batch_size * as_int(cfg.get("hidden_size") or 0) * act
+        calls = (4 + (2 if opts.activation_checkpointing else 0)) * as_int(cfg.get("num_hidden_layers") or 0)
         ga = max(1, grad_accum_steps)
         total = ga * calls * 2 * (deg - 1) * nbytes // max(1, deg)
         # Vocab parallelism (``step_time``): the embedding's output (all-gather: (t-1)/t of it; tied: all-reduce),
         # the head's input-gradient all-reduce and the cross-entropy's three all-reduces of 4 bytes per token.
         tied, _, _ = vocab_shape(ctx)
-        ce_bytes = (spec.seq_len or 1) * opts.micro_batch_size * CE_BYTES_PER_TOKEN
+        ce_bytes = (spec.seq_len or 1) * ctx.micro_batch_size * CE_BYTES_PER_TOKEN
         embed = (2 if tied else 1) * (deg - 1) * nbytes // max(1, deg)
         total += ga * (embed + 2 * (deg - 1) * (nbytes + CE_ALL_REDUCES * ce_bytes) // max(1, deg))
         dp = self.dp_size(ctx)

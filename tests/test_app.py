@@ -401,7 +401,7 @@ def test_check_tab_lists_findings_of_a_pasted_script(at: AppTest) -> None:
     expected = [(f.line, f.rule) for f in findings]
     assert list(zip(frame["line"], frame["rule"])) == expected and expected
     assert list(frame.columns) == ["line", "rule", "severity", "message", "fix", "pitfall"]
-    assert list(frame["pitfall"]) == [f.field_note for f in findings]
+    assert list(frame["pitfall"]) == [f.pitfall for f in findings]
     assert any(e.startswith(f"{len(expected)} finding(s) in train.py") for e in texts(at.error)), texts(at.error)
     assert any("Recommendation: " in t for t in texts(at.success))  # the plan tab still renders
 

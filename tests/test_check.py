@@ -55,9 +55,10 @@ def test_every_rule_has_a_pair_and_documentation():
     for rule_id, rule in RULES.items():
         assert (DATA / f"{rule_id.lower()}_bad.py").is_file() and (DATA / f"{rule_id.lower()}_good.py").is_file()
         assert rule.severity in ("error", "warning", "info")
-        assert "Field notes:" in rule.doc and rule.fix and rule.title, rule_id
-        note = rule.field_note
-        assert note == "strategy decision rules" if rule_id == "MG001" else note.startswith("pitfall")
+        assert ("docs/decisions.md:" if rule_id == "MG001" else "docs/pitfalls.md:") in rule.doc, rule_id
+        assert rule.fix and rule.title, rule_id
+        note = rule.pitfall
+        assert note == "decision rules" if rule_id == "MG001" else note.startswith("pitfall")
 
 
 @pytest.mark.parametrize("rule_id", sorted(EXPECTED))
@@ -66,7 +67,7 @@ def test_bad_script_gives_exactly_its_findings(rule_id):
     assert _pairs(findings) == EXPECTED[rule_id]
     rule = RULES[rule_id]
     for f in findings:
-        assert f.field_note == rule.field_note and f.col >= 1
+        assert f.pitfall == rule.pitfall and f.col >= 1
         # the rule's fix, except print/log lines, which need no barrier (their own one-sentence fix)
         assert f.fix == rule.fix if f.severity != "info" or rule_id != "MG009" else "print per-rank lines" in f.fix
         assert f.format().startswith(f"{f.path}:{f.line}: {rule_id} ") and "; fix: " in f.format()
@@ -400,7 +401,7 @@ def test_finding_is_frozen_and_serialisable():
     finding = _check(DATA / "mg001_bad.py")[0]
     with pytest.raises(AttributeError):
         finding.line = 1
-    assert set(finding.to_dict()) == {"path", "line", "col", "rule", "severity", "message", "fix", "field_note"}
+    assert set(finding.to_dict()) == {"path", "line", "col", "rule", "severity", "message", "fix", "pitfall"}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -444,7 +445,7 @@ def test_cli_exit_codes(capsys):
     assert code == 1
     assert out.splitlines()[0] == (
         f"{DATA / 'mg002_bad.py'}:18: MG002 DistributedSampler and shuffle=True are exclusive: the DataLoader "
-        "refuses both (field notes pitfall 3); fix: drop shuffle=True from the DataLoader (DistributedSampler "
+        "refuses both (pitfall 3, docs/pitfalls.md); fix: drop shuffle=True from the DataLoader (DistributedSampler "
         "shuffles) and call sampler.set_epoch(epoch) each epoch")
     code, out, _ = _run(capsys, str(DATA / "mg010_bad.py"))  # info only: printed, exit 0
     assert code == 0 and " MG010 " in out
@@ -457,7 +458,7 @@ def test_cli_json(capsys):
     doc = json.loads(out)
     assert code == 1 and err == ""
     assert [(d["rule"], d["line"], d["severity"]) for d in doc] == [("MG007", 29, "warning"), ("MG007", 32, "warning")]
-    assert doc[0]["field_note"] == "pitfall 7" and doc[0]["path"].endswith("mg007_bad.py")
+    assert doc[0]["pitfall"] == "pitfall 7" and doc[0]["path"].endswith("mg007_bad.py")
     code, out, _ = _run(capsys, "--json", str(DATA / "mg007_good.py"))
     assert (code, json.loads(out)) == (0, [])
 

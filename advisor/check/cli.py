@@ -44,10 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "ranks, checkpoints) by reading their syntax tree.")
     p.add_argument("files", nargs="*", metavar="FILE.py", help="Python files to check; - reads one from stdin")
     p.add_argument("--json", action="store_true", help="print a JSON list of findings (path, line, col, rule, "
-                   "severity, message, fix, field_note)")
+                   "severity, message, fix, pitfall)")
     p.add_argument("--select", metavar="RULE,RULE", help="run only these rules (e.g. MG002,MG003)")
     p.add_argument("--ignore", metavar="RULE,RULE", help="skip these rules")
-    p.add_argument("--list-rules", action="store_true", help="list the rules (id, severity, field note, title) "
+    p.add_argument("--list-rules", action="store_true", help="list the rules (id, severity, pitfall, title) "
                    "and exit")
     return p
 
@@ -67,9 +67,9 @@ def _rule_ids(value: str | None, flag: str) -> list[str] | None:
 
 def _list_rules(as_json: bool) -> str:
     if as_json:
-        return json.dumps([{"id": r.id, "severity": r.severity, "field_note": r.field_note, "title": r.title,
+        return json.dumps([{"id": r.id, "severity": r.severity, "pitfall": r.pitfall, "title": r.title,
                             "fix": r.fix} for r in RULES.values()], indent=2)
-    return "\n".join(f"{r.id}  {r.severity:<8} {r.field_note:<24} {r.title}" for r in RULES.values())
+    return "\n".join(f"{r.id}  {r.severity:<8} {r.pitfall:<24} {r.title}" for r in RULES.values())
 
 
 def _summary(findings: list[Finding], files: int, failed: int = 0) -> str:

@@ -24,9 +24,11 @@ _IGNORE = re.compile(r"#\s*advisor:\s*ignore\b(?:\[([^\]]*)\])?", re.IGNORECASE)
 
 def _refuse_nul(data: str | bytes, path: str) -> None:
     """A NUL byte means a binary file: say so, with its line."""
-    nul, newline = ("\x00", "\n") if isinstance(data, str) else (b"\x00", b"\n")
-    if nul in data:
-        line = data.count(newline, 0, data.index(nul)) + 1
+    if isinstance(data, str):
+        line = data.count("\n", 0, data.index("\x00")) + 1 if "\x00" in data else 0
+    else:
+        line = data.count(b"\n", 0, data.index(b"\x00")) + 1 if b"\x00" in data else 0
+    if line:
         raise CheckError(f"{path}:{line}: cannot parse: NUL byte (a binary file, not Python source)", path, line)
 
 
@@ -94,7 +96,7 @@ def _rule_ids(select: Iterable[str] | None, ignore: Iterable[str] | None) -> lis
 
 
 def check_source(text: str, path: str = "<string>", *, select: Iterable[str] | None = None,
-                 ignore: Iterable[str] | None = None, facts: dict | None = None) -> list[Finding]:
+                 ignore: Iterable[str] | None = None, facts: dict[str, object] | None = None) -> list[Finding]:
     """Findings for Python source ``text`` (reported under ``path``), sorted by line. ``select`` /
     ``ignore`` restrict the rule ids (unknown ids are simply not run). The text is parsed with
     ``ast`` only: nothing is imported or executed. ``facts``, when given, receives
@@ -113,7 +115,7 @@ def check_source(text: str, path: str = "<string>", *, select: Iterable[str] | N
 
 
 def _check(text: str, path: str, select: Iterable[str] | None, ignore: Iterable[str] | None,
-           facts: dict | None = None) -> list[Finding]:
+           facts: dict[str, object] | None = None) -> list[Finding]:
     tree = _parse(text, path)
     silenced = suppressions(text)
     findings: set[Finding] = set()
@@ -127,7 +129,7 @@ def _check(text: str, path: str, select: Iterable[str] | None, ignore: Iterable[
             for hit in rule.check(ctx):
                 finding = Finding(path, getattr(hit.node, "lineno", 1), getattr(hit.node, "col_offset", 0) + 1,
                                   rule.id, hit.severity or rule.severity, hit.message, hit.fix or rule.fix,
-                                  rule.field_note)
+                                  rule.pitfall)
                 if not _silenced(finding, silenced):
                     findings.add(finding)
     except RecursionError:
@@ -203,7 +205,7 @@ def check_files(paths: Iterable[str | Path], *, select: Iterable[str] | None = N
     findings: list[Finding] = []
     errors: list[CheckError] = []
     for path in paths:
-        facts: dict = {}
+        facts: dict[str, object] = {}
         try:
             findings += check_source(read_source(path), display_path(path), select=select, ignore=ignore,
                                      facts=facts)

@@ -22,7 +22,7 @@ class CheckError(AdvisorError):
 @dataclass(frozen=True)
 class Finding:
     """One problem at one place: ``line`` and ``col`` count from 1; ``severity`` is error, warning
-    or info (info does not fail the check); ``field_note`` names the field-notes entry (``pitfall 3``)."""
+    or info (info does not fail the check); ``pitfall`` names its entry of docs/pitfalls.md (``pitfall 3``)."""
 
     path: str
     line: int
@@ -31,12 +31,12 @@ class Finding:
     severity: str
     message: str
     fix: str
-    field_note: str
+    pitfall: str
 
     def format(self) -> str:
-        """``path:line: RULE message (field notes ...); fix: ...`` on one line."""
-        return f"{self.path}:{self.line}: {self.rule} {self.message} (field notes {self.field_note}); fix: {self.fix}"
+        """``path:line: RULE message (pitfall ..., docs/pitfalls.md); fix: ...`` on one line."""
+        return f"{self.path}:{self.line}: {self.rule} {self.message} ({self.pitfall}, docs/pitfalls.md); fix: {self.fix}"
 
     def to_dict(self) -> dict[str, object]:
-        """The fields as a JSON-ready dict (path, line, col, rule, severity, message, fix, field_note)."""
+        """The fields as a JSON-ready dict (path, line, col, rule, severity, message, fix, pitfall)."""
         return asdict(self)

@@ -1,4 +1,4 @@
-"""Rank-0 guards: does a statement run on rank 0 only? (field notes pitfall 12)
+"""Rank-0 guards: does a statement run on rank 0 only? (docs/pitfalls.md, pitfall 12)
 
 Counts as a guard (``R`` is anything ``ranks.is_rank_like`` accepts):
 - ``if R == 0`` / ``if 0 == R`` / ``if R <= 0`` / ``if R < 1`` / ``if R in (-1, 0)`` / ``if not R``
@@ -50,7 +50,7 @@ def _int(expr: ast.AST) -> int | None:
     return None
 
 
-def _compare(ctx: Context, test: ast.Compare) -> tuple[type, ast.AST] | None:
+def _compare(ctx: Context, test: ast.Compare) -> tuple[type[ast.cmpop], ast.AST] | None:
     """``R op value`` with the rank-like side put on the left; None when neither side is a rank."""
     if len(test.ops) != 1:
         return None
@@ -66,14 +66,14 @@ def _values(expr: ast.AST) -> list[int | None]:
     return [_int(e) for e in expr.elts] if isinstance(expr, (ast.Tuple, ast.List, ast.Set)) else [None]
 
 
-def _one_rank(op: type, value: ast.AST) -> bool:
+def _one_rank(op: type[ast.cmpop], value: ast.AST) -> bool:
     """``R == k``, ``R <= 0``, ``R < 1``, ``R in (-1, 0)``: true for rank 0 (or one fixed rank) only."""
     n, values = _int(value), _values(value)
     return ((op in (ast.Eq, ast.Is) and n is not None) or (op is ast.LtE and n == 0) or (op is ast.Lt and n == 1)
             or (op is ast.In and 0 in values and all(v is not None and v <= 0 for v in values)))
 
 
-def _not_rank_zero(op: type, value: ast.AST) -> bool:
+def _not_rank_zero(op: type[ast.cmpop], value: ast.AST) -> bool:
     """``R != 0``, ``R > 0``, ``R >= 1``, ``R not in (-1, 0)``: true on every rank but 0."""
     n = _int(value)
     return ((op in (ast.NotEq, ast.IsNot) and n == 0) or (op is ast.Gt and n == 0) or (op is ast.GtE and n == 1)
@@ -111,16 +111,17 @@ def exits(block: list[ast.stmt]) -> bool:
                                         and isinstance(last.value, ast.Call))
 
 
-def _first_early_exit(ctx: Context, parent: ast.AST, field: str, block: list[ast.stmt]) -> tuple[dict, int | None]:
+def _first_early_exit(ctx: Context, parent: ast.AST, field: str,
+                      block: list[ast.stmt]) -> tuple[dict[ast.stmt, int], int | None]:
     """For one block: statement -> its index, and the index of the first ``if R != 0: return`` (or
     ``if R == 0: ... else: return``) in it (None: none). Computed once per block."""
-    key = ("early-exit", parent, field)
-    if key not in ctx.memo:
+    def index() -> tuple[dict[ast.stmt, int], int | None]:
         first = next((i for i, stmt in enumerate(block) if isinstance(stmt, ast.If) and (
             (nonzero_test(ctx, stmt.test) and exits(stmt.body)) or (zero_test(ctx, stmt.test) and exits(stmt.orelse)))),
             None)
-        ctx.memo[key] = ({stmt: i for i, stmt in enumerate(block)}, first)
-    return ctx.memo[key]  # type: ignore[return-value]
+        return {stmt: i for i, stmt in enumerate(block)}, first
+
+    return ctx.remember(("early-exit", parent, field), index)
 
 
 def _after_early_exit(ctx: Context, parent: ast.AST, child: ast.AST) -> bool:
@@ -138,29 +139,21 @@ def _after_early_exit(ctx: Context, parent: ast.AST, child: ast.AST) -> bool:
 def _inits(ctx: Context, node: ast.If) -> bool:
     """Whether the body of ``node`` starts a process group (torch's init_process_group or deepspeed's);
     memoised per ``if``, since every statement of its ``else`` asks."""
-    key = ("inits", node)
-    if key not in ctx.memo:
-        ctx.memo[key] = any(isinstance(n, ast.Call) and ctx.call_name(n) in INITS
-                            for s in node.body for n in ast.walk(s))
-    return ctx.memo[key]
+    return ctx.remember(("inits", node), lambda: any(isinstance(n, ast.Call) and ctx.call_name(n) in INITS
+                                                    for s in node.body for n in ast.walk(s)))
 
 
 def _distributed_flags(ctx: Context) -> set[str]:
     """Texts of ``if X:`` tests whose body starts the process group (``if ddp:``, ``if args.distributed:``):
     ``not X`` then means one process."""
-    if "distributed-flags" not in ctx.memo:
-        ctx.memo["distributed-flags"] = {ast.unparse(n.test) for n in ctx.nodes
-                                         if isinstance(n, ast.If) and _inits(ctx, n)}
-    return ctx.memo["distributed-flags"]
+    return ctx.remember("distributed-flags", lambda: {ast.unparse(n.test) for n in ctx.nodes
+                                                      if isinstance(n, ast.If) and _inits(ctx, n)})
 
 
 def _in_else(ctx: Context, parent: ast.If, child: ast.AST) -> bool:
     """Whether ``child`` (a statement directly under ``parent``) is in its ``else`` rather than its body;
     a set per ``if``, so that a block of many statements is not scanned once per statement."""
-    key = ("orelse", parent)
-    if key not in ctx.memo:
-        ctx.memo[key] = set(map(id, parent.orelse))
-    return id(child) in ctx.memo[key]
+    return id(child) in ctx.remember(("orelse", parent), lambda: set(map(id, parent.orelse)))
 
 
 def _single_process_branch(ctx: Context, parent: ast.If, in_else: bool) -> bool:
@@ -201,7 +194,7 @@ def _locally_guarded(ctx: Context, node: ast.AST) -> bool:
     return False
 
 
-def _references(ctx: Context, fn: ast.AST) -> list[ast.AST]:
+def _references(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:
     """Loads of a function's name (calls and references like ``mp.spawn(main)``), or of a method's
     attribute name (``self.save()``, ``trainer.save()``)."""
     method = isinstance(ctx.parents.get(fn), ast.ClassDef)
@@ -209,7 +202,7 @@ def _references(ctx: Context, fn: ast.AST) -> list[ast.AST]:
     return [u for u in ctx.uses.get(fn.name, []) if isinstance(u, kind)]
 
 
-def rank_zero_only(ctx: Context, node: ast.AST, _seen: frozenset = frozenset()) -> bool:
+def rank_zero_only(ctx: Context, node: ast.AST, _seen: frozenset[ast.AST] = frozenset()) -> bool:
     """Whether ``node`` runs on rank 0 only, as far as this file shows (see the module docstring)."""
     if _locally_guarded(ctx, node):
         return True
@@ -220,7 +213,5 @@ def rank_zero_only(ctx: Context, node: ast.AST, _seen: frozenset = frozenset()) 
         return True  # unknown callers: leave it to them
     if _seen:  # inside a chain of callers: the answer depends on the chain, not cached
         return all(rank_zero_only(ctx, site, _seen | {fn}) for site in _references(ctx, fn))
-    key = ("callers-guarded", fn)
-    if key not in ctx.memo:
-        ctx.memo[key] = all(rank_zero_only(ctx, site, frozenset({fn})) for site in _references(ctx, fn))
-    return bool(ctx.memo[key])
+    return ctx.remember(("callers-guarded", fn),
+                        lambda: all(rank_zero_only(ctx, site, frozenset({fn})) for site in _references(ctx, fn)))

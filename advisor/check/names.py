@@ -73,6 +73,7 @@ class Imports:
                 self.table[top] = top
 
     def _add_from(self, node: ast.ImportFrom) -> None:
+        assert node.module is not None, "called for imports that name their module"
         self.modules.add(node.module)
         for alias in node.names:
             if alias.name != "*":

@@ -1,5 +1,5 @@
 """The rule table. Each rule is a function ``check(ctx) -> Iterable[Hit]`` registered with ``@rule``;
-its docstring says what it catches, the field-notes entry and its blind spots."""
+its docstring says what it catches, its pitfall (docs/pitfalls.md) and its blind spots."""
 
 from __future__ import annotations
 
@@ -26,23 +26,23 @@ Check = Callable[[Context], Iterable[Hit]]
 
 @dataclass(frozen=True)
 class Rule:
-    """One check: id (MG001...), default severity, field-notes pitfall numbers (empty: the strategy
-    decision rules), a short title and the fix in one sentence."""
+    """One check: id (MG001...), default severity, pitfall numbers of docs/pitfalls.md (empty: the
+    decision rules of docs/decisions.md), a short title and the fix in one sentence."""
 
     id: str
     severity: str
-    field_notes: tuple[int, ...]
+    pitfalls: tuple[int, ...]
     title: str
     fix: str
     check: Check = field(repr=False, compare=False)
 
     @property
-    def field_note(self) -> str:
-        """``pitfall 3``, ``pitfalls 7, 14`` or ``strategy decision rules``."""
-        if not self.field_notes:
-            return "strategy decision rules"
-        label = "pitfall" if len(self.field_notes) == 1 else "pitfalls"
-        return f"{label} {', '.join(map(str, self.field_notes))}"
+    def pitfall(self) -> str:
+        """``pitfall 3``, ``pitfalls 7, 14`` (docs/pitfalls.md) or ``decision rules`` (docs/decisions.md)."""
+        if not self.pitfalls:
+            return "decision rules"
+        label = "pitfall" if len(self.pitfalls) == 1 else "pitfalls"
+        return f"{label} {', '.join(map(str, self.pitfalls))}"
 
     @property
     def doc(self) -> str:
@@ -53,11 +53,11 @@ class Rule:
 REGISTRY: dict[str, Rule] = {}
 
 
-def rule(rule_id: str, severity: str, notes: tuple[int, ...], title: str, fix: str) -> Callable[[Check], Check]:
+def rule(rule_id: str, severity: str, pitfalls: tuple[int, ...], title: str, fix: str) -> Callable[[Check], Check]:
     """Register the decorated check function under ``rule_id``."""
 
     def register(check: Check) -> Check:
-        REGISTRY[rule_id] = Rule(rule_id, severity, notes, title, fix, check)
+        REGISTRY[rule_id] = Rule(rule_id, severity, pitfalls, title, fix, check)
         return check
 
     return register

@@ -18,10 +18,14 @@ from __future__ import annotations
 import ast
 from bisect import bisect_right
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, TypeGuard, TypeVar, cast
 
 from .names import Imports
+
+T = TypeVar("T")
+N = TypeVar("N", bound=ast.AST)
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 SCOPES = (*FUNCTIONS, ast.ClassDef)
@@ -53,7 +57,7 @@ class Context:
 
     def __init__(self, tree: ast.Module, path: str) -> None:
         self.tree, self.path = tree, path
-        self.memo: dict[object, object] = {}  # per-file results rules and helpers compute once
+        self.memo: dict[object, object] = {}  # per-file results rules and helpers compute once (``remember``)
         self.parents: dict[ast.AST, ast.AST] = {}
         self._scopes: dict[ast.AST, ast.AST] = {}  # node -> innermost function, lambda, class or module
         nodes: list[ast.AST] = []
@@ -63,6 +67,7 @@ class Context:
         while queue:
             node, scope, loop = queue.popleft()
             nodes.append(node)
+            inner: ast.AST
             if isinstance(node, SCOPES):
                 self._inner_scopes[scope].append(node)
                 inner, loop = node, None
@@ -83,7 +88,7 @@ class Context:
         self.identifiers = {n.id for n in nodes if isinstance(n, ast.Name)} | {
             n.attr for n in nodes if isinstance(n, ast.Attribute)}
         self.classes = {n.name: n for n in nodes if isinstance(n, ast.ClassDef)}
-        functions: dict[str, list[ast.AST]] = defaultdict(list)
+        functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = defaultdict(list)
         self.uses: dict[str, list[ast.AST]] = defaultdict(list)  # identifier -> loads of it (names, attributes)
         for n in nodes:
             if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
@@ -116,7 +121,7 @@ class Context:
         """The innermost function, lambda, class or module holding ``node``."""
         return self._scopes.get(node, self.tree)
 
-    def function_of(self, node: ast.AST) -> ast.AST | None:
+    def function_of(self, node: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | None:
         """The innermost function or lambda holding ``node``; None at module or class level."""
         scope = self.scope_of(node)
         return scope if isinstance(scope, FUNCTIONS) else None
@@ -134,37 +139,48 @@ class Context:
         """The innermost loop whose body (or else block) runs ``node``, within its function."""
         return self._loops.get(node)
 
+    def remember(self, key: object, compute: Callable[[], T]) -> T:
+        """``compute()`` once per file and ``key`` (kept in ``memo``; later calls return what it returned). Each key is
+        computed by one call site, so what is kept under it has the type that site's ``compute`` returns."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return cast(T, self.memo[key])
+
     def loop_body(self, loop: ast.AST) -> list[ast.AST]:
         """Nodes that ``loop`` itself runs (``loop_of(n) is loop``): not those of loops nested in it,
         of nested functions, nor its own ``iter``/``test``/``target``. Indexed once per file."""
-        if "loop-bodies" not in self.memo:
+        def index() -> dict[ast.AST, list[ast.AST]]:
             bodies: dict[ast.AST, list[ast.AST]] = defaultdict(list)
             for node, owner in self._loops.items():
                 bodies[owner].append(node)
-            self.memo["loop-bodies"] = bodies
-        return self.memo["loop-bodies"].get(loop, [])  # type: ignore[attr-defined]
+            return bodies
+
+        return self.remember("loop-bodies", index).get(loop, [])
 
     def scope_calls(self, scope: ast.AST) -> list[ast.Call]:
         """Calls in ``scope``'s own code (``in_scope``), in source order. Indexed once per file."""
-        if "scope-calls" not in self.memo:
+        def index() -> dict[ast.AST, list[ast.Call]]:
             by_scope: dict[ast.AST, list[ast.Call]] = defaultdict(list)
             for call in self.calls:
                 by_scope[self.scope_of(call)].append(call)
-            self.memo["scope-calls"] = by_scope
-        return self.memo["scope-calls"].get(scope, [])  # type: ignore[attr-defined]
+            return by_scope
+
+        return self.remember("scope-calls", index).get(scope, [])
 
     def loads(self, scope: ast.AST, name: str) -> list[ast.Name]:
         """Loads of the variable ``name`` in ``scope``'s code and in the functions nested in it that
         do not bind ``name`` themselves (where it is the same variable)."""
-        if "loads" not in self.memo:
-            index: dict[tuple[ast.AST, str], list[ast.Name]] = defaultdict(list)
+        def build() -> dict[tuple[ast.AST, str], list[ast.Name]]:
+            by_name: dict[tuple[ast.AST, str], list[ast.Name]] = defaultdict(list)
             for uses in self.uses.values():
                 for use in uses:
                     if isinstance(use, ast.Name):
-                        index[(self.scope_of(use), use.id)].append(use)
-            self.memo["loads"] = index
-        index = self.memo["loads"]  # type: ignore[assignment]
-        found, stack = [], [scope]
+                        by_name[(self.scope_of(use), use.id)].append(use)
+            return by_name
+
+        index = self.remember("loads", build)
+        found: list[ast.Name] = []
+        stack = [scope]
         while stack:
             inner = stack.pop()
             found += index.get((inner, name), [])
@@ -223,16 +239,17 @@ class Context:
                 return None
             scope, first = self._outer_scope(scope), False
 
-    def resolve(self, expr: ast.expr) -> ast.expr:
+    def resolve(self, expr: N) -> N | ast.expr:
         """Follow ``expr`` through names to the value it was assigned; the last name if unknown."""
+        found: N | ast.expr = expr
         for _ in range(_HOPS):
-            if not isinstance(expr, ast.Name):
-                return expr
-            value = self.lookup(expr)
+            if not isinstance(found, ast.Name):
+                return found
+            value = self.lookup(found)
             if value is None:
-                return expr
-            expr = value
-        return expr
+                return found
+            found = value
+        return found
 
     def _outer_scope(self, scope: ast.AST) -> ast.AST:
         """The next function or module scope out (class bodies are not visible to methods)."""
@@ -271,7 +288,7 @@ class Context:
             for alias in node.names:
                 self._bind(self.scope_of(node), (alias.asname or alias.name).split(".")[0], pos(node), None)
 
-    def _collect_function(self, node: ast.AST) -> None:
+    def _collect_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
         if not isinstance(node, ast.Lambda):
             self._bind(self.scope_of(node), node.name, pos(node), None)
         a = node.args
@@ -283,10 +300,11 @@ class Context:
         if isinstance(target, ast.Name):
             self._bind(scope, target.id, at, value)
         elif isinstance(target, (ast.Tuple, ast.List)):
-            pairs = isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts) and not any(
-                isinstance(e, ast.Starred) for e in [*target.elts, *value.elts])
+            values = value.elts if isinstance(value, (ast.Tuple, ast.List)) else []
+            pairs = isinstance(value, (ast.Tuple, ast.List)) and len(values) == len(target.elts) and not any(
+                isinstance(e, ast.Starred) for e in [*target.elts, *values])
             for i, elt in enumerate(target.elts):
-                self._bind_target(scope, elt, value.elts[i] if pairs else None, at)
+                self._bind_target(scope, elt, values[i] if pairs else None, at)
         elif isinstance(target, ast.Starred):
             self._bind_target(scope, target.value, None, at)
 
@@ -302,7 +320,7 @@ def argument(call: ast.Call, index: int | None, name: str) -> ast.expr | None:
     return None
 
 
-def is_const(expr: ast.AST | None, value: object) -> bool:
+def is_const(expr: ast.AST | None, value: object) -> TypeGuard[ast.Constant]:
     """``expr`` is the literal ``value`` (``True`` is not ``1``)."""
     return isinstance(expr, ast.Constant) and type(expr.value) is type(value) and expr.value == value
 

@@ -1,4 +1,4 @@
-"""``python -m advisor doctor``: the field notes' pre-flight checklist (004 section 6.3) as a command.
+"""``python -m advisor doctor``: the pre-flight checklist of a first multi-GPU run as a command.
 
     advisor doctor [--nodes-file hosts] [--master-port N] [--data DIR] [--ckpt-dir DIR] [--json] [--timeout S]
 

@@ -15,7 +15,7 @@ def say(line: str) -> None:
 say(f"DOCTOR_PID {os.getpid()}")
 device = torch.device("cpu")
 if backend == "nccl":
-    torch.cuda.set_device(local)  # LOCAL_RANK, not RANK (field notes pitfall 2)
+    torch.cuda.set_device(local)  # LOCAL_RANK, not RANK (docs/pitfalls.md, pitfall 2)
     device = torch.device("cuda", local)
 dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
 t = torch.ones(4, device=device)

@@ -110,7 +110,7 @@ def visible_count(nvml_count: int, cuda_visible: str | None) -> int:
 
 
 def collect_versions(nvml: NvmlFacts) -> dict[str, str | None]:
-    """Versions every node must share (field notes pitfall 18); the ``driver*`` keys may differ between nodes
+    """Versions every node must share (docs/pitfalls.md, pitfall 18); the ``driver*`` keys may differ between nodes
     as long as each driver supports torch's CUDA. ``None`` means absent."""
     import importlib.metadata as metadata
 

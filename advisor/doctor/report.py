@@ -113,7 +113,7 @@ def render_text(checks: Sequence[Check], versions: dict[str, str | None], option
     if unchecked:
         lines.append(f"      (pass {' and '.join(unchecked)} to check {'those paths' if len(unchecked) > 1 else 'that path'} too)")
     width = max(len(label) for label in _LABELS.values())
-    lines += ["", "Versions (every node needs the same Python, torch, CUDA: field notes pitfall 18):"]
+    lines += ["", "Versions (every node needs the same Python, torch, CUDA: docs/pitfalls.md, pitfall 18):"]
     for key, value in versions.items():
         lines.append(f"  {_LABELS.get(key, key):<{width}}  {value if value is not None else _ABSENT.get(key, 'none')}")
     if options.hosts:
@@ -134,7 +134,7 @@ def render_json(checks: Sequence[Check], versions: dict[str, str | None], option
     with a nodes file, ``nodes`` (host, slots, command) and ``compare``."""
     import socket
 
-    doc: dict = {"host": socket.gethostname(),
+    doc: dict[str, object] = {"host": socket.gethostname(),
                  "checks": [{"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix} for c in checks],
                  "versions": versions}
     if options.hosts:

@@ -5,7 +5,7 @@ script fragment). This module re-exports the public names and the three calls th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .configs import load_config_file, parse_config_text, spec_from_hf_config
 from .families import family_of, hf_config, hf_model_class
@@ -13,8 +13,11 @@ from .limits import MAX_CONFIG_FILE_BYTES, check_config_size, num_layers
 from .resolve import known_model_names, resolve_model, resolve_source
 from .spec import ADAPTER_DTYPES, QUANT_TYPES, AdapterSpec, ModelSpec
 
+if TYPE_CHECKING:
+    import torch
 
-def build_model(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> Any:
+
+def build_model(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> torch.nn.Module:
     """``family_of(spec).build(...)``: ``spec`` as an ``nn.Module`` under the current device/mode, with
     ``spec.adapter``'s LoRA adapters when set (``advisor.models.adapters``).
 
@@ -29,12 +32,13 @@ def build_model(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 
     return model
 
 
-def make_batch(spec: ModelSpec, micro_batch: int, device: Any = None, dtype: Any = None) -> dict[str, Any]:
+def make_batch(spec: ModelSpec, micro_batch: int, device: torch.device | str | None = None,
+               dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Synthetic inputs of the right shape (``family_of(spec).make_batch``)."""
     return family_of(spec).make_batch(spec, micro_batch, device=device, dtype=dtype)
 
 
-def training_loss(spec: ModelSpec, model: Any, batch: dict[str, Any]) -> Any:
+def training_loss(spec: ModelSpec, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Forward pass and loss as the generated scripts compute them (``family_of(spec).loss``)."""
     return family_of(spec).loss(spec, model, batch)
 

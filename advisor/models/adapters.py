@@ -11,10 +11,14 @@ a real one (ENGINEERING_NOTES).
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import AdvisorError
 from .spec import AdapterSpec
+
+if TYPE_CHECKING:
+    import torch
+    from peft import LoraConfig
 
 # peft's PeftModel reads ``model.is_gradient_checkpointing`` (peft_model.py), a property transformers 5 deprecates with
 # a FutureWarning on every LoRA build: noise for the user. One fixed filter added at import (a ``catch_warnings``
@@ -24,24 +28,27 @@ warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is depre
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def torch_dtype(name: str) -> Any:
+def torch_dtype(name: str) -> torch.dtype:
     """``"bf16"`` -> ``torch.bfloat16`` (also ``fp32``, ``fp16``)."""
     import torch
 
     return getattr(torch, _TORCH_DTYPES[name])
 
 
-def lora_config(adapter: AdapterSpec, task_type: str | None = None, fan_in_fan_out: bool = False) -> Any:
+def lora_config(adapter: AdapterSpec, task_type: str | None = None, fan_in_fan_out: bool = False) -> LoraConfig:
     """peft's ``LoraConfig`` for ``adapter`` (bias ``"none"``, peft's default: biases stay frozen);
     ``fan_in_fan_out`` for GPT-2's ``Conv1D`` layers, which store (in, out) weights."""
     from peft import LoraConfig
 
-    targets: Any = None
+    targets: str | list[str] | None = None
     if adapter.targets == ("all-linear",):
         targets = "all-linear"
     elif adapter.targets:
         targets = list(adapter.targets)
-    return LoraConfig(r=adapter.rank, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout,
+    # peft annotates lora_alpha as int, but it is a float scale (updates are scaled by alpha / r) and peft's own
+    # LoraLayer.update_layer computes with it as a number: a fractional alpha works.
+    return LoraConfig(r=adapter.rank, lora_alpha=adapter.alpha,  # type: ignore[arg-type]
+                      lora_dropout=adapter.dropout,
                       target_modules=targets, bias="none", task_type=task_type, fan_in_fan_out=fan_in_fan_out)
 
 
@@ -54,7 +61,7 @@ def default_targets(model_type: str | None) -> tuple[str, ...]:
     return tuple(DEFAULTS.get(model_type or "", ()))
 
 
-def apply_adapter(model: Any, adapter: AdapterSpec) -> Any:
+def apply_adapter(model: torch.nn.Module, adapter: AdapterSpec) -> torch.nn.Module:
     """``model`` frozen with LoRA adapters on ``adapter.targets`` (peft ``get_peft_model``; the adapters are
     fp32, peft's ``autocast_adapter_dtype=True``), as a ``PeftModel``.
 
@@ -79,7 +86,8 @@ def apply_adapter(model: Any, adapter: AdapterSpec) -> Any:
         raise AdvisorError(f"peft could not add LoRA adapters ({first}): {hint}")
 
 
-def _has_conv1d(model: Any) -> bool:
+def _has_conv1d(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has a GPT-2 ``Conv1D`` layer (weights stored (in, out): peft's ``fan_in_fan_out``)."""
     try:
         from transformers.pytorch_utils import Conv1D
     except ImportError:  # pragma: no cover
@@ -87,7 +95,7 @@ def _has_conv1d(model: Any) -> bool:
     return any(isinstance(m, Conv1D) for m in model.modules())
 
 
-def quantized_weights(model: Any) -> list[tuple[Any, tuple[int, int]]]:
+def quantized_weights(model: torch.nn.Module) -> list[tuple[torch.Tensor, tuple[int, int]]]:
     """The frozen weights transformers' bitsandbytes integration quantizes (``replace_with_bnb_linear``): every
     ``nn.Linear`` and GPT-2 ``Conv1D`` except the output embedding (``get_keys_to_not_convert``: the LM head stays
     in 16 bits), adapters excluded (they are trainable), each with its (out_features, in_features): ``Conv1D``
@@ -113,7 +121,7 @@ stores (in, out), and bitsandbytes quantizes the ``Linear`` that replaces it. Wo
     return found
 
 
-def cast_for_trace(model: Any, adapter: AdapterSpec, half: bool) -> None:
+def cast_for_trace(model: torch.nn.Module, adapter: AdapterSpec, half: bool) -> None:
     """Give ``model``'s (meta) parameters the dtypes the script holds them in, for a trace.
 
     LoRA: the frozen base in 16 bits (users load it with ``torch_dtype``; the trace built it in bf16), the

@@ -9,8 +9,9 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import replace
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import AdvisorError
 from ..locks import MODEL_BUILD_LOCK
@@ -21,25 +22,31 @@ from .limits import (
     LAYER_KEYS,
     MAX_CONFIG_FILE_BYTES,
     POSITION_KEYS,
+    as_int,
     check_config_size,
     config_get,
     short_value,
 )
 from .spec import ModelSpec
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 _ROTARY = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox", "mixtral", "phi", "phi3", "gemma", "gemma2",
            "falcon", "gptj", "qwen2_moe", "olmo", "starcoder2", "stablelm", "cohere", "deepseek_v3")
 _RELATIVE = ("t5", "mt5", "umt5", "longt5")
 
 
-def _position_kind(model_type: str, config: dict[str, Any]) -> tuple[str | None, int | None]:
+def _position_kind(model_type: str, config: Mapping[str, object]) -> tuple[str | None, int | None]:
+    """(kind of position embedding, the positions it covers or None) of a config: ``relative`` (T5's buckets),
+    ``rotary`` or ``learned`` (a table of ``POSITION_KEYS``' size); (None, None) when the config says neither."""
     maximum = config_get(config, POSITION_KEYS)
     if model_type in _RELATIVE:
-        return "relative", int(config.get("n_positions") or 512)
+        return "relative", as_int(config.get("n_positions") or 512)
     if model_type in _ROTARY or "rope_theta" in config or "rotary_pct" in config:
-        return "rotary", int(maximum) if maximum else None
+        return "rotary", as_int(maximum) if maximum else None
     if maximum:
-        return "learned", int(maximum)
+        return "learned", as_int(maximum)
     return None, None
 
 
@@ -66,8 +73,9 @@ def with_seq_len(spec: ModelSpec, seq_len: int | None) -> ModelSpec:
     return replace(spec, seq_len=seq_len, max_positions=maximum, position_kind=kind, warnings=tuple(warnings))
 
 
-def spec_from_hf_config(config: dict[str, Any], name: str, source: str, seq_len: int | None) -> ModelSpec:
-    """Validate a Hugging Face config dict (as parsed JSON) and wrap it in a ``ModelSpec``.
+def spec_from_hf_config(config: object, name: str, source: str, seq_len: int | None) -> ModelSpec:
+    """Validate a Hugging Face config dict (as parsed JSON: any JSON value, refused unless an object) and wrap it
+    in a ``ModelSpec``.
 
     Raises:
         AdvisorError: not an object, no/unknown ``model_type``, remote code requested, absurd sizes.
@@ -115,7 +123,7 @@ _SIZE_FIELDS = (LAYER_KEYS, ("num_decoder_layers",), HIDDEN_KEYS, HEAD_KEYS, ("n
                 ("vocab_size",), POSITION_KEYS, ("num_local_experts", "num_experts"), ("num_experts_per_tok",))
 
 
-def _with_class_defaults(config: dict[str, Any], model_type: str) -> tuple[dict[str, Any], list[str]]:
+def _with_class_defaults(config: dict[str, object], model_type: str) -> tuple[dict[str, object], list[str]]:
     """``config`` with every size field it lacks set to the value the transformers config class gives it
     (``AutoConfig.for_model``, so code that reads the dict sees what the built model has), and the
     note naming them. Values a class derives from another field (key/value heads = heads, decoder layers
@@ -159,9 +167,9 @@ def _with_class_defaults(config: dict[str, Any], model_type: str) -> tuple[dict[
     return out, notes
 
 
-def _forced_tie_note(config: dict[str, Any], obj: Any) -> str | None:
+def _forced_tie_note(config: Mapping[str, object], obj: PretrainedConfig) -> str | None:
     """A note when the config file says ``tie_word_embeddings: false`` and the installed transformers' config class
-    ties the LM head to the input embedding anyway (issue 31): transformers 5's ``T5Config`` / ``MT5Config`` (and
+    ties the LM head to the input embedding anyway: transformers 5's ``T5Config`` / ``MT5Config`` (and
     umt5, longt5) set ``tie_word_embeddings = True`` in ``__post_init__`` whatever the file says, reading ``false``
     only as "do not scale the decoder output" (``scale_decoder_outputs``; transformers PR #42815), so
     ``T5ForConditionalGeneration`` holds one shared vocab x d_model matrix. advisor counts what transformers
@@ -183,7 +191,7 @@ def _forced_tie_note(config: dict[str, Any], obj: Any) -> str | None:
             f"{extra}; loading such a checkpoint into this class shares one of its two matrices")
 
 
-def _config_warnings(config: dict[str, Any], model_type: str) -> list[str]:
+def _config_warnings(config: Mapping[str, object], model_type: str) -> list[str]:
     """What in a config advisor reads past: ``quantization_config`` (the plan is for full-precision
     weights) and an ``architectures`` entry that belongs to another model_type (model_type wins)."""
     out = []
@@ -230,8 +238,9 @@ def _architecture_owners(class_name: str) -> set[str]:
     return owners
 
 
-def load_config_file(path: str) -> dict[str, Any]:
-    """Read and parse a config.json (at most 1 MiB).
+def load_config_file(path: str) -> object:
+    """Read and parse a config.json (at most 1 MiB): any JSON value (``spec_from_hf_config`` refuses all but an
+    object).
 
     Raises:
         AdvisorError: missing, unreadable, too large, or not valid JSON.
@@ -248,8 +257,9 @@ def load_config_file(path: str) -> dict[str, Any]:
     return parse_config_text(text, path)
 
 
-def parse_config_text(text: str, source: str = "pasted config") -> dict[str, Any]:
-    """Parse pasted/uploaded text as JSON only (never eval).
+def parse_config_text(text: str, source: str = "pasted config") -> object:
+    """Parse pasted/uploaded text as JSON only (never eval): any JSON value (``spec_from_hf_config`` refuses all but
+    an object).
 
     Raises:
         AdvisorError: malformed JSON (with line and column).

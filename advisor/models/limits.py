@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import SupportsInt
 
 from ..errors import AdvisorError
 
@@ -25,22 +26,37 @@ FFN_KEYS = _FFN_KEYS = ("intermediate_size", "n_inner", "d_ff", "ffn_dim")
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_target_positions", "max_decoder_position_embeddings")
 
 
-def config_get(config: dict[str, Any], keys: tuple[str, ...], default: Any = None) -> Any:
+def config_get(config: Mapping[str, object], keys: tuple[str, ...], default: object = None) -> object:
+    """The value of the first of ``keys`` that ``config`` sets (not None), else ``default``."""
     for k in keys:
         if config.get(k) is not None:
             return config[k]
     return default
 
 
-def num_layers(config: dict[str, Any]) -> int:
+def as_int(value: object) -> int:
+    """``int(value)`` for a value read from a JSON document (a config field): an int, a float (truncated) or a
+    numeric string.
+
+    Raises:
+        TypeError: a value ``int()`` does not take (None, a list, a dict), with ``int()``'s own message.
+        ValueError: a string that is no integer.
+    """
+    if isinstance(value, (str, SupportsInt)):
+        return int(value)
+    raise TypeError(f"int() argument must be a string, a bytes-like object or a real number, "
+                    f"not '{type(value).__name__}'")
+
+
+def num_layers(config: Mapping[str, object]) -> int:
     """Total transformer blocks (encoder + decoder for encoder-decoder models)."""
-    n = int(config_get(config, _LAYER_KEYS, 0) or 0)
+    n = as_int(config_get(config, _LAYER_KEYS, 0) or 0)
     if config.get("num_decoder_layers") is not None:
-        n += int(config["num_decoder_layers"])
+        n += as_int(config["num_decoder_layers"])
     return n
 
 
-def short_value(value: Any) -> str:
+def short_value(value: object) -> str:
     """A value for an error message: never more than 40 characters (a 5000-digit integer cannot even
     be turned into a string by default)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
@@ -49,7 +65,7 @@ def short_value(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _positive_int(config: dict[str, Any], key: str, limit: int) -> None:
+def _positive_int(config: Mapping[str, object], key: str, limit: int) -> None:
     val = config.get(key)
     if val is None:
         return
@@ -61,7 +77,7 @@ def _positive_int(config: dict[str, Any], key: str, limit: int) -> None:
         raise AdvisorError(f"config field {key!r} = {short_value(val)} is absurd (limit {limit}): check the config")
 
 
-def check_config_size(config: dict[str, Any]) -> int:
+def check_config_size(config: Mapping[str, object]) -> int:
     """Refuse absurd configs by arithmetic before anything is built; return a rough parameter count.
 
     Rough count (dense decoder, Kaplan et al. 2020 eq. 2.1 style): layers x (4 h^2 + 3 h ffn) + vocab x h.
@@ -85,18 +101,18 @@ def check_config_size(config: dict[str, Any]) -> int:
     layers = num_layers(config)
     if layers > MAX_LAYERS:
         raise AdvisorError(f"{layers} layers is absurd (limit {MAX_LAYERS}): check the config")
-    hidden = int(config_get(config, _HIDDEN_KEYS, 0) or 0)
-    ffn = int(config_get(config, _FFN_KEYS, 0) or 4 * hidden)
-    experts = int(config.get("num_local_experts") or config.get("num_experts") or 1)
-    vocab = int(config.get("vocab_size") or 0)
+    hidden = as_int(config_get(config, _HIDDEN_KEYS, 0) or 0)
+    ffn = as_int(config_get(config, _FFN_KEYS, 0) or 4 * hidden)
+    experts = as_int(config.get("num_local_experts") or config.get("num_experts") or 1)
+    vocab = as_int(config.get("vocab_size") or 0)
     rough = layers * (4 * hidden * hidden + 3 * hidden * ffn * experts) + vocab * hidden
     if rough > MAX_PARAMS:
         raise AdvisorError(f"config implies about {rough:.2e} parameters (limit {MAX_PARAMS:.0e}): check the config")
     heads = config_get(config, _HEAD_KEYS)
-    if heads and hidden and "head_dim" not in config and "d_kv" not in config and hidden % int(heads):
+    if heads and hidden and "head_dim" not in config and "d_kv" not in config and hidden % as_int(heads):
         raise AdvisorError(f"hidden size {hidden} is not divisible by {heads} attention heads: fix the config")
     kv = config.get("num_key_value_heads")
-    if heads and kv and int(heads) % int(kv):
+    if heads and kv and as_int(heads) % as_int(kv):
         # grouped-query attention repeats each key/value head over heads / kv query heads (transformers' repeat_kv)
         raise AdvisorError(f"{heads} attention heads are not divisible by {kv} key/value heads: fix the config")
     return rough

@@ -35,7 +35,7 @@ def _unknown_model(name: str) -> AdvisorError:
     return AdvisorError(f"unknown model {name!r}: {hint}; or pass --config config.json / --model-factory mod:fn")
 
 
-def resolve_model(name: str | None, *, config_path: str | None = None, config_dict: dict | None = None,
+def resolve_model(name: str | None, *, config_path: str | None = None, config_dict: dict[str, object] | None = None,
                   config_source: str | None = None,
                   factory: str | None = None, seq_len: int | None = None, image_size: int | None = None,
                   input_shape: tuple[int, ...] | None = None) -> ModelSpec:

@@ -5,8 +5,6 @@ the family unit named by ``family`` builds it (``advisor.models.families``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
 from ..bnb_layout import QUANT_CHOICES
 
 FAMILY_NAMES = ("transformer", "vision", "custom")
@@ -51,7 +49,7 @@ class ModelSpec:
     family: str  # one of FAMILY_NAMES
     source: str
     model_type: str | None = None  # HF model_type, or the torchvision builder name
-    config: dict[str, Any] | None = None
+    config: dict[str, object] | None = None
     factory: str | None = None  # "package.module:function" for family == "custom"
     input_shape: tuple[int, ...] | None = None  # per-sample shape (vision/custom), e.g. (3, 224, 224)
     seq_len: int | None = None

@@ -31,10 +31,10 @@ FINDING_COLUMNS = ("line", "rule", "severity", "message", "fix", "pitfall")
 
 
 def findings_frame(findings: list[Finding]) -> pd.DataFrame:
-    """One row per finding: line, rule, severity, message, fix, and the pitfall of the field notes it is
-    (``Finding.field_note``, e.g. "pitfall 3")."""
+    """One row per finding: line, rule, severity, message, fix, and the pitfall of docs/pitfalls.md it is
+    (``Finding.pitfall``, e.g. "pitfall 3")."""
     return pd.DataFrame([{"line": f.line, "rule": f.rule, "severity": f.severity, "message": f.message,
-                          "fix": f.fix, "pitfall": f.field_note} for f in findings], columns=list(FINDING_COLUMNS))
+                          "fix": f.fix, "pitfall": f.pitfall} for f in findings], columns=list(FINDING_COLUMNS))
 
 
 def show_check() -> None:

@@ -5,14 +5,22 @@ WORLD_SIZE > 1), CALIBRATE_THREADS (torch intra-op threads). Every rank runs eac
 the others (a barrier before each), as the ranks of a verification run share the cores, caches and memory.
 Rank 0 prints one line ``CALIBRATION <json>``: each rank's figures, in rank order.
 """
+from __future__ import annotations
+
 import datetime
 import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from torch._ops import OpOverload
 
 seconds = float(sys.argv[1])
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -22,11 +30,12 @@ if world > 1:
 
 
 def sync() -> None:
+    """Wait for every rank (nothing to wait for alone)."""
     if world > 1:
         dist.barrier()
 
 
-def rate(fn, work: float, duration: float, rounds: int = 3) -> float:
+def rate(fn: Callable[[], object], work: float, duration: float, rounds: int = 3) -> float:
     """``work`` units per call of ``fn`` -> units per second: the best of ``rounds`` rounds of about
     ``duration / rounds`` seconds each, after a warm-up call, every rank at once. The best round, because a
     short benchmark is only ever slowed by noise (another process, a frequency change), and one slow round
@@ -46,7 +55,7 @@ def rate(fn, work: float, duration: float, rounds: int = 3) -> float:
     return best
 
 
-out = {"rank": rank, "threads": torch.get_num_threads()}
+out: dict[str, float] = {"rank": rank, "threads": torch.get_num_threads()}
 # Matmul FLOP/s (2 per multiply-add, as torch.utils.flop_counter counts them) as a linear layer trains: the
 # forward x @ W^T, the input gradient g @ W and the weight gradient g^T @ x of F.linear on 512 x 512 (3 products).
 # The three layouts run at different speeds where bf16 is emulated (no native bf16: x @ W^T about 8 GFLOP/s,
@@ -57,7 +66,7 @@ for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
     wm = torch.randn(n, n, dtype=dtype, requires_grad=True)
     gm = torch.ones(n, n, dtype=dtype)
 
-    def linear_step(xm=xm, wm=wm, gm=gm) -> None:
+    def linear_step(xm: torch.Tensor = xm, wm: torch.Tensor = wm, gm: torch.Tensor = gm) -> None:
         torch.nn.functional.linear(xm, wm).backward(gm)
 
     out[f"matmul_{name}_flops_per_s"] = rate(linear_step, 3 * 2.0 * n**3, seconds)
@@ -79,7 +88,11 @@ out["conv_fp32_flops_per_s"] = rate(conv_step, 3 * 2.0 * 16 * 64 * 16 * 16 * 64 
 for name, mib in (("cache", 4), ("dram", 64)):
     a, b = torch.ones(mib * 2**18), torch.ones(mib * 2**18)
     c = torch.empty_like(a)
-    out[f"add_{name}_bytes_per_s"] = rate(lambda a=a, b=b, c=c: torch.add(a, b, out=c), 3.0 * a.nbytes, seconds / 2)
+
+    def add_step(a: torch.Tensor = a, b: torch.Tensor = b, c: torch.Tensor = c) -> torch.Tensor:
+        return torch.add(a, b, out=c)
+
+    out[f"add_{name}_bytes_per_s"] = rate(add_step, 3.0 * a.nbytes, seconds / 2)
 # Per-op overhead: an out-of-place add of 8 elements is all dispatch (torch's eager per-op cost).
 x = torch.ones(8)
 out["tiny_op_s"] = 1.0 / rate(lambda: x + x, 1.0, seconds / 4)
@@ -97,7 +110,7 @@ for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
     q, k, v = (torch.randn(2, 8, 256, 32, dtype=dtype, requires_grad=True) for _ in range(3))
     g = torch.ones(2, 8, 256, 32, dtype=dtype)
 
-    def attention_step(q=q, k=k, v=v, g=g) -> None:
+    def attention_step(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, g: torch.Tensor = g) -> None:
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
 
     out[f"attention_{name}_flops_per_s"] = rate(attention_step, attention_flops, seconds / 2)
@@ -122,7 +135,8 @@ def tiny_step() -> None:
 class _Count(TorchDispatchMode):
     n = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: OpOverload, types: tuple[type, ...], args: tuple[object, ...] = (),
+                           kwargs: dict[str, object] | None = None) -> object:
         out = func(*args, **(kwargs or {}))
         if not getattr(func, "is_view", False) and func.__name__.split(".")[0] not in _SKIP:
             _Count.n += 1
@@ -163,7 +177,7 @@ if world > 1:
         for _ in range(4):
             fn()
         out[f"{label}_16MiB_s"] = (time.perf_counter() - t0) / 4
-    everyone = [None] * world
+    everyone: list[object] = [None] * world
     dist.all_gather_object(everyone, out)
     dist.destroy_process_group()
 else:

@@ -1,4 +1,4 @@
-"""This machine's CPU, measured, so the step-time model can predict a CPU verification run (issue 13).
+"""This machine's CPU, measured, so the step-time model can predict a CPU verification run.
 
 A verification on a machine without a GPU runs its ranks as CPU processes over gloo (``advisor.verify``:
 ``MAX_CPU_RANKS`` at most, each with ``OMP_NUM_THREADS`` intra-op threads). No datasheet describes that
@@ -48,11 +48,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..cache import DiskCache, NullCache, library_versions, open_cache
 from ..gpu_presets import BusBw, GpuPreset
 from ..processes import MachineLock, free_port
 from .compute import Efficiency, Rates
+
+if TYPE_CHECKING:
+    from .comm import Fabric
+    from .step import StepTime
 
 NAMESPACE = "cpu-calibration"
 FORMAT = 4  # bump when what is measured changes: older cached calibrations then miss
@@ -96,9 +101,13 @@ class CpuCalibration:
     cached: bool = False  # read from the cache
 
     def source(self) -> str:
-        bw = (f", gloo busbw all-reduce {self.allreduce_busbw_gbps:.2f} GB/s, reduce-scatter "
-              f"{self.reduce_scatter_busbw_gbps:.2f}, all-gather {self.all_gather_busbw_gbps:.2f}, latency "
-              f"{1e6 * self.allreduce_latency_s:.0f} us" if self.allreduce_busbw_gbps else "")
+        """Where the rates come from, with every measured figure, in one line (the sources the plan quotes)."""
+        bw, latency = "", self.allreduce_latency_s
+        if self.allreduce_busbw_gbps:
+            assert latency is not None, "the all-reduce is measured with its latency (_from_ranks)"
+            bw = (f", gloo busbw all-reduce {self.allreduce_busbw_gbps:.2f} GB/s, reduce-scatter "
+                  f"{self.reduce_scatter_busbw_gbps:.2f}, all-gather {self.all_gather_busbw_gbps:.2f}, latency "
+                  f"{1e6 * latency:.0f} us")
         return (f"measured on this machine ({self.cpu}, {self.ranks} rank(s) x {self.threads} thread(s) at once): "
                 f"matmul fp32 {self.matmul_fp32_flops_per_s / 1e9:.1f} GFLOP/s, bf16 "
                 f"{self.matmul_bf16_flops_per_s / 1e9:.2f} GFLOP/s, fp32 convolution "
@@ -139,7 +148,7 @@ class CpuCalibration:
         """1 and 1: the rates are achieved ones already (``--mfu`` / ``--bandwidth-efficiency`` still apply)."""
         return Efficiency(1.0, 1.0, self.source())
 
-    def fabric(self, f):
+    def fabric(self, f: Fabric) -> Fabric:
         """``advisor.timing.comm.Fabric`` ``f`` with gloo's measured latency in place of NCCL's model (the
         whole measured all-reduce latency per collective, nothing per ring step) and its measured reduce-scatter
         and all-gather bandwidths."""
@@ -152,7 +161,7 @@ class CpuCalibration:
         return replace(f, base_latency_s=self.allreduce_latency_s, intra_step_latency_s=0.0,
                        collective_busbw_gbps=own)
 
-    def step_s(self, t) -> float:
+    def step_s(self, t: StepTime) -> float:
         """Seconds of ``t`` (an ``advisor.timing.step.StepTime``) on these CPU ranks. When the ranks' threads fill
         every core, nothing is left to run gloo on: its copies and reductions take the cores compute runs on, so no
         communication hides behind compute (the strategies' overlap rules are a GPU's, whose copy engines and
@@ -161,7 +170,8 @@ class CpuCalibration:
             return t.compute_s + t.comm_s + t.optimizer_s
         return t.step_s
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
+        """Every field by name (what the cache stores)."""
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
@@ -179,7 +189,8 @@ def cpu_model() -> str:
     return f"{name} [{' '.join(isa)}]" if isa else name
 
 
-def cache_key(ranks: int, threads: int) -> dict:
+def cache_key(ranks: int, threads: int) -> dict[str, object]:
+    """The disk cache's key of a calibration of ``ranks`` x ``threads`` on this CPU with this torch."""
     return {"format": FORMAT, "cpu": cpu_model(), "cores": os.cpu_count() or 0, "ranks": ranks, "threads": threads,
             "torch": library_versions()["torch"]}
 
@@ -220,7 +231,9 @@ class OtherCpu:
         return min(1.0, max(0.0, others / ((os.cpu_count() or 1) * wall)))
 
 
-def _from_ranks(per_rank: list[dict], ranks: int, threads: int, seconds: float, contended: bool) -> CpuCalibration:
+def _from_ranks(per_rank: list[dict[str, float]], ranks: int, threads: int, seconds: float,
+                contended: bool) -> CpuCalibration:
+    """A ``CpuCalibration`` from every rank's figures: the slowest rank's rates (synchronous ranks wait for it)."""
     def slowest(key: str) -> float:
         return min(r[key] for r in per_rank)
 

@@ -73,7 +73,7 @@ class Efficiency:
     source: str
 
 
-# Fitted by bench/timefit.py to the public measurements of issue 13 (bench/TIME.md has the fit and the residuals):
+# Fitted by bench/timefit.py to the published runs it lists (bench/TIME.md has the fit and the residuals):
 # Ampere to nanoGPT (8 x A100, 562 ms/step) and Megatron-LM's weak-scaling table (1B-8B, TP 1-8, 1076-1343 ms);
 # Turing's compute efficiency to the transformers docs' DP-vs-DDP run (2 x TITAN RTX, fp32, 101.9 s / 200 steps),
 # its bandwidth efficiency Ampere's (one measurement cannot fit two). Generations without a public measurement

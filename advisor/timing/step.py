@@ -57,7 +57,8 @@ class Collective:
     exposed_s: float
     passes: int = 1  # how many times per optimizer step the whole buffer goes
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
+        """The collective as JSON (its size as ``bytes``)."""
         return {"what": self.what, "kind": self.kind, "group": self.group, "bytes": self.nbytes, "passes": self.passes,
                 "calls": self.calls, "seconds": self.seconds, "exposed_s": self.exposed_s}
 

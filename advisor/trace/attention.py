@@ -19,14 +19,35 @@ from .op_costs import _nbytes
 if TYPE_CHECKING:
     from collections.abc import Callable
     from contextlib import AbstractContextManager
+    from typing import Protocol
 
     import torch
-    from torch.autograd.function import FunctionCtx
 
     from .live_bytes import _LiveBytes
 
+    class _FusedCtx(Protocol):
+        """The autograd context ``FusedAttention`` uses: what it saves, and the FLOP counter it keeps for backward."""
 
-_MISSING = object()
+        add_flops: Callable[[int, int], None]
+        saved_tensors: tuple[torch.Tensor, ...]
+
+        def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
+
+    class AttentionModeLike(Protocol):
+        """The torch-function mode ``_attention_mode_class`` makes (its class is built when torch is imported)."""
+
+        kernel: str
+        counter: _LiveBytes
+        recompute: bool
+
+        def __init__(self, kernel: str, counter: _LiveBytes) -> None: ...
+
+        def fresh(self) -> AttentionModeLike: ...
+
+        def __enter__(self) -> AttentionModeLike: ...
+
+        def __exit__(self, *exc: object) -> bool | None: ...
+
 
 
 def _attention_output(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -53,7 +74,7 @@ def _attention_output(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _attention_mode_class() -> type:
+def _attention_mode_class() -> type[AttentionModeLike]:
     """The ``TorchFunctionMode`` that routes SDPA calls (made once: torch is imported lazily)."""
     import math
     import types
@@ -71,7 +92,7 @@ def _attention_mode_class() -> type:
         FLOPs with flop_counter's SDPA formulas (the backward recomputes the scores)."""
 
         @staticmethod
-        def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        def forward(ctx: _FusedCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     add_flops: Callable[[int, int], None]) -> torch.Tensor:
             out = _attention_output(q, v)
             lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
@@ -82,7 +103,7 @@ def _attention_mode_class() -> type:
             return out
 
         @staticmethod
-        def backward(ctx: FunctionCtx, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+        def backward(ctx: _FusedCtx, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
             q, k, v, out, lse = ctx.saved_tensors
             # Reads q, k, v, the output, its gradient and the log-sum-exp; writes dq, dk, dv.
             ctx.add_flops(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape),
@@ -104,13 +125,14 @@ def _attention_mode_class() -> type:
         if autocast:
             low = torch.get_autocast_dtype(device)
 
-            def cast(t: torch.Tensor | None) -> torch.Tensor | None:
-                eligible = t is not None and t.is_floating_point() and t.dtype not in (low, torch.float64)
+            def cast(t: torch.Tensor) -> torch.Tensor:
+                eligible = t.is_floating_point() and t.dtype not in (low, torch.float64)
                 return t.to(low) if eligible else t
 
             # Last argument first: the order in which the autocast kernel's casts run (C++ evaluates
             # the pack of casts right to left here), so the traced events come in the same order.
-            attn_mask, value, key, query = cast(attn_mask), cast(value), cast(key), cast(query)
+            attn_mask, value, key, query = (cast(attn_mask) if attn_mask is not None else None), cast(value), \
+                cast(key), cast(query)
         with torch.autocast(device, enabled=False) if autocast else contextlib.nullcontext():
             if attn_mask is not None and attn_mask.dtype == torch.bool:
                 attn_mask = torch.where(attn_mask, torch.scalar_tensor(0.0, dtype=query.dtype, device=attn_mask.device),
@@ -132,7 +154,7 @@ def _attention_mode_class() -> type:
             super().__init__()
             self.kernel = kernel
             self.counter = counter
-            self._copies: dict = {}
+            self._copies: dict[types.FunctionType, types.FunctionType | None] = {}
 
         def fresh(self) -> AttentionMode:
             """A new mode with the same kernel and counter (for checkpoint recomputation): while it is active
@@ -162,16 +184,16 @@ def _attention_mode_class() -> type:
             return FusedAttention.apply(query, key, value, self.counter.add_flops)
 
         def _private_copy(self, func: types.FunctionType) -> types.FunctionType | None:
-            copy = self._copies.get(func, _MISSING)
-            if copy is _MISSING:
-                copy = None
-                if ("scaled_dot_product_attention" in func.__code__.co_names
-                        and func.__globals__.get("scaled_dot_product_attention") is sdpa):
-                    scope = dict(func.__globals__, scaled_dot_product_attention=self.attention)
-                    copy = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__,
-                                              func.__closure__)
-                    copy.__kwdefaults__ = func.__kwdefaults__
-                self._copies[func] = copy
+            if func in self._copies:
+                return self._copies[func]
+            copy = None
+            if ("scaled_dot_product_attention" in func.__code__.co_names
+                    and func.__globals__.get("scaled_dot_product_attention") is sdpa):
+                scope = dict(func.__globals__, scaled_dot_product_attention=self.attention)
+                copy = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__,
+                                          func.__closure__)
+                copy.__kwdefaults__ = func.__kwdefaults__
+            self._copies[func] = copy
             return copy
 
         def __torch_function__(self, func: Callable[..., object], types_: tuple[type, ...], args: tuple = (),

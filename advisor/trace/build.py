@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..checkpointing import enable_activation_checkpointing
 from ..locks import MODEL_BUILD_LOCK
@@ -82,7 +82,8 @@ def _materialize(model: torch.nn.Module, device: str = "cpu") -> None:
     ``transformer.wte.weight``), which ``Module.to_empty`` does not guarantee."""
     import torch
 
-    made: dict[int, tuple] = {}  # id(old) -> (old, new); keeps old alive so ids are not reused
+    # id(old) -> (old, new); keeps old alive so ids are not reused
+    made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def fresh(t: torch.Tensor, param: bool) -> torch.Tensor:
         hit = made.get(id(t))
@@ -96,7 +97,7 @@ def _materialize(model: torch.nn.Module, device: str = "cpu") -> None:
     for module in model.modules():
         for name, p in module._parameters.items():
             if p is not None:
-                module._parameters[name] = fresh(p, True)
+                module._parameters[name] = cast("torch.nn.Parameter", fresh(p, True))  # made as a Parameter
         for name, b in module._buffers.items():
             if b is not None:
                 module._buffers[name] = fresh(b, False)

@@ -37,7 +37,9 @@ def _grouped_mm_fp32(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tenso
                      bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The output tensor of ``aten::_grouped_mm`` for fp32 operands, which FakeTensor's meta kernel rejects."""
     a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
+    size: tuple[int, ...]
     if a2 and b2:  # (M, K_total) x (K_total, N), groups along K: one (M, N) result per group
+        assert offs is not None, "aten::_grouped_mm with groups along K takes their offsets"
         size = (offs.size(0), mat_a.size(0), mat_b.size(1))
     elif a2:  # (S, K) x (G, K, N) -> (S, N), groups along S
         size = (mat_a.size(0), mat_b.size(-1))
@@ -54,5 +56,6 @@ def _grouped_mm_flops(mat_a: torch.Tensor, mat_b: torch.Tensor, *args: object, o
     operand meets one group's matrix, so it is the matmul of the concatenated groups."""
     if mat_a.dim() == 2 and mat_b.dim() == 2:  # jagged contraction (the experts' weight gradients)
         return 2 * mat_a.size(0) * mat_a.size(1) * mat_b.size(1)
+    assert out_val is not None, "torch.utils.flop_counter passes the op's output as out_val"
     return 2 * out_val.numel() * mat_a.size(-1)
 

@@ -12,13 +12,19 @@ import dataclasses
 import functools
 import hashlib
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, overload
 
 from ..cache import library_versions
 from ..models import ModelSpec
 from .timeline import ActivationProfile, Timeline
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T")
 
 # The source a cached trace or count depends on, relative to the ``advisor`` package: these files, and every
 # ``.py`` file of these packages (script fragments excluded).
@@ -59,7 +65,7 @@ def factory_hash(factory: str | None) -> str | None:
         return None
 
 
-def model_key(spec: ModelSpec) -> dict[str, Any]:
+def model_key(spec: ModelSpec) -> dict[str, object]:
     """Everything about ``spec`` that changes a trace or a count (not its display name or source)."""
     return {"family": spec.family, "model_type": spec.model_type, "config": spec.config, "seq_len": spec.seq_len,
             "input_shape": list(spec.input_shape) if spec.input_shape else None, "factory": spec.factory,
@@ -67,8 +73,16 @@ def model_key(spec: ModelSpec) -> dict[str, Any]:
             "adapter": asdict(spec.adapter) if spec.adapter is not None else None}
 
 
-def to_json(obj: Any) -> Any:
-    """A (nested) frozen dataclass of ints, strs and tuples as JSON-able lists and dicts."""
+@overload
+def to_json(obj: DataclassInstance) -> dict[str, object]: ...
+
+
+@overload
+def to_json(obj: object) -> object: ...
+
+
+def to_json(obj: object) -> object:
+    """A (nested) frozen dataclass of ints, strs and tuples as JSON-able lists and dicts (a dataclass: a dict)."""
     if dataclasses.is_dataclass(obj):
         return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (tuple, list)):
@@ -76,19 +90,41 @@ def to_json(obj: Any) -> Any:
     return obj
 
 
-def tuples_from_json(obj: Any) -> Any:
+def tuples_from_json(obj: object) -> object:
     """``obj`` read from JSON with its (nested) lists back as tuples (which ``to_json`` wrote as lists)."""
     return tuple(tuples_from_json(x) for x in obj) if isinstance(obj, list) else obj
 
 
-def activation_profile_from_json(doc: dict[str, Any]) -> ActivationProfile:
+def _construct(cls: type[T], fields: Mapping[str, object]) -> T:
+    """``cls(**fields)``: a dataclass from field values read from JSON, of whatever types the document held.
+
+    Raises:
+        TypeError: a field ``cls`` does not have, or one it needs missing.
+    """
+    return cls(**fields)
+
+
+def dataclass_from_json(cls: type[T], doc: Mapping[str, object]) -> T:
+    """The inverse of ``to_json`` for a flat dataclass ``cls`` of ints, strs and (nested) tuples: ``cls(**doc)`` with
+    every list back as a tuple (``tuples_from_json``).
+
+    Raises:
+        TypeError: a field ``cls`` does not have, or one it needs missing.
+    """
+    return _construct(cls, {k: tuples_from_json(v) for k, v in doc.items()})
+
+
+def activation_profile_from_json(doc: Mapping[str, object]) -> ActivationProfile:
     """The inverse of ``to_json`` for an ``ActivationProfile`` (lists back to tuples).
 
     Raises:
         KeyError, TypeError: the document is not of this shape.
     """
-    def timeline(d: dict[str, Any]) -> Timeline:
-        return Timeline(**{k: tuples_from_json(v) for k, v in d.items()})
+    def timeline(d: Mapping[str, object]) -> Timeline:
+        return dataclass_from_json(Timeline, d)
 
-    depths = tuple((int(depth), timeline(t1), timeline(t2)) for depth, t1, t2 in doc["depths"])
-    return ActivationProfile(**(doc | {"depths": depths}))
+    stored = doc["depths"]
+    if not isinstance(stored, list):
+        raise TypeError(f"depths must be a list, not {type(stored).__name__}")
+    depths = tuple((int(depth), timeline(t1), timeline(t2)) for depth, t1, t2 in stored)
+    return _construct(ActivationProfile, {**doc, "depths": depths})

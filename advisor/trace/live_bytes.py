@@ -114,7 +114,11 @@ class _LiveBytes:
             if key in self._live or key in self._exclude:
                 continue
             n = st.nbytes()
-            self._live[key] = (weakref.ref(st, lambda _r, k=key: self._free(k)), n)
+
+            def dropped(_ref: object, k: int = key) -> None:
+                self._free(k)
+
+            self._live[key] = (weakref.ref(st, dropped), n)
             self.cur += n
         if transient:
             self.events.append((self.cur + transient, self.retained_cur, self.grads_cur))
@@ -132,5 +136,7 @@ class _LiveBytes:
         self.record_op(int(n), int(nbytes), ATTENTION)
 
     def on_grad(self, param: torch.nn.Parameter) -> None:
+        """A post-accumulate-grad hook: count ``param``'s gradient storage, just accumulated."""
+        assert param.grad is not None, "a post-accumulate-grad hook runs once the gradient is there"
         self.grads_cur += param.grad.untyped_storage().nbytes()
 

@@ -47,7 +47,8 @@ def _nbytes(*tensors: object) -> int:
     return total
 
 
-def _op_bytes(func: OpOverload, args: tuple, kwargs: dict, out: object, no_data: set) -> int:
+def _op_bytes(func: OpOverload, args: tuple[object, ...], kwargs: dict[str, object], out: object,
+              no_data: set[object]) -> int:
     """Bytes one op reads and writes: its tensor inputs plus its tensor outputs (``_nbytes``); 0 for views
     (``OpOverload.is_view``), aliases and allocations (``_NO_DATA_OPS``). An in-place op reads and writes its
     operand, so counting it once as input and once as output is right."""

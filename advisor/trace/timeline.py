@@ -81,7 +81,7 @@ Event = tuple[int, int, int]  # (live, forward-retained alive, gradients so far)
 DEPTH_ALIGN_TOLERANCE = 4096
 
 
-def _events_at(e1: tuple, e2: tuple, b: int) -> list[Event]:
+def _events_at(e1: tuple[Event, ...], e2: tuple[Event, ...], b: int) -> list[Event]:
     """One phase's events at micro-batch ``b``, each linear in b between the traces at ``BASE_B``
     (``e1``) and ``BASE_B + 1`` (``e2``); when a few ops differ between the sizes the events are
     aligned proportionally."""
@@ -91,7 +91,9 @@ def _events_at(e1: tuple, e2: tuple, b: int) -> list[Event]:
             e1 = tuple(e1[i * n1 // n2] for i in range(n2))
         else:
             e2 = tuple(e2[i * n2 // n1] for i in range(n1))
-    return [tuple(int(x[i] + (b - BASE_B) * (y[i] - x[i])) for i in range(3)) for x, y in zip(e1, e2)]
+    d = b - BASE_B
+    return [(int(x[0] + d * (y[0] - x[0])), int(x[1] + d * (y[1] - x[1])), int(x[2] + d * (y[2] - x[2])))
+            for x, y in zip(e1, e2)]
 
 
 def _peaks(events: list[Event]) -> tuple[Event, Event]:
@@ -102,7 +104,7 @@ def _peaks(events: list[Event]) -> tuple[Event, Event]:
     return max(events, key=lambda e: e[0]), max(events, key=lambda e: e[0] - e[2])
 
 
-def _phase_peaks(e1: tuple, e2: tuple, b: int) -> tuple[Event, Event]:
+def _phase_peaks(e1: tuple[Event, ...], e2: tuple[Event, ...], b: int) -> tuple[Event, Event]:
     """Peaks over the events of one phase at micro-batch ``b`` (``_events_at``, ``_peaks``)."""
     return _peaks(_events_at(e1, e2, b))
 
@@ -204,7 +206,7 @@ class ActivationProfile:
         totals = one.combine(two, 1.0 - extra, extra)
         # The peaks and their split come from the full-depth event sequence, not from combining the two
         # traces' peaks: the peak can fall at a different event at each depth (start of backward at depth
-        # 1, end at depth 2), and mixing the two splits gave negative activations (issue 12).
+        # 1, end at depth 2), and mixing the two splits gave negative activations.
         fwd = _deep_events(_events_at(a1.fwd, a2.fwd, micro_batch), _events_at(b1.fwd, b2.fwd, micro_batch), extra)
         bwd = _deep_events(_events_at(a1.bwd, a2.bwd, micro_batch), _events_at(b1.bwd, b2.bwd, micro_batch), extra)
         f_gross, _ = _peaks(fwd)

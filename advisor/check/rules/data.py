@@ -34,7 +34,7 @@ def sampler_and_shuffle(ctx: Context) -> Iterator[Hit]:
     call, or a name assigned one (also ``DistributedSampler(...) if c else None``). The DataLoader
     raises "sampler option is mutually exclusive with shuffle". Reported on the ``shuffle=True``.
 
-    Field notes: pitfall 3. Quiet for ``shuffle=`` anything but the literal True (the usual
+    docs/pitfalls.md: pitfall 3. Quiet for ``shuffle=`` anything but the literal True (the usual
     ``shuffle=(sampler is None)`` is right), and for samplers reached through attributes or
     function results.
     """
@@ -69,9 +69,12 @@ def _loader_escapes(ctx: Context, call: ast.Call) -> bool:
     parent = ctx.parents.get(call)
     if isinstance(parent, (ast.For, ast.AsyncFor)) and parent.iter is call:
         return False
-    if not (isinstance(parent, ast.Assign) and all(isinstance(t, ast.Name) for t in parent.targets)):
+    if not isinstance(parent, ast.Assign):
         return True
-    for target in parent.targets:
+    names = [t for t in parent.targets if isinstance(t, ast.Name)]
+    if len(names) < len(parent.targets):
+        return True
+    for target in names:
         for use in _visible_loads(ctx, ctx.scope_of(parent), target.id):
             user = ctx.parents[use]
             iterated = isinstance(user, (ast.For, ast.AsyncFor)) and user.iter is use
@@ -124,7 +127,7 @@ def _reused_across_epochs(ctx: Context, call: ast.Call) -> bool:
     if not isinstance(assign, ast.Assign) or _loader_escapes(ctx, call):
         return False
     built_in = set(ctx.ancestors(assign))
-    for target in assign.targets:
+    for target in (t for t in assign.targets if isinstance(t, ast.Name)):  # all of them (_loader_escapes)
         for use in _visible_loads(ctx, ctx.scope_of(assign), target.id):
             loop = _iterated(ctx, use)
             epochs = ctx.loop_of(loop) if loop is not None else None
@@ -156,7 +159,7 @@ def no_set_epoch(ctx: Context) -> Iterator[Hit]:
     (directly or through enumerate/tqdm) inside an outer loop that the DataLoader was built outside
     of, and the file never mentions ``set_epoch`` at all. Reported on the DataLoader.
 
-    Field notes: pitfall 4. Quiet (precision over recall) when the sampler escapes where it cannot be
+    docs/pitfalls.md: pitfall 4. Quiet (precision over recall) when the sampler escapes where it cannot be
     followed: passed to any call but DataLoader/len/print/isinstance, returned, yielded, stored in a
     container or attribute, aliased, or given to a DataLoader that itself is returned, stored or
     handed to a function other than enumerate/iter/len/zip/tqdm (its ``.sampler`` may get
@@ -218,11 +221,13 @@ def sampler_on_iterable(ctx: Context) -> Iterator[Hit]:
     classes), ``IterableDataset(...)`` itself, ``load_dataset(..., streaming=True)`` or
     ``x.to_iterable_dataset()``. An IterableDataset has no length or indices to sample.
 
-    Field notes: pitfall 5. Blind spots: IterableDataset subclasses imported from other files or
+    docs/pitfalls.md: pitfall 5. Blind spots: IterableDataset subclasses imported from other files or
     libraries (webdataset, torchdata), datasets built by functions, wrapped datasets.
     """
     for call in ctx.calls_to(SAMPLER):
         dataset = argument(call, 0, "dataset")
-        why = _iterable_dataset(ctx, ctx.resolve(dataset)) if dataset is not None else None
+        if dataset is None:
+            continue
+        why = _iterable_dataset(ctx, ctx.resolve(dataset))
         if why:
             yield Hit(call, f"DistributedSampler(`{text(dataset)}`): {why}, which has no indices to sample")

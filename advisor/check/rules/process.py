@@ -19,7 +19,7 @@ def data_parallel(ctx: Context) -> Iterator[Hit]:
     """Catches a call of ``nn.DataParallel`` / ``torch.nn.DataParallel`` (any import alias): the
     strategy rules say DDP, never DP (one process, GPU 0 gathers everything).
 
-    Field notes: strategy decision rules. Blind spots: DataParallel reached through ``getattr`` or a
+    docs/decisions.md: the decision rules. Blind spots: DataParallel reached through ``getattr`` or a
     variable holding the class; ``isinstance(m, nn.DataParallel)`` is not a use and stays quiet.
     """
     for call in ctx.calls_to(DATA_PARALLEL):
@@ -82,7 +82,7 @@ def rank_as_device(ctx: Context) -> Iterator[Hit]:
     to ``os.environ["RANK"]`` / ``os.environ.get("RANK")`` / ``os.getenv("RANK")`` or an argument-less
     ``dist.get_rank()``. On a second node the global rank exceeds the local GPU count.
 
-    Field notes: pitfall 2. Quiet for LOCAL_RANK, for ``rank % torch.cuda.device_count()`` and for
+    docs/pitfalls.md: pitfall 2. Quiet for LOCAL_RANK, for ``rank % torch.cuda.device_count()`` and for
     anything not traced: function parameters (``mp.spawn`` passes the local index as ``rank``),
     ``args.rank``, values read from attributes or returned by functions.
     """
@@ -106,7 +106,7 @@ def ddp_before_init(ctx: Context) -> Iterator[Hit]:
     (or ``deepspeed.init_distributed()``) of the same function, or at module level before a
     module-level init: DDP raises "Default process group has not been initialized".
 
-    Field notes: pitfall 1. Order is text order, not control flow. Quiet when the function has no
+    docs/pitfalls.md: pitfall 1. Order is text order, not control flow. Quiet when the function has no
     init call at all (it may be initialised by a caller or a helper such as ``setup()``).
     """
     scopes = [ctx.tree, *(n for n in ctx.nodes if isinstance(n, FUNCTIONS))]
@@ -163,7 +163,7 @@ def no_destroy(ctx: Context) -> Iterator[Hit]:
     ``deepspeed.init_distributed()`` is not checked: DeepSpeed's own examples never destroy the group
     it makes.
 
-    Field notes: pitfall 19. Blind spots: a destroy in another file reached through a helper with a
+    docs/pitfalls.md: pitfall 19. Blind spots: a destroy in another file reached through a helper with a
     neutral name (suppress it with ``# advisor: ignore[MG013]`` on the init line); an in-file
     helper is judged by its body, so a ``cleanup()`` defined here that does not destroy still fires.
     Only scripts are checked (an ``if __name__ == "__main__":`` block or calls at module level): a

@@ -28,14 +28,14 @@ NOT_DISTRIBUTED = ("torch.distributed.algorithms._checkpoint",)
 def is_distributed(ctx: Context) -> bool:
     """Whether the file is a distributed script: it imports or uses ``torch.distributed``,
     ``deepspeed``, DistributedDataParallel or DistributedSampler, or calls an init."""
-    if "distributed" not in ctx.memo:
+    def find() -> bool:
         markers = ("torch.distributed", "deepspeed")
         names = set(ctx.imports.modules) | set(ctx.imports.table.values())
         names |= {q for n in ctx.nodes if isinstance(n, ast.Attribute) and (q := ctx.imports.dotted(n))}
         names = {n for n in names if not n.startswith(NOT_DISTRIBUTED)}
-        ctx.memo["distributed"] = any(n.startswith(markers) or n in (DDP, SAMPLER) for n in names) or bool(
-            ctx.calls_to(DDP, *INITS))
-    return bool(ctx.memo["distributed"])
+        return any(n.startswith(markers) or n in (DDP, SAMPLER) for n in names) or bool(ctx.calls_to(DDP, *INITS))
+
+    return ctx.remember("distributed", find)
 
 
 def _nn_module_class(ctx: Context, name: str, seen: frozenset[str] = frozenset()) -> bool:
@@ -104,7 +104,7 @@ def save_module(ctx: Context) -> Iterator[Hit]:
     ``ddp_model``, ``network`` when they are not visibly a dict or ``state_dict()`` (they hold a module
     in practice). Pickling the module ties the checkpoint to the class's import path.
 
-    Field notes: pitfall 7. Blind spots: other names holding modules that come from function calls
+    docs/pitfalls.md: pitfall 7. Blind spots: other names holding modules that come from function calls
     (``m = build()``), attributes (``self.model``).
     """
     for call in ctx.calls_to("torch.save"):
@@ -161,7 +161,7 @@ def ddp_prefix(ctx: Context) -> Iterator[Hit]:
     where ``X`` was assigned ``DistributedDataParallel(...)`` (or DataParallel): every key gets a
     ``module.`` prefix and the checkpoint no longer loads into the single-GPU model.
 
-    Field notes: pitfall 7. Quiet for ``X.module.state_dict()``, for dict comprehensions that rewrite
+    docs/pitfalls.md: pitfall 7. Quiet for ``X.module.state_dict()``, for dict comprehensions that rewrite
     the keys, when the state dict is passed to any other call before saving (e.g.
     ``consume_prefix_in_state_dict_if_present``) or the file mentions that function, when ``X``
     comes from a parameter or attribute (unknown wrapper), and when the same file loads a state dict
@@ -242,7 +242,7 @@ def load_without_map_location(ctx: Context) -> Iterator[Hit]:
     is a checkpoint), when none says anything (``state = torch.load(args.resume)``), and when the
     load is subscripted (``sched.load_state_dict(torch.load(f)["scheduler"])`` loads the whole file).
 
-    Field notes: pitfalls 7 and 14. Blind spots: the words are a guess: a full checkpoint saved
+    docs/pitfalls.md: pitfalls 7 and 14. Blind spots: the words are a guess: a full checkpoint saved
     under a CPU-state name (``torch.load(f"step_{n}.pt")``, ``data = torch.load(path)``) is missed,
     a GPU-saved scheduler under a neutral name still fires; other loaders (``safetensors``,
     ``load_state_dict_from_url``) are not checked.
@@ -331,7 +331,7 @@ def output_on_every_rank(ctx: Context) -> Iterator[Hit]:
     in a file that calls torchvision's ``init_distributed_mode`` / ``setup_for_distributed``, which
     silence ``print`` on ranks other than 0 (the helper lives in another file; saves are still checked).
 
-    Field notes: pitfall 12. Blind spots: ``print(..., file=sys.stderr)`` and warning/error logs are
+    docs/pitfalls.md: pitfall 12. Blind spots: ``print(..., file=sys.stderr)`` and warning/error logs are
     left alone (every rank may report its own failure); guards in other files; writes through other
     APIs (``json.dump``, ``np.save``, ``model.save_pretrained``).
     """

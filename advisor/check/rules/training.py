@@ -46,7 +46,7 @@ def batchnorm_not_synced(ctx: Context) -> Iterator[Hit]:
     DistributedDataParallel and never mentions ``convert_sync_batchnorm`` or ``SyncBatchNorm``
     (a conditional conversion counts). Each GPU then normalises with its own small batch.
 
-    Field notes: pitfall 8. Info only: with a large per-GPU batch per-GPU statistics are fine.
+    docs/pitfalls.md: pitfall 8. Info only: with a large per-GPU batch per-GPU statistics are fine.
     Blind spots: models defined in other files, timm/other model zoos.
     """
     if not ctx.calls_to(DDP) or ctx.mentions("convert_sync_batchnorm", "SyncBatchNorm"):
@@ -101,7 +101,7 @@ def _sync_helpers(ctx: Context) -> set[str]:
     """Names that stand for ``no_sync`` in this file: functions whose body mentions it (also through
     other such functions) and names or attributes assigned an expression that mentions it
     (``self.sync_context = model.no_sync``)."""
-    if "sync-helpers" not in ctx.memo:
+    def find() -> set[str]:
         helpers: set[str] = set()
         bodies = {fn: _names(ast.walk(fn)) for fns in ctx.functions.values() for fn in fns}
         assigned = [(_names(ast.walk(n.value)), n.targets) for n in ctx.nodes if isinstance(n, ast.Assign)]
@@ -113,8 +113,9 @@ def _sync_helpers(ctx: Context) -> set[str]:
             if grown <= helpers:
                 break
             helpers |= grown
-        ctx.memo["sync-helpers"] = helpers
-    return ctx.memo["sync-helpers"]  # type: ignore[return-value]
+        return helpers
+
+    return ctx.remember("sync-helpers", find)
 
 
 def _skips_sync(ctx: Context, loop: ast.AST) -> bool:
@@ -122,10 +123,9 @@ def _skips_sync(ctx: Context, loop: ast.AST) -> bool:
     function (the module's own code at top level) mentions ``no_sync`` or
     ``require_backward_grad_sync``, or a name that stands for them (``_sync_helpers``)."""
     region = next((a for a in reversed(list(ctx.ancestors(loop))) if isinstance(a, FUNCTIONS)), ctx.tree)
-    key = ("region-names", region)
-    if key not in ctx.memo:
-        ctx.memo[key] = _names(ast.walk(region) if region is not ctx.tree else ctx.in_scope(ctx.tree))
-    return bool(ctx.memo[key] & (set(_SYNC_WORDS) | _sync_helpers(ctx)))  # type: ignore[operator]
+    names = ctx.remember(("region-names", region),
+                         lambda: _names(ast.walk(region) if region is not ctx.tree else ctx.in_scope(ctx.tree)))
+    return bool(names & (set(_SYNC_WORDS) | _sync_helpers(ctx)))
 
 
 @rule("MG011", "warning", (16,), "gradient accumulation without no_sync",
@@ -143,7 +143,7 @@ def accumulation_without_no_sync(ctx: Context) -> Iterator[Hit]:
     attribute assigned from an expression that does (``self.maybe_sync = model.no_sync``). Another
     function of the same file that uses ``no_sync`` does not silence this one.
 
-    Field notes: pitfall 16. Blind spots: accumulation tests without ``%`` (counters compared with
+    docs/pitfalls.md: pitfall 16. Blind spots: accumulation tests without ``%`` (counters compared with
     ``==``), optimizer steps through helpers not named like ``optimizer_step``, DDP built in
     another file, a no_sync context made by a helper in another file under a neutral name.
     """
@@ -200,12 +200,11 @@ def _divisions(node: ast.AST) -> Iterator[tuple[ast.AST | None, ast.AST]]:
 
 def _divided(ctx: Context, region: ast.AST, key: str) -> bool:
     """Whether ``region`` divides the tensor ``key`` by anything, or anything by a world-size-like value."""
-    memo = ("divisions", region)
-    if memo not in ctx.memo:  # (what is divided, by a world size?) for each division, once per region
-        ctx.memo[memo] = [(None if divided is None else _key(divided),
-                           any(_WORLD.search(last_name(n) or "") for n in ast.walk(divisor)))
-                          for node in ast.walk(region) for divided, divisor in _divisions(node)]
-    return any(world or divided == key for divided, world in ctx.memo[memo])  # type: ignore[attr-defined]
+    # (what is divided, by a world size?) for each division, once per region
+    divisions = ctx.remember(("divisions", region), lambda: [
+        (None if divided is None else _key(divided), any(_WORLD.search(last_name(n) or "") for n in ast.walk(divisor)))
+        for node in ast.walk(region) for divided, divisor in _divisions(node)])
+    return any(world or divided == key for divided, world in divisions)
 
 
 @rule("MG012", "error", (6,), "gradient all_reduce without division by world size",
@@ -218,7 +217,7 @@ def allreduce_without_average(ctx: Context) -> Iterator[Hit]:
     world-size-like value (``world_size``, ``dist.get_world_size()``, ``num_replicas``,
     ``dp_size``). The sum is world-size times the mean gradient, so the effective learning rate grows.
 
-    Field notes: pitfall 6. Quiet with ``op=ReduceOp.AVG`` or any op that is not SUM. Blind spots:
+    docs/pitfalls.md: pitfall 6. Quiet with ``op=ReduceOp.AVG`` or any op that is not SUM. Blind spots:
     division done in another function, all_reduce through wrappers.
     """
     for call in ctx.calls_to("torch.distributed.all_reduce"):

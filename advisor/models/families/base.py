@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
 
 FRAGMENTS = Path(__file__).parent / "fragments"
 
@@ -26,7 +29,7 @@ class ModelFamily(ABC):
     pretrained_copies: int = 2
 
     @abstractmethod
-    def build(self, spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> Any:
+    def build(self, spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> torch.nn.Module:
         """``spec`` as an ``nn.Module`` under the current device / fake-tensor mode; ``layers`` blocks per
         stack and one tensor-parallel rank's shard where the family supports them.
 
@@ -35,11 +38,12 @@ class ModelFamily(ABC):
         """
 
     @abstractmethod
-    def make_batch(self, spec: ModelSpec, micro_batch: int, device: Any = None, dtype: Any = None) -> dict[str, Any]:
+    def make_batch(self, spec: ModelSpec, micro_batch: int, device: torch.device | str | None = None,
+                   dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Synthetic inputs of the right shape for ``micro_batch`` samples."""
 
     @abstractmethod
-    def loss(self, spec: ModelSpec, model: Any, batch: dict[str, Any]) -> Any:
+    def loss(self, spec: ModelSpec, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Forward pass and loss, as the generated scripts compute them."""
 
     def block_stacks(self, spec: ModelSpec) -> tuple[int, int]:
@@ -56,7 +60,7 @@ class ModelFamily(ABC):
         return 0.0
 
     @abstractmethod
-    def script_constants(self, spec: ModelSpec) -> dict[str, Any]:
+    def script_constants(self, spec: ModelSpec) -> dict[str, object]:
         """The constants the family's script fragment reads (JSON-like values only)."""
 
     def default_lr(self, spec: ModelSpec, optimizer: str, global_batch_size: int) -> tuple[float, str]:

@@ -9,13 +9,17 @@ import from several threads at once: every function here that touches transforme
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...errors import AdvisorError
 from ...locks import MODEL_BUILD_LOCK
-from ..limits import num_layers
+from ..limits import as_int, num_layers
 from ..spec import ModelSpec
 from .base import ModelFamily
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
 
 _ENCODER_ONLY = ("bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
                  "xlm-roberta", "camembert", "mpnet")
@@ -23,7 +27,8 @@ _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers
 DEFAULT_VOCAB = 32000  # when a config has no vocab_size (the Llama tokenizer's)
 
 
-def hf_config(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1, attn_impl: str = "sdpa"):
+def hf_config(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1,
+              attn_impl: str = "sdpa") -> PretrainedConfig:
     """The transformers config object for ``spec``, optionally truncated to ``layers`` blocks (per
     stack) and/or reshaped to one tensor-parallel rank's shard (heads, kv heads and MLP width / tp, the vocabulary
     ceil(V / tp): the embedding and LM head are vocab-sharded too).
@@ -33,6 +38,7 @@ def hf_config(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1,
     """
     cfg_dict = copy.deepcopy(spec.config or {})
     model_type = cfg_dict.pop("model_type")
+    assert isinstance(model_type, str), "a transformer spec's config names its model_type (advisor.models.configs)"
     with MODEL_BUILD_LOCK:
         config = _for_model(model_type, cfg_dict)
         if layers is not None or tp_degree > 1:
@@ -43,8 +49,9 @@ def hf_config(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1,
                 for key in _LAYER_KEYS:
                     if key in cfg_dict or full.get(key) is not None:
                         cfg_dict[key] = layers
-                if isinstance(cfg_dict.get("layer_types"), list):  # one entry per layer (gemma2, qwen2, ...)
-                    cfg_dict["layer_types"] = cfg_dict["layer_types"][:layers]
+                layer_types = cfg_dict.get("layer_types")
+                if isinstance(layer_types, list):  # one entry per layer (gemma2, qwen2, ...)
+                    cfg_dict["layer_types"] = layer_types[:layers]
             if tp_degree > 1:
                 heads = int(config.num_attention_heads)
                 kv = int(getattr(config, "num_key_value_heads", None) or heads)
@@ -66,7 +73,7 @@ def hf_config(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1,
     return config
 
 
-def _for_model(model_type: str, cfg_dict: dict[str, Any]):
+def _for_model(model_type: str, cfg_dict: dict[str, object]) -> PretrainedConfig:
     """``AutoConfig.for_model`` (caller holds ``MODEL_BUILD_LOCK``).
 
     Raises:
@@ -80,7 +87,7 @@ def _for_model(model_type: str, cfg_dict: dict[str, Any]):
         raise AdvisorError(f"transformers rejected the {model_type} config: {str(err).splitlines()[0][:200]}")
 
 
-def hf_model_class(config) -> type:
+def hf_model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
     """The class advisor trains for ``config``: seq2seq LM for encoder-decoders, masked LM for
     encoder-only models, else causal LM (transformers' auto mappings).
 
@@ -119,7 +126,7 @@ class TransformerFamily(ModelFamily):
     # ``safe_open`` slices, ``.bin`` with ``torch.load(mmap=True)``): one copy, no second full state_dict.
     pretrained_copies = 1
 
-    def build(self, spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> Any:
+    def build(self, spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> torch.nn.Module:
         with MODEL_BUILD_LOCK:
             config = hf_config(spec, layers=layers, tp_degree=tp_degree)
             cls = hf_model_class(config)
@@ -132,14 +139,16 @@ class TransformerFamily(ModelFamily):
                 raise AdvisorError(f"transformers could not build {spec.name}: {err.__class__.__name__}: "
                                    f"{str(err).splitlines()[0][:200]}")
 
-    def make_batch(self, spec: ModelSpec, micro_batch: int, device: Any = None, dtype: Any = None) -> dict[str, Any]:
+    def make_batch(self, spec: ModelSpec, micro_batch: int, device: torch.device | str | None = None,
+                   dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         import torch
 
-        vocab = int((spec.config or {}).get("vocab_size") or DEFAULT_VOCAB)
+        assert spec.seq_len is not None, "a transformer spec has its sequence length (advisor.models.configs)"
+        vocab = as_int((spec.config or {}).get("vocab_size") or DEFAULT_VOCAB)
         ids = torch.randint(0, vocab, (micro_batch, spec.seq_len), device=device)
         return {"input_ids": ids, "labels": ids}
 
-    def loss(self, spec: ModelSpec, model: Any, batch: dict[str, Any]) -> Any:
+    def loss(self, spec: ModelSpec, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return model(**batch).loss
 
     def block_stacks(self, spec: ModelSpec) -> tuple[int, int]:
@@ -175,8 +184,8 @@ class TransformerFamily(ModelFamily):
             return lr / 3, why + ", divided by 3 for Lion (Chen et al. 2023)"
         return lr, why
 
-    def script_constants(self, spec: ModelSpec) -> dict[str, Any]:
+    def script_constants(self, spec: ModelSpec) -> dict[str, object]:
         cls = hf_model_class(hf_config(spec))
         config = dict(spec.config or {})
         return {"HF_CONFIG": config, "HF_MODEL_CLASS": cls.__name__, "ATTN_IMPLEMENTATION": attention_implementation(cls),
-                "SEQ_LEN": spec.seq_len, "VOCAB_SIZE": int(config.get("vocab_size") or 0)}
+                "SEQ_LEN": spec.seq_len, "VOCAB_SIZE": as_int(config.get("vocab_size") or 0)}

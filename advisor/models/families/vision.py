@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...errors import AdvisorError
 from ..spec import ModelSpec
 from .base import ModelFamily
+
+if TYPE_CHECKING:
+    import torch
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
 NUM_CLASSES = 1000  # torchvision's ImageNet heads
@@ -17,9 +20,11 @@ class VisionFamily(ModelFamily):
     name = "vision"
     default_micro_batch = 32
 
-    def build(self, spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> Any:
+    def build(self, spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> torch.nn.Module:
         import torchvision.models as tvm
 
+        assert spec.model_type is not None and spec.input_shape is not None, \
+            "a vision spec names its torchvision builder and input shape (advisor.models.resolve)"
         kwargs = {"image_size": spec.input_shape[-1]} if spec.model_type.startswith("vit_") else {}
         try:
             return tvm.get_model(spec.model_type, weights=None, **kwargs)
@@ -28,13 +33,15 @@ class VisionFamily(ModelFamily):
                                f"{spec.input_shape[-1]} ({err.__class__.__name__}: {str(err)[:120]}): "
                                "choose another image size")
 
-    def make_batch(self, spec: ModelSpec, micro_batch: int, device: Any = None, dtype: Any = None) -> dict[str, Any]:
+    def make_batch(self, spec: ModelSpec, micro_batch: int, device: torch.device | str | None = None,
+                   dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         import torch
 
+        assert spec.input_shape is not None, "a vision spec has its input shape (advisor.models.resolve)"
         x = torch.randn((micro_batch, *spec.input_shape), device=device, dtype=dtype)
         return {"x": x, "target": torch.randint(0, NUM_CLASSES, (micro_batch,), device=device)}
 
-    def loss(self, spec: ModelSpec, model: Any, batch: dict[str, Any]) -> Any:
+    def loss(self, spec: ModelSpec, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         import torch.nn.functional as F
 
         return F.cross_entropy(model(batch["x"]), batch["target"])
@@ -46,7 +53,8 @@ class VisionFamily(ModelFamily):
             return 5e-4 * global_batch_size / 512, "AdamW 5e-4 per 512 images, linearly scaled (DeiT)"
         return super().default_lr(spec, optimizer, global_batch_size)
 
-    def script_constants(self, spec: ModelSpec) -> dict[str, Any]:
+    def script_constants(self, spec: ModelSpec) -> dict[str, object]:
         if not _SAFE_NAME.fullmatch(spec.model_type or ""):
             raise AdvisorError(f"model name {spec.model_type!r} cannot go into a script")
+        assert spec.input_shape is not None, "a vision spec has its input shape (advisor.models.resolve)"
         return {"MODEL_NAME": spec.model_type, "INPUT_SHAPE": tuple(spec.input_shape), "NUM_CLASSES": NUM_CLASSES}
