@@ -198,8 +198,7 @@ def time_to_dict(p: Plan, r: StrategyRow) -> TimeDoc | None:
 
 
 def _model_doc(p: Plan) -> ModelDoc:
-    prof, mb = p.profile, p.options.micro_batch_size
-    assert mb is not None, "a plan's options have the micro-batch resolved"
+    prof, mb = p.profile, p.context().micro_batch_size
     act = prof.activations(p.model_mode)
     return {
         "name": p.spec.name,

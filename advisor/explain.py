@@ -84,8 +84,7 @@ def fit_warnings(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRo
     borrowed efficiencies, in that order."""
     hw, opts = ctx.hardware, ctx.options
     order = {r.name: r.strategy.comm_order for r in rows}
-    cap, mb = hw.gpu_memory_bytes, opts.micro_batch_size
-    assert mb is not None, "the planner resolves the micro-batch before it recommends"
+    cap, mb = hw.gpu_memory_bytes, ctx.micro_batch_size
     warnings: list[str] = []
     if sized(best).device_total > HEADROOM_WARN * cap:
         warnings.append(f"{best.title} uses {_pct(sized(best).device_total, cap)} of the GPU's memory: allocator "

@@ -62,9 +62,7 @@ class Plan:
     def model_mode(self) -> str:
         """The trace mode of the model-level figures (activations per sample, FLOPs, attention label):
         the precision as autocast-style scripts run it (``advisor.memory.trace_mode``)."""
-        precision = self.options.precision
-        assert precision is not None, "a plan's options have the precision resolved"
-        return trace_mode(precision, casts_weights=False)
+        return trace_mode(self.options.precision, casts_weights=False)
 
 
 def resolve_attention(choice: str, device: str, gpu_name: str, precision: str, dropout: float = 0.0) -> str:
@@ -333,8 +331,6 @@ def _checkpointing_not_needed(ctx: StrategyContext, best: StrategyRow, rows: lis
     trace (usually cached: the common case). None when nothing fits without it faster, or there is nothing to time."""
     if best.time is None or not best.time.step_s or not best.global_batch_size:
         return None
-    micro_batch = ctx.options.micro_batch_size
-    assert micro_batch is not None, "the planner resolves the micro-batch before it recommends"
     profile = build_profile(ctx.profile.spec, ctx.profile.attention, False, cache=cache,
                             cpu_conv_scratch_threads=scratch_threads)
     opts = replace(ctx.options, activation_checkpointing=False, global_batch_size=best.global_batch_size)
@@ -347,7 +343,7 @@ def _checkpointing_not_needed(ctx: StrategyContext, best: StrategyRow, rows: lis
         if not row.applicable or not row.dp_size or best.global_batch_size % row.dp_size:
             continue
         per_rank = best.global_batch_size // row.dp_size
-        sizes = [b for b in range(min(row.max_micro_batch_size, micro_batch), 0, -1)
+        sizes = [b for b in range(min(row.max_micro_batch_size, ctx.micro_batch_size), 0, -1)
                  if per_rank % b == 0]
         if not sizes:
             continue

@@ -120,8 +120,7 @@ def _cluster_that_fits(ctx: StrategyContext, strategy: Strategy) -> tuple[int, i
     """(GPUs per node, nodes) of the smallest cluster of this GPU on which ``strategy`` fits at the
     micro-batch: more GPUs in the node first (up to 8, or the node's own count), then nodes of that
     size (doubling, then refined). None when even ``MAX_GPUS_SEARCHED`` GPUs do not fit."""
-    hw, b = ctx.hardware, ctx.options.micro_batch_size
-    assert b is not None, "the planner resolves the micro-batch before it recommends"
+    hw, b = ctx.hardware, ctx.micro_batch_size
 
     def ok(per_node: int, nodes: int) -> bool:
         trial = replace(ctx, hardware=replace(hw, gpus_per_node=per_node, num_nodes=nodes))
@@ -148,8 +147,7 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
     """No row fits: the cheaper fixes first, each with its figures (activation checkpointing, then CPU
     offload), then the smallest cluster on which the strategy that shards everything would fit."""
     hw, opts = ctx.hardware, ctx.options
-    mb = opts.micro_batch_size
-    assert mb is not None, "the planner resolves the micro-batch before it recommends"
+    mb = ctx.micro_batch_size
     reasons = ["no strategy fits: " + "; ".join(
         f"{r.title} {fmt_gib(sized(r).device_total)}" for r in rows if r.applicable and r.memory)
         + f" per GPU vs {fmt_gib(hw.gpu_memory_bytes)} available"]

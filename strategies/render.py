@@ -132,11 +132,10 @@ def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
     strat = get_strategy(strategy)
     ctx = plan.context()
     opts, hw = plan.options, plan.hardware
-    mem, t = row.memory, row.time
-    precision, micro_batch, grad_accum, global_batch = (opts.precision, opts.micro_batch_size, row.grad_accum_steps,
-                                                        row.global_batch_size)
-    assert (mem is not None and precision is not None and micro_batch is not None and grad_accum is not None
-            and global_batch is not None), "the plan sizes every row that applies, at the options it resolved"
+    mem, t, precision = row.memory, row.time, opts.precision
+    grad_accum, global_batch = row.grad_accum_steps, row.global_batch_size
+    assert mem is not None and precision is not None and grad_accum is not None and global_batch is not None, \
+        "the plan sizes every row that applies, at the options it resolved"
     # Linear scaling rule (Goyal et al. 2017): lr x global batch / base batch, when given; else the family's default.
     if row.learning_rate is not None:
         lr, lr_source = row.learning_rate, (f"--base-lr {opts.base_lr:g} at batch {opts.base_batch_size}, linearly "
@@ -152,7 +151,7 @@ def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
                           "gpu": hw.gpu_name, "attention": plan.attention,
                           "step_s": t.step_s if t is not None else None, "mfu": t.mfu if t is not None else None}
     return Job(strategy=strategy, spec=plan.spec, precision=precision, optimizer=opts.optimizer,
-               micro_batch_size=micro_batch, grad_accum_steps=grad_accum,
+               micro_batch_size=ctx.micro_batch_size, grad_accum_steps=grad_accum,
                gpus_per_node=hw.gpus_per_node, num_nodes=hw.num_nodes, dp_size=row.dp_size,
                tp_degree=row.tp_degree, lr=lr, activation_checkpointing=opts.activation_checkpointing,
                estimate=estimate, ds_config=strat.ds_config(ctx, row), steps=steps, master_port=master_port,

@@ -1,11 +1,13 @@
-"""What strategies read of the objects the layers above them hand in, as protocols (the real classes import
-strategies, so strategies cannot import them): the plan's row a strategy is sized in (``PlannedRow``:
-``advisor.rows.StrategyRow``), the job its script is rendered for (``ScriptJob``: ``strategies.render.Job``), and
-the finished plan the renderer reads (``RenderedPlan``: ``advisor.plan.Plan``, with its rows as ``RenderedRow``)."""
+"""What the renderer reads of the finished plan it is handed, as protocols (``advisor.plan.Plan`` and its rows,
+``advisor.rows.StrategyRow``, import strategies, so strategies cannot import them): ``RenderedPlan`` and its rows
+as ``RenderedRow``. What a strategy itself reads of a row or a job is ``strategies.base.PlannedRow`` /
+``ScriptJob``."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
+
+from .base import PlannedRow
 
 if TYPE_CHECKING:
     from advisor.context import StrategyContext
@@ -14,70 +16,6 @@ if TYPE_CHECKING:
     from advisor.models import ModelSpec
     from advisor.schema import TrainingOptions
     from advisor.timing.step import StepTime
-
-    from .base import Strategy
-
-
-class PlannedRow(Protocol):
-    """What a strategy reads of the plan's row it is sized in (``advisor.rows.StrategyRow``)."""
-
-    @property
-    def applicable(self) -> bool: ...
-
-    @property
-    def grad_accum_steps(self) -> int | None: ...
-
-    @property
-    def dp_size(self) -> int: ...
-
-    @property
-    def tp_degree(self) -> int: ...
-
-
-class ScriptJob(Protocol):
-    """What a strategy reads of the job its script is rendered for (``strategies.render.Job``): sizes per GPU."""
-
-    @property
-    def strategy(self) -> str: ...
-
-    @property
-    def spec(self) -> ModelSpec: ...
-
-    @property
-    def precision(self) -> str: ...
-
-    @property
-    def optimizer(self) -> str: ...
-
-    @property
-    def micro_batch_size(self) -> int: ...
-
-    @property
-    def grad_accum_steps(self) -> int: ...
-
-    @property
-    def gpus_per_node(self) -> int: ...
-
-    @property
-    def num_nodes(self) -> int: ...
-
-    @property
-    def dp_size(self) -> int: ...
-
-    @property
-    def tp_degree(self) -> int: ...
-
-    @property
-    def ds_config(self) -> dict[str, object] | None: ...
-
-    @property
-    def master_port(self) -> int: ...
-
-    @property
-    def fsdp_grad_sync(self) -> str: ...
-
-    @property
-    def strategy_unit(self) -> Strategy: ...
 
 
 class RenderedRow(PlannedRow, Protocol):

@@ -28,8 +28,15 @@ from advisor.memory import (
 from advisor.models.families import ModelFamily
 from advisor.timing.step import StepTime
 
-from ..base import DCP_IMPORTS, Strategy, pretrained_bytes, pretrained_copies, timing_of
-from ..seams import PlannedRow, ScriptJob
+from ..base import (
+    DCP_IMPORTS,
+    PlannedRow,
+    ScriptJob,
+    Strategy,
+    pretrained_bytes,
+    pretrained_copies,
+    timing_of,
+)
 from . import timing
 from .memory import step_phases
 from .layout import Dtypes, dtypes
@@ -70,10 +77,8 @@ class FSDP2(Strategy):
     def dtypes(self, ctx: StrategyContext) -> Dtypes:
         """``dtypes`` of this plan: the trainable parameters held as under autocast (LoRA adapters in fp32, peft's
         upcast, unless ``--lora-dtype``), the frozen base apart (``phases``)."""
-        precision = ctx.options.precision
-        assert precision is not None, "the planner resolves the precision before any rule reads it"
-        wb = weight_bytes(ctx.profile.stats, ctx.profile.spec.adapter, trace_mode(precision, False))
-        return dtypes(precision, wb.trainable_elem)
+        wb = weight_bytes(ctx.profile.stats, ctx.profile.spec.adapter, trace_mode(ctx.options.precision, False))
+        return dtypes(ctx.options.precision, wb.trainable_elem)
 
     def shard_size(self, ctx: StrategyContext) -> int:
         """N: the ranks a parameter is sharded over (HSDP: one node's GPUs)."""

@@ -57,9 +57,10 @@ class Dtypes:
     param: int
     reduce: int
 
-def dtypes(precision: str, trainable_elem: int | None = None) -> Dtypes:
-    """``Dtypes`` at ``precision``; ``trainable_elem``: the trainable parameters' own bytes per element when they
-    differ from the precision's (LoRA adapters in bf16, ``advisor.memory.weight_bytes``)."""
+def dtypes(precision: str | None, trainable_elem: int | None = None) -> Dtypes:
+    """``Dtypes`` at ``precision`` (None, not yet resolved: as fp32); ``trainable_elem``: the trainable parameters'
+    own bytes per element when they differ from the precision's (LoRA adapters in bf16,
+    ``advisor.memory.weight_bytes``)."""
     if precision == "pure-bf16":  # the module is bf16 itself; no policy, so gradients are reduced in bf16
         return Dtypes(2, 2, 2)
     orig = trainable_elem or 4
@@ -83,6 +84,6 @@ class FSDP2Rule(Protocol):
 
     def dp_size(self, ctx: StrategyContext) -> int: ...
 
-    def trace_mode(self, precision: str) -> str: ...
+    def trace_mode(self, precision: str | None) -> str: ...
 
     def sync_every(self, ctx: StrategyContext) -> bool: ...

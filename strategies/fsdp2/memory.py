@@ -78,21 +78,19 @@ def step_phases(fs: FSDP2Rule, ctx: StrategyContext, micro_batch: int) -> tuple[
     per node) at ``micro_batch`` samples per GPU, each term as the module docstring sources it; ``fs``: the
     strategy's way of sharding (``FSDP2Rule``)."""
     opts, stats = ctx.options, ctx.profile.stats
-    precision = opts.precision
-    assert precision is not None, "the planner resolves the precision before any rule reads it"
     n = fs.shard_size(ctx)
     d = fs.dtypes(ctx)
     us = units(stats, n)
     root, blocks = us[0], us[1:]
     blk = max(blocks, key=lambda u: u.padded) if blocks else Unit(0, 0, 0, 0)
     # Frozen shards (a LoRA base) stay in the dtype they were loaded in, the trainable ones in theirs.
-    frozen_elem = weight_bytes(stats, ctx.profile.spec.adapter, trace_mode(precision, False)).frozen_elem
+    frozen_elem = weight_bytes(stats, ctx.profile.spec.adapter, trace_mode(opts.precision, False)).frozen_elem
     shard_params = sum((u.shard(n) - u.trainable_shard(n)) * frozen_elem + u.trainable_shard(n) * d.orig
                        for u in us)
     shard_grads = sum(u.trainable_shard(n) for u in us) * d.orig
     optim = optimizer_state_bytes(opts.optimizer, sum(u.trainable_shard(n) for u in us), d.orig)
     accumulating = grad_accum_steps(ctx, fs.dp_size(ctx)) > 1
-    step = ctx.profile.activations(fs.trace_mode(precision)).at(micro_batch)
+    step = ctx.profile.activations(fs.trace_mode(opts.precision)).at(micro_batch)
     # Gathered parameters and collective buffers (module docstring), block by block in forward order, the root
     # gathered throughout: ``windows`` gives forward's largest, backward's while a block computes, and
     # backward's at a block's copy-out (its flat all-gather output and its unsharded tensors both alive).

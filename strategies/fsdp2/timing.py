@@ -124,9 +124,7 @@ def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime,
     overlap = ("each unit's all-gather prefetched behind the previous unit's compute, each reduce-scatter beside "
                "the next unit's backward; exposed: each pass's first gather, the root's reduce-scatter and any "
                "overrun")
-    mb = opts.micro_batch_size
-    assert mb is not None, "the planner resolves the micro-batch before any rule reads it"
-    return StepTime(micro_batch=mb, micro_steps=ga, compute_s=ga * c.total_s, comm_s=comm,
+    return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s, comm_s=comm,
                     exposed_comm_s=exposed, optimizer_s=opt, flops=ga * c.flops, model_flops=ga * c.model_flops,
                     peak_flops_per_s=t.peak_flops_per_s, overlap=overlap, collectives=tuple(coll), host_s=host,
                     notes=tuple(notes))

@@ -17,9 +17,8 @@ from advisor.models import family_of
 from advisor.models.families import ModelFamily
 from advisor.timing.step import StepTime
 
-from ..base import Strategy, pretrained_bytes, timing_of
+from ..base import PlannedRow, ScriptJob, Strategy, pretrained_bytes, timing_of
 from ..launchers import DEEPSPEED
-from ..seams import PlannedRow, ScriptJob
 from . import timing
 from .ds_config import build_ds_config
 from .memory import deepspeed_model_state_estimate, zero_memory
@@ -67,9 +66,8 @@ class Zero(Strategy):
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         """Per-GPU bytes at ``micro_batch`` samples per GPU (``strategies.zero.memory.zero_memory``)."""
-        precision = ctx.options.precision
-        assert precision is not None, "the planner resolves the precision before any rule reads it"
-        return zero_memory(ctx, micro_batch, self.stage, self.offload, self.quantized_base, self.trace_mode(precision))
+        return zero_memory(ctx, micro_batch, self.stage, self.offload, self.quantized_base,
+                           self.trace_mode(ctx.options.precision))
 
     def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
         """ZeRO-3 builds the model inside ``deepspeed.zero.Init`` where the family allows it

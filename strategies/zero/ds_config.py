@@ -32,8 +32,7 @@ def build_ds_config(ctx: StrategyContext, stage: int, offload: bool, dp_size: in
     per optimizer step (DeepSpeed config docs, "ZeRO optimizations"). A JSON document; batch sizes in samples,
     bucket sizes in elements."""
     opts, b = ctx.options, bucket_elems(ctx)
-    mb = opts.micro_batch_size
-    assert mb is not None, "the planner resolves the micro-batch before any rule reads it"
+    mb = ctx.micro_batch_size
     zero: dict[str, object] = {
         "stage": stage,
         "contiguous_gradients": True,

@@ -149,9 +149,7 @@ def step_time(ctx: StrategyContext, t: Timing, c: ComputeTime, grad_accum_steps:
                      f"({HOST_MEM_SOURCE})")
     else:
         k_opt = optimizer_step_s(ctx, t, part, 4, 4, 4, extra=12)
-    mb = opts.micro_batch_size
-    assert mb is not None, "the planner resolves the micro-batch before any rule reads it"
-    return StepTime(micro_batch=mb, micro_steps=ga, compute_s=ga * c.total_s, comm_s=comm,
+    return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s, comm_s=comm,
                     exposed_comm_s=exposed, optimizer_s=k_opt, flops=ga * c.flops, model_flops=ga * c.model_flops,
                     peak_flops_per_s=t.peak_flops_per_s, overlap=overlap, collectives=tuple(coll), host_s=host,
                     notes=tuple(notes))
