@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .choices import Device
 from .hardware import Hardware
 from .profile import ModelProfile
 from .schema import TrainingOptions
@@ -21,7 +22,7 @@ class StrategyContext:
     profile: ModelProfile
     hardware: Hardware
     options: TrainingOptions
-    device: str = "cuda"
+    device: Device = Device.CUDA
 
     @property
     def world_size(self) -> int:
@@ -30,7 +31,7 @@ class StrategyContext:
     @property
     def mixed(self) -> bool:
         """Mixed precision (bf16/fp16 compute, fp32 master weights somewhere)."""
-        return self.options.precision in ("bf16", "fp16")
+        return self.options.precision.is_mixed
 
     def tp_degree(self) -> int:
         """The tensor-parallel degree: --tp-degree, else the largest divisor of the heads (and kv heads)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .cache import NullCache
+from .choices import Attention, TraceMode
 from .locks import MODEL_BUILD_LOCK
 from .models import ModelSpec, build_model, family_of
 from .trace import ActivationProfile, profile_activations
@@ -257,19 +258,19 @@ class ModelProfile:
 
     spec: ModelSpec
     stats: ParamStats
-    attention: str
+    attention: Attention
     checkpointing: bool
     cpu_conv_scratch_threads: int = 0
     cache: Any = field(default_factory=NullCache, repr=False, compare=False)  # DiskCache | NullCache
     _activations: OnceCache = field(default_factory=OnceCache, repr=False, compare=False)
     _tp_stats: OnceCache = field(default_factory=OnceCache, repr=False, compare=False)
 
-    def flops_per_sample(self, mode: str) -> int:
+    def flops_per_sample(self, mode: TraceMode) -> int:
         """Forward + backward FLOPs per sample under a precision trace mode (from the same traces as
         the activations; ``ActivationProfile.flops_per_sample``)."""
         return self.activations(mode).flops_per_sample
 
-    def activations(self, mode: str, tp_degree: int = 1) -> ActivationProfile:
+    def activations(self, mode: TraceMode, tp_degree: int = 1) -> ActivationProfile:
         """Traced activation profile for a precision trace mode ("fp32", "autocast", "half")."""
         return self._activations.get((mode, tp_degree), lambda: _cached_activations(
             _spec_key(self.spec), self.spec, mode, self.attention, self.checkpointing, tp_degree, self.cache,
@@ -295,7 +296,7 @@ _TRACE_CACHE = OnceCache(maxsize=_TRACE_CACHE_SIZE)
 _TRACED_AS = {"mem-efficient": "flash"}
 
 
-def _cached_activations(key: str, spec: ModelSpec, mode: str, attention: str, checkpointing: bool,
+def _cached_activations(key: str, spec: ModelSpec, mode: TraceMode, attention: Attention, checkpointing: bool,
                         tp_degree: int, cache: Any = None, cpu_conv_scratch_threads: int = 0) -> ActivationProfile:
     """Traces are pure functions of their inputs and immutable: keep the last few (the page and
     repeated plans of one model re-use them) and, with a ``DiskCache``, keep them on disk. Threads asking
@@ -335,7 +336,7 @@ def clear_trace_cache() -> None:
     _STATS_CACHE.clear()
 
 
-def build_profile(spec: ModelSpec, attention: str, checkpointing: bool, cache: Any = None,
+def build_profile(spec: ModelSpec, attention: Attention, checkpointing: bool, cache: Any = None,
                   cpu_conv_scratch_threads: int = 0) -> ModelProfile:
     """The profile of ``spec`` for one attention kernel and checkpointing choice; ``cache`` (a
     ``DiskCache``; default none) keeps counts and traces between runs; ``cpu_conv_scratch_threads`` as
