@@ -22,6 +22,7 @@ from pathlib import Path
 from strategies import get_strategy, strategy_names
 from strategies.render import job_from_plan, render_job, write_files
 
+from .choices import Device, Precision
 from .errors import AdvisorError
 from .hardware import HOST_DETECTED, Hardware, host_memory_bytes
 from .models import family_of
@@ -53,7 +54,7 @@ _STEP_RE = re.compile(r"step (\d+)/(\d+) loss ([-\d.naninf]+)")
 @dataclass
 class VerifyResult:
     strategy: str
-    device: str
+    device: Device
     world_size: int
     steps: int
     log_dir: str
@@ -107,9 +108,9 @@ def remove_deepspeed_shm(port: int, shm_dir: Path = Path("/dev/shm")) -> int:
     return freed
 
 
-def run_hardware(requested: int, device: str, notes: list[str]) -> Hardware:
+def run_hardware(requested: int, device: Device, notes: list[str]) -> Hardware:
     """The hardware a verification really runs on, with capping noted."""
-    if device == "cuda":
+    if device == Device.CUDA:
         import torch
 
         have = torch.cuda.device_count()
@@ -199,11 +200,11 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
         raise AdvisorError(f"--timeout must be positive, got {timeout_s}")
     import torch
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = Device.CUDA if torch.cuda.is_available() else Device.CPU
     name, run_plan, hw, notes = verify_plan(inputs, strategy, device, precision_explicit, inputs.use_cache, say)
     run_row, strategy = run_plan.row(name), get_strategy(name)
     need = run_row.memory.peak.total * hw.num_gpus
-    if device == "cpu" and need > 0.8 * available_memory_bytes():
+    if device == Device.CPU and need > 0.8 * available_memory_bytes():
         raise AdvisorError(f"verifying {name} on {hw.num_gpus} CPU ranks needs about {need / 2**30:.1f} GiB of RAM "
                            f"(estimated peak per rank x ranks), more than this machine can spare "
                            f"({available_memory_bytes() / 2**30:.1f} GiB available): verify a smaller model, "
@@ -216,7 +217,7 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
     world = hw.num_gpus
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(CPU_RANK_THREADS),
                PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")])))
-    if device == "cpu":
+    if device == Device.CPU:
         env.update(strategy.launcher.cpu_env)
     with MachineLock():  # before writing anything: a busy machine leaves no empty run directory
         port = free_port()
@@ -240,7 +241,7 @@ def verify(inputs, strategy: str | None = None, *, steps: int = 6, timeout_s: fl
                                                 probe=["--measured-steps", str(steps)])
             others = OtherCpu()
             rc, timed_out = _launch(cmd, run_dir, env, timeout_s, steps + timing_steps, say)
-            result.cpu_contention = others.share() if device == "cpu" else None
+            result.cpu_contention = others.share() if device == Device.CPU else None
         finally:
             remove_deepspeed_shm(port)
     return conclude(result, rc, timed_out, timeout_s, started)
@@ -287,7 +288,7 @@ def _compare(result: VerifyResult, report: dict) -> VerifyResult:
     return result
 
 
-def verify_plan(inputs: PlanInputs, strategy: str | None, device: str, precision_explicit: bool = False,
+def verify_plan(inputs: PlanInputs, strategy: str | None, device: Device, precision_explicit: bool = False,
                 use_cache: bool = True, say: Callable[[str], None] = lambda _m: None
                 ) -> tuple[str, Plan, Hardware, list[str]]:
     """The plan a verification on ``device`` runs: the target plan's row ``strategy`` (default: the recommended
@@ -305,11 +306,11 @@ def verify_plan(inputs: PlanInputs, strategy: str | None, device: str, precision
                            "pass --strategy NAME to verify one anyway")
     notes: list[str] = []
     opts = target.options
-    if device == "cpu" and opts.precision != "fp32" and not precision_explicit:
+    if device == Device.CPU and opts.precision != Precision.FP32 and not precision_explicit:
         notes.append(f"CPU run: {opts.precision} is emulated and slow on CPUs without native bf16, so this "
                      "verification runs fp32 (pass --precision explicitly to force it)")
-        opts = replace(opts, precision="fp32")
-    if device == "cpu" and inputs.training.micro_batch_size is None and opts.micro_batch_size != (
+        opts = replace(opts, precision=Precision.FP32)
+    if device == Device.CPU and inputs.training.micro_batch_size is None and opts.micro_batch_size != (
             family_default := family_of(target.spec).default_micro_batch):
         # The target GPU's throughput choice (hundreds of samples for a small model) would take minutes per step and
         # gigabytes on CPU ranks: the family's default instead.
@@ -328,11 +329,12 @@ def verify_plan(inputs: PlanInputs, strategy: str | None, device: str, precision
     return name, run_plan, hw, notes
 
 
-def calibrated(hw: Hardware, device: str, use_cache: bool, say: Callable[[str], None], notes: list[str]) -> Hardware:
+def calibrated(hw: Hardware, device: Device, use_cache: bool, say: Callable[[str], None],
+               notes: list[str]) -> Hardware:
     """``hw`` with this machine's CPU calibration (``advisor.timing.calibrate``) for a CPU run, so the plan's
     step times predict this machine's ranks (``CPU_RANK_THREADS`` threads each); a GPU run is timed by its
     preset and comes back unchanged. A failed calibration leaves the run untimed, with a note."""
-    if device != "cpu":
+    if device != Device.CPU:
         return hw
     from .cache import open_cache
     from .timing.calibrate import cached_calibration, cpu_calibration
@@ -373,7 +375,7 @@ def add_step_time(result: VerifyResult, report: dict) -> None:
     medians = []
     for r, mine in zip(report["per_rank"], result.per_rank):
         losses = r.get("losses") or []
-        profiled = r.get("profiled_steps", 0 if result.device == "cuda" else len(losses))
+        profiled = r.get("profiled_steps", 0 if result.device == Device.CUDA else len(losses))
         mine["measured_step_s"] = median_step_s(r.get("step_times_s") or [], profiled)
         medians.append(mine["measured_step_s"])
     if medians and all(m is not None for m in medians):
