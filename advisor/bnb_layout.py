@@ -38,6 +38,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence  # noqa: UP035 -- the brief keeps this module to math, dataclasses, typing
 
+from .choices import Optimizer, Quant, values  # the names as enums; advisor.choices imports only enum
+
 __all__ = [
     "BNB_OPTIMIZERS",
     "OPTIMIZER_CHOICES",
@@ -52,24 +54,13 @@ __all__ = [
     "state_bytes_per_element",
 ]
 
-QUANT_CHOICES: tuple[str, ...] = ("nf4", "fp4", "int8")
+QUANT_CHOICES: tuple[str, ...] = values(Quant)
 
-OPTIMIZER_CHOICES: tuple[str, ...] = (
-    "adamw",
-    "adam",
-    "sgd-momentum",
-    "sgd",
-    "adamw-8bit",
-    "paged-adamw-8bit",
-    "paged-adamw",
-    "adafactor",
-    "lion",
-)
+# adamw, adam, sgd-momentum, sgd, adamw-8bit, paged-adamw-8bit, paged-adamw, adafactor, lion
+OPTIMIZER_CHOICES: tuple[str, ...] = values(Optimizer)
 
-#: Optimizers whose state bitsandbytes may page (``Optimizer8bit.get_state_buffer`` with
-#: ``is_paged=True``: on CUDA, state buffers of >= 1e5 elements come from ``functional.get_paged``,
-#: i.e. cudaMallocManaged unified memory outside PyTorch's caching allocator).
-PAGED: frozenset[str] = frozenset({"paged-adamw-8bit", "paged-adamw"})
+#: Optimizers whose state bitsandbytes may page (``Optimizer.is_paged``).
+PAGED: frozenset[Optimizer] = frozenset(o for o in Optimizer if o.is_paged)
 
 #: Optimizers that need bitsandbytes installed.
 BNB_OPTIMIZERS: frozenset[str] = frozenset({"adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion"})
@@ -149,7 +140,7 @@ def quant_weight_layout(
         raise ValueError("shape must have at least one dimension")
     n = _numel(shape)
 
-    if quant == "int8":
+    if quant == Quant.INT8:
         # bitsandbytes/nn/modules.py Int8Params._quantize -> functional.int8_vectorwise_quant
         # (backends/default/ops.py "int8_vectorwise_quant"; _ops.py fake: out_row int8 A.shape,
         # row_stats fp32 of A.numel() // A.shape[-1]). data = CB (int8, same tensor), SCB = row_stats.
@@ -271,13 +262,13 @@ def optimizer_state_bytes(optimizer: str, shapes: Sequence[tuple[int, ...]], ele
     numels = [_numel(s) for s in shapes]
     total_n = sum(numels)
 
-    if optimizer in ("adamw", "adam"):
+    if optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
         return 2 * total_n * elem_bytes
-    if optimizer == "sgd-momentum":
+    if optimizer == Optimizer.SGD_MOMENTUM:
         return total_n * elem_bytes
-    if optimizer == "sgd":
+    if optimizer == Optimizer.SGD:
         return 0
-    if optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+    if optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
         total = 0
         any_8bit = False
         for n in numels:
@@ -291,9 +282,9 @@ def optimizer_state_bytes(optimizer: str, shapes: Sequence[tuple[int, ...]], ele
             # state["qmap2"] = self.name2qmap["udynamic"]: one pair per optimizer instance.
             total += 2 * _DYNAMIC_MAP_BYTES
         return total
-    if optimizer == "paged-adamw":
+    if optimizer == Optimizer.PAGED_ADAMW:
         return 2 * total_n * _FP32
-    if optimizer == "lion":
+    if optimizer == Optimizer.LION:
         return total_n * _FP32
     # adafactor
     s = _adafactor_state_elem_bytes(elem_bytes)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Sequence
 
+from .choices import Precision
 from .errors import AdvisorError
 from .faces import OneLineParser, finite_float, positive_float, positive_int, quiet_library_logs, run_face
 from .fields import Field, resolve_choices
@@ -189,12 +190,12 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
         if r.applicable and r.fits is False and r.short_of == "host RAM":
             short.setdefault(r.fit_note, []).append(r.name)
     lines += [f"RAM! {', '.join(names)}: {note}" for note, names in short.items()]
-    load = _load_line(p.rows, p.options.init_from, p.spec.adapter is not None and p.options.precision != "fp32")
+    load = _load_line(p.rows, p.options.init_from, p.spec.adapter is not None and p.options.precision != Precision.FP32)
     if load:
         lines.append(load)
     lines.append("peak in: the moment of the step with the largest total (fwd, bwd, bwd-end: gradient reduction, "
                  "step; step-flat: DeepSpeed flattening the gradients for the optimizer)")
-    if o.precision in ("bf16", "fp16") and p.spec.adapter is None:  # a LoRA base is already 16-bit: no copies
+    if o.precision is not None and o.precision.is_mixed and p.spec.adapter is None:  # a LoRA base is 16-bit: no copies
         lines.append(f"DDP/TP activ or other include autocast's {o.precision} copies of the weights (cached until the "
                      "forward ends, kept for backward; about 2 bytes per parameter); ZeRO keeps 16-bit weights and "
                      "FSDP2 gathers them in 16 bits (buffers), so they have none")

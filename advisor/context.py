@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .choices import Device
 from .hardware import Hardware
 from .models.limits import as_int
 from .profile import ModelProfile
@@ -22,7 +23,7 @@ class StrategyContext:
     profile: ModelProfile
     hardware: Hardware
     options: TrainingOptions
-    device: str = "cuda"
+    device: Device = Device.CUDA
 
     @property
     def world_size(self) -> int:
@@ -39,7 +40,8 @@ class StrategyContext:
     @property
     def mixed(self) -> bool:
         """Mixed precision (bf16/fp16 compute, fp32 master weights somewhere)."""
-        return self.options.precision in ("bf16", "fp16")
+        precision = self.options.precision
+        return precision is not None and precision.is_mixed
 
     def tp_degree(self) -> int:
         """The tensor-parallel degree: --tp-degree, else the largest divisor of the heads (and kv heads)

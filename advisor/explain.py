@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .candidates import TIE, Alternative, Checkpointed, eligible, fastest_fitting, samples_per_s, sized, timed
+from .choices import Precision
 from .context import StrategyContext
 from .gpu_presets import SLOW_NETWORKS
 from .hardware import Hardware
@@ -268,7 +269,7 @@ def _throughput(ctx: StrategyContext, r: StrategyRow) -> str:
     return f"{fmt_rate(per * tokens)} tokens/s" if tokens else f"{fmt_rate(per)} samples/s"
 
 
-def _why_slower(slow: StrategyRow, fast: StrategyRow, precision: str | None) -> str:
+def _why_slower(slow: StrategyRow, fast: StrategyRow, precision: Precision | None) -> str:
     """Why ``slow`` takes longer than ``fast`` (both timed), in figures."""
     a, b = timed(slow), timed(fast)
     if a.exposed_comm_s - b.exposed_comm_s >= max(a.compute_s - b.compute_s, a.optimizer_s - b.optimizer_s):

@@ -8,10 +8,14 @@ import math
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, field, fields
+from enum import StrEnum
 from functools import cache
-from typing import Concatenate, Literal, ParamSpec, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Concatenate, Literal, ParamSpec, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from .errors import AdvisorError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 FACES = ("cli", "page", "bench")
 # Resolved by the faces from the strategies registry (advisor.schema's doc).
@@ -30,7 +34,8 @@ class Opt:
 
     ``flag``: the CLI flag (``None``: positional, or not on the CLI). ``label``: the page widget's label.
     ``faces``: which of ``FACES`` show it. ``choices``: the allowed values, or ``STRATEGY_CHOICES``.
-    ``low``/``high``: inclusive bounds for numbers (``None``: unbounded). ``high_message``: a custom
+    ``low``/``high``: bounds for numbers (``None``: unbounded), both inclusive except a ``low`` of ``0.0``, which
+    is exclusive (the value must be above 0: ``check_value``). ``high_message``: a custom
     message when above ``high`` (``{value}`` is filled in). ``none``: what an empty value means (help
     text and the page's placeholder). ``metavar``: the CLI metavar. ``strict``: the value must be one of
     ``choices`` (GPU presets are not: they match case-insensitively and by substring, with suggestions, in
@@ -74,6 +79,20 @@ def _is_union(annotation: object) -> bool:
     return get_origin(annotation) in (Union, types.UnionType)
 
 
+def _without_none(annotation: object) -> object:
+    """The annotation without ``None`` (``Precision | None`` -> ``Precision``); None for a union of several."""
+    if not _is_union(annotation):
+        return annotation
+    rest = tuple(a for a in get_args(annotation) if a is not type(None))
+    return rest[0] if len(rest) == 1 else None
+
+
+def _enum_of(annotation: object) -> type[StrEnum] | None:
+    """The ``StrEnum`` (``advisor.choices``) a field's annotation names, else None."""
+    base = _without_none(annotation)
+    return base if isinstance(base, type) and issubclass(base, StrEnum) else None
+
+
 @dataclass(frozen=True)
 class Field:
     """One schema field: its group, name, type (the annotation, resolved: ``str | None``, ``tuple[int, ...]``),
@@ -92,16 +111,15 @@ class Field:
 
     @property
     def kind(self) -> str:
-        """``bool``, ``int``, ``float``, ``str``, ``shape`` (a tuple of ints) or ``dict``: the value's type
-        without ``None``.
+        """``bool``, ``int``, ``float``, ``str`` (a ``StrEnum`` of ``advisor.choices`` too), ``shape`` (a tuple of
+        ints) or ``dict``: the value's type without ``None``.
 
         Raises:
             TypeError: an annotation the schema does not support.
         """
-        base = self.type
-        if _is_union(base):
-            rest = tuple(a for a in get_args(base) if a is not type(None))
-            base = rest[0] if len(rest) == 1 else None
+        if _enum_of(self.type) is not None:
+            return "str"
+        base = _without_none(self.type)
         if base not in _KINDS:
             raise TypeError(f"schema field {self.name} has an unsupported type {self.type}")
         return _KINDS[base]
@@ -131,6 +149,21 @@ def group_fields(group: str, cls: type) -> Iterator[Field]:
     for f in fields(cls):
         default = f.default if f.default is not MISSING else None
         yield Field(group, f.name, hints[f.name], default, f.metadata["opt"])
+
+
+def as_members(obj: DataclassInstance) -> None:
+    """Give each field of the frozen schema dataclass ``obj`` that is typed with a ``StrEnum`` (``advisor.choices``)
+    and holds one of its values as a plain ``str`` (from the CLI, the page or JSON) the member instead, in place
+    (its ``__post_init__`` calls this). Any other value is left as it is, for ``check_value`` to refuse with its
+    message."""
+    hints = _hints(type(obj))
+    for f in fields(obj):
+        enum, value = _enum_of(hints[f.name]), getattr(obj, f.name)
+        if enum is not None and isinstance(value, str) and not isinstance(value, enum):
+            try:
+                object.__setattr__(obj, f.name, enum(value))
+            except ValueError:
+                pass
 
 
 def resolve_choices(f: Field, strategy_names: tuple[str, ...] = ()) -> tuple[str, ...] | None:

@@ -96,7 +96,7 @@ def violations(plan: CheckedPlan) -> list[str]:
     # The same holds for the Adam family only: without optimizer moments (SGD) DeepSpeed's extra fp32
     # copies (master weights, cloned even in fp32, and the fp32 gradient partition) outweigh what it
     # shards, and ZeRO-1 really holds more than DDP (8 + 8/N bytes vs 8 in fp32).
-    adam = plan.options.optimizer in ("adam", "adamw")
+    adam = plan.options.optimizer.is_adam
     lowest = 0 if plan.hardware.num_gpus >= 2 and adam else 1
     staged = sorted((r.strategy.sharding_stage, m.model_state_bytes, r.name) for r, m in rows
                     if r.strategy.sharding_stage is not None and r.strategy.sharding_stage >= lowest)

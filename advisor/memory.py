@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from . import bnb_layout
+from .choices import Device, Dtype, Optimizer, Precision, TraceMode
 from .units import MiB
 
 if TYPE_CHECKING:
@@ -102,25 +103,25 @@ def peak_of(*phases: Breakdown) -> Breakdown:
     return max(phases, key=lambda b: b.total)
 
 
-def trace_mode(precision: str | None, casts_weights: bool) -> str:
+def trace_mode(precision: Precision | None, casts_weights: bool) -> TraceMode:
     """Which traced step a precision runs, the one place this mapping lives: ``fp32``; ``autocast``
     (fp32 weights under bf16/fp16 autocast: PyTorch AMP, what DDP/TP/single-GPU scripts do; also for a
     precision not yet resolved, None); ``half``
     (16-bit weights: pure bf16, and mixed precision in a framework that casts the module itself,
     ``casts_weights``, as DeepSpeed's bf16/fp16 modes do with ``module.half()``/``bfloat16()``)."""
-    if precision == "fp32":
-        return "fp32"
-    if precision == "pure-bf16" or casts_weights:
-        return "half"
-    return "autocast"
+    if precision == Precision.FP32:
+        return TraceMode.FP32
+    if precision == Precision.PURE_BF16 or casts_weights:
+        return TraceMode.HALF
+    return TraceMode.AUTOCAST
 
 
-def bytes_per_element(precision: str | None, role: str) -> int:
+def bytes_per_element(precision: Precision | None, role: str) -> int:
     """Bytes per parameter element for ``role`` in ("weights", "grads", "optim") under DDP/TP
-    precision semantics: mixed precision is autocast over fp32 weights (PyTorch AMP docs), so
-    weights, grads and optimizer states stay fp32; pure bf16 keeps everything in bf16 (a precision not yet
+    precision semantics (``Precision.param_bytes``): mixed precision is autocast over fp32 weights (PyTorch AMP
+    docs), so weights, grads and optimizer states stay fp32; pure bf16 keeps everything in bf16 (a precision not yet
     resolved, None, counts as mixed)."""
-    return 2 if precision == "pure-bf16" else 4
+    return Precision.FP32.param_bytes if precision is None else precision.param_bytes
 
 
 def optimizer_state_bytes(optimizer: str, numel: int, state_bytes: int = 4) -> int:
@@ -150,7 +151,7 @@ class WeightBytes:
     frozen_elem: int
 
 
-def weight_bytes(stats: ParamStats, adapter: AdapterSpec | None, mode: str) -> WeightBytes:
+def weight_bytes(stats: ParamStats, adapter: AdapterSpec | None, mode: TraceMode) -> WeightBytes:
     """``WeightBytes`` of ``stats`` (``advisor.profile.ParamStats``) under the trace ``mode`` (``trace_mode``).
 
     Full fine-tuning (``adapter`` None): every parameter in the mode's weight dtype (fp32 under autocast: PyTorch
@@ -161,15 +162,15 @@ def weight_bytes(stats: ParamStats, adapter: AdapterSpec | None, mode: str) -> W
     quantized weights (``advisor.bnb_layout.quantized_weight_bytes``) and keeps every other frozen parameter in fp32
     (peft's ``prepare_model_for_kbit_training`` upcasts the non-quantized fp16/bf16 parameters).
     """
-    full = 2 if mode == "half" else 4
+    full = 2 if mode == TraceMode.HALF else 4
     if adapter is None:
         return WeightBytes(frozen=stats.num_frozen * full, trainable_elem=full, frozen_elem=full)
-    dtype = adapter.dtype if adapter.dtype != "auto" else ("bf16" if mode == "half" else "fp32")
-    trainable = 4 if dtype == "fp32" else 2
+    dtype = adapter.dtype if adapter.dtype != Dtype.AUTO else (Dtype.BF16 if mode == TraceMode.HALF else Dtype.FP32)
+    trainable = 4 if dtype == Dtype.FP32 else 2
     if adapter.quantize:
         rest = stats.num_frozen - stats.quantized_numel
         return WeightBytes(frozen=stats.quantized_bytes + 4 * rest, trainable_elem=trainable, frozen_elem=4)
-    base = 4 if mode == "fp32" else 2
+    base = 4 if mode == TraceMode.FP32 else 2
     return WeightBytes(frozen=stats.num_frozen * base, trainable_elem=trainable, frozen_elem=base)
 
 
@@ -180,7 +181,7 @@ def rule_of_thumb_split(stats: ParamStats, adapter: AdapterSpec | None) -> tuple
     parameter, sharded as the strategy shards model states."""
     if adapter is None:
         return 0, stats.num_params
-    return weight_bytes(stats, adapter, "autocast").frozen, stats.num_trainable
+    return weight_bytes(stats, adapter, TraceMode.AUTOCAST).frozen, stats.num_trainable
 
 
 # bitsandbytes' CPU path (bitsandbytes/backends/default/ops.py ``_gemm_4bit_default_impl`` ->
@@ -190,7 +191,7 @@ def rule_of_thumb_split(stats: ParamStats, adapter: AdapterSpec | None) -> tuple
 CPU_DEQUANT_BYTES_PER_ELEMENT = {"forward": 26, "backward": 20}
 
 
-def dequantized_weight_bytes(stats: ParamStats, adapter: AdapterSpec | None, device: str = "cuda",
+def dequantized_weight_bytes(stats: ParamStats, adapter: AdapterSpec | None, device: Device = Device.CUDA,
                              phase: str = "forward") -> int:
     """QLoRA's largest temporary beyond the trace: bitsandbytes' ``MatMul4Bit`` (and ``Linear8bitLt``'s
     dequantizing path) multiplies by a dequantized copy of the layer's weight, made in forward and again in
@@ -199,12 +200,12 @@ def dequantized_weight_bytes(stats: ParamStats, adapter: AdapterSpec | None, dev
     0 without quantization (the trace already holds 16-bit weights' matmuls)."""
     if adapter is None or not adapter.quantize:
         return 0
-    if device == "cpu":
+    if device == Device.CPU:
         return stats.largest_quantized_numel * CPU_DEQUANT_BYTES_PER_ELEMENT[phase]
-    return stats.largest_quantized_numel * (4 if adapter.compute_dtype == "fp32" else 2)
+    return stats.largest_quantized_numel * (4 if adapter.compute_dtype == Dtype.FP32 else 2)
 
 
-def optimizer_step_temp_bytes(optimizer: str, device: str, largest_param_numel: int, elem_bytes: int) -> int:
+def optimizer_step_temp_bytes(optimizer: Optimizer, device: Device, largest_param_numel: int, elem_bytes: int) -> int:
     """Temporaries of ``optimizer.step()``.
 
     CUDA: generated scripts use ``fused=True`` Adam/AdamW (no per-tensor temporaries) and foreach
@@ -213,7 +214,7 @@ def optimizer_step_temp_bytes(optimizer: str, device: str, largest_param_numel: 
     holds two temporaries the size of the parameter tensor being updated (the sqrt and the
     quotient; measured: gpt2's 147 MiB embedding gives a 294 MiB step peak on CPU).
     """
-    if device == "cpu" and optimizer in ("adam", "adamw"):
+    if device == Device.CPU and optimizer.is_adam:
         return 2 * largest_param_numel * elem_bytes
     return 0
 
@@ -231,9 +232,9 @@ class DeviceOverhead:
         return self.cuda_context + self.communicator + self.fragmentation
 
 
-def device_overhead(device: str, peak_allocated: int, world_size: int) -> DeviceOverhead:
+def device_overhead(device: Device, peak_allocated: int, world_size: int) -> DeviceOverhead:
     """CUDA context, NCCL buffers and allocator fragmentation (see the constants' sources)."""
-    if device != "cuda":
+    if device != Device.CUDA:
         return DeviceOverhead()
     return DeviceOverhead(cuda_context=CUDA_CONTEXT_BYTES,
                           communicator=NCCL_BUFFER_BYTES if world_size > 1 else 0,

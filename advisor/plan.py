@@ -11,13 +11,13 @@ from strategies import all_strategies
 
 from .cache import DiskCache, NullCache, open_cache
 from .candidates import Alternative, Checkpointed, eligible
+from .choices import Attention, Device, Dtype, FsdpGradSync, Precision, Quant, TraceMode
 from .context import StrategyContext
 from .errors import AdvisorError
 from .explain import tokens_per_sample
 from .free_text import lora_targets
 from .hardware import Hardware, resolve_hardware
 from .invariants import enforce
-from .bnb_layout import PAGED
 from .memory import trace_mode
 from .models import AdapterSpec, ModelSpec, family_of, resolve_source
 from .models.adapters import default_targets
@@ -42,8 +42,8 @@ class Plan:
     profile: ModelProfile
     hardware: Hardware
     options: TrainingOptions  # with defaults resolved (micro-batch size)
-    attention: str  # the kernel assumed, resolved from "auto"
-    device: str
+    attention: Attention  # the kernel assumed, resolved from "auto"
+    device: Device
     rows: list[StrategyRow]
     recommendation: Recommendation
     warnings: list[str]
@@ -59,27 +59,28 @@ class Plan:
         return StrategyContext(self.profile, self.hardware, self.options, self.device)
 
     @property
-    def model_mode(self) -> str:
+    def model_mode(self) -> TraceMode:
         """The trace mode of the model-level figures (activations per sample, FLOPs, attention label):
         the precision as autocast-style scripts run it (``advisor.memory.trace_mode``)."""
         return trace_mode(self.options.precision, casts_weights=False)
 
 
-def resolve_attention(choice: str, device: str, gpu_name: str, precision: str, dropout: float = 0.0) -> str:
+def resolve_attention(choice: Attention, device: Device, gpu_name: str, precision: Precision,
+                      dropout: float = 0.0) -> Attention:
     """``auto`` -> the kernel PyTorch SDPA would pick on the target: FlashAttention-2 for half
     precision on Ampere or newer; the memory-efficient kernel otherwise on CUDA (also O(s) memory);
     on CPU the fused flash kernel (engineering notes: CPU SDPA keeps only outputs and log-sum-exp),
     except with attention dropout, where CPU SDPA falls back to the math path and keeps the s x s
     probabilities and the dropout mask (measured: gpt2 at seq 1024 peaks at 5305 MiB on CPU; the
     math-kernel estimate is 5305 MiB, the fused one 3686 MiB)."""
-    if choice != "auto":
+    if choice != Attention.AUTO:
         return choice
-    if device == "cpu":
-        return "math" if dropout > 0 else "flash"
+    if device == Device.CPU:
+        return Attention.MATH if dropout > 0 else Attention.FLASH
     name = gpu_name.lower().replace(" ", "").replace("-", "")
-    if precision != "fp32" and any(g in name for g in _FLASH_GPUS):
-        return "flash"
-    return "mem-efficient"
+    if precision != Precision.FP32 and any(g in name for g in _FLASH_GPUS):
+        return Attention.FLASH
+    return Attention.MEM_EFFICIENT
 
 
 # Pure bf16 keeps no fp32 master weights: bf16 has 8 significant bits, so a weight moves only by an update of at least
@@ -100,10 +101,10 @@ def resolve_precision(opts: TrainingOptions, hw: Hardware) -> tuple[TrainingOpti
     """
     if opts.precision is None:
         if hw.supports_bf16 is False:
-            return replace(opts, precision="fp16"), [
+            return replace(opts, precision=Precision.FP16), [
                 f"{hw.gpu_name} has no bf16 tensor cores: planning fp16 mixed precision (with loss scaling)"]
-        return replace(opts, precision="bf16"), []
-    if opts.precision in ("bf16", "pure-bf16") and hw.supports_bf16 is False:
+        return replace(opts, precision=Precision.BF16), []
+    if opts.precision.uses_bf16 and hw.supports_bf16 is False:
         raise AdvisorError(f"--precision {opts.precision}: {hw.gpu_name} has no bf16 tensor cores (bf16 needs "
                            "compute capability 8.0, Ampere or newer): use --precision fp16 or fp32")
     return opts, []
@@ -129,14 +130,14 @@ def resolve_adapter(opts: TrainingOptions, spec: ModelSpec) -> tuple[ModelSpec, 
     if opts.quantize and not spec.is_transformer:
         raise AdvisorError(f"--quantize needs a transformers model (bitsandbytes quantizes the base as "
                            f"from_pretrained loads it); {spec.name} is a {spec.family} model: drop --quantize")
-    compute = opts.bnb_compute_dtype or {"fp16": "fp16", "fp32": "fp32"}.get(opts.precision or "", "bf16")
+    compute = opts.bnb_compute_dtype or (opts.precision or Precision.BF16).compute_dtype  # unresolved: as bf16
     adapter = AdapterSpec(rank=opts.lora_rank, alpha=LORA_ALPHA if opts.lora_alpha is None else opts.lora_alpha,
                           dropout=LORA_DROPOUT if opts.lora_dropout is None else opts.lora_dropout, targets=targets,
                           dtype=opts.lora_dtype, quantize=opts.quantize, double_quant=opts.double_quant,
                           compute_dtype=compute)
     notes = []
     if opts.quantize:
-        bits = "8" if opts.quantize == "int8" else "4"
+        bits = "8" if opts.quantize == Quant.INT8 else "4"
         notes.append(f"QLoRA: the frozen base's linear layers are held in {bits} bits ({opts.quantize}"
                      f"{', double quantization' if opts.double_quant else ''}, computing in {compute}); "
                      "prepare_model_for_kbit_training keeps every other parameter (embeddings, norms, LM head) in fp32")
@@ -145,14 +146,14 @@ def resolve_adapter(opts: TrainingOptions, spec: ModelSpec) -> tuple[ModelSpec, 
                          "it on by default (use_gradient_checkpointing=True); the generated script checkpoints the "
                          "blocks itself (non-reentrant)")
             opts = replace(opts, activation_checkpointing=True)
-    elif opts.precision in ("bf16", "fp16", "pure-bf16"):
-        half = "fp16" if opts.precision == "fp16" else "bf16"
+    elif opts.precision in (Precision.BF16, Precision.FP16, Precision.PURE_BF16):
+        half = Dtype.FP16 if opts.precision == Precision.FP16 else Dtype.BF16
         notes.append(f"LoRA: the frozen base is held in {half} (from_pretrained(..., dtype={half})); the adapters, "
                      "their gradients and optimizer states are sized in the dtype each strategy keeps them in")
     return replace(spec, adapter=adapter), opts, notes
 
 
-def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = None) -> Plan:
+def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | None = None) -> Plan:
     """Resolve the model and hardware, trace, size every strategy, recommend one.
 
     Args:
@@ -187,10 +188,10 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
         raise AdvisorError(f"--global-batch-size {opts.global_batch_size} is not a multiple of micro-batch "
                            f"{opts.micro_batch_size} x {hw.num_gpus} GPUs = {per_step}: use a multiple of {per_step} "
                            "or another --micro-batch-size")
-    dropout = attention_dropout(spec, cache) if device == "cpu" else 0.0
+    dropout = attention_dropout(spec, cache) if device == Device.CPU else 0.0
     attention = resolve_attention(opts.attention, device, hw.gpu_name, precision, dropout)
     # oneDNN's convolution scratch exists only in CPU runs (cuDNN has none of it): GPU plans ignore the field.
-    scratch_threads = hw.cpu_conv_scratch_threads if device == "cpu" else 0
+    scratch_threads = hw.cpu_conv_scratch_threads if device == Device.CPU else 0
     profile = build_profile(spec, attention, opts.activation_checkpointing, cache=cache,
                             cpu_conv_scratch_threads=scratch_threads)
     ctx = StrategyContext(profile, hw, opts, device)
@@ -201,7 +202,7 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
         raise AdvisorError("no strategy applies to these choices (" + "; ".join(reasons[:3]) + "): change "
                            "--framework or --precision")
     mb_note, asked_micro_batch = None, opts.micro_batch_size  # the user's, else the family's default
-    if inputs.training.micro_batch_size is None and device == "cuda":
+    if inputs.training.micro_batch_size is None and device == Device.CUDA:
         # Unless the user set it, the micro-batch with the best throughput among those that fit (issue 13).
         chosen = choose_micro_batch(ctx, rows)
         if chosen is not None:
@@ -225,9 +226,9 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
                         f"{fmt_count(unquantized)} of the {fmt_count(profile.stats.num_frozen)} frozen parameters "
                         "(embeddings, norms, the LM head, a mixture of experts' fused expert weights) stay in fp32, "
                         "so the quantized base saves less here")
-    if opts.precision == "pure-bf16":
+    if opts.precision == Precision.PURE_BF16:
         warnings.append(PURE_BF16_NOTE)
-    if opts.optimizer in PAGED:
+    if opts.optimizer.is_paged:
         warnings.append(f"--optimizer {opts.optimizer}: bitsandbytes keeps its states (of 100,000 elements or more) in "
                         "CUDA unified memory (cudaMallocManaged, bitsandbytes.functional.get_paged), whose pages move "
                         "to host RAM under memory pressure; sized here as resident on the GPU, and "
@@ -235,7 +236,7 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
     rec = recommend(ctx, rows, _checkpointed(ctx, rows, strategies, cache, scratch_threads, mode),
                     _alternatives(ctx, rows, strategies, cache, scratch_threads, asked_micro_batch))
     rec.micro_batch_size, rec.micro_batch_note = opts.micro_batch_size, mb_note
-    if inputs.training.activation_checkpointing and device == "cuda" and rec.strategy is not None:
+    if inputs.training.activation_checkpointing and device == Device.CUDA and rec.strategy is not None:
         hint = _checkpointing_not_needed(ctx, next(r for r in rows if r.name == rec.strategy), rows, cache,
                                          scratch_threads)
         if hint:
@@ -244,8 +245,8 @@ def plan(inputs: PlanInputs, device: str = "cuda", hardware: Hardware | None = N
         rec.reasons.append(mb_note)
     warnings += _budget_warnings(opts, ctx)
     if inputs.use_cache:  # what-if questions (another --gpus) then find their traces in the cache
-        for mode, tp in {t for s in strategies for t in s.what_if_traces(ctx)}:
-            profile.activations(mode, tp)
+        for traced, tp in {t for s in strategies for t in s.what_if_traces(ctx)}:
+            profile.activations(TraceMode(traced), tp)  # (Strategy.what_if_traces names the mode as its value)
             profile.tp_stats(tp)
     result = Plan(inputs=inputs, spec=spec, profile=profile, hardware=hw, options=opts, attention=attention,
                   device=device, rows=rows, recommendation=rec, warnings=warnings)
@@ -300,7 +301,7 @@ def _budget_warnings(opts: TrainingOptions, ctx: StrategyContext) -> list[str]:
 
 
 def _checkpointed(ctx: StrategyContext, rows: list[StrategyRow], strategies: Sequence[Strategy],
-                  cache: DiskCache | NullCache, scratch_threads: int, mode: str) -> Checkpointed | None:
+                  cache: DiskCache | NullCache, scratch_threads: int, mode: TraceMode) -> Checkpointed | None:
     """The rows with activation checkpointing on, when it is off, the model has blocks to checkpoint,
     and the answer needs it (nothing fits, or only with CPU offload): the recommender names that fix,
     with its figures, before offload or a larger cluster. One more trace, only in those cases."""
@@ -373,7 +374,7 @@ def _checkpointing_not_needed(ctx: StrategyContext, best: StrategyRow, rows: lis
 # targets for the architecture (the QLoRA paper's and peft's examples use ranks 8-64), on a 16-bit base and on an
 # nf4 base with double quantization (the QLoRA paper's recipe).
 _LORA_OFFERS = (("LoRA", AdapterSpec(rank=16)),
-                ("QLoRA", AdapterSpec(rank=16, quantize="nf4", double_quant=True)))
+                ("QLoRA", AdapterSpec(rank=16, quantize=Quant.NF4, double_quant=True)))
 
 
 def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: Sequence[Strategy],
@@ -404,7 +405,7 @@ def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: Seq
         return ()
     out = []
     for label, offer in _LORA_OFFERS:
-        compute = {"fp16": "fp16", "fp32": "fp32"}.get(opts.precision or "", "bf16")
+        compute = (opts.precision or Precision.BF16).compute_dtype
         targets = default_targets(spec.model_type)
         if not targets:  # peft has no default targets for this architecture: nothing to offer without names
             return ()
@@ -417,20 +418,21 @@ def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: Seq
     return tuple(out)
 
 
-def _ignored_flags(opts: TrainingOptions, profile: ModelProfile, rows: list[StrategyRow], mode: str) -> list[str]:
+def _ignored_flags(opts: TrainingOptions, profile: ModelProfile, rows: list[StrategyRow],
+                   mode: TraceMode) -> list[str]:
     """Flags the user set that cannot change this model's answer: said, not silently dropped."""
     out = []
     act = profile.activations(mode)
-    if opts.attention != "auto" and not act.uses_sdpa:
+    if opts.attention != Attention.AUTO and not act.uses_sdpa:
         out.append(f"--attention {opts.attention} changes nothing: {profile.spec.name} calls no "
                    "scaled-dot-product attention")
-    elif opts.attention != "auto" and act.attention.startswith("eager"):
+    elif opts.attention != Attention.AUTO and act.attention.startswith("eager"):
         out.append(f"--attention {opts.attention} changes nothing: {profile.spec.name} runs its own (eager) "
                    "attention, which keeps the s x s scores")
     tp = [r for r in rows if r.strategy.uses_tp_degree]
     if opts.tp_degree and tp and not any(r.applicable for r in tp):
         out.append(f"--tp-degree {opts.tp_degree} is not used: {tp[0].reason}")
-    if opts.fsdp_grad_sync != "every-micro-step":
+    if opts.fsdp_grad_sync != FsdpGradSync.EVERY_MICRO_STEP:
         sync = [r for r in rows if r.strategy.uses_fsdp_grad_sync and r.applicable]
         if not sync:
             out.append(f"--fsdp-grad-sync {opts.fsdp_grad_sync} is not used: no FSDP2 row applies")

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Generic, TypedDict, TypeVar
 
 from .cache import DiskCache, NullCache
+from .choices import Attention, TraceMode
 from .locks import MODEL_BUILD_LOCK
 from .models import ModelSpec, build_model, family_of
 from .trace import ActivationProfile, profile_activations
@@ -273,19 +274,19 @@ class ModelProfile:
 
     spec: ModelSpec
     stats: ParamStats
-    attention: str
+    attention: Attention
     checkpointing: bool
     cpu_conv_scratch_threads: int = 0
     cache: DiskCache | NullCache = field(default_factory=NullCache, repr=False, compare=False)
     _activations: OnceCache[ActivationProfile] = field(default_factory=OnceCache, repr=False, compare=False)
     _tp_stats: OnceCache[ParamStats] = field(default_factory=OnceCache, repr=False, compare=False)
 
-    def flops_per_sample(self, mode: str) -> int:
+    def flops_per_sample(self, mode: TraceMode) -> int:
         """Forward + backward FLOPs per sample under a precision trace mode (from the same traces as
         the activations; ``ActivationProfile.flops_per_sample``)."""
         return self.activations(mode).flops_per_sample
 
-    def activations(self, mode: str, tp_degree: int = 1) -> ActivationProfile:
+    def activations(self, mode: TraceMode, tp_degree: int = 1) -> ActivationProfile:
         """Traced activation profile for a precision trace mode ("fp32", "autocast", "half")."""
         return self._activations.get((mode, tp_degree), lambda: _cached_activations(
             _spec_key(self.spec), self.spec, mode, self.attention, self.checkpointing, tp_degree, self.cache,
@@ -308,10 +309,10 @@ _TRACE_CACHE: OnceCache[ActivationProfile] = OnceCache(maxsize=_TRACE_CACHE_SIZE
 # (``advisor.trace``: ``FusedAttention`` saves q, k, v, the output and the log-sum-exp, and counts the same FLOPs and
 # bytes, for FlashAttention-2 and the memory-efficient kernel alike), so their traces differ only in the kernel's
 # name in the label. The memory-efficient profile is the flash one relabelled: one trace (and one disk entry) for both.
-_TRACED_AS = {"mem-efficient": "flash"}
+_TRACED_AS: dict[Attention, Attention] = {Attention.MEM_EFFICIENT: Attention.FLASH}
 
 
-def _cached_activations(key: str, spec: ModelSpec, mode: str, attention: str, checkpointing: bool,
+def _cached_activations(key: str, spec: ModelSpec, mode: TraceMode, attention: Attention, checkpointing: bool,
                         tp_degree: int, cache: DiskCache | NullCache | None = None,
                         cpu_conv_scratch_threads: int = 0) -> ActivationProfile:
     """Traces are pure functions of their inputs and immutable: keep the last few (the page and
@@ -352,7 +353,7 @@ def clear_trace_cache() -> None:
     _STATS_CACHE.clear()
 
 
-def build_profile(spec: ModelSpec, attention: str, checkpointing: bool, cache: DiskCache | NullCache | None = None,
+def build_profile(spec: ModelSpec, attention: Attention, checkpointing: bool, cache: DiskCache | NullCache | None = None,
                   cpu_conv_scratch_threads: int = 0) -> ModelProfile:
     """The profile of ``spec`` for one attention kernel and checkpointing choice; ``cache`` (a
     ``DiskCache``; default none) keeps counts and traces between runs; ``cpu_conv_scratch_threads`` as

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from .choices import Framework
 from .context import StrategyContext
 from .hardware import HOST_UNKNOWN, Hardware
 from .memory import StrategyMemory
@@ -108,7 +109,7 @@ FRAMEWORK_NAMES = {"torch": "PyTorch alone", "deepspeed": "DeepSpeed"}
 def framework_excludes(strategy: Strategy, ctx: StrategyContext) -> str | None:
     """Why ``--framework`` leaves ``strategy`` out (None: it does not): the strategy needs another framework."""
     chosen = ctx.options.framework
-    if chosen in (None, "any") or strategy.framework == chosen:
+    if chosen in (None, Framework.ANY) or strategy.framework == chosen:
         return None
     return (f"needs {FRAMEWORK_NAMES.get(strategy.framework, strategy.framework)}; --framework {chosen} leaves it out")
 

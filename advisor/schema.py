@@ -13,7 +13,10 @@ part of a plan). ``PlanInputs`` holds the first three plus the plan-level switch
 
 What one field is and how one value is checked against it (``Opt``, ``Field``, the type read from the
 annotation) is ``advisor.fields``; the free-text inputs (``--lora-targets``, ``--init-from``,
-``--input-shape``) are parsed in ``advisor.free_text``.
+``--input-shape``) are parsed in ``advisor.free_text``. Numeric bounds (``low``/``high``) are inclusive,
+except a ``low`` of 0.0, which is exclusive: the value must be above 0. A choice from a closed set is typed
+with its ``StrEnum`` (``advisor.choices``): the string a face passes becomes the member as the group is built
+(``TrainingOptions.__post_init__``), and the choices the faces list stay plain strings.
 
 Nothing here imports torch or any other layer of advisor but the bottom data modules.
 """
@@ -25,21 +28,23 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from .bnb_layout import OPTIMIZER_CHOICES, QUANT_CHOICES
+from .choices import Attention, Device, Dtype, Framework, FsdpGradSync, Optimizer, Precision, Quant, values
 from .errors import AdvisorError
-from .fields import FACES, STRATEGY_CHOICES, Field, check_value, group_fields
+from .fields import FACES, STRATEGY_CHOICES, Field, as_members, check_value, group_fields
 from .fields import option as _f  # short: the dataclass bodies below call it once per field
 from .free_text import init_from, lora_targets
 from .gpu_presets import GPU_PRESETS, INTERCONNECTS, NETWORKS
 
-PRECISIONS = ("bf16", "fp16", "fp32", "pure-bf16")
-FRAMEWORKS = ("any", "torch", "deepspeed")
-FSDP_GRAD_SYNC = ("every-micro-step", "last-micro-step")
+# The choices as plain strings (advisor.choices.values), in the order --help lists them.
+PRECISIONS = values(Precision)
+FRAMEWORKS = values(Framework)
+FSDP_GRAD_SYNC = values(FsdpGradSync)
 OPTIMIZERS = OPTIMIZER_CHOICES  # torch.optim's, bitsandbytes' and transformers' Adafactor (advisor.bnb_layout)
 QUANT_TYPES = QUANT_CHOICES
-ADAPTER_DTYPES = ("auto", "fp32", "bf16", "fp16")
-COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
-ATTENTION_CHOICES = ("auto", "flash", "mem-efficient", "math")
-DEVICES = ("cuda", "cpu")
+ADAPTER_DTYPES = values(Dtype)
+COMPUTE_DTYPES = tuple(d.value for d in (Dtype.BF16, Dtype.FP16, Dtype.FP32))
+ATTENTION_CHOICES = values(Attention)
+DEVICES = values(Device)
 LORA_ALPHA = 16.0  # LoRA's alpha when --lora-alpha is not given: the QLoRA paper's (Dettmers et al. 2023, appendix)
 LORA_DROPOUT = 0.05  # adapter input dropout when --lora-dropout is not given: the QLoRA paper's for 33B-65B
 
@@ -71,12 +76,12 @@ class ModelSource:
 class TrainingOptions:
     """How to train (per GPU unless said otherwise)."""
 
-    precision: str | None = _f(None, flag="--precision", label="Precision", faces=("cli", "page", "bench"),
-                               choices=PRECISIONS, none="bf16; fp16 on GPUs without bf16; --verify on CPU: fp32",
-                               help="bf16/fp16: mixed precision; fp32; pure-bf16")
-    optimizer: str = _f("adamw", flag="--optimizer", label="Optimizer", faces=("cli", "page", "bench"),
-                        choices=OPTIMIZERS, help="default adamw; adamw-8bit, paged-adamw-8bit, paged-adamw and lion "
-                                                 "are bitsandbytes', adafactor transformers'")
+    precision: Precision | None = _f(None, flag="--precision", label="Precision", faces=("cli", "page", "bench"),
+                                     choices=PRECISIONS, none="bf16; fp16 on GPUs without bf16; --verify on CPU: fp32",
+                                     help="bf16/fp16: mixed precision; fp32; pure-bf16")
+    optimizer: Optimizer = _f(Optimizer.ADAMW, flag="--optimizer", label="Optimizer", faces=("cli", "page", "bench"),
+                              choices=OPTIMIZERS, help="default adamw; adamw-8bit, paged-adamw-8bit, paged-adamw and "
+                                                       "lion are bitsandbytes', adafactor transformers'")
     init_from: str | None = _f(None, flag="--init-from", label="Pretrained weights (path or hub id)",
                                faces=("cli", "page", "bench"), metavar="PATH", none="off: freshly initialised",
                                help="the generated script will load pretrained weights from PATH (a save_pretrained "
@@ -98,20 +103,21 @@ class TrainingOptions:
                                   none="peft's default for the architecture",
                                   help="comma-separated module names (q_proj,v_proj) or all-linear; required for "
                                        "vision and custom models")
-    lora_dtype: str = _f("auto", flag="--lora-dtype", label="LoRA adapters' dtype", faces=("cli", "page", "bench"),
-                         choices=ADAPTER_DTYPES,
-                         help="the adapters' dtype (auto: fp32 under single, DDP and FSDP2, as peft upcasts them; "
-                              "16-bit under DeepSpeed's bf16/fp16 modes, which cast the module)")
-    quantize: str | None = _f(None, flag="--quantize", label="Quantize the frozen base (QLoRA)",
-                              faces=("cli", "page", "bench"), choices=QUANT_TYPES, none="off",
-                              help="QLoRA: hold the frozen base in 4 bits (nf4, fp4) or 8 bits (int8) with "
-                                   "bitsandbytes; needs --lora-rank")
+    lora_dtype: Dtype = _f(Dtype.AUTO, flag="--lora-dtype", label="LoRA adapters' dtype",
+                           faces=("cli", "page", "bench"), choices=ADAPTER_DTYPES,
+                           help="the adapters' dtype (auto: fp32 under single, DDP and FSDP2, as peft upcasts them; "
+                                "16-bit under DeepSpeed's bf16/fp16 modes, which cast the module)")
+    quantize: Quant | None = _f(None, flag="--quantize", label="Quantize the frozen base (QLoRA)",
+                                faces=("cli", "page", "bench"), choices=QUANT_TYPES, none="off",
+                                help="QLoRA: hold the frozen base in 4 bits (nf4, fp4) or 8 bits (int8) with "
+                                     "bitsandbytes; needs --lora-rank")
     double_quant: bool = _f(False, flag="--double-quant", label="Double quantization (QLoRA)",
                             faces=("cli", "page", "bench"),
                             help="QLoRA: quantize the 4-bit blocks' scales too (bnb_4bit_use_double_quant)")
-    bnb_compute_dtype: str | None = _f(None, flag="--bnb-compute-dtype", faces=("cli", "bench"),
-                                       choices=COMPUTE_DTYPES, none="the precision's (bf16, fp16; fp32 under fp32)",
-                                       help="QLoRA: the dtype the quantized layers compute in (bnb_4bit_compute_dtype)")
+    bnb_compute_dtype: Dtype | None = _f(None, flag="--bnb-compute-dtype", faces=("cli", "bench"),
+                                         choices=COMPUTE_DTYPES, none="the precision's (bf16, fp16; fp32 under fp32)",
+                                         help="QLoRA: the dtype the quantized layers compute in "
+                                              "(bnb_4bit_compute_dtype)")
     micro_batch_size: int | None = _f(None, flag="--micro-batch-size", label="Micro-batch size per GPU",
                                       faces=("cli", "page", "bench"), low=1, high=2**20, none="auto",
                                       help="samples per GPU per step (default: the best throughput that fits the GPU; "
@@ -122,16 +128,17 @@ class TrainingOptions:
                                             "(default: no accumulation)")
     activation_checkpointing: bool = _f(False, flag="--activation-checkpointing", label="Activation checkpointing",
                                         faces=("cli", "page", "bench"), help="recompute blocks in backward")
-    framework: str = _f("any", flag="--framework", label="Framework", faces=("cli", "page", "bench"),
-                        choices=FRAMEWORKS, help="limit the strategies to what one framework runs: torch (single, DDP, "
-                                                 "FSDP2, HSDP, TP), deepspeed (ZeRO), any (default)")
-    fsdp_grad_sync: str = _f("every-micro-step", flag="--fsdp-grad-sync", faces=("cli", "bench"),
-                             choices=FSDP_GRAD_SYNC,
-                             help="FSDP2 with gradient accumulation: reduce-scatter the gradients on every micro-step "
-                                  "(default: least memory) or only on the last (less communication; every rank keeps "
-                                  "all unsharded fp32 gradients until then)")
-    attention: str = _f("auto", flag="--attention", choices=ATTENTION_CHOICES,
-                        help="attention kernel to model (auto: what the target GPU runs)")
+    framework: Framework = _f(Framework.ANY, flag="--framework", label="Framework", faces=("cli", "page", "bench"),
+                              choices=FRAMEWORKS,
+                              help="limit the strategies to what one framework runs: torch (single, DDP, FSDP2, HSDP, "
+                                   "TP), deepspeed (ZeRO), any (default)")
+    fsdp_grad_sync: FsdpGradSync = _f(FsdpGradSync.EVERY_MICRO_STEP, flag="--fsdp-grad-sync",
+                                      faces=("cli", "bench"), choices=FSDP_GRAD_SYNC,
+                                      help="FSDP2 with gradient accumulation: reduce-scatter the gradients on every "
+                                           "micro-step (default: least memory) or only on the last (less "
+                                           "communication; every rank keeps all unsharded fp32 gradients until then)")
+    attention: Attention = _f(Attention.AUTO, flag="--attention", choices=ATTENTION_CHOICES,
+                              help="attention kernel to model (auto: what the target GPU runs)")
     tp_degree: int | None = _f(None, flag="--tp-degree", low=1, high=64,
                                help="tensor-parallel degree (default: pure TP the GPUs per node; TP x DP the "
                                     "largest divisor of the heads and kv heads <= GPUs per node)")
@@ -164,6 +171,9 @@ class TrainingOptions:
     gpu_hour_price: float | None = _f(None, flag="--gpu-hour-price", label="Price per GPU-hour",
                                       faces=("cli", "page", "bench"), low=0.0, high=10**4, none="not given",
                                       help="price of one GPU-hour (any currency): adds the training cost")
+
+    def __post_init__(self) -> None:
+        as_members(self)  # "bf16" from a face becomes Precision.BF16 (advisor.choices); bad values stay for validate
 
 
 @dataclass(frozen=True)
@@ -324,7 +334,7 @@ def _validate_adapter(t: TrainingOptions) -> None:
     """The LoRA/QLoRA flags against each other (one place, naming every flag)."""
     if t.lora_rank is None:
         given = [flag for flag, on in (("--lora-targets", t.lora_targets is not None),
-                                       ("--lora-dtype", t.lora_dtype != "auto"),
+                                       ("--lora-dtype", t.lora_dtype != Dtype.AUTO),
                                        ("--lora-alpha", t.lora_alpha is not None),
                                        ("--lora-dropout", t.lora_dropout is not None),
                                        ("--quantize", t.quantize is not None)) if on]
@@ -337,7 +347,7 @@ def _validate_adapter(t: TrainingOptions) -> None:
         flag, kinds = (("--double-quant", "nf4 (or fp4)") if t.double_quant
                        else ("--bnb-compute-dtype", "nf4 (or fp4, int8)"))
         raise AdvisorError(f"{flag} configures QLoRA's quantized base: add --quantize {kinds}")
-    if t.double_quant and t.quantize == "int8":
+    if t.double_quant and t.quantize == Quant.INT8:
         raise AdvisorError("--double-quant applies to 4-bit bases (--quantize nf4 or fp4); int8 has per-row scales")
     lora_targets(t.lora_targets)
 

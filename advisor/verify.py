@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NotRequired, TypedDict
 from strategies import get_strategy, strategy_names
 from strategies.render import job_from_plan, render_job, write_files
 
+from .choices import Device, Precision
 from .errors import AdvisorError
 from .hardware import HOST_DETECTED, Hardware, host_memory_bytes
 from .models import family_of
@@ -69,7 +70,7 @@ class RankResult(TypedDict):
 @dataclass
 class VerifyResult:
     strategy: str
-    device: str
+    device: Device
     world_size: int
     steps: int
     log_dir: str
@@ -124,9 +125,9 @@ def remove_deepspeed_shm(port: int, shm_dir: Path = Path("/dev/shm")) -> int:
     return freed
 
 
-def run_hardware(requested: int, device: str, notes: list[str]) -> Hardware:
+def run_hardware(requested: int, device: Device, notes: list[str]) -> Hardware:
     """The hardware a verification really runs on, with capping noted."""
-    if device == "cuda":
+    if device == Device.CUDA:
         import torch
 
         have = torch.cuda.device_count()
@@ -217,13 +218,13 @@ def verify(inputs: PlanInputs, strategy: str | None = None, *, steps: int = 6, t
         raise AdvisorError(f"--timeout must be positive, got {timeout_s}")
     import torch
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = Device.CUDA if torch.cuda.is_available() else Device.CPU
     name, run_plan, hw, notes = verify_plan(inputs, strategy, device, precision_explicit, inputs.use_cache, say)
     run_row, unit = run_plan.row(name), get_strategy(name)
     run_memory = run_row.memory
     assert run_memory is not None, "verify_plan checked that the row applies"
     need = run_memory.peak.total * hw.num_gpus
-    if device == "cpu" and need > 0.8 * available_memory_bytes():
+    if device == Device.CPU and need > 0.8 * available_memory_bytes():
         raise AdvisorError(f"verifying {name} on {hw.num_gpus} CPU ranks needs about {need / 2**30:.1f} GiB of RAM "
                            f"(estimated peak per rank x ranks), more than this machine can spare "
                            f"({available_memory_bytes() / 2**30:.1f} GiB available): verify a smaller model, "
@@ -236,7 +237,7 @@ def verify(inputs: PlanInputs, strategy: str | None = None, *, steps: int = 6, t
     world = hw.num_gpus
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(CPU_RANK_THREADS),
                PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")])))
-    if device == "cpu":
+    if device == Device.CPU:
         env.update(unit.launcher.cpu_env)
     with MachineLock():  # before writing anything: a busy machine leaves no empty run directory
         port = free_port()
@@ -260,7 +261,7 @@ def verify(inputs: PlanInputs, strategy: str | None = None, *, steps: int = 6, t
                                             probe=["--measured-steps", str(steps)])
             others = OtherCpu()
             rc, timed_out = _launch(cmd, run_dir, env, timeout_s, steps + timing_steps, say)
-            result.cpu_contention = others.share() if device == "cpu" else None
+            result.cpu_contention = others.share() if device == Device.CPU else None
         finally:
             remove_deepspeed_shm(port)
     return conclude(result, rc, timed_out, timeout_s, started)
@@ -308,7 +309,7 @@ def _compare(result: VerifyResult, report: RunReport) -> VerifyResult:
     return result
 
 
-def verify_plan(inputs: PlanInputs, strategy: str | None, device: str, precision_explicit: bool = False,
+def verify_plan(inputs: PlanInputs, strategy: str | None, device: Device, precision_explicit: bool = False,
                 use_cache: bool = True, say: Callable[[str], None] = lambda _m: None
                 ) -> tuple[str, Plan, Hardware, list[str]]:
     """The plan a verification on ``device`` runs: the target plan's row ``strategy`` (default: the recommended
@@ -326,11 +327,11 @@ def verify_plan(inputs: PlanInputs, strategy: str | None, device: str, precision
                            "pass --strategy NAME to verify one anyway")
     notes: list[str] = []
     opts = target.options
-    if device == "cpu" and opts.precision != "fp32" and not precision_explicit:
+    if device == Device.CPU and opts.precision != Precision.FP32 and not precision_explicit:
         notes.append(f"CPU run: {opts.precision} is emulated and slow on CPUs without native bf16, so this "
                      "verification runs fp32 (pass --precision explicitly to force it)")
-        opts = replace(opts, precision="fp32")
-    if device == "cpu" and inputs.training.micro_batch_size is None and opts.micro_batch_size != (
+        opts = replace(opts, precision=Precision.FP32)
+    if device == Device.CPU and inputs.training.micro_batch_size is None and opts.micro_batch_size != (
             family_default := family_of(target.spec).default_micro_batch):
         # The target GPU's throughput choice (hundreds of samples for a small model) would take minutes per step and
         # gigabytes on CPU ranks: the family's default instead.
@@ -349,11 +350,12 @@ def verify_plan(inputs: PlanInputs, strategy: str | None, device: str, precision
     return name, run_plan, hw, notes
 
 
-def calibrated(hw: Hardware, device: str, use_cache: bool, say: Callable[[str], None], notes: list[str]) -> Hardware:
+def calibrated(hw: Hardware, device: Device, use_cache: bool, say: Callable[[str], None],
+               notes: list[str]) -> Hardware:
     """``hw`` with this machine's CPU calibration (``advisor.timing.calibrate``) for a CPU run, so the plan's
     step times predict this machine's ranks (``CPU_RANK_THREADS`` threads each); a GPU run is timed by its
     preset and comes back unchanged. A failed calibration leaves the run untimed, with a note."""
-    if device != "cpu":
+    if device != Device.CPU:
         return hw
     from .cache import open_cache
     from .timing.calibrate import cached_calibration, cpu_calibration
@@ -394,7 +396,7 @@ def add_step_time(result: VerifyResult, report: RunReport) -> None:
     medians: list[float | None] = []
     for r, mine in zip(report["per_rank"], result.per_rank):
         losses = r.get("losses") or []
-        profiled = r.get("profiled_steps", 0 if result.device == "cuda" else len(losses))
+        profiled = r.get("profiled_steps", 0 if result.device == Device.CUDA else len(losses))
         mine["measured_step_s"] = median_step_s(r.get("step_times_s") or [], profiled)
         medians.append(mine["measured_step_s"])
     measured = [m for m in medians if m is not None]

@@ -15,10 +15,11 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from advisor import bnb_layout
+from advisor.choices import Device, Precision, TraceMode
 from advisor.context import StrategyContext
 from advisor.gpu_presets import GpuPreset
 from advisor.hardware import Hardware
-from advisor.memory import StrategyMemory, states_per_element, trace_mode, weight_bytes
+from advisor.memory import StrategyMemory, bytes_per_element, states_per_element, trace_mode, weight_bytes
 from advisor.models import ModelSpec, family_of
 from advisor.models.families import ModelFamily
 from advisor.schema import TrainingOptions
@@ -37,7 +38,6 @@ from advisor.units import fmt_gib
 
 from .launchers import TORCHRUN, Launcher
 
-TORCH_OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")  # torch.optim's: every strategy steps them
 # The imports of templates/checkpoint_dcp.py (and FSDP2's full state dicts); the renderer keeps the names a script uses.
 DCP_IMPORTS = ("import torch.distributed.checkpoint as dcp",
                "from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, "
@@ -227,12 +227,12 @@ class Strategy(ABC):
         if adapter is not None and adapter.quantize and not self.quantized_base:
             return (f"a {adapter.quantize} base (bitsandbytes) is modelled and verified with single, ddp and (4-bit) "
                     f"zero3; {self.name} with a quantized base is not (use ddp or zero3, or LoRA on a 16-bit base)")
-        if opt not in TORCH_OPTIMIZERS and not self.client_optimizers:
+        if not opt.is_torch and not self.client_optimizers:  # torch.optim's: every strategy steps them
             return (f"--optimizer {opt} ({bnb_layout.optimizer_source(opt)}) is not verified on {self.title}'s "
                     "DTensor shards: use adamw, or ddp / ZeRO with it")
         return None
 
-    def trace_mode(self, precision: str | None) -> str:
+    def trace_mode(self, precision: Precision | None) -> TraceMode:
         """The traced step this strategy runs at ``precision`` (``advisor.memory.trace_mode``)."""
         return trace_mode(precision, self.casts_weights)
 
@@ -262,7 +262,7 @@ class Strategy(ABC):
         other micro-steps), in the dtype DDP reduces: the parameters' (fp32 under autocast, whose weights and
         gradients stay fp32; bf16 under pure bf16). 0 on one GPU (no collective runs)."""
         n = ctx.world_size
-        grad_bytes = 2 if ctx.options.precision == "pure-bf16" else 4
+        grad_bytes = bytes_per_element(ctx.options.precision, "grads")
         return 2 * (n - 1) * ctx.profile.stats.num_trainable * grad_bytes // n
 
     def link_warning(self, ctx: StrategyContext) -> str | None:
@@ -342,9 +342,9 @@ class Strategy(ABC):
         """DeepSpeed's own model-state estimate for ``--compare`` (None where DeepSpeed has none)."""
         return None
 
-    def verify_blocker(self, device: str) -> str | None:
+    def verify_blocker(self, device: Device) -> str | None:
         """Why this strategy cannot be verified on ``device`` here (None: it can)."""
-        if self.offload and device == "cpu":
+        if self.offload and device == Device.CPU:
             return (f"{self.name} offloads to host memory from a GPU; on a CPU-only machine use --emit to write "
                     "the script and verify it where a GPU is present")
         return None

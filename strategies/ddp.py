@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from advisor import bnb_layout
+from advisor.choices import Precision
 from advisor.context import StrategyContext
 from advisor.memory import (
     RULE_OF_THUMB_BYTES_PER_PARAM,
@@ -166,7 +167,8 @@ class DDP(Strategy):
         coll = (Collective(f"gradient all-reduce ({dtype}, {len(ar.buckets)} buckets, last micro-step only)",
                            "all_reduce", "data-parallel", stats.num_trainable * g, len(ar.buckets), ar.total_s,
                            hidden),) if ar.total_s else ()
-        opt = optimizer_step_s(ctx, t, stats.num_trainable, g, g, g, extra=2 * g if opts.precision == "fp16" else 0)
+        opt = optimizer_step_s(ctx, t, stats.num_trainable, g, g, g,
+                               extra=2 * g if opts.precision == Precision.FP16 else 0)
         return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s,
                         comm_s=ar.total_s, exposed_comm_s=hidden, optimizer_s=opt, flops=ga * c.flops,
                         model_flops=ga * c.model_flops, peak_flops_per_s=t.peak_flops_per_s,

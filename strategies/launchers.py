@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from advisor.choices import Device, LauncherKind
+
 
 @dataclass(frozen=True)
 class Launcher:
@@ -17,7 +19,7 @@ class Launcher:
     machine without a GPU needs exported (DeepSpeed: its CPU accelerator, gloo); ``cpu_note``: what launch.sh says
     there before it starts (DeepSpeed: the silent first-run compile, ``first_use_note``)."""
 
-    name: str
+    name: LauncherKind
     script_args: tuple[str, ...] = ()
     cpu_env: tuple[tuple[str, str], ...] = ()
     cpu_note: str = ""
@@ -25,9 +27,9 @@ class Launcher:
     def command(self, gpus_per_node: int, num_nodes: int, port: int) -> str:
         """The launch line a user runs (one node; for several nodes, the form run on the first)."""
         tail = " ".join(("train.py",) + self.script_args)
-        if self.name == "python":
+        if self.name == LauncherKind.PYTHON:
             return f"python {tail}"
-        if self.name == "deepspeed":
+        if self.name == LauncherKind.DEEPSPEED:
             if num_nodes > 1:
                 return (f"deepspeed --hostfile hostfile --num_nodes {num_nodes} --num_gpus {gpus_per_node} "
                         f"--master_addr HOST0 --master_port {port} {tail}")
@@ -40,9 +42,9 @@ class Launcher:
     def multi_node_doc(self, gpus_per_node: int, port: int) -> str:
         """The docstring paragraph on running across nodes (none for one process)."""
         tail = " ".join(("train.py",) + self.script_args)
-        if self.name == "python":
+        if self.name == LauncherKind.PYTHON:
             return "One process on one GPU (or the CPU): no launcher, no process group."
-        if self.name == "deepspeed":
+        if self.name == LauncherKind.DEEPSPEED:
             return (f"Several nodes (a hostfile lists each node as 'HOST slots={gpus_per_node}'):\n"
                     f"    deepspeed --hostfile hostfile --num_nodes NNODES --num_gpus {gpus_per_node} --master_addr HOST0 "
                     f"--master_port {port} {tail}\n"
@@ -52,14 +54,14 @@ class Launcher:
                 f"--master_port={port} {tail}\n"
                 "    (or a rendezvous endpoint: --rdzv_backend=c10d --rdzv_endpoint=HOST0:29400 --rdzv_id=JOB)")
 
-    def first_use_note(self, device: str, env: dict[str, str]) -> str | None:
+    def first_use_note(self, device: Device, env: dict[str, str]) -> str | None:
         """A line to show before the first launch here that will spend minutes building something silently, or
         None. DeepSpeed on the CPU: its shared-memory communication op (``ShareMemCommBuilder``, NAME
         ``deepspeed_shm_comm``, loaded by ``deepspeed.comm.torch.build_shm_op`` in ``init_distributed``) is
         JIT-compiled with ``torch.utils.cpp_extension.load`` unless it is already in torch's extension cache or was
         built into the package (``DS_BUILD_OPS=1``); the compile took 2.5 minutes on this project's 2-core
         machines, printing nothing until it is done."""
-        if self.name != "deepspeed" or device != "cpu":
+        if self.name != LauncherKind.DEEPSPEED or device != Device.CPU:
             return None
         cache = deepspeed_shm_op_dir(env)
         if glob.glob(os.path.join(cache, "deepspeed_shm_comm*.so")) or _prebuilt_shm_op():
@@ -74,9 +76,9 @@ class Launcher:
         args = ["train.py", *script_args]
         if probe is not None:
             args = [str(PROBE), *probe, *args]
-        if self.name == "python":
+        if self.name == LauncherKind.PYTHON:
             return [sys.executable, *args, *self.script_args]
-        if self.name == "deepspeed":
+        if self.name == LauncherKind.DEEPSPEED:
             exe = Path(sys.executable).parent / "deepspeed"
             prog = [str(exe)] if exe.exists() else [sys.executable, "-m", "deepspeed.launcher.runner"]
             return prog + ["--num_gpus", str(world), "--master_port", str(port), *args, *self.script_args]
@@ -113,9 +115,9 @@ def _prebuilt_shm_op() -> bool:
 # The measurement wrapper --verify, bench and the tests launch in place of train.py (its docstring says what it
 # records); it runs the script unchanged.
 PROBE = Path(__file__).parent / "probe" / "_advisor_probe.py"
-TORCHRUN = Launcher("torchrun")
-PYTHON = Launcher("python")  # one process: ``python train.py``
-DEEPSPEED = Launcher("deepspeed", script_args=("--deepspeed_config", "ds_config.json"),
+TORCHRUN = Launcher(LauncherKind.TORCHRUN)
+PYTHON = Launcher(LauncherKind.PYTHON)  # one process: ``python train.py``
+DEEPSPEED = Launcher(LauncherKind.DEEPSPEED, script_args=("--deepspeed_config", "ds_config.json"),
                      cpu_env=(("DS_ACCELERATOR", "cpu"),),
                      cpu_note="the first run compiles DeepSpeed's CPU communication op (C++, a few minutes, once; "
                               "cached in torch's extension directory): nothing is printed until it is done")

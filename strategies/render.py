@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from advisor.choices import FsdpGradSync, LauncherKind, Optimizer, Precision, plain
 from advisor.errors import AdvisorError
 from advisor.models import ModelSpec, family_of
 
@@ -80,8 +81,8 @@ class Job:
 
     strategy: str
     spec: ModelSpec
-    precision: str
-    optimizer: str
+    precision: Precision
+    optimizer: Optimizer
     micro_batch_size: int
     grad_accum_steps: int
     gpus_per_node: int
@@ -94,7 +95,8 @@ class Job:
     ds_config: dict[str, object] | None = None
     steps: int = DEFAULT_STEPS
     master_port: int = MASTER_PORT
-    fsdp_grad_sync: str = "every-micro-step"  # FSDP2 with accumulation: reduce-scatter every micro-step or the last
+    # FSDP2 with accumulation: reduce-scatter every micro-step or the last
+    fsdp_grad_sync: FsdpGradSync = FsdpGradSync.EVERY_MICRO_STEP
     lr_source: str = "given"  # where ``lr`` comes from (the docstring says it)
     time_limit_s: float | None = None  # slurm.sbatch's --time (None: 24 h)
     init_from: str | None = None  # --init-from's default in the script: the pretrained weights the plan was made for
@@ -257,7 +259,9 @@ CONSTANT_NOTES = {
 
 
 def _constant_line(name: str, value: object) -> str:
-    """``NAME = value  # note``; a dict or list too long for a line is written one item per line (pprint)."""
+    """``NAME = value  # note``; a dict or list too long for a line is written one item per line (pprint). Enum
+    members (``advisor.choices``) are written as their values."""
+    value = plain(value)
     text = repr(value)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**6:
         text = f"{value:_}"  # 894_272_274_432: digits grouped
@@ -304,7 +308,7 @@ def _block_tags(job: Job, family_has_base: bool = False) -> set[str]:
         shared.add("not-text")  # images or your own model: samples/s, SyncBatchNorm's decision
     if job.activation_checkpointing:
         shared.add("ac")
-    if job.precision == "pure-bf16":
+    if job.precision == Precision.PURE_BF16:
         shared.add("pure-bf16")
     if job.peak_flops_per_gpu and job.model_flops_per_sample:
         shared.add("mfu")
@@ -387,7 +391,7 @@ allocated memory); the trained weights go to --out at the end.
 
 def _pure_bf16_doc(job: Job) -> str:
     """The docstring's warning for pure bf16 (no fp32 master weights: small updates round away; advisor.plan)."""
-    if job.precision != "pure-bf16":
+    if job.precision != Precision.PURE_BF16:
         return ""
     return ("\nPure bf16: no fp32 master weights, so an update below about 0.2% of a weight rounds away (most AdamW "
             "updates\n    at a fine-tuning learning rate): prefer --precision bf16 (mixed) unless you need this.")
@@ -501,7 +505,7 @@ def render_launch_sh(job: Job) -> str:
     cpu_fallback = ('if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then\n'
                     f'  echo "no CUDA GPU: running on the CPU{backend}"\n' + exports + "fi\n")
     nodes = ""
-    if job.num_nodes > 1 and job.strategy_unit.launcher.name == "deepspeed":
+    if job.num_nodes > 1 and job.strategy_unit.launcher.name == LauncherKind.DEEPSPEED:
         nodes = ("# Several nodes: run this on the first node only; DeepSpeed starts the others over ssh from hostfile\n"
                  "# (one 'HOST slots=N' line per node: replace the placeholders) and HOST0 is this node's address.\n")
     elif job.num_nodes > 1 and job.strategy_unit.distributes:

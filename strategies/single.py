@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from advisor.choices import Precision
 from advisor.context import StrategyContext
 from advisor.hardware import Hardware
 from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory, rule_of_thumb_split, weight_bytes
@@ -69,7 +70,8 @@ class Single(Strategy):
         ga = row.grad_accum_steps or 1
         c = self.compute_time(ctx, t)
         w = weight_bytes(stats, ctx.profile.spec.adapter, self.trace_mode(opts.precision)).trainable_elem
-        opt = optimizer_step_s(ctx, t, stats.num_trainable, w, w, w, extra=2 * w if opts.precision == "fp16" else 0)
+        opt = optimizer_step_s(ctx, t, stats.num_trainable, w, w, w,
+                               extra=2 * w if opts.precision == Precision.FP16 else 0)
         return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s, comm_s=0.0,
                         exposed_comm_s=0.0, optimizer_s=opt, flops=ga * c.flops, model_flops=ga * c.model_flops,
                         peak_flops_per_s=t.peak_flops_per_s, overlap="nothing to overlap: one process")

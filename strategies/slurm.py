@@ -15,6 +15,7 @@ import re
 import shlex
 from typing import TYPE_CHECKING
 
+from advisor.choices import LauncherKind
 from advisor.errors import AdvisorError
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def render_slurm(job: ScriptJob, time_limit_s: float | None = None) -> str:
         outside 1..65535 or a time limit that is not a finite number above 0.
     """
     launcher = job.strategy_unit.launcher
-    one_process = launcher.name == "python"
+    one_process = launcher.name == LauncherKind.PYTHON
     gpus = 1 if one_process else _positive_int(job.gpus_per_node, "gpus_per_node")
     nodes = 1 if one_process else _positive_int(job.num_nodes, "num_nodes")
     port = _positive_int(job.master_port, "master_port", 65535)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from advisor.choices import Precision
 from advisor.context import StrategyContext
 from advisor.errors import AdvisorError
 from advisor.hardware import Hardware
@@ -188,7 +189,7 @@ class TensorParallel(Strategy):
         cfg = spec.config or {}
         blocks = as_int(cfg.get("num_hidden_layers") or 0)
         hidden = as_int(cfg.get("hidden_size") or 0)
-        act = 4 if opts.precision == "fp32" else 2
+        act = 4 if opts.precision == Precision.FP32 else 2
         nbytes = (spec.seq_len or 1) * ctx.micro_batch_size * hidden * act
         per_block = 4 + (2 if opts.activation_checkpointing else 0)
         tp_fabric = Fabric.from_preset(t.preset, deg, 1, interconnect=hw.interconnect,
@@ -229,7 +230,7 @@ class TensorParallel(Strategy):
                                    "all_reduce", "data-parallel", shard.num_trainable * g, tensors, dp_s, dp_s))
         w = bytes_per_element(opts.precision, "weights")
         opt = optimizer_step_s(ctx, t, shard.num_trainable, w, g, w, factor=FOREACH_FACTOR,
-                               extra=2 * g if opts.precision == "fp16" else 0)
+                               extra=2 * g if opts.precision == Precision.FP16 else 0)
         return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s,
                         comm_s=tp_s + dp_s, exposed_comm_s=tp_s + dp_s, optimizer_s=opt, flops=ga * c.flops,
                         model_flops=ga * c.model_flops, peak_flops_per_s=t.peak_flops_per_s,
@@ -244,7 +245,7 @@ class TensorParallel(Strategy):
         data-parallel group."""
         deg, opts, spec = self.degree(ctx), ctx.options, ctx.profile.spec
         cfg = spec.config or {}
-        act = 4 if opts.precision == "fp32" else 2
+        act = 4 if opts.precision == Precision.FP32 else 2
         nbytes = (spec.seq_len or 1) * ctx.micro_batch_size * as_int(cfg.get("hidden_size") or 0) * act
         calls = (4 + (2 if opts.activation_checkpointing else 0)) * as_int(cfg.get("num_hidden_layers") or 0)
         ga = max(1, grad_accum_steps)

@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Layers, bottom first. A module may import its own layer and the ones below; check and doctor stand
 # beside plan and may import only the bottom layer (and themselves).
 LAYERS: list[tuple[str, ...]] = [
-    ("advisor", "advisor.errors", "advisor.units", "advisor.gpu_presets", "advisor.model_presets", "advisor.schema",
-     "advisor.fields", "advisor.free_text", "advisor.faces", "advisor.locks", "advisor.cache", "advisor.cache_face",
-     "advisor.processes"),
+    ("advisor", "advisor.choices", "advisor.errors", "advisor.units", "advisor.gpu_presets", "advisor.model_presets",
+     "advisor.schema", "advisor.fields", "advisor.free_text", "advisor.faces", "advisor.locks", "advisor.cache",
+     "advisor.cache_face", "advisor.processes"),
     ("advisor.models", "advisor.hardware", "advisor.checkpointing", "advisor.measure", "advisor.trace",
      "advisor.memory", "advisor.profile", "advisor.context"),
     ("strategies",),
@@ -202,6 +202,56 @@ def test_the_name_scan_catches_a_name_comparison(tmp_path):
     bad.write_text('if s.name.startswith("zero"):\n    pass\nif s.name in ("tp", "tp_dp"):\n    pass\n'
                    'ok = s.name == "zero3_offload"\nfine = s.offload\n')
     assert len(_name_comparisons(bad, _strategy_words())) == 3
+
+
+def _choice_values() -> set[str]:
+    """Every value of the closed sets in ``advisor.choices`` (precisions, optimizers, devices, trace modes,
+    launchers, attention kernels, dtypes, quantizations, frameworks, FSDP2 gradient syncs)."""
+    from advisor.choices import CHOICES
+
+    return {member.value for choice in CHOICES for member in choice}
+
+
+def test_no_choice_value_is_compared_outside_choices():
+    """A precision, optimizer, device, launcher (or any other ``advisor.choices`` value) is compared as its enum
+    member (``precision == Precision.FP32``, ``device != Device.CPU``) or asked through a property
+    (``optimizer.is_paged``), never as a string literal: the sets live in one module. torch's own device strings
+    (``t.device.type == "cpu"``) count too (``Device.CPU == "cpu"``), so the scan stays strict. advisor/check reads
+    users' scripts (their strings are not these values) and bench is no part of the program: neither is scanned."""
+    words = _choice_values()
+    skip = ("advisor.choices", "advisor.check", "bench")
+    offenders = [o for name, path in _sources().items() if not any(name == s or name.startswith(s + ".") for s in skip)
+                 for o in _name_comparisons(path, words)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_value_scan_catches_a_value_comparison(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('if opts.precision == "pure-bf16":\n    pass\nif opt not in ("adam", "adamw"):\n    pass\n'
+                   'on_cpu = t.device.type != "cpu"\nds = launcher.name.endswith("deepspeed")\n'
+                   'ok = opts.precision == Precision.PURE_BF16\nlabel = "bf16"\nfine = opts.optimizer.is_paged\n')
+    assert len(_name_comparisons(bad, _choice_values())) == 4
+
+
+def test_schema_choices_become_enum_members():
+    """The faces pass plain strings; the schema holds the members (``TrainingOptions.__post_init__``), and a
+    value outside the set stays as it came, for ``validate`` to refuse by its flag."""
+    from dataclasses import replace
+
+    from advisor.choices import Attention, Dtype, Optimizer, Precision, Quant
+    from advisor.errors import AdvisorError
+
+    t = schema.plan_inputs(model="gpt2", precision="pure-bf16", optimizer="paged-adamw", attention="math",
+                           lora_rank=8, lora_dtype="bf16", quantize="nf4").training
+    assert (t.precision, t.optimizer, t.attention, t.lora_dtype, t.quantize) == (
+        Precision.PURE_BF16, Optimizer.PAGED_ADAMW, Attention.MATH, Dtype.BF16, Quant.NF4)
+    assert type(t.precision) is Precision and type(replace(t, precision="fp16").precision) is Precision
+    assert type(schema.TrainingOptions().optimizer) is Optimizer and schema.echo(schema.plan_inputs(
+        model="gpt2"))["training"]["optimizer"] == "adamw"
+    assert schema.TrainingOptions(precision="int4").precision == "int4"
+    with pytest.raises(AdvisorError, match="got 'int4'"):
+        schema.plan_inputs(model="gpt2", precision="int4")
+    assert all(type(c) is str for c in (*schema.PRECISIONS, *schema.OPTIMIZERS, *schema.ATTENTION_CHOICES))
 
 
 # ------------------------------------------------------------------------- a toy strategy, end to end

@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING
 
+from ..choices import Dtype
 from ..errors import AdvisorError
 from .spec import AdapterSpec
 
@@ -133,7 +134,7 @@ def cast_for_trace(model: torch.nn.Module, adapter: AdapterSpec, half: bool) -> 
     import torch
 
     quant = {id(w) for w, _ in quantized_weights(model)} if adapter.quantize else set()
-    want = adapter.dtype if adapter.dtype != "auto" else ("bf16" if half else "fp32")
+    want = adapter.dtype if adapter.dtype != Dtype.AUTO else (Dtype.BF16 if half else Dtype.FP32)
     for p in model.parameters():
         if p.requires_grad:
             target = torch_dtype(want)

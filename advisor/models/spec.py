@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from ..bnb_layout import QUANT_CHOICES
+from ..choices import Dtype, Quant, values
 
 FAMILY_NAMES = ("transformer", "vision", "custom")
 # Architectures whose attention heads / MLP split cleanly with torch tensor parallel plans.
 TP_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # bitsandbytes' quantized storage of a frozen base (``--quantize``): 4-bit NormalFloat, 4-bit float, LLM.int8().
 QUANT_TYPES = QUANT_CHOICES
-ADAPTER_DTYPES = ("auto", "fp32", "bf16", "fp16")
+ADAPTER_DTYPES = values(Dtype)
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,10 @@ class AdapterSpec:
     alpha: float = 16.0
     dropout: float = 0.05
     targets: tuple[str, ...] = ()
-    dtype: str = "auto"
-    quantize: str | None = None
+    dtype: Dtype = Dtype.AUTO
+    quantize: Quant | None = None
     double_quant: bool = False
-    compute_dtype: str = "bf16"
+    compute_dtype: Dtype = Dtype.BF16
 
     @property
     def targets_text(self) -> str:

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..cache import DiskCache, NullCache, library_versions, open_cache
+from ..choices import Precision
 from ..gpu_presets import BusBw, GpuPreset
 from ..processes import MachineLock, free_port
 from .compute import Efficiency, Rates
@@ -131,14 +132,14 @@ class CpuCalibration:
                          busbw=busbw, sources={f: src for f in ("tflops_bf16", "tflops_tf32", "tflops_fp32",
                                                                 "hbm_gbps")})
 
-    def extend(self, r: Rates, precision: str) -> Rates:
+    def extend(self, r: Rates, precision: Precision) -> Rates:
         """``r`` (the roofline's rates of ``preset()`` at ``precision``) with what only a CPU has: the attention
         rate of the precision's dtype (bf16 under bf16 autocast and pure bf16, else fp32), the transcendental
         rate, the eager overhead in series with every op, the optimizer step's measured rate, and no GPU
         dispatch floor (a CPU's dispatch is already in series)."""
         from dataclasses import replace
 
-        attention = self.attention_bf16_flops_per_s if precision in ("bf16", "pure-bf16") else \
+        attention = self.attention_bf16_flops_per_s if precision in (Precision.BF16, Precision.PURE_BF16) else \
             self.attention_fp32_flops_per_s
         return replace(r, attention_flops_per_s=attention,
                        transcendental_bytes_per_s=self.exp_bytes_per_s, op_overhead_s=self.eager_op_s,

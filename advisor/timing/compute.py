@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..choices import Precision
 from ..gpu_presets import GPU_PRESETS, GpuPreset
 
 TFLOP = 1e12
@@ -129,20 +130,20 @@ def efficiency_for(preset: GpuPreset) -> Efficiency:
     return EFFICIENCY[GENERATION.get(preset.name.lower(), "ampere")]
 
 
-def peak_precision(precision: str, preset: GpuPreset) -> str:
+def peak_precision(precision: Precision, preset: GpuPreset) -> str:
     """The ``GpuPreset.peak_tflops`` key matmuls run at under a plan's ``precision`` (module docstring):
     bf16 -> bf16; fp16 -> fp16; pure-bf16 -> bf16; fp32 -> fp32 (no TF32 unless the script enables it)."""
-    if precision in ("bf16", "pure-bf16"):
+    if precision in (Precision.BF16, Precision.PURE_BF16):
         return "bf16" if preset.tflops_bf16 is not None else "fp16"
-    if precision == "fp16":
+    if precision == Precision.FP16:
         return "fp16"
     return "fp32"
 
 
-def conv_peak_precision(precision: str, preset: GpuPreset) -> str:
+def conv_peak_precision(precision: Precision, preset: GpuPreset) -> str:
     """As ``peak_precision`` for convolutions: fp32 convolutions use TF32 where the GPU has it (cuDNN's
     ``torch.backends.cudnn.allow_tf32`` defaults to True; PyTorch docs, TF32 section)."""
-    if precision == "fp32" and preset.tflops_tf32 is not None:
+    if precision == Precision.FP32 and preset.tflops_tf32 is not None:
         return "tf32"
     return peak_precision(precision, preset)
 
@@ -167,7 +168,7 @@ class Rates:
     dispatch_s: float = 0.0
 
 
-def rates(preset: GpuPreset, precision: str, compute_efficiency: float, bandwidth_efficiency: float) -> Rates:
+def rates(preset: GpuPreset, precision: Precision, compute_efficiency: float, bandwidth_efficiency: float) -> Rates:
     """``Rates`` of ``preset`` at ``precision`` with the given efficiencies (datasheet peaks x efficiency)."""
     peak = preset.peak_tflops(peak_precision(precision, preset)) or preset.tflops_fp32 or 0.0
     conv = preset.peak_tflops(conv_peak_precision(precision, preset)) or peak

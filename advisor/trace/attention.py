@@ -14,6 +14,7 @@ import functools
 import sys
 from typing import TYPE_CHECKING
 
+from ..choices import Attention
 from .op_costs import _nbytes
 
 if TYPE_CHECKING:
@@ -36,11 +37,11 @@ if TYPE_CHECKING:
     class AttentionModeLike(Protocol):
         """The torch-function mode ``_attention_mode_class`` makes (its class is built when torch is imported)."""
 
-        kernel: str
+        kernel: Attention
         counter: _LiveBytes
         recompute: bool
 
-        def __init__(self, kernel: str, counter: _LiveBytes) -> None: ...
+        def __init__(self, kernel: Attention, counter: _LiveBytes) -> None: ...
 
         def fresh(self) -> AttentionModeLike: ...
 
@@ -150,7 +151,7 @@ def _attention_mode_class() -> type[AttentionModeLike]:
         calls the global ``scaled_dot_product_attention``) run as a private copy whose globals bind
         that name to ``self.attention``. Nothing shared is modified."""
 
-        def __init__(self, kernel: str, counter: _LiveBytes) -> None:
+        def __init__(self, kernel: Attention, counter: _LiveBytes) -> None:
             super().__init__()
             self.kernel = kernel
             self.counter = counter
@@ -179,7 +180,7 @@ def _attention_mode_class() -> type[AttentionModeLike]:
                       attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
                       scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
             self.counter.attention_calls += 1
-            if self.kernel == "math":
+            if self.kernel == Attention.MATH:
                 return math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             return FusedAttention.apply(query, key, value, self.counter.add_flops)
 

@@ -11,6 +11,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
+from ..choices import Attention, TraceMode, values
 from ..errors import AdvisorError
 from ..locks import MODEL_BUILD_LOCK
 from ..models import ModelSpec, family_of, make_batch, training_loss
@@ -22,18 +23,18 @@ from .timeline import BASE_B, ActivationProfile, Timeline
 if TYPE_CHECKING:
     import torch
 
-PRECISION_TRACE_MODES = ("fp32", "autocast", "half")
-ATTENTION_KERNELS = ("flash", "mem-efficient", "math")
+PRECISION_TRACE_MODES = values(TraceMode)
+ATTENTION_KERNELS = tuple(a.value for a in Attention if a is not Attention.AUTO)  # flash, mem-efficient, math
 TRUNCATE_ABOVE_LAYERS = 4
 
 
-def _attn_label(model: torch.nn.Module, kernel: str) -> str:
+def _attn_label(model: torch.nn.Module, kernel: Attention) -> str:
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", "sdpa") if config is not None else "sdpa"
     return kernel if impl == "sdpa" else "eager (the model's own attention keeps the s x s scores)"
 
 
-def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, checkpointing: bool,
+def trace_step(spec: ModelSpec, micro_batch: int, mode: TraceMode, attention: Attention, checkpointing: bool,
                layers: int | None = None, tp_degree: int = 1,
                cpu_conv_scratch_threads: int = 0) -> tuple[Timeline, str, int]:
     """Trace one fwd+bwd of ``spec`` at ``micro_batch`` under fake tensors.
@@ -64,7 +65,7 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, che
                            cpu_conv_scratch_threads)
 
 
-def _trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, checkpointing: bool,
+def _trace_step(spec: ModelSpec, micro_batch: int, mode: TraceMode, attention: Attention, checkpointing: bool,
                 layers: int | None, tp_degree: int, cpu_conv_scratch_threads: int = 0) -> tuple[Timeline, str, int]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -72,16 +73,17 @@ def _trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, ch
     # FakeTensorMode logs a full traceback for an op that fails on shapes; the user gets our one line.
     logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    dtype = torch.bfloat16 if mode == "half" else torch.float32
+    dtype = torch.bfloat16 if mode == TraceMode.HALF else torch.float32
     # LoRA under autocast holds its frozen base in 16 bits (``from_pretrained(..., dtype=...)``); the adapters follow
     # ``advisor.models.adapters.cast_for_trace``.
-    build_dtype = torch.bfloat16 if mode == "autocast" and spec.adapter is not None else dtype
+    build_dtype = torch.bfloat16 if mode == TraceMode.AUTOCAST and spec.adapter is not None else dtype
     model, blocks = build_for_trace(spec, dtype=build_dtype, fake=fake, layers=layers, tp_degree=tp_degree,
-                                    checkpointing=checkpointing, half=mode == "half")
+                                    checkpointing=checkpointing, half=mode == TraceMode.HALF)
     exclude = [t.untyped_storage() for t in list(model.parameters()) + list(model.buffers())]
     tracker = _LiveBytes(exclude, cpu_conv_scratch_threads)
     hooks = [p.register_post_accumulate_grad_hook(tracker.on_grad) for p in model.parameters() if p.requires_grad]
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext())
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if mode == TraceMode.AUTOCAST
+                else contextlib.nullcontext())
     try:
         with fake, _attention_mode_class()(attention, tracker), tracker.mode:
             batch = make_batch(spec, micro_batch, dtype=dtype)
@@ -107,7 +109,7 @@ def _trace_step(spec: ModelSpec, micro_batch: int, mode: str, attention: str, ch
     return trace, _attn_label(model, attention), blocks
 
 
-def profile_activations(spec: ModelSpec, mode: str, attention: str, checkpointing: bool,
+def profile_activations(spec: ModelSpec, mode: TraceMode, attention: Attention, checkpointing: bool,
                         tp_degree: int = 1, cpu_conv_scratch_threads: int = 0) -> ActivationProfile:
     """Trace at micro-batch 2 and 3 (and, for transformer stacks deeper than 4 blocks, at 1 and 2
     blocks per stack, extrapolated linearly to the real depth). See the module docstring.

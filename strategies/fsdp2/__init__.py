@@ -14,6 +14,7 @@ phase) and ``timing`` (the bytes sent and the time rule).
 
 from __future__ import annotations
 
+from advisor.choices import Device, FsdpGradSync
 from advisor.context import StrategyContext
 from advisor.memory import (
     RULE_OF_THUMB_BYTES_PER_PARAM,
@@ -86,7 +87,7 @@ class FSDP2(Strategy):
 
     def sync_every(self, ctx: StrategyContext) -> bool:
         """Whether gradients are reduce-scattered on every micro-step (``--fsdp-grad-sync``)."""
-        return ctx.options.fsdp_grad_sync != "last-micro-step"
+        return ctx.options.fsdp_grad_sync != FsdpGradSync.LAST_MICRO_STEP
 
     # --- memory -----------------------------------------------------------------------------------------------
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
@@ -148,7 +149,7 @@ class FSDP2(Strategy):
         tags = {"offload"} if self.offload else set()
         if self.hybrid:
             tags.add("hsdp")
-        if job.fsdp_grad_sync == "last-micro-step" and job.grad_accum_steps > 1:
+        if job.fsdp_grad_sync == FsdpGradSync.LAST_MICRO_STEP and job.grad_accum_steps > 1:
             tags.add("sync-last")
         return tags
 
@@ -159,7 +160,7 @@ class FSDP2(Strategy):
             consts["REPLICATE_DEGREE"] = job.num_nodes
         return consts
 
-    def verify_blocker(self, device: str) -> str | None:
-        if self.hybrid and device == "cpu":
+    def verify_blocker(self, device: Device) -> str | None:
+        if self.hybrid and device == Device.CPU:
             return "hsdp needs several nodes; verify fsdp2 on one machine (the same script with REPLICATE_DEGREE 1)"
         return super().verify_blocker(device)

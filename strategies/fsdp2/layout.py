@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from advisor.choices import Precision, TraceMode
 from advisor.context import StrategyContext
 from advisor.profile import ParamStats
 
@@ -57,14 +58,14 @@ class Dtypes:
     param: int
     reduce: int
 
-def dtypes(precision: str | None, trainable_elem: int | None = None) -> Dtypes:
+def dtypes(precision: Precision | None, trainable_elem: int | None = None) -> Dtypes:
     """``Dtypes`` at ``precision`` (None, not yet resolved: as fp32); ``trainable_elem``: the trainable parameters'
     own bytes per element when they differ from the precision's (LoRA adapters in bf16,
     ``advisor.memory.weight_bytes``)."""
-    if precision == "pure-bf16":  # the module is bf16 itself; no policy, so gradients are reduced in bf16
+    if precision == Precision.PURE_BF16:  # the module is bf16 itself; no policy, so gradients are reduced in bf16
         return Dtypes(2, 2, 2)
     orig = trainable_elem or 4
-    if precision in ("bf16", "fp16"):
+    if precision is not None and precision.is_mixed:
         return Dtypes(orig, 2, 4)
     return Dtypes(orig, 4, 4)
 
@@ -84,6 +85,6 @@ class FSDP2Rule(Protocol):
 
     def dp_size(self, ctx: StrategyContext) -> int: ...
 
-    def trace_mode(self, precision: str | None) -> str: ...
+    def trace_mode(self, precision: Precision | None) -> TraceMode: ...
 
     def sync_every(self, ctx: StrategyContext) -> bool: ...

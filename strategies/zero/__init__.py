@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from advisor.choices import Precision, Quant
 from advisor.context import StrategyContext
 from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory, rule_of_thumb_split
 from advisor.models import family_of
@@ -48,13 +49,13 @@ class Zero(Strategy):
                                  "; gradients and optimizer states over PCIe to host RAM" if offload else "")
 
     def not_applicable(self, ctx: StrategyContext) -> str | None:
-        if ctx.options.precision == "pure-bf16":
+        if ctx.options.precision == Precision.PURE_BF16:
             return "DeepSpeed ZeRO keeps fp32 master weights; pure bf16 runs with single, DDP, FSDP2 or TP"
         return None
 
     def fine_tuning_blocker(self, ctx: StrategyContext) -> str | None:
         adapter = ctx.profile.spec.adapter
-        if self.quantized_base and adapter is not None and adapter.quantize == "int8":
+        if self.quantized_base and adapter is not None and adapter.quantize == Quant.INT8:
             return ("ZeRO-3 partitions a 4-bit base (nf4, fp4) stored in the module's dtype (bnb_4bit_quant_storage); "
                     "an int8 (LLM.int8()) base under ZeRO-3 is not modelled: use --quantize nf4, or ddp with int8")
         return super().fine_tuning_blocker(ctx)

@@ -4,6 +4,7 @@ rules (``strategies.zero.memory``, ``strategies.zero.timing``) read the same buc
 
 from __future__ import annotations
 
+from advisor.choices import Precision
 from advisor.context import StrategyContext
 
 # DeepSpeed defaults (deepspeed/runtime/zero/config.py) and what generated ds_configs use.
@@ -65,14 +66,14 @@ def build_ds_config(ctx: StrategyContext, stage: int, offload: bool, dp_size: in
         "steps_per_print": 1_000_000,
         "wall_clock_breakdown": False,
     }
-    if opts.precision == "bf16":
+    if opts.precision == Precision.BF16:
         config["bf16"] = {"enabled": True}
-    elif opts.precision == "fp16":
+    elif opts.precision == Precision.FP16:
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}  # dynamic loss scaling
     if offload:
         # A torch optimizer as the client optimizer with offload: DeepSpeed's CPU Adam needs a C++ build.
         config["zero_force_ds_cpu_optimizer"] = False
-    if opts.optimizer not in ("adam", "adamw"):
+    if not opts.optimizer.is_adam:
         # DeepSpeed refuses a client optimizer outside ZERO_SUPPORTED_OPTIMIZERS (zero/utils.py: Adam,
         # AdamW, Adagrad, Lion...; engine.py ``_do_optimizer_sanity_check``) unless this is set.
         config["zero_allow_untested_optimizer"] = True

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 
+from advisor.choices import Device, TraceMode
 from advisor.context import StrategyContext
 from advisor.memory import (
     Breakdown,
@@ -60,7 +61,7 @@ def step_temp_bytes(ctx: StrategyContext, s: ZeroSizes) -> int:
 
 
 def zero_memory(ctx: StrategyContext, micro_batch: int, stage: int, offload: bool, quantized_base: bool,
-                mode: str) -> StrategyMemory:
+                mode: TraceMode) -> StrategyMemory:
     """Per-GPU bytes of ZeRO ``stage`` (1-3; ``offload``: optimizer states, and under stage 3 parameters, in host
     memory) at ``micro_batch`` samples per GPU, on the traced step of trace ``mode``: the largest of the step's
     phases (``stage12_phases``, ``stage3_phases``; QLoRA with ``quantized_base``: also the loading of the whole
@@ -115,8 +116,8 @@ def _loading(ctx: StrategyContext, s: ZeroSizes, q: QuantizedSizes) -> Breakdown
     loads: safetensors maps the file into a torch storage, which the CPU meter counts (measured: one allocation of
     the checkpoint file's size); advisor takes the checkpoint as fp32 (half for a 16-bit one)."""
     stats, w = ctx.profile.stats, s.w
-    per_elem = CPU_QUANTIZE_BYTES_PER_ELEMENT if ctx.device == "cpu" else w
-    checkpoint = 4 * stats.num_frozen if ctx.device == "cpu" else 0
+    per_elem = CPU_QUANTIZE_BYTES_PER_ELEMENT if ctx.device == Device.CPU else w
+    checkpoint = 4 * stats.num_frozen if ctx.device == Device.CPU else 0
     # The weights by part: the fused expert weights of a mixture of experts are in ``rest_full`` (in w bytes).
     parts = quantized_base_parts(stats, q.full_storage + q.quant_states, w,
                                  stats.num_params - stats.quantized_numel - stats.num_trainable,

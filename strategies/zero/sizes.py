@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from advisor.bnb_layout import quant_storage_numel, quant_weight_layout
+from advisor.choices import Precision
 from advisor.context import StrategyContext
 from advisor.memory import optimizer_state_bytes
 from advisor.profile import ZERO3_PERSISTENCE_THRESHOLD
@@ -79,7 +80,7 @@ class QuantizedSizes:
 def module_dtype_bytes(ctx: StrategyContext) -> int:
     """Bytes per element of the module under DeepSpeed: 4 in fp32, else 2 (its bf16/fp16 modes cast the whole
     module, ``engine.py`` ``_cast_module_mixed_precision``)."""
-    return 4 if ctx.options.precision == "fp32" else 2
+    return 4 if ctx.options.precision == Precision.FP32 else 2
 
 
 def gathered_bytes(elems: int, w: int) -> int:

@@ -8,6 +8,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...choices import Optimizer
 from ..spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -63,11 +64,11 @@ class ModelFamily(ABC):
     def script_constants(self, spec: ModelSpec) -> dict[str, object]:
         """The constants the family's script fragment reads (JSON-like values only)."""
 
-    def default_lr(self, spec: ModelSpec, optimizer: str, global_batch_size: int) -> tuple[float, str]:
+    def default_lr(self, spec: ModelSpec, optimizer: Optimizer, global_batch_size: int) -> tuple[float, str]:
         """(learning rate, its source) when the user gives none: SGD 0.1 per 256 samples, linearly scaled (Goyal et
         al. 2017, "Accurate, Large Minibatch SGD", section 2.1); Adam-family 1e-3 (``torch.optim.Adam``'s default).
         Families that know their task better override it."""
-        if optimizer.startswith("sgd"):
+        if optimizer.is_sgd:
             return 0.1 * global_batch_size / 256, "SGD 0.1 per 256 samples, linearly scaled (Goyal et al. 2017)"
         return 1e-3, "the default of torch.optim.Adam"
 

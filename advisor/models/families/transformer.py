@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
+from ...choices import Optimizer
 from ...errors import AdvisorError
 from ...locks import MODEL_BUILD_LOCK
 from ..limits import as_int, num_layers
@@ -167,20 +168,20 @@ class TransformerFamily(ModelFamily):
                 return float(value)
         return 0.0
 
-    def default_lr(self, spec: ModelSpec, optimizer: str, global_batch_size: int) -> tuple[float, str]:
+    def default_lr(self, spec: ModelSpec, optimizer: Optimizer, global_batch_size: int) -> tuple[float, str]:
         """Fine-tuning a pretrained transformer (what most users do): LoRA 2e-4 (QLoRA, Dettmers et al. 2023,
         appendix B: 2e-4 for 7B and 13B), full fine-tuning 2e-5 (BERT, Devlin et al. 2019, appendix A.3: 2e-5 to
         5e-5; Stanford Alpaca's full fine-tuning of LLaMA-7B: 2e-5); Lion a third of AdamW's (Chen et al. 2023,
         section 5: 3-10x smaller); Adafactor 1e-3 (T5 fine-tuning, Raffel et al. 2020, section 3.1.2).
         Training from scratch wants more (nanoGPT's GPT-2: 6e-4): pass --base-lr."""
-        if optimizer.startswith("sgd"):
+        if optimizer.is_sgd:
             return super().default_lr(spec, optimizer, global_batch_size)
-        if optimizer == "adafactor":
+        if optimizer == Optimizer.ADAFACTOR:
             return 1e-3, "Adafactor at the T5 fine-tuning rate (Raffel et al. 2020)"
         lora = spec.adapter is not None
         lr, why = (2e-4, "LoRA fine-tuning (QLoRA paper, appendix B)") if lora else (
             2e-5, "full fine-tuning of a pretrained transformer (BERT appendix A.3, Alpaca)")
-        if optimizer == "lion":
+        if optimizer == Optimizer.LION:
             return lr / 3, why + ", divided by 3 for Lion (Chen et al. 2023)"
         return lr, why
 

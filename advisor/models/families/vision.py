@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from ...choices import Optimizer
 from ...errors import AdvisorError
 from ..spec import ModelSpec
 from .base import ModelFamily
@@ -46,10 +47,10 @@ class VisionFamily(ModelFamily):
 
         return F.cross_entropy(model(batch["x"]), batch["target"])
 
-    def default_lr(self, spec: ModelSpec, optimizer: str, global_batch_size: int) -> tuple[float, str]:
+    def default_lr(self, spec: ModelSpec, optimizer: Optimizer, global_batch_size: int) -> tuple[float, str]:
         """SGD 0.1 per 256 images (Goyal et al. 2017, section 2.1: ResNet-50 on ImageNet); AdamW 5e-4 per 512 images
         (DeiT, Touvron et al. 2021, section 6), both linearly scaled to the global batch size."""
-        if optimizer in ("adam", "adamw"):
+        if optimizer.is_adam:
             return 5e-4 * global_batch_size / 512, "AdamW 5e-4 per 512 images, linearly scaled (DeiT)"
         return super().default_lr(spec, optimizer, global_batch_size)
 
