@@ -170,9 +170,7 @@ def quant_weight_layout(
     return QuantWeightLayout(data=data, absmax=blocks, code=code, nested=nested)
 
 
-def quantized_weight_bytes(
-    shape: tuple[int, ...], quant: str, double_quant: bool = False, blocksize: int = 64
-) -> int:
+def quantized_weight_bytes(shape: tuple[int, ...], quant: str, double_quant: bool = False, blocksize: int = 64) -> int:
     """Bytes one quantized ``Linear`` weight holds on the device, quant state included.
 
     ``shape`` is the weight's shape, ``(out_features, in_features)`` for a ``Linear``; n = numel.

@@ -129,8 +129,10 @@ def _check_json(obj: object, what: str, depth: int = 0) -> None:
         for v in obj:
             _check_json(v, what, depth + 1)
         return
-    raise TypeError(f"{what} contains {type(obj).__name__} {obj!r:.60}, which is not JSON "
-                    "(use dict, list, str, int, float, bool or None)")
+    raise TypeError(
+        f"{what} contains {type(obj).__name__} {obj!r:.60}, which is not JSON "
+        "(use dict, list, str, int, float, bool or None)"
+    )
 
 
 def _check_namespace(namespace: str) -> None:
@@ -244,9 +246,14 @@ class DiskCache:
             return None
         try:
             record = json.loads(zlib.decompress(blob).decode("utf-8"))
-            ok = (isinstance(record, dict) and record.get("format") == FORMAT
-                  and record.get("namespace") == namespace and "value" in record
-                  and isinstance(record["value"], (dict, list)) and _canonical(record.get("key")) == want_key)
+            ok = (
+                isinstance(record, dict)
+                and record.get("format") == FORMAT
+                and record.get("namespace") == namespace
+                and "value" in record
+                and isinstance(record["value"], (dict, list))
+                and _canonical(record.get("key")) == want_key
+            )
         except (zlib.error, ValueError, TypeError, RecursionError):
             ok = False
         if not ok:
@@ -280,8 +287,7 @@ class DiskCache:
             raise TypeError(f"value must be a dict or a list, got {type(value).__name__}")
         _check_json(value, "value")
         record = {"format": FORMAT, "namespace": namespace, "key": key, "value": value}
-        blob = zlib.compress(json.dumps(record, separators=(",", ":"), allow_nan=False).encode("utf-8"),
-                             COMPRESS_LEVEL)
+        blob = zlib.compress(json.dumps(record, separators=(",", ":"), allow_nan=False).encode("utf-8"), COMPRESS_LEVEL)
         if len(blob) > self.max_bytes:
             _unlink(path)  # never leave an older value of this key behind
             return
@@ -366,9 +372,13 @@ class DiskCache:
         for e in self._entries():
             n, b = by_ns.get(e.namespace, (0, 0))
             by_ns[e.namespace] = (n + 1, b + e.size)
-        return CacheInfo(directory=self.directory, entries=sum(n for n, _ in by_ns.values()),
-                         total_bytes=sum(b for _, b in by_ns.values()), max_bytes=self.max_bytes,
-                         by_namespace=dict(sorted(by_ns.items())))
+        return CacheInfo(
+            directory=self.directory,
+            entries=sum(n for n, _ in by_ns.values()),
+            total_bytes=sum(b for _, b in by_ns.values()),
+            max_bytes=self.max_bytes,
+            by_namespace=dict(sorted(by_ns.items())),
+        )
 
     def clear(self) -> int:
         """Delete every entry and temp file (the folders stay); returns the number of entries deleted."""

@@ -21,8 +21,11 @@ def _mib(n: int) -> str:
 
 def build_parser() -> OneLineParser:
     """The ``advisor cache`` argument parser (subcommands ``info`` and ``clear``)."""
-    p = OneLineParser(prog="advisor cache", description="Inspect or empty advisor's on-disk cache of traces "
-                      "(directory: $ADVISOR_CACHE_DIR, else $XDG_CACHE_HOME/advisor, else ~/.cache/advisor).")
+    p = OneLineParser(
+        prog="advisor cache",
+        description="Inspect or empty advisor's on-disk cache of traces "
+        "(directory: $ADVISOR_CACHE_DIR, else $XDG_CACHE_HOME/advisor, else ~/.cache/advisor).",
+    )
     sub = p.add_subparsers(dest="command", metavar="{info,clear}", required=True)
     info = sub.add_parser("info", help="print the directory, entry count, size and cap, per namespace")
     info.add_argument("--json", action="store_true", help="print one JSON object (sizes in bytes)")
@@ -53,15 +56,25 @@ def _cache_face(argv: Sequence[str]) -> int:
         raise AdvisorError(f"unknown cache command {args.command!r}")
     i = cache.info()
     if args.json:
-        print(json.dumps({"directory": str(i.directory), "entries": i.entries, "total_bytes": i.total_bytes,
-                          "max_bytes": i.max_bytes,
-                          "by_namespace": {ns: {"entries": n, "bytes": b} for ns, (n, b) in i.by_namespace.items()}}))
+        print(
+            json.dumps(
+                {
+                    "directory": str(i.directory),
+                    "entries": i.entries,
+                    "total_bytes": i.total_bytes,
+                    "max_bytes": i.max_bytes,
+                    "by_namespace": {ns: {"entries": n, "bytes": b} for ns, (n, b) in i.by_namespace.items()},
+                }
+            )
+        )
         return 0
     print(f"cache directory: {i.directory}")
     problem = unusable_reason(i.directory)
     if problem:
-        print(f"  ! {problem}: nothing is cached (planning still works); set ADVISOR_CACHE_DIR or XDG_CACHE_HOME "
-              "to a writable directory")
+        print(
+            f"  ! {problem}: nothing is cached (planning still works); set ADVISOR_CACHE_DIR or XDG_CACHE_HOME "
+            "to a writable directory"
+        )
     print(f"entries: {i.entries}, {_mib(i.total_bytes)} of {_mib(i.max_bytes)} cap")
     for ns, (n, b) in i.by_namespace.items():
         print(f"  {ns}: {n} {'entry' if n == 1 else 'entries'}, {_mib(b)}")

@@ -65,8 +65,7 @@ def enable_activation_checkpointing(model: torch.nn.Module, checkpoint_kwargs: d
     apply_activation_checkpointing(
         model,
         # kwargs: torch.utils.checkpoint.checkpoint's keyword arguments (here only context_fn), passed through.
-        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                      **kwargs),  # type: ignore[arg-type]
+        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs),  # type: ignore[arg-type]
         check_fn=lambda m: id(m) in blocks,
     )
     return len(blocks)

@@ -166,8 +166,18 @@ class FsdpGradSync(StrEnum):
 
 
 # Every set above (the architecture test's scan takes its values from here).
-CHOICES: tuple[type[StrEnum], ...] = (Precision, Optimizer, Device, TraceMode, LauncherKind, Attention, Dtype,
-                                      Quant, Framework, FsdpGradSync)
+CHOICES: tuple[type[StrEnum], ...] = (
+    Precision,
+    Optimizer,
+    Device,
+    TraceMode,
+    LauncherKind,
+    Attention,
+    Dtype,
+    Quant,
+    Framework,
+    FsdpGradSync,
+)
 
 
 def values(choice: type[StrEnum]) -> tuple[str, ...]:

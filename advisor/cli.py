@@ -18,9 +18,9 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from .choices import Precision
 from .errors import AdvisorError
@@ -79,13 +79,16 @@ def build_parser(strategy_names: tuple[str, ...] | None = None) -> argparse.Argu
         from strategies import strategy_names as registered
 
         strategy_names = registered()
-    p = OneLineParser(prog="advisor", description="Per-GPU memory, parallel strategy and a verified training script "
-                "for PyTorch training. Sizes are per GPU; GiB = 2**30 bytes.",
-                epilog="Subcommands: 'advisor check FILE.py ...' finds single-to-multi-GPU pitfalls in your own "
-                "training script (read as a syntax tree, never run); 'advisor doctor' runs the pre-flight "
-                "checks of this machine (GPUs, driver, NCCL/gloo, a 2-rank all-reduce, port, directories); "
-                "'advisor cache info|clear' shows or empties the trace cache; 'advisor page [streamlit run options]' "
-                "serves the Streamlit page (needs advisor[app]). Each has --help.")
+    p = OneLineParser(
+        prog="advisor",
+        description="Per-GPU memory, parallel strategy and a verified training script "
+        "for PyTorch training. Sizes are per GPU; GiB = 2**30 bytes.",
+        epilog="Subcommands: 'advisor check FILE.py ...' finds single-to-multi-GPU pitfalls in your own "
+        "training script (read as a syntax tree, never run); 'advisor doctor' runs the pre-flight "
+        "checks of this machine (GPUs, driver, NCCL/gloo, a 2-rank all-reduce, port, directories); "
+        "'advisor cache info|clear' shows or empties the trace cache; 'advisor page [streamlit run options]' "
+        "serves the Streamlit page (needs advisor[app]). Each has --help.",
+    )
     p.add_argument("--version", action="store_true", help="print advisor's version and exit")
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in fields_for("cli"):
@@ -103,8 +106,9 @@ def build_parser(strategy_names: tuple[str, ...] | None = None) -> argparse.Argu
         strict = choices if choices and f.opt.strict else None
         if strict and f.kind == "str":  # any case, as --gpu: --strategy ZeRO3 is zero3, --precision BF16 is bf16
             convert = _any_case(strict)
-        group.add_argument(flag, dest=f.name, help=help_text, default=None, type=convert, choices=strict,
-                           metavar=f.opt.metavar or None)
+        group.add_argument(
+            flag, dest=f.name, help=help_text, default=None, type=convert, choices=strict, metavar=f.opt.metavar or None
+        )
     return p
 
 
@@ -134,35 +138,54 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
     line of ``strategy`` (default: the recommended one)."""
     spec, st, hw, o = p.spec, p.profile.stats, p.hardware, p.options
     act = p.profile.activations(p.model_mode)
-    host = ("unknown (give --host-mem)" if hw.host_mem_bytes is None else f"{gib(hw.host_mem_bytes):.0f} GiB/node")
+    host = "unknown (give --host-mem)" if hw.host_mem_bytes is None else f"{gib(hw.host_mem_bytes):.0f} GiB/node"
     lines = [
         f"Model      {spec.name} ({spec.source})",
         f"           {fmt_count(st.num_params)} parameters ({st.num_params:,}; trainable {st.num_trainable:,}"
-        + (f"; {fmt_count(st.num_active_params)} active per token, top-{st.experts_per_token} of "
-           f"{st.num_experts} experts" if st.num_experts else "") + "), "
+        + (
+            f"; {fmt_count(st.num_active_params)} active per token, top-{st.experts_per_token} of "
+            f"{st.num_experts} experts"
+            if st.num_experts
+            else ""
+        )
+        + "), "
         f"{spec.shape_text}, {act.flops_per_sample / 1e9:.1f} GFLOP/sample fwd+bwd"
-        + (" (recompute included; MFU counts without it)" if p.options.activation_checkpointing else "") + ", "
+        + (" (recompute included; MFU counts without it)" if p.options.activation_checkpointing else "")
+        + ", "
         f"activations {gib(act.activation_bytes_per_sample):.3f} GiB/sample",
         f"Hardware   {hw.num_gpus} x {hw.gpu_name} ({hw.gpus_per_node} per node x {counted(hw.num_nodes, 'node')}), "
         f"{gib(hw.gpu_memory_bytes):.2f} GiB usable each [{hw.sources.get('gpu_memory_bytes')}], "
         f"{hw.interconnect} [{hw.sources.get('interconnect')}]"
         + (f", network {hw.network} [{hw.sources.get('network')}]" if hw.network else "")
         # an unknown host RAM's source already says what to give
-        + (f", host RAM {host} [{hw.sources.get('host_mem_bytes')}]" if hw.host_mem_bytes is not None else
-           f", host RAM {hw.sources.get('host_mem_bytes') or host}"),
+        + (
+            f", host RAM {host} [{hw.sources.get('host_mem_bytes')}]"
+            if hw.host_mem_bytes is not None
+            else f", host RAM {hw.sources.get('host_mem_bytes') or host}"
+        ),
         f"Training   {o.precision}, {o.optimizer}, micro-batch {o.micro_batch_size}/GPU"
-        + (" (chosen for throughput)" if p.inputs.training.micro_batch_size is None
-           and p.recommendation.micro_batch_note else "") + ", "
+        + (
+            " (chosen for throughput)"
+            if p.inputs.training.micro_batch_size is None and p.recommendation.micro_batch_note
+            else ""
+        )
+        + ", "
         f"activation checkpointing {'on' if o.activation_checkpointing else 'off'}, attention {act.attention}, "
         f"rule-of-thumb safety factor {o.safety_factor}",
         "",
         "Per-GPU memory, GiB (peak allocated = sum of the components; device total adds CUDA context, NCCL, "
         "fragmentation)",
     ]
-    columns = [("strategy", "<", 15, ""), *((name, ">", 8, "") for name in ("params", "grads", "optim", "activ",
-                                                                            "buffers", "other", "peak", "device")),
-               ("fits", "<", 5, "  "), ("16B/p", ">", 8, ""), ("max mb", ">", 7, ""), ("GA", ">", 4, ""),
-               ("peak in", "<", 10, "  "), ("host/node", "<", 0, "")]
+    columns = [
+        ("strategy", "<", 15, ""),
+        *((name, ">", 8, "") for name in ("params", "grads", "optim", "activ", "buffers", "other", "peak", "device")),
+        ("fits", "<", 5, "  "),
+        ("16B/p", ">", 8, ""),
+        ("max mb", ">", 7, ""),
+        ("GA", ">", 4, ""),
+        ("peak in", "<", 10, "  "),
+        ("host/node", "<", 0, ""),
+    ]
     cells: list[list[str] | str] = []
     for r in p.rows:
         if not r.applicable:
@@ -172,19 +195,34 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
         assert m is not None and r.rule_of_thumb_bytes is not None, "a row that applies is sized"
         b = m.peak
         rule = f"{gib(r.rule_of_thumb_bytes):.1f}{'' if r.rule_of_thumb_fits else '!'}"
-        cells.append([r.name, *map(gib_cell, (b.params, b.grads, b.optimizer_states, b.activations, b.buffers,
-                                              b.other, b.total, m.device_total)),
-                      fits_word(r.fits, r.short_of), rule, str(r.max_micro_batch_size), str(r.grad_accum_steps),
-                      short_phase(b.phase), gib_cell(m.host_bytes_per_node) if m.host_bytes_per_node else "-"])
+        cells.append(
+            [
+                r.name,
+                *map(
+                    gib_cell,
+                    (b.params, b.grads, b.optimizer_states, b.activations, b.buffers, b.other, b.total, m.device_total),
+                ),
+                fits_word(r.fits, r.short_of),
+                rule,
+                str(r.max_micro_batch_size),
+                str(r.grad_accum_steps),
+                short_phase(b.phase),
+                gib_cell(m.host_bytes_per_node) if m.host_bytes_per_node else "-",
+            ]
+        )
         if r.deepspeed_estimate:
             de = r.deepspeed_estimate
-            cells.append(f"DeepSpeed's estimator (model states only): {gib_cell(de['gpu_bytes'])} GiB/GPU, "
-                         f"{gib_cell(de['host_bytes_per_node'])} GiB host/node")
+            cells.append(
+                f"DeepSpeed's estimator (model states only): {gib_cell(de['gpu_bytes'])} GiB/GPU, "
+                f"{gib_cell(de['host_bytes_per_node'])} GiB host/node"
+            )
     lines += table(columns, cells)
     lines.append("16B/p: 16 bytes/parameter x safety factor, sharded per strategy ('!' = over the GPU memory)")
     if any(r.applicable and r.fits is None for r in p.rows):
-        lines.append("fits ?: the strategy keeps model states in host RAM and the target's host RAM is unknown: "
-                     "give --host-mem GIB")
+        lines.append(
+            "fits ?: the strategy keeps model states in host RAM and the target's host RAM is unknown: "
+            "give --host-mem GIB"
+        )
     short: dict[str | None, list[str]] = {}
     for r in p.rows:
         if r.applicable and r.fits is False and r.short_of == "host RAM":
@@ -193,12 +231,16 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
     load = _load_line(p.rows, p.options.init_from, p.spec.adapter is not None and p.options.precision != Precision.FP32)
     if load:
         lines.append(load)
-    lines.append("peak in: the moment of the step with the largest total (fwd, bwd, bwd-end: gradient reduction, "
-                 "step; step-flat: DeepSpeed flattening the gradients for the optimizer)")
+    lines.append(
+        "peak in: the moment of the step with the largest total (fwd, bwd, bwd-end: gradient reduction, "
+        "step; step-flat: DeepSpeed flattening the gradients for the optimizer)"
+    )
     if o.precision is not None and o.precision.is_mixed and p.spec.adapter is None:  # a LoRA base is 16-bit: no copies
-        lines.append(f"DDP/TP activ or other include autocast's {o.precision} copies of the weights (cached until the "
-                     "forward ends, kept for backward; about 2 bytes per parameter); ZeRO keeps 16-bit weights and "
-                     "FSDP2 gathers them in 16 bits (buffers), so they have none")
+        lines.append(
+            f"DDP/TP activ or other include autocast's {o.precision} copies of the weights (cached until the "
+            "forward ends, kept for backward; about 2 bytes per parameter); ZeRO keeps 16-bit weights and "
+            "FSDP2 gathers them in 16 bits (buffers), so they have none"
+        )
     lines += _time_lines(p)
     rec = p.recommendation
     lines.append("")
@@ -227,9 +269,14 @@ def _time_lines(p: Plan) -> list[str]:
     lm = any(d["tokens_per_s"] is not None for _, d in timed)
     unit = "tokens/s" if lm else "samples/s"
     budget = any("train_hours" in d for _, d in timed)
-    columns = [("strategy", "<", 15, ""), *((name, ">", 9, "") for name in ("step", "compute", "comm", "exposed",
-                                                                            "optim")),
-               (unit, ">", 11, ""), ("per GPU", ">", 9, ""), ("MFU", ">", 6, ""), ("speedup", ">", 9, "")]
+    columns = [
+        ("strategy", "<", 15, ""),
+        *((name, ">", 9, "") for name in ("step", "compute", "comm", "exposed", "optim")),
+        (unit, ">", 11, ""),
+        ("per GPU", ">", 9, ""),
+        ("MFU", ">", 6, ""),
+        ("speedup", ">", 9, ""),
+    ]
     if budget:
         columns += [("hours", ">", 9, ""), ("GPU-h", ">", 9, ""), ("cost", ">", 10, "")]
     cells: list[list[str] | str] = []
@@ -238,17 +285,29 @@ def _time_lines(p: Plan) -> list[str]:
         per = d["tokens_per_s_per_gpu"] if lm else d["samples_per_s_per_gpu"]
         speed = "-" if d["speedup_vs_single_gpu"] is None else f"{d['speedup_vs_single_gpu']:.2f}x"
         mfu = "-" if d["mfu"] is None else f"{100 * d['mfu']:.0f}%"
-        row = [r.name, *(fmt_s(d[k]) for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "optimizer_s")),
-               fmt_rate(rate or 0), fmt_rate(per or 0), mfu, speed]
+        row = [
+            r.name,
+            *(fmt_s(d[k]) for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "optimizer_s")),
+            fmt_rate(rate or 0),
+            fmt_rate(per or 0),
+            mfu,
+            speed,
+        ]
         if budget:
             row += [amount(d.get("train_hours")), amount(d.get("gpu_hours")), amount(d.get("cost"), cents=True)]
         cells.append(row)
-    lines = ["", f"Step time of one optimizer step at global batch {timed[0][0].global_batch_size} (compute + "
-             "communication not hidden + optimizer step). Data loading is not modelled.", *table(columns, cells)]
-    lines.append("comm: all communication per step; exposed: the part compute does not hide; speedup: against the "
-                 "fastest recipe that fits one GPU, at the same global batch by accumulation (plain single runs "
-                 "autocast's weight casts, which ZeRO's 16-bit module skips, so it can read below 1.00x; '-': one GPU "
-                 "cannot hold the model)")
+    lines = [
+        "",
+        f"Step time of one optimizer step at global batch {timed[0][0].global_batch_size} (compute + "
+        "communication not hidden + optimizer step). Data loading is not modelled.",
+        *table(columns, cells),
+    ]
+    lines.append(
+        "comm: all communication per step; exposed: the part compute does not hide; speedup: against the "
+        "fastest recipe that fits one GPU, at the same global batch by accumulation (plain single runs "
+        "autocast's weight casts, which ZeRO's 16-bit module skips, so it can read below 1.00x; '-': one GPU "
+        "cannot hold the model)"
+    )
     return lines
 
 
@@ -265,13 +324,17 @@ def _load_line(rows: list[StrategyRow], init_from: str | None = None, base_16bit
     parts = [f"{'/'.join(names)} {gib(n):.2f}" for n, names in sorted(groups.items(), reverse=True)]
     if init_from:
         dtype = "16 bits (the LoRA base)" if base_16bit else "fp32"
-        return ("host RAM per node while the script loads the pretrained weights from --init-from (each rank loads "
-                f"them on the CPU in {dtype}, twice over where a torch.load'ed state_dict sits beside the model; "
-                "ZeRO-3 under zero.Init: rank 0 alone reads the checkpoint; FSDP2: the shards plus rank 0's whole "
-                "copy, which it broadcasts into them, on node 0; single is one process), GiB: " + ", ".join(parts))
-    return ("host RAM per node while the script builds the model (each rank builds it on the CPU in fp32; "
-            "ZeRO-3 partitions as it builds; FSDP2 builds on the meta device and materialises only its shards; "
-            "single is one process), GiB: " + ", ".join(parts))
+        return (
+            "host RAM per node while the script loads the pretrained weights from --init-from (each rank loads "
+            f"them on the CPU in {dtype}, twice over where a torch.load'ed state_dict sits beside the model; "
+            "ZeRO-3 under zero.Init: rank 0 alone reads the checkpoint; FSDP2: the shards plus rank 0's whole "
+            "copy, which it broadcasts into them, on node 0; single is one process), GiB: " + ", ".join(parts)
+        )
+    return (
+        "host RAM per node while the script builds the model (each rank builds it on the CPU in fp32; "
+        "ZeRO-3 partitions as it builds; FSDP2 builds on the meta device and materialises only its shards; "
+        "single is one process), GiB: " + ", ".join(parts)
+    )
 
 
 def _launch_line(p: Plan, strategy: str | None) -> str | None:
@@ -288,8 +351,11 @@ def _check_run_flags(run: RunOptions) -> RunOptions:
         from strategies.render import check_emit_dir
 
         check_emit_dir(run.emit, run.force)
-    return replace(run, steps=VERIFY_STEPS if run.steps is None else run.steps,
-                   timeout=VERIFY_TIMEOUT_S if run.timeout is None else run.timeout)
+    return replace(
+        run,
+        steps=VERIFY_STEPS if run.steps is None else run.steps,
+        timeout=VERIFY_TIMEOUT_S if run.timeout is None else run.timeout,
+    )
 
 
 def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
@@ -310,11 +376,17 @@ def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
     stream = sys.stderr if args.json else sys.stdout
     row, mem = result.row(name), job.estimate["device_total_bytes"]
     if not row.strategy.distributes and result.hardware.num_gpus > 1:
-        print(f"  ! {row.title} runs one process on one of the {result.hardware.num_gpus} GPUs "
-              "(the baseline row); for all of them emit the recommended strategy", file=stream)
+        print(
+            f"  ! {row.title} runs one process on one of the {result.hardware.num_gpus} GPUs "
+            "(the baseline row); for all of them emit the recommended strategy",
+            file=stream,
+        )
     if not row.fits:
-        print(f"  ! {row.title} does not fit: {gib(mem):.2f} GiB per GPU estimated vs "
-              f"{gib(result.hardware.gpu_memory_bytes):.2f} GiB; the script will likely run out of memory", file=stream)
+        print(
+            f"  ! {row.title} does not fit: {gib(mem):.2f} GiB per GPU estimated vs "
+            f"{gib(result.hardware.gpu_memory_bytes):.2f} GiB; the script will likely run out of memory",
+            file=stream,
+        )
     print(f"\nWrote {', '.join(str(p) for p in written)}", file=stream)
     where = shlex.quote(out_dir.rstrip("/") or "/")
     print(f"Run: cd {where} && {launch_command_for(job)}   (or: bash {where}/launch.sh)", file=stream)
@@ -327,8 +399,16 @@ def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool) -> V
         print(f"[verify] {msg}", file=sys.stderr, flush=True)
 
     assert args.steps is not None and args.timeout is not None, "_check_run_flags fills them"
-    outcome = verify(inputs, args.strategy, steps=args.steps, timeout_s=args.timeout, out_dir=args.emit,
-                     force=args.force, precision_explicit=precision_explicit, progress=progress)
+    outcome = verify(
+        inputs,
+        args.strategy,
+        steps=args.steps,
+        timeout_s=args.timeout,
+        out_dir=args.emit,
+        force=args.force,
+        precision_explicit=precision_explicit,
+        progress=progress,
+    )
     stream = sys.stderr if args.json else sys.stdout
     print("", file=stream)
     for note in outcome.notes:
@@ -336,16 +416,25 @@ def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool) -> V
     if not outcome.ok:
         print(f"Verify FAILED ({outcome.strategy}, {outcome.device}): {outcome.message}", file=stream)
         return outcome
-    print(f"Verify {outcome.strategy} on {outcome.world_size} {outcome.device} rank(s), {outcome.steps} steps "
-          f"(loss {outcome.losses[0]:.3f} -> {outcome.losses[-1]:.3f}); peak allocated per rank:", file=stream)
+    print(
+        f"Verify {outcome.strategy} on {outcome.world_size} {outcome.device} rank(s), {outcome.steps} steps "
+        f"(loss {outcome.losses[0]:.3f} -> {outcome.losses[-1]:.3f}); peak allocated per rank:",
+        file=stream,
+    )
     assert outcome.relative_error is not None, "a completed run measured a peak"
     for r in outcome.per_rank:
         assert r["relative_error"] is not None, "every rank measured a peak"
-        print(f"  rank {r['rank']}: measured {gib(r['measured_peak_bytes']):.3f} GiB, estimated "
-              f"{gib(r['estimated_peak_bytes']):.3f} GiB, error {100 * r['relative_error']:+.1f}%", file=stream)
+        print(
+            f"  rank {r['rank']}: measured {gib(r['measured_peak_bytes']):.3f} GiB, estimated "
+            f"{gib(r['estimated_peak_bytes']):.3f} GiB, error {100 * r['relative_error']:+.1f}%",
+            file=stream,
+        )
     verdict = "within" if outcome.within_tolerance else "OUTSIDE"
-    print(f"  worst error {100 * outcome.relative_error:+.1f}% ({verdict} the {100 * 0.25:.0f}% tolerance); "
-          f"log and files: {outcome.log_dir}", file=stream)
+    print(
+        f"  worst error {100 * outcome.relative_error:+.1f}% ({verdict} the {100 * 0.25:.0f}% tolerance); "
+        f"log and files: {outcome.log_dir}",
+        file=stream,
+    )
     line = step_time_line(outcome)
     if line:
         print(f"  {line}", file=stream)

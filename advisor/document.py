@@ -181,14 +181,24 @@ def time_to_dict(p: Plan, r: StrategyRow) -> TimeDoc | None:
     tokens = tokens_per_sample(ctx)
     n = gpus_used(r, p.hardware.num_gpus)
     d: TimeDoc = {
-        "compute_s": t.compute_s, "comm_s": t.comm_s, "exposed_comm_s": t.exposed_comm_s, "optimizer_s": t.optimizer_s,
-        "step_s": t.step_s, "micro_batch_size": t.micro_batch, "micro_steps": t.micro_steps,
-        "samples_per_s": per_s, "samples_per_s_per_gpu": per_s / n if per_s is not None else None,
+        "compute_s": t.compute_s,
+        "comm_s": t.comm_s,
+        "exposed_comm_s": t.exposed_comm_s,
+        "optimizer_s": t.optimizer_s,
+        "step_s": t.step_s,
+        "micro_batch_size": t.micro_batch,
+        "micro_steps": t.micro_steps,
+        "samples_per_s": per_s,
+        "samples_per_s_per_gpu": per_s / n if per_s is not None else None,
         "tokens_per_s": per_s * tokens if per_s is not None and tokens else None,
         "tokens_per_s_per_gpu": per_s * tokens / n if per_s is not None and tokens else None,
-        "mfu": t.mfu, "model_flops_per_step": t.model_flops, "flops_per_step": t.flops,
-        "speedup_vs_single_gpu": t.speedup_vs_single_gpu, "scaling_efficiency": t.scaling_efficiency,
-        "overlap": t.overlap, "collectives": [c.as_dict() for c in t.collectives],
+        "mfu": t.mfu,
+        "model_flops_per_step": t.model_flops,
+        "flops_per_step": t.flops,
+        "speedup_vs_single_gpu": t.speedup_vs_single_gpu,
+        "scaling_efficiency": t.scaling_efficiency,
+        "overlap": t.overlap,
+        "collectives": [c.as_dict() for c in t.collectives],
         "notes": list(t.notes) + ["data loading is not modelled"],
     }
     budget = training_budget(p.options, ctx, r)
@@ -239,8 +249,15 @@ def _hardware_doc(p: Plan) -> HardwareDoc:
 
 def _strategy_doc(p: Plan, r: StrategyRow) -> StrategyDoc:
     if not r.applicable:
-        return {"name": r.name, "title": r.title, "applicable": r.applicable, "framework": r.strategy.framework,
-                "launcher": r.strategy.launcher.name, "reason": r.reason, "time": None}
+        return {
+            "name": r.name,
+            "title": r.title,
+            "applicable": r.applicable,
+            "framework": r.strategy.framework,
+            "launcher": r.strategy.launcher.name,
+            "reason": r.reason,
+            "time": None,
+        }
     m = r.memory
     assert m is not None, "a row that applies is sized"
     d = StrategyDoc(
@@ -256,8 +273,11 @@ def _strategy_doc(p: Plan, r: StrategyRow) -> StrategyDoc:
         per_gpu_bytes=m.peak.as_dict() | {"device_total": m.device_total},
         peak_phase=m.peak.phase,
         model_state_bytes=m.model_state_bytes,
-        device_overhead_bytes={"cuda_context": m.overhead.cuda_context, "communicator": m.overhead.communicator,
-                               "fragmentation": m.overhead.fragmentation},
+        device_overhead_bytes={
+            "cuda_context": m.overhead.cuda_context,
+            "communicator": m.overhead.communicator,
+            "fragmentation": m.overhead.fragmentation,
+        },
         rule_of_thumb_bytes=r.rule_of_thumb_bytes,
         rule_of_thumb_fits=r.rule_of_thumb_fits,
         max_micro_batch_size=r.max_micro_batch_size,
@@ -279,8 +299,12 @@ def _strategy_doc(p: Plan, r: StrategyRow) -> StrategyDoc:
 
 def _recommendation_doc(p: Plan) -> RecommendationDoc:
     rec = p.recommendation
-    d: RecommendationDoc = {"strategy": rec.strategy, "reasons": rec.reasons, "warnings": rec.warnings,
-                            "micro_batch_size": rec.micro_batch_size}
+    d: RecommendationDoc = {
+        "strategy": rec.strategy,
+        "reasons": rec.reasons,
+        "warnings": rec.warnings,
+        "micro_batch_size": rec.micro_batch_size,
+    }
     if rec.strategy is None:
         d["min_gpus"], d["min_nodes"] = rec.min_gpus, rec.min_nodes
         d["offload_host_bytes_per_node"] = rec.offload_host_bytes_per_node
@@ -294,9 +318,15 @@ def _timing_doc(p: Plan) -> TimingDoc | None:
     t = timing_of(p.context())
     if t is None:
         return None
-    return {"gpu_preset": t.preset.name, "peak_tflops": t.peak_flops_per_s / 1e12, "hbm_gbps": t.preset.hbm_gbps,
-            "compute_efficiency": t.efficiency.compute, "bandwidth_efficiency": t.efficiency.bandwidth,
-            "efficiency_source": t.efficiency.source, "data_loading": "not modelled"}
+    return {
+        "gpu_preset": t.preset.name,
+        "peak_tflops": t.peak_flops_per_s / 1e12,
+        "hbm_gbps": t.preset.hbm_gbps,
+        "compute_efficiency": t.efficiency.compute,
+        "bandwidth_efficiency": t.efficiency.bandwidth,
+        "efficiency_source": t.efficiency.source,
+        "data_loading": "not modelled",
+    }
 
 
 def plan_to_dict(p: Plan) -> PlanDoc:

@@ -28,17 +28,25 @@ OVERHEAD_NAME = "CUDA context, communicator buffers and allocator fragmentation"
 _MODE_WORDS = {"autocast": "autocast over fp32 weights", "half": "a 16-bit module", "fp32": "fp32"}
 
 
-def fit_reasons(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRow, fitting: list[StrategyRow],
-                baseline: str | None, alternatives: tuple[Alternative, ...]) -> list[str]:
+def fit_reasons(
+    ctx: StrategyContext,
+    rows: list[StrategyRow],
+    best: StrategyRow,
+    fitting: list[StrategyRow],
+    baseline: str | None,
+    alternatives: tuple[Alternative, ...],
+) -> list[str]:
     """The reasons for ``best``, taken among ``fitting`` (the ``eligible`` ``rows`` that surely fit): its memory, the
     cheaper strategy that does not fit, the one-GPU baseline (``baseline_reason``), the ``alternatives``, the step
     times, the frameworks compared, the communication, the batch and the learning rate, in that order."""
     hw, opts = ctx.hardware, ctx.options
     order = {r.name: r.strategy.comm_order for r in rows}
     cap, mem = hw.gpu_memory_bytes, sized(best)
-    reasons = [f"{best.title} fits: {fmt_gib(mem.device_total)} of {fmt_gib(cap)} per GPU "
-               f"({_pct(mem.device_total, cap)}) at micro-batch {opts.micro_batch_size}, "
-               f"peak allocated {fmt_gib(mem.peak.total)} in the {mem.peak.phase}"]
+    reasons = [
+        f"{best.title} fits: {fmt_gib(mem.device_total)} of {fmt_gib(cap)} per GPU "
+        f"({_pct(mem.device_total, cap)}) at micro-batch {opts.micro_batch_size}, "
+        f"peak allocated {fmt_gib(mem.peak.total)} in the {mem.peak.phase}"
+    ]
     cheaper = [r for r in rows if r.applicable and order[r.name] < order[best.name] and r.fits is not True]
     if cheaper:
         worst = min(cheaper, key=lambda r: order[r.name])
@@ -47,19 +55,26 @@ def fit_reasons(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRow
         elif hw.num_gpus == 1:  # nothing is sharded on one GPU
             reasons.append(f"{worst.title} does not fit ({worst.fit_note})")
         else:
-            reasons.append(f"{worst.title} does not fit ({worst.fit_note}); {best.title} shards what {worst.title} "
-                           "replicates")
+            reasons.append(
+                f"{worst.title} does not fit ({worst.fit_note}); {best.title} shards what {worst.title} replicates"
+            )
     elif order[best.name] == min(order.values()) and best.time is None and best.strategy.distributes:
-        reasons.append(f"the model states and activations fit on one GPU, so plain data parallel ({best.title}) has "
-                       "the least communication; ZeRO would only add sharding traffic")
+        reasons.append(
+            f"the model states and activations fit on one GPU, so plain data parallel ({best.title}) has "
+            "the least communication; ZeRO would only add sharding traffic"
+        )
     if not best.strategy.distributes:
-        reasons.append(f"one GPU: plain training in one process ({best.title}: no wrapper, no launcher, no gradient "
-                       "buckets); sharding or offload only when it does not fit")
+        reasons.append(
+            f"one GPU: plain training in one process ({best.title}: no wrapper, no launcher, no gradient "
+            "buckets); sharding or offload only when it does not fit"
+        )
     if baseline:
         reasons.append(baseline)
     # A LoRA plan beside full fine-tuning; a full fine-tuning that fits only with offload beside LoRA / QLoRA.
-    reasons += [_versus_full(ctx, best, a) if a.ctx.profile.spec.adapter is None else alternative_reason(ctx, a)
-                for a in alternatives]
+    reasons += [
+        _versus_full(ctx, best, a) if a.ctx.profile.spec.adapter is None else alternative_reason(ctx, a)
+        for a in alternatives
+    ]
     reasons += _time_reasons(ctx, best, fitting)
     sharded = _frameworks_compared(fitting) if hw.num_gpus > 1 else None
     if sharded:
@@ -68,18 +83,23 @@ def fit_reasons(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRow
     if hw.num_gpus > 1:
         reasons.append(f"communication: about {fmt_gib(best.comm_bytes_per_step)} sent per GPU per step over {link}")
     steps = "step" if best.grad_accum_steps == 1 else "steps"
-    reasons.append(f"batch: micro-batch {opts.micro_batch_size} x data-parallel size {best.dp_size} x "
-                   f"{best.grad_accum_steps} accumulation {steps} = global batch {best.global_batch_size}; "
-                   f"the largest micro-batch that fits is {best.max_micro_batch_size} per GPU")
+    reasons.append(
+        f"batch: micro-batch {opts.micro_batch_size} x data-parallel size {best.dp_size} x "
+        f"{best.grad_accum_steps} accumulation {steps} = global batch {best.global_batch_size}; "
+        f"the largest micro-batch that fits is {best.max_micro_batch_size} per GPU"
+    )
     if best.learning_rate is not None:
-        reasons.append(f"learning rate {best.learning_rate:.4g} by the linear scaling rule "
-                       f"({opts.base_lr:g} at batch {opts.base_batch_size} -> global {best.global_batch_size}); "
-                       "reach it at the end of a linear warmup (e.g. 5 epochs), then decay")
+        reasons.append(
+            f"learning rate {best.learning_rate:.4g} by the linear scaling rule "
+            f"({opts.base_lr:g} at batch {opts.base_batch_size} -> global {best.global_batch_size}); "
+            "reach it at the end of a linear warmup (e.g. 5 epochs), then decay"
+        )
     return reasons
 
 
-def fit_warnings(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRow,
-                 checkpointed: Checkpointed | None) -> list[str]:
+def fit_warnings(
+    ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRow, checkpointed: Checkpointed | None
+) -> list[str]:
     """The warnings about the chosen ``best`` among the ``eligible`` ``rows``: memory headroom, slow offload, CNNs
     before model parallelism, the strategy's link, poor scaling or too many nodes, the modelled step time and
     borrowed efficiencies, in that order."""
@@ -88,19 +108,28 @@ def fit_warnings(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRo
     cap, mb = hw.gpu_memory_bytes, ctx.micro_batch_size
     warnings: list[str] = []
     if sized(best).device_total > HEADROOM_WARN * cap:
-        warnings.append(f"{best.title} uses {_pct(sized(best).device_total, cap)} of the GPU's memory: allocator "
-                        "fragmentation or a longer sample can run out; leave headroom ("
-                        + ", or ".join(([] if mb <= 1 else ["a smaller micro-batch"])
-                                       + ([] if opts.activation_checkpointing else ["--activation-checkpointing"])
-                                       or ["a shorter sequence or a GPU with more memory"]) + ")")
+        warnings.append(
+            f"{best.title} uses {_pct(sized(best).device_total, cap)} of the GPU's memory: allocator "
+            "fragmentation or a longer sample can run out; leave headroom ("
+            + ", or ".join(
+                ([] if mb <= 1 else ["a smaller micro-batch"])
+                + ([] if opts.activation_checkpointing else ["--activation-checkpointing"])
+                or ["a shorter sequence or a GPU with more memory"]
+            )
+            + ")"
+        )
     if best.strategy.offload and checkpointed is not None:
         faster = fastest_fitting(eligible(checkpointed.rows, hw.num_gpus), offload=False)
         if faster is not None:
-            warnings.append(f"offload is slow: with --activation-checkpointing, {faster.title} fits without offload "
-                            f"({fmt_gib(sized(faster).device_total)} of {fmt_gib(cap)} per GPU)")
+            warnings.append(
+                f"offload is slow: with --activation-checkpointing, {faster.title} fits without offload "
+                f"({fmt_gib(sized(faster).device_total)} of {fmt_gib(cap)} per GPU)"
+            )
     if ctx.profile.spec.family == "vision" and order[best.name] > min(order.values()):
-        warnings.append("for CNNs prefer lower precision, activation checkpointing and gradient accumulation "
-                        "before model parallelism")
+        warnings.append(
+            "for CNNs prefer lower precision, activation checkpointing and gradient accumulation "
+            "before model parallelism"
+        )
     link = best.strategy.link_warning(ctx)
     if link:
         warnings.append(link)
@@ -108,8 +137,10 @@ def fit_warnings(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRo
     if scaling:
         warnings.append(scaling)
     if best.time is not None:
-        warnings.append("step times model compute, communication and the optimizer step; data loading is not "
-                        "modelled (a slow input pipeline lowers every figure)")
+        warnings.append(
+            "step times model compute, communication and the optimizer step; data loading is not "
+            "modelled (a slow input pipeline lowers every figure)"
+        )
         borrowed = _borrowed_efficiency(ctx)
         if borrowed:
             warnings.append(borrowed)
@@ -136,12 +167,17 @@ def _borrowed_efficiency(ctx: StrategyContext) -> str | None:
         return None
     generation = GENERATION.get(preset.name.lower(), "this generation")
     band = BORROWED_BAND.get(generation)
-    error = (f"against {band[2]} the throughput they give lands between {100 * (1 - band[0]):.0f}% low and "
-             f"{100 * (band[1] - 1):.0f}% high" if band else "how far off that is has not been checked against any "
-             "published run")
-    return (f"{preset.name} ({generation}) has no published run fitted here: its step times use another "
-            f"generation's efficiencies (compute {eff.compute:.2f}, bandwidth {eff.bandwidth:.2f}; "
-            f"bench/TIME.md); {error}; --mfu and --bandwidth-efficiency set them")
+    error = (
+        f"against {band[2]} the throughput they give lands between {100 * (1 - band[0]):.0f}% low and "
+        f"{100 * (band[1] - 1):.0f}% high"
+        if band
+        else "how far off that is has not been checked against any published run"
+    )
+    return (
+        f"{preset.name} ({generation}) has no published run fitted here: its step times use another "
+        f"generation's efficiencies (compute {eff.compute:.2f}, bandwidth {eff.bandwidth:.2f}; "
+        f"bench/TIME.md); {error}; --mfu and --bandwidth-efficiency set them"
+    )
 
 
 def memory_parts(m: StrategyMemory) -> list[tuple[str, int]]:
@@ -191,19 +227,20 @@ def _versus_full(ctx: StrategyContext, best: StrategyRow, full: Alternative) -> 
     """LoRA beside full fine-tuning: ``... fits DDP on 4 x RTX4090 (17.94 GiB per GPU), where full fine-tuning would
     need ZeRO-3 (7.83 GiB)`` / ``does not fit on this cluster (the smallest: ...)``."""
     hw = ctx.hardware
-    head = (f"{adapter_text(ctx)}; fits {best.title} on {_cluster_text(hw)} ({fmt_gib(sized(best).device_total)} "
-            "per GPU)")
+    head = (
+        f"{adapter_text(ctx)}; fits {best.title} on {_cluster_text(hw)} ({fmt_gib(sized(best).device_total)} per GPU)"
+    )
     fit = fastest_fitting(eligible(full.rows, hw.num_gpus))
     if fit is None:
         small = [r for r in eligible(full.rows, hw.num_gpus) if r.applicable and r.memory and not r.strategy.offload]
         low = min(small, key=lambda r: sized(r).device_total) if small else None
-        tail = (f" (the smallest without offload: {low.title}, {fmt_gib(sized(low).device_total)} per GPU)"
-                if low else "")
+        tail = (
+            f" (the smallest without offload: {low.title}, {fmt_gib(sized(low).device_total)} per GPU)" if low else ""
+        )
         return f"{head}, where {full.label} does not fit on this cluster{tail}"
     if fit.name == best.name:
         return f"{head}; {full.label} would fit it too ({fmt_gib(sized(fit).device_total)} per GPU)"
-    return (f"{head}; {full.label} fits here too, fastest with {fit.title} ({fmt_gib(sized(fit).device_total)} per "
-            "GPU)")
+    return f"{head}; {full.label} fits here too, fastest with {fit.title} ({fmt_gib(sized(fit).device_total)} per GPU)"
 
 
 def alternative_reason(ctx: StrategyContext, alt: Alternative) -> str:
@@ -212,14 +249,18 @@ def alternative_reason(ctx: StrategyContext, alt: Alternative) -> str:
     text = _adapter_detail(alt.ctx)
     fit = fastest_fitting(eligible(alt.rows, hw.num_gpus), offload=False)
     if fit is not None:
-        return (f"fine-tune with {alt.label} instead ({text}): {fit.title} then fits without offload, "
-                f"{fmt_gib(sized(fit).device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU")
+        return (
+            f"fine-tune with {alt.label} instead ({text}): {fit.title} then fits without offload, "
+            f"{fmt_gib(sized(fit).device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU"
+        )
     small = [r for r in eligible(alt.rows, hw.num_gpus) if r.applicable and r.memory and not r.strategy.offload]
     if not small:
         return f"{alt.label} ({text}) does not apply here either"
     low = min(small, key=lambda r: sized(r).device_total)
-    return (f"{alt.label} ({text}) would not fit either: the smallest without offload, {low.title}, needs "
-            f"{fmt_gib(sized(low).device_total)} per GPU")
+    return (
+        f"{alt.label} ({text}) would not fit either: the smallest without offload, {low.title}, needs "
+        f"{fmt_gib(sized(low).device_total)} per GPU"
+    )
 
 
 def _frameworks_compared(fitting: list[StrategyRow]) -> str | None:
@@ -232,9 +273,11 @@ def _frameworks_compared(fitting: list[StrategyRow]) -> str | None:
         return None
     a, b = sorted(by_fw.values(), key=lambda r: sized(r).device_total)[:2]
     ma, mb = sized(a), sized(b)
-    return (f"{a.title} and {b.title} both shard everything: {a.title} needs {fmt_gib(ma.device_total)} per GPU "
-            f"(model states {fmt_gib(ma.model_state_bytes)}), {b.title} {fmt_gib(mb.device_total)} (model "
-            f"states {fmt_gib(mb.model_state_bytes)}); {a.title} runs on {_fw(a)}, {b.title} on {_fw(b)}")
+    return (
+        f"{a.title} and {b.title} both shard everything: {a.title} needs {fmt_gib(ma.device_total)} per GPU "
+        f"(model states {fmt_gib(ma.model_state_bytes)}), {b.title} {fmt_gib(mb.device_total)} (model "
+        f"states {fmt_gib(mb.model_state_bytes)}); {a.title} runs on {_fw(a)}, {b.title} on {_fw(b)}"
+    )
 
 
 def _fw(r: StrategyRow) -> str:
@@ -249,8 +292,10 @@ def baseline_reason(ctx: StrategyContext, rows: list[StrategyRow]) -> str | None
     if plain is None:
         return None
     cap = ctx.hardware.gpu_memory_bytes
-    figures = (f"{fmt_gib(sized(plain).device_total)} of {fmt_gib(cap)} at micro-batch {ctx.options.micro_batch_size}"
-               f", {plain.grad_accum_steps} accumulation steps to the same global batch")
+    figures = (
+        f"{fmt_gib(sized(plain).device_total)} of {fmt_gib(cap)} at micro-batch {ctx.options.micro_batch_size}"
+        f", {plain.grad_accum_steps} accumulation steps to the same global batch"
+    )
     if plain.fits is True:
         return f"without distribution it fits on one GPU ({plain.title}: {figures})"
     return f"without distribution it does not fit on one GPU ({plain.title}: {figures})"
@@ -273,11 +318,17 @@ def _why_slower(slow: StrategyRow, fast: StrategyRow, precision: Precision | Non
     """Why ``slow`` takes longer than ``fast`` (both timed), in figures."""
     a, b = timed(slow), timed(fast)
     if a.exposed_comm_s - b.exposed_comm_s >= max(a.compute_s - b.compute_s, a.optimizer_s - b.optimizer_s):
-        passes = " + ".join(f"{c.passes} {c.kind.replace('_', '-')}{'s' if c.passes != 1 else ''}"
-                            for c in a.collectives if c.group != "host")
-        return (f"it sends {fmt_gib(slow.comm_bytes_per_step)} per GPU per step" + (f" in {passes}" if passes else "")
-                + f", {fmt_s(a.exposed_comm_s)} of it not hidden by compute, vs {fmt_gib(fast.comm_bytes_per_step)} "
-                f"and {fmt_s(b.exposed_comm_s)}")
+        passes = " + ".join(
+            f"{c.passes} {c.kind.replace('_', '-')}{'s' if c.passes != 1 else ''}"
+            for c in a.collectives
+            if c.group != "host"
+        )
+        return (
+            f"it sends {fmt_gib(slow.comm_bytes_per_step)} per GPU per step"
+            + (f" in {passes}" if passes else "")
+            + f", {fmt_s(a.exposed_comm_s)} of it not hidden by compute, vs {fmt_gib(fast.comm_bytes_per_step)} "
+            f"and {fmt_s(b.exposed_comm_s)}"
+        )
     if a.compute_s - b.compute_s >= a.optimizer_s - b.optimizer_s:
         ma, mb = slow.strategy.trace_mode(precision), fast.strategy.trace_mode(precision)
         modes = f": {_MODE_WORDS.get(ma, ma)} vs {_MODE_WORDS.get(mb, mb)}" if ma != mb else ""
@@ -294,11 +345,15 @@ def _time_reasons(ctx: StrategyContext, best: StrategyRow, fitting: list[Strateg
     mfu = f", MFU {100 * t.mfu:.0f}%" if t.mfu is not None else ""
     fastest = all(r.time is None or r.time.step_s >= t.step_s for r in fitting)
     verb = "is the fastest that fits" if fastest else "takes"
-    out = [f"{best.title} {verb}: {fmt_s(t.step_s)} per optimizer step at global batch "
-           f"{best.global_batch_size} ({_throughput(ctx, best)}{mfu}; compute {fmt_s(t.compute_s)}, communication "
-           f"not hidden {fmt_s(t.exposed_comm_s)}, optimizer {fmt_s(t.optimizer_s)})"]
-    others = sorted((r for r in fitting if r is not best and r.time is not None and r.time.step_s > 0),
-                    key=lambda r: timed(r).step_s)
+    out = [
+        f"{best.title} {verb}: {fmt_s(t.step_s)} per optimizer step at global batch "
+        f"{best.global_batch_size} ({_throughput(ctx, best)}{mfu}; compute {fmt_s(t.compute_s)}, communication "
+        f"not hidden {fmt_s(t.exposed_comm_s)}, optimizer {fmt_s(t.optimizer_s)})"
+    ]
+    others = sorted(
+        (r for r in fitting if r is not best and r.time is not None and r.time.step_s > 0),
+        key=lambda r: timed(r).step_s,
+    )
     # The fastest of the others and the slowest that keeps its model states on the GPU: the range of the choice.
     on_gpu = [r for r in others[1:] if not r.strategy.offload and timed(r).step_s != timed(others[0]).step_s]
     shown = others[:1] + on_gpu[-1:]
@@ -308,16 +363,23 @@ def _time_reasons(ctx: StrategyContext, best: StrategyRow, fitting: list[Strateg
             if r.strategy.comm_order != best.strategy.comm_order:
                 why = "by the tie order (least communication first, see docs/decisions.md)"
             elif sized(r).device_total != sized(best).device_total:
-                why = (f"for its lower device total ({fmt_gib(sized(best).device_total)} against "
-                       f"{fmt_gib(sized(r).device_total)})")
+                why = (
+                    f"for its lower device total ({fmt_gib(sized(best).device_total)} against "
+                    f"{fmt_gib(sized(r).device_total)})"
+                )
             else:  # the same order and memory: the registry's order decides (``pick``'s min keeps the first)
-                why = (f"as the first listed (the same tie order and the same "
-                       f"{fmt_gib(sized(best).device_total)} per GPU)")
-            out.append(f"{r.title} is as fast within {100 * TIE:.0f}% ({fmt_s(timed(r).step_s)} per step); "
-                       f"{best.title} is preferred {why}")
+                why = (
+                    f"as the first listed (the same tie order and the same {fmt_gib(sized(best).device_total)} per GPU)"
+                )
+            out.append(
+                f"{r.title} is as fast within {100 * TIE:.0f}% ({fmt_s(timed(r).step_s)} per step); "
+                f"{best.title} is preferred {why}"
+            )
         else:
-            out.append(f"{r.title} over {link} would take {ratio:.2f}x longer per step ({fmt_s(timed(r).step_s)}: "
-                       f"{_why_slower(r, best, ctx.options.precision)})")
+            out.append(
+                f"{r.title} over {link} would take {ratio:.2f}x longer per step ({fmt_s(timed(r).step_s)}: "
+                f"{_why_slower(r, best, ctx.options.precision)})"
+            )
     return out
 
 
@@ -332,15 +394,19 @@ def _scaling_warning(ctx: StrategyContext, best: StrategyRow) -> str | None:
     if t.speedup_vs_single_gpu < 1:
         better = "one GPU alone is faster: do not distribute this model on this cluster"
     elif t.exposed_comm_s >= t.compute_s:
-        better = ("communication dominates: fewer GPUs (or nodes), a faster link, or a larger micro-batch "
-                  "(more compute per byte sent)")
+        better = (
+            "communication dominates: fewer GPUs (or nodes), a faster link, or a larger micro-batch "
+            "(more compute per byte sent)"
+        )
     else:
         better = "a larger micro-batch (more compute per step) or fewer GPUs"
     assert t.scaling_efficiency is not None, "set with the speed-up (advisor.rows.with_speedup)"
     share = 100 * t.scaling_efficiency
-    return (f"{n} GPUs give only {t.speedup_vs_single_gpu:.2f}x the speed of one GPU ({share:.0f}% "
-            f"of the ideal {n}x): {fmt_s(t.exposed_comm_s)} of each {fmt_s(t.step_s)} step is communication over "
-            f"{link} that compute does not hide; {better}")
+    return (
+        f"{n} GPUs give only {t.speedup_vs_single_gpu:.2f}x the speed of one GPU ({share:.0f}% "
+        f"of the ideal {n}x): {fmt_s(t.exposed_comm_s)} of each {fmt_s(t.step_s)} step is communication over "
+        f"{link} that compute does not hide; {better}"
+    )
 
 
 def _fewer_nodes_warning(ctx: StrategyContext, rows: list[StrategyRow], best: StrategyRow) -> str | None:
@@ -352,8 +418,9 @@ def _fewer_nodes_warning(ctx: StrategyContext, rows: list[StrategyRow], best: St
         return None
     one = replace(ctx, hardware=replace(hw, num_nodes=1))
     # every strategy, also those that do not apply across nodes (TP stays inside one node): one node may run them
-    candidates = [evaluate_row(r.strategy, one, False) for r in eligible(rows, hw.gpus_per_node)
-                  if r.strategy is not None]
+    candidates = [
+        evaluate_row(r.strategy, one, False) for r in eligible(rows, hw.gpus_per_node) if r.strategy is not None
+    ]
     fitting = [r for r in candidates if r.applicable and r.fits is True and r.time is not None and r.time.step_s]
     if not fitting:
         return None
@@ -362,9 +429,11 @@ def _fewer_nodes_warning(ctx: StrategyContext, rows: list[StrategyRow], best: St
     node_per_s = samples_per_s(node)
     if per_s >= hw.num_nodes * node_per_s / 2:
         return None
-    return (f"{hw.num_nodes} nodes over {hw.network} train {per_s:.3g} samples/s, against {node_per_s:.3g} on one node "
-            f"of {hw.gpus_per_node} ({node.title}): {per_s / node_per_s:.2f}x for {hw.num_nodes}x the GPUs; use one "
-            "node, or a faster network between nodes")
+    return (
+        f"{hw.num_nodes} nodes over {hw.network} train {per_s:.3g} samples/s, against {node_per_s:.3g} on one node "
+        f"of {hw.gpus_per_node} ({node.title}): {per_s / node_per_s:.2f}x for {hw.num_nodes}x the GPUs; use one "
+        "node, or a faster network between nodes"
+    )
 
 
 def cluster_warnings(ctx: StrategyContext, timed: bool = False) -> list[str]:
@@ -374,12 +443,17 @@ def cluster_warnings(ctx: StrategyContext, timed: bool = False) -> list[str]:
     hw, stats = ctx.hardware, ctx.profile.stats
     out = []
     if hw.num_nodes > 1 and hw.network in SLOW_NETWORKS and not timed:
-        out.append(f"{hw.network} between nodes is a bottleneck: communication can cost more than compute "
-                   "(a 2B model has been seen to get only 1.6x on 8 GPUs over such links); expect poor scaling")
+        out.append(
+            f"{hw.network} between nodes is a bottleneck: communication can cost more than compute "
+            "(a 2B model has been seen to get only 1.6x on 8 GPUs over such links); expect poor scaling"
+        )
     if stats.num_params < TINY_MODEL_PARAMS and hw.num_gpus > 1:
-        out.append(f"the model is small ({stats.num_params / 1e6:.1f}M parameters): unless the data is large, "
-                   "distributing may gain little (gradient sync and data loading dominate)")
+        out.append(
+            f"the model is small ({stats.num_params / 1e6:.1f}M parameters): unless the data is large, "
+            "distributing may gain little (gradient sync and data loading dominate)"
+        )
     if hw.num_nodes == 1 and hw.interconnect == "pcie" and hw.num_gpus > 1:
-        out.append("PCIe between GPUs (about 32 GB/s): all-reduce is slower than over NVLink; scaling will be "
-                   "below linear")
+        out.append(
+            "PCIe between GPUs (about 32 GB/s): all-reduce is slower than over NVLink; scaling will be below linear"
+        )
     return out

@@ -8,7 +8,7 @@ import argparse
 import math
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import AdvisorError
 

@@ -71,8 +71,14 @@ option = _carrying(Opt)
 
 
 # The annotations a field may have, without ``None``, and the kind each is.
-_KINDS: dict[object, str] = {bool: "bool", int: "int", float: "float", str: "str", dict[str, object]: "dict",
-                             tuple[int, ...]: "shape"}
+_KINDS: dict[object, str] = {
+    bool: "bool",
+    int: "int",
+    float: "float",
+    str: "str",
+    dict[str, object]: "dict",
+    tuple[int, ...]: "shape",
+}
 
 
 def _is_union(annotation: object) -> bool:
@@ -196,9 +202,11 @@ def check_value(f: Field, value: FieldValue, strategy_names: tuple[str, ...]) ->
         lo, hi = f.opt.low, f.opt.high
         between = f"{flag} must be between {lo} and {hi}, got {value}"
         if lo is not None and (value <= 0 if lo == 0.0 else value < lo):
-            raise AdvisorError(between if hi is not None else
-                               f"{flag} must be {'a positive integer' if kind == 'int' else 'a positive number'}, "
-                               f"got {value}")
+            raise AdvisorError(
+                between
+                if hi is not None
+                else f"{flag} must be {'a positive integer' if kind == 'int' else 'a positive number'}, got {value}"
+            )
         if hi is not None and value > hi:
             raise AdvisorError(f.opt.high_message.format(value=value) if f.opt.high_message else between)
     if kind == "str" and not isinstance(value, str):

@@ -26,8 +26,9 @@ def lora_targets(text: str | None) -> tuple[str, ...]:
         return names
     bad = [n for n in names if not _TARGET_NAME.fullmatch(n)]
     if not names or bad:
-        raise AdvisorError(f"--lora-targets takes module names separated by commas (q_proj,v_proj) or all-linear, "
-                           f"got {text[:60]!r}")
+        raise AdvisorError(
+            f"--lora-targets takes module names separated by commas (q_proj,v_proj) or all-linear, got {text[:60]!r}"
+        )
     return names
 
 
@@ -48,15 +49,21 @@ def init_from(text: str | None) -> str | None:
     if text is None:
         return None
     if not text.strip():
-        raise AdvisorError("--init-from needs a path or hub id (a save_pretrained directory, a state_dict file or "
-                           "an org/name id): give one, or drop --init-from to size a freshly initialised model")
+        raise AdvisorError(
+            "--init-from needs a path or hub id (a save_pretrained directory, a state_dict file or "
+            "an org/name id): give one, or drop --init-from to size a freshly initialised model"
+        )
     if len(text) > INIT_FROM_MAX_CHARS:
-        raise AdvisorError(f"--init-from is {len(text)} characters long, more than {INIT_FROM_MAX_CHARS}: give a "
-                           "shorter path (a symlink, or a path relative to where the script runs)")
+        raise AdvisorError(
+            f"--init-from is {len(text)} characters long, more than {INIT_FROM_MAX_CHARS}: give a "
+            "shorter path (a symlink, or a path relative to where the script runs)"
+        )
     if _INIT_FROM_BAD.search(text) or any(unicodedata.category(c).startswith("C") for c in text):
-        raise AdvisorError(f"--init-from must be a path or hub id on one line without control characters, quotes "
-                           f"or backslashes, got {text[:60]!r}: rename or link the directory (use / between "
-                           "folders)")
+        raise AdvisorError(
+            f"--init-from must be a path or hub id on one line without control characters, quotes "
+            f"or backslashes, got {text[:60]!r}: rename or link the directory (use / between "
+            "folders)"
+        )
     return text
 
 

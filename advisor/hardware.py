@@ -107,8 +107,10 @@ def _detect_interconnect(count: int) -> tuple[str | None, list[str]]:
         topo = _topo_from_nvidia_smi()
         if topo:
             return topo, []
-        return None, [f"could not read the GPU interconnect ({err.__class__.__name__}); assuming pcie: "
-                      "pass --interconnect nvlink if the GPUs have NVLink"]
+        return None, [
+            f"could not read the GPU interconnect ({err.__class__.__name__}); assuming pcie: "
+            "pass --interconnect nvlink if the GPUs have NVLink"
+        ]
 
 
 def _topo_from_nvidia_smi() -> str | None:
@@ -206,8 +208,20 @@ def resolve_hardware(cluster: ClusterSpec) -> Hardware:
         sources["link_busbw_gbps"] = "flag --link-bandwidth"
     if cluster.network_bandwidth_gbps is not None:
         sources["network_gbps"] = "flag --network-bandwidth"
-    return Hardware(gpu_name=name, gpu_memory_bytes=memory, gpus_per_node=per_node, num_nodes=nodes,
-                    interconnect=link, network=network if nodes > 1 else network, bf16_tflops=tflops,
-                    link_gbps=link_gbps, host_mem_bytes=host, sources=sources, warnings=tuple(warnings),
-                    host_mem_state=state, supports_bf16=bf16, link_busbw_gbps=cluster.link_bandwidth_gbps,
-                    network_gbps=cluster.network_bandwidth_gbps)
+    return Hardware(
+        gpu_name=name,
+        gpu_memory_bytes=memory,
+        gpus_per_node=per_node,
+        num_nodes=nodes,
+        interconnect=link,
+        network=network if nodes > 1 else network,
+        bf16_tflops=tflops,
+        link_gbps=link_gbps,
+        host_mem_bytes=host,
+        sources=sources,
+        warnings=tuple(warnings),
+        host_mem_state=state,
+        supports_bf16=bf16,
+        link_busbw_gbps=cluster.link_bandwidth_gbps,
+        network_gbps=cluster.network_bandwidth_gbps,
+    )

@@ -33,8 +33,11 @@ from .schema import TrainingOptions
 
 SHORT_OF = ("GPU memory", "host RAM", "host RAM unknown")
 # Phrases that ask the user to turn activation checkpointing on.
-ASKS_FOR_CHECKPOINTING = ("--activation-checkpointing", "turn on activation checkpointing",
-                          "try activation checkpointing")
+ASKS_FOR_CHECKPOINTING = (
+    "--activation-checkpointing",
+    "turn on activation checkpointing",
+    "try activation checkpointing",
+)
 
 
 class CheckedPlan(Protocol):
@@ -80,10 +83,13 @@ def violations(plan: CheckedPlan) -> list[str]:
             out.append(f"{r.name}: negative host RAM")
         t = r.time
         if t is not None:
-            if min(t.compute_s, t.comm_s, t.exposed_comm_s, t.optimizer_s) < 0 \
-                    or t.exposed_comm_s > t.comm_s * (1 + 1e-9):
-                out.append(f"{r.name}: a negative time term, or exposed communication {t.exposed_comm_s} above all "
-                           f"of it ({t.comm_s})")
+            if min(t.compute_s, t.comm_s, t.exposed_comm_s, t.optimizer_s) < 0 or t.exposed_comm_s > t.comm_s * (
+                1 + 1e-9
+            ):
+                out.append(
+                    f"{r.name}: a negative time term, or exposed communication {t.exposed_comm_s} above all "
+                    f"of it ({t.comm_s})"
+                )
         if r.fits is not True:
             if r.short_of not in SHORT_OF:
                 out.append(f"{r.name}: does not fit and names no short resource ({r.short_of!r})")
@@ -98,8 +104,11 @@ def violations(plan: CheckedPlan) -> list[str]:
     # shards, and ZeRO-1 really holds more than DDP (8 + 8/N bytes vs 8 in fp32).
     adam = plan.options.optimizer.is_adam
     lowest = 0 if plan.hardware.num_gpus >= 2 and adam else 1
-    staged = sorted((r.strategy.sharding_stage, m.model_state_bytes, r.name) for r, m in rows
-                    if r.strategy.sharding_stage is not None and r.strategy.sharding_stage >= lowest)
+    staged = sorted(
+        (r.strategy.sharding_stage, m.model_state_bytes, r.name)
+        for r, m in rows
+        if r.strategy.sharding_stage is not None and r.strategy.sharding_stage >= lowest
+    )
     for (s1, b1, n1), (s2, b2, n2) in zip(staged, staged[1:]):
         if s2 > s1 and b2 > b1:
             out.append(f"{n2} holds more model states ({b2}) than {n1} ({b1})")
@@ -115,8 +124,11 @@ def violations(plan: CheckedPlan) -> list[str]:
     advice = [t.lower() for t in rec.reasons + rec.warnings + list(plan.warnings)]
     if plan.options.activation_checkpointing:
         for line in advice:
-            if (any(p in line for p in ASKS_FOR_CHECKPOINTING) and "changes nothing" not in line
-                    and "drop --activation-checkpointing" not in line):
+            if (
+                any(p in line for p in ASKS_FOR_CHECKPOINTING)
+                and "changes nothing" not in line
+                and "drop --activation-checkpointing" not in line
+            ):
                 out.append(f"asks for activation checkpointing, which is on: {line[:80]!r}")
     if rec.min_gpus is not None and rec.min_gpus > plan.hardware.num_gpus:
         said = " ".join(t.lower() for t in rec.reasons)
@@ -145,7 +157,7 @@ def listed_parts(text: str) -> list[tuple[list[float], float]]:
                     start = i + 1
                     break
                 depth -= 1
-        parts = [float(x.replace(",", "")) for x in GIB_FIGURE.findall(text[start:m.start()])]
+        parts = [float(x.replace(",", "")) for x in GIB_FIGURE.findall(text[start : m.start()])]
         found.append((parts, float(m.group(1).replace(",", ""))))
     return found
 
@@ -167,5 +179,7 @@ def enforce(plan: CheckedPlan) -> None:
     """
     broken = violations(plan)
     if broken:
-        raise AdvisorError(f"internal consistency check failed ({broken[0]}; {len(broken)} in all): this is a "
-                           "bug in advisor, please report it with the command line")
+        raise AdvisorError(
+            f"internal consistency check failed ({broken[0]}; {len(broken)} in all): this is a "
+            "bug in advisor, please report it with the command line"
+        )

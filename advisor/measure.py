@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 # The fields of a Chrome-trace event the meter reads: an allocator event ("[memory]", its args the running total,
 # the bytes (negative: a free), the address and the device type) or a range (its category, start and duration, us).
-_EventArgs = TypedDict("_EventArgs", {"Total Allocated": int, "Bytes": int, "Addr": int, "Device Type": int},
-                       total=False)
+_EventArgs = TypedDict(
+    "_EventArgs", {"Total Allocated": int, "Bytes": int, "Addr": int, "Device Type": int}, total=False
+)
 
 
 class _TraceEvent(TypedDict, total=False):
@@ -52,7 +53,7 @@ class CpuPeakMeter:
         self.ranges: dict[str, tuple[int, int, int]] = {}
         self._prof: torch.profiler.profile | None = None
 
-    def __enter__(self) -> "CpuPeakMeter":  # quoted: a copy of this class's source needs no import for it
+    def __enter__(self) -> CpuPeakMeter:  # quoted: a copy of this class's source needs no import for it
         import torch
 
         self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
@@ -74,8 +75,11 @@ class CpuPeakMeter:
                 events: list[_TraceEvent] = json.load(f)["traceEvents"]
         finally:
             os.remove(path)
-        raw = sorted((e["ts"], e["args"]["Total Allocated"], e["args"].get("Bytes"), e["args"].get("Addr"))
-                     for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0)
+        raw = sorted(
+            (e["ts"], e["args"]["Total Allocated"], e["args"].get("Bytes"), e["args"].get("Addr"))
+            for e in events
+            if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
+        )
         self.raw_peak_bytes = max((t for _, t, _, _ in raw), default=0)
         mem = self._seen_totals(raw, events)
         self.peak_bytes = max((t for _, t in mem), default=0)
@@ -88,8 +92,9 @@ class CpuPeakMeter:
                 b = before[-1] if before else 0
                 self.ranges[e["name"]] = (b, max(inside + [b]), inside[-1] if inside else b)
 
-    def _seen_totals(self, raw: list[tuple[float, int, int | None, int | None]],
-                     events: "list[_TraceEvent]") -> list[tuple[float, int]]:
+    def _seen_totals(
+        self, raw: list[tuple[float, int, int | None, int | None]], events: list[_TraceEvent]
+    ) -> list[tuple[float, int]]:
         """(time, running total) with the unseen frees put back (module docstring); the profiler's own totals
         when the events carry no sizes or addresses. ``raw``: (time, the profiler's running "Total Allocated", the
         event's bytes, its address) per allocator event."""
@@ -98,8 +103,9 @@ class CpuPeakMeter:
         sized = [(ts, total, size, addr) for ts, total, size, addr in raw if size is not None and addr is not None]
         if not raw or len(sized) < len(raw):
             return [(ts, total) for ts, total, _, _ in raw]
-        ops = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                     if str(e.get("name", "")).startswith("c10d::") and "dur" in e)
+        ops = sorted(
+            (e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("c10d::") and "dur" in e
+        )
         starts = [s for s, _ in ops]
         deltas: list[tuple[float, int]] = []
         live: dict[int, tuple[float, int]] = {}

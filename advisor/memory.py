@@ -73,28 +73,40 @@ class Breakdown:
         """Every non-zero part of ``total`` with its name, ``params`` split as ``params_parts`` says: what a line that
         quotes the total lists (they sum to ``total``)."""
         parts = list(self.params_parts) if self.params_parts else [("weights", self.params)]
-        parts += [("gradients", self.grads), ("optimizer states", self.optimizer_states),
-                  ("activations", self.activations), ("gathered parameters and buffers", self.buffers),
-                  ("temporaries", self.other)]
+        parts += [
+            ("gradients", self.grads),
+            ("optimizer states", self.optimizer_states),
+            ("activations", self.activations),
+            ("gathered parameters and buffers", self.buffers),
+            ("temporaries", self.other),
+        ]
         return [(name, n) for name, n in parts if n]
 
 
 DTYPE_NAMES = {2: "16 bits", 4: "fp32"}
 
 
-def quantized_base_parts(stats: ParamStats, quantized: int, rest_elem: int, rest_elems: int, extra: int = 0,
-                         extra_name: str = "the trainable adapters and the buffers") -> tuple[tuple[str, int], ...]:
-    """``Breakdown.params_parts`` of a whole QLoRA base held on one rank: ``quantized`` bytes of packed 4-bit storage and
-    quant states; ``rest_elems`` unquantized frozen elements at ``rest_elem`` bytes, of which a mixture of experts'
+def quantized_base_parts(
+    stats: ParamStats,
+    quantized: int,
+    rest_elem: int,
+    rest_elems: int,
+    extra: int = 0,
+    extra_name: str = "the trainable adapters and the buffers",
+) -> tuple[tuple[str, int], ...]:
+    """``Breakdown.params_parts`` of a whole QLoRA base held on one rank: ``quantized`` bytes of packed 4-bit storage
+    and quant states; ``rest_elems`` unquantized frozen elements at ``rest_elem`` bytes, of which a mixture of experts'
     fused expert weights (``ParamStats.unquantized_expert_numel``: transformers' fused 3-D expert parameters, which
     bitsandbytes' ``replace_with_bnb_linear`` does not replace) are named on their own; ``extra``: what else the
     weights hold (the adapters, the buffers)."""
     experts = min(stats.unquantized_expert_numel, rest_elems)
     dtype = DTYPE_NAMES.get(rest_elem, f"{rest_elem} bytes per element")
-    parts = [("quantized weights (packed storage and quant states)", quantized),
-             (f"fused expert weights, which bitsandbytes does not quantize, in {dtype}", experts * rest_elem),
-             (f"other unquantized weights (embeddings, norms, LM head) in {dtype}", (rest_elems - experts) * rest_elem),
-             (extra_name, extra)]
+    parts = [
+        ("quantized weights (packed storage and quant states)", quantized),
+        (f"fused expert weights, which bitsandbytes does not quantize, in {dtype}", experts * rest_elem),
+        (f"other unquantized weights (embeddings, norms, LM head) in {dtype}", (rest_elems - experts) * rest_elem),
+        (extra_name, extra),
+    ]
     return tuple((name, n) for name, n in parts if n)
 
 
@@ -191,8 +203,9 @@ def rule_of_thumb_split(stats: ParamStats, adapter: AdapterSpec | None) -> tuple
 CPU_DEQUANT_BYTES_PER_ELEMENT = {"forward": 26, "backward": 20}
 
 
-def dequantized_weight_bytes(stats: ParamStats, adapter: AdapterSpec | None, device: Device = Device.CUDA,
-                             phase: str = "forward") -> int:
+def dequantized_weight_bytes(
+    stats: ParamStats, adapter: AdapterSpec | None, device: Device = Device.CUDA, phase: str = "forward"
+) -> int:
     """QLoRA's largest temporary beyond the trace: bitsandbytes' ``MatMul4Bit`` (and ``Linear8bitLt``'s
     dequantizing path) multiplies by a dequantized copy of the layer's weight, made in forward and again in
     backward and freed after the matmul. CUDA: one copy in ``adapter.compute_dtype`` (the dequantize kernel's
@@ -236,9 +249,11 @@ def device_overhead(device: Device, peak_allocated: int, world_size: int) -> Dev
     """CUDA context, NCCL buffers and allocator fragmentation (see the constants' sources)."""
     if device != Device.CUDA:
         return DeviceOverhead()
-    return DeviceOverhead(cuda_context=CUDA_CONTEXT_BYTES,
-                          communicator=NCCL_BUFFER_BYTES if world_size > 1 else 0,
-                          fragmentation=int(peak_allocated * FRAGMENTATION))
+    return DeviceOverhead(
+        cuda_context=CUDA_CONTEXT_BYTES,
+        communicator=NCCL_BUFFER_BYTES if world_size > 1 else 0,
+        fragmentation=int(peak_allocated * FRAGMENTATION),
+    )
 
 
 def zero_paper_model_states(num_params: int, num_gpus: int, stage: int, k: int = 12) -> int:

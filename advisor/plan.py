@@ -23,8 +23,17 @@ from .models import AdapterSpec, ModelSpec, family_of, resolve_source
 from .models.adapters import default_targets
 from .profile import ModelProfile, attention_dropout, build_profile
 from .recommend import choose_micro_batch, recommend
-from .rows import (Recommendation, StrategyRow, evaluate_row, fit_verdict, gpus_used, one_gpu_step_times,
-                   single_gpu_step_s, time_at, with_speedup)
+from .rows import (
+    Recommendation,
+    StrategyRow,
+    evaluate_row,
+    fit_verdict,
+    gpus_used,
+    one_gpu_step_times,
+    single_gpu_step_s,
+    time_at,
+    with_speedup,
+)
 from .schema import LORA_ALPHA, LORA_DROPOUT, PlanInputs, TrainingOptions, validate
 from .units import counted, fmt_count, fmt_s, gib
 
@@ -65,8 +74,9 @@ class Plan:
         return trace_mode(self.options.precision, casts_weights=False)
 
 
-def resolve_attention(choice: Attention, device: Device, gpu_name: str, precision: Precision,
-                      dropout: float = 0.0) -> Attention:
+def resolve_attention(
+    choice: Attention, device: Device, gpu_name: str, precision: Precision, dropout: float = 0.0
+) -> Attention:
     """``auto`` -> the kernel PyTorch SDPA would pick on the target: FlashAttention-2 for half
     precision on Ampere or newer; the memory-efficient kernel otherwise on CUDA (also O(s) memory);
     on CPU the fused flash kernel (engineering notes: CPU SDPA keeps only outputs and log-sum-exp),
@@ -86,9 +96,11 @@ def resolve_attention(choice: Attention, device: Device, gpu_name: str, precisio
 # Pure bf16 keeps no fp32 master weights: bf16 has 8 significant bits, so a weight moves only by an update of at least
 # half its spacing, 2**-9 of its size; Zamirai et al. 2020 ("Revisiting BFloat16 Training", section 3) show the lost
 # updates and fix them with stochastic rounding or Kahan summation.
-PURE_BF16_NOTE = ("--precision pure-bf16: no fp32 master weights, so an update smaller than about 0.2% of a weight "
-                  "(half a bf16 step) rounds away; at a fine-tuning learning rate (1e-5 to 1e-4) most AdamW updates "
-                  "are lost (Zamirai et al. 2020): use bf16 mixed precision, or Kahan summation / stochastic rounding")
+PURE_BF16_NOTE = (
+    "--precision pure-bf16: no fp32 master weights, so an update smaller than about 0.2% of a weight "
+    "(half a bf16 step) rounds away; at a fine-tuning learning rate (1e-5 to 1e-4) most AdamW updates "
+    "are lost (Zamirai et al. 2020): use bf16 mixed precision, or Kahan summation / stochastic rounding"
+)
 
 
 def resolve_precision(opts: TrainingOptions, hw: Hardware) -> tuple[TrainingOptions, list[str]]:
@@ -102,11 +114,14 @@ def resolve_precision(opts: TrainingOptions, hw: Hardware) -> tuple[TrainingOpti
     if opts.precision is None:
         if hw.supports_bf16 is False:
             return replace(opts, precision=Precision.FP16), [
-                f"{hw.gpu_name} has no bf16 tensor cores: planning fp16 mixed precision (with loss scaling)"]
+                f"{hw.gpu_name} has no bf16 tensor cores: planning fp16 mixed precision (with loss scaling)"
+            ]
         return replace(opts, precision=Precision.BF16), []
     if opts.precision.uses_bf16 and hw.supports_bf16 is False:
-        raise AdvisorError(f"--precision {opts.precision}: {hw.gpu_name} has no bf16 tensor cores (bf16 needs "
-                           "compute capability 8.0, Ampere or newer): use --precision fp16 or fp32")
+        raise AdvisorError(
+            f"--precision {opts.precision}: {hw.gpu_name} has no bf16 tensor cores (bf16 needs "
+            "compute capability 8.0, Ampere or newer): use --precision fp16 or fp32"
+        )
     return opts, []
 
 
@@ -125,31 +140,47 @@ def resolve_adapter(opts: TrainingOptions, spec: ModelSpec) -> tuple[ModelSpec, 
     targets = lora_targets(opts.lora_targets) or (default_targets(spec.model_type) if spec.is_transformer else ())
     if not targets:
         what = f"{spec.family} models" if not spec.is_transformer else f"model type {spec.model_type}"
-        raise AdvisorError(f"--lora-rank on {spec.name}: peft has no default LoRA targets for {what}; give "
-                           "--lora-targets with module names (for example fc,conv1) or all-linear")
+        raise AdvisorError(
+            f"--lora-rank on {spec.name}: peft has no default LoRA targets for {what}; give "
+            "--lora-targets with module names (for example fc,conv1) or all-linear"
+        )
     if opts.quantize and not spec.is_transformer:
-        raise AdvisorError(f"--quantize needs a transformers model (bitsandbytes quantizes the base as "
-                           f"from_pretrained loads it); {spec.name} is a {spec.family} model: drop --quantize")
+        raise AdvisorError(
+            f"--quantize needs a transformers model (bitsandbytes quantizes the base as "
+            f"from_pretrained loads it); {spec.name} is a {spec.family} model: drop --quantize"
+        )
     compute = opts.bnb_compute_dtype or (opts.precision or Precision.BF16).compute_dtype  # unresolved: as bf16
-    adapter = AdapterSpec(rank=opts.lora_rank, alpha=LORA_ALPHA if opts.lora_alpha is None else opts.lora_alpha,
-                          dropout=LORA_DROPOUT if opts.lora_dropout is None else opts.lora_dropout, targets=targets,
-                          dtype=opts.lora_dtype, quantize=opts.quantize, double_quant=opts.double_quant,
-                          compute_dtype=compute)
+    adapter = AdapterSpec(
+        rank=opts.lora_rank,
+        alpha=LORA_ALPHA if opts.lora_alpha is None else opts.lora_alpha,
+        dropout=LORA_DROPOUT if opts.lora_dropout is None else opts.lora_dropout,
+        targets=targets,
+        dtype=opts.lora_dtype,
+        quantize=opts.quantize,
+        double_quant=opts.double_quant,
+        compute_dtype=compute,
+    )
     notes = []
     if opts.quantize:
         bits = "8" if opts.quantize == Quant.INT8 else "4"
-        notes.append(f"QLoRA: the frozen base's linear layers are held in {bits} bits ({opts.quantize}"
-                     f"{', double quantization' if opts.double_quant else ''}, computing in {compute}); "
-                     "prepare_model_for_kbit_training keeps every other parameter (embeddings, norms, LM head) in fp32")
+        notes.append(
+            f"QLoRA: the frozen base's linear layers are held in {bits} bits ({opts.quantize}"
+            f"{', double quantization' if opts.double_quant else ''}, computing in {compute}); "
+            "prepare_model_for_kbit_training keeps every other parameter (embeddings, norms, LM head) in fp32"
+        )
         if not opts.activation_checkpointing:
-            notes.append("QLoRA: planned with activation checkpointing on, as prepare_model_for_kbit_training turns "
-                         "it on by default (use_gradient_checkpointing=True); the generated script checkpoints the "
-                         "blocks itself (non-reentrant)")
+            notes.append(
+                "QLoRA: planned with activation checkpointing on, as prepare_model_for_kbit_training turns "
+                "it on by default (use_gradient_checkpointing=True); the generated script checkpoints the "
+                "blocks itself (non-reentrant)"
+            )
             opts = replace(opts, activation_checkpointing=True)
     elif opts.precision in (Precision.BF16, Precision.FP16, Precision.PURE_BF16):
         half = Dtype.FP16 if opts.precision == Precision.FP16 else Dtype.BF16
-        notes.append(f"LoRA: the frozen base is held in {half} (from_pretrained(..., dtype={half})); the adapters, "
-                     "their gradients and optimizer states are sized in the dtype each strategy keeps them in")
+        notes.append(
+            f"LoRA: the frozen base is held in {half} (from_pretrained(..., dtype={half})); the adapters, "
+            "their gradients and optimizer states are sized in the dtype each strategy keeps them in"
+        )
     return replace(spec, adapter=adapter), opts, notes
 
 
@@ -169,11 +200,15 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     spec = resolve_source(inputs.source)
     hw = hardware or resolve_hardware(inputs.cluster)
     if opts.tp_degree and opts.tp_degree > hw.gpus_per_node:
-        raise AdvisorError(f"--tp-degree {opts.tp_degree} exceeds the {hw.gpus_per_node} GPUs per node: "
-                           "tensor parallelism stays inside one node")
+        raise AdvisorError(
+            f"--tp-degree {opts.tp_degree} exceeds the {hw.gpus_per_node} GPUs per node: "
+            "tensor parallelism stays inside one node"
+        )
     if opts.tp_degree and hw.num_gpus % opts.tp_degree:
-        raise AdvisorError(f"--tp-degree {opts.tp_degree} does not divide {hw.num_gpus} GPUs "
-                           f"({hw.gpus_per_node} per node x {counted(hw.num_nodes, 'node')})")
+        raise AdvisorError(
+            f"--tp-degree {opts.tp_degree} does not divide {hw.num_gpus} GPUs "
+            f"({hw.gpus_per_node} per node x {counted(hw.num_nodes, 'node')})"
+        )
     opts, precision_notes = resolve_precision(opts, hw)
     precision = opts.precision
     assert precision is not None, "resolve_precision resolves it"
@@ -185,22 +220,26 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     opts = replace(opts, micro_batch_size=micro_batch)
     per_step = micro_batch * hw.num_gpus
     if opts.global_batch_size and opts.global_batch_size % per_step:
-        raise AdvisorError(f"--global-batch-size {opts.global_batch_size} is not a multiple of micro-batch "
-                           f"{opts.micro_batch_size} x {hw.num_gpus} GPUs = {per_step}: use a multiple of {per_step} "
-                           "or another --micro-batch-size")
+        raise AdvisorError(
+            f"--global-batch-size {opts.global_batch_size} is not a multiple of micro-batch "
+            f"{opts.micro_batch_size} x {hw.num_gpus} GPUs = {per_step}: use a multiple of {per_step} "
+            "or another --micro-batch-size"
+        )
     dropout = attention_dropout(spec, cache) if device == Device.CPU else 0.0
     attention = resolve_attention(opts.attention, device, hw.gpu_name, precision, dropout)
     # oneDNN's convolution scratch exists only in CPU runs (cuDNN has none of it): GPU plans ignore the field.
     scratch_threads = hw.cpu_conv_scratch_threads if device == Device.CPU else 0
-    profile = build_profile(spec, attention, opts.activation_checkpointing, cache=cache,
-                            cpu_conv_scratch_threads=scratch_threads)
+    profile = build_profile(
+        spec, attention, opts.activation_checkpointing, cache=cache, cpu_conv_scratch_threads=scratch_threads
+    )
     ctx = StrategyContext(profile, hw, opts, device)
     strategies = all_strategies()
     rows = [evaluate_row(s, ctx, inputs.compare) for s in strategies]
     if not any(r.applicable for r in rows):
         reasons = list(dict.fromkeys(r.reason for r in rows if r.reason is not None))  # each row has its reason
-        raise AdvisorError("no strategy applies to these choices (" + "; ".join(reasons[:3]) + "): change "
-                           "--framework or --precision")
+        raise AdvisorError(
+            "no strategy applies to these choices (" + "; ".join(reasons[:3]) + "): change --framework or --precision"
+        )
     mb_note, asked_micro_batch = None, opts.micro_batch_size  # the user's, else the family's default
     if inputs.training.micro_batch_size is None and device == Device.CUDA:
         # Unless the user set it, the micro-batch with the best throughput among those that fit (issue 13).
@@ -222,23 +261,32 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     adapter = spec.adapter
     unquantized = profile.stats.num_frozen - profile.stats.quantized_numel
     if adapter is not None and adapter.quantize and unquantized > 0.25 * profile.stats.num_frozen:
-        warnings.append(f"--quantize {adapter.quantize}: bitsandbytes quantizes nn.Linear layers only; "
-                        f"{fmt_count(unquantized)} of the {fmt_count(profile.stats.num_frozen)} frozen parameters "
-                        "(embeddings, norms, the LM head, a mixture of experts' fused expert weights) stay in fp32, "
-                        "so the quantized base saves less here")
+        warnings.append(
+            f"--quantize {adapter.quantize}: bitsandbytes quantizes nn.Linear layers only; "
+            f"{fmt_count(unquantized)} of the {fmt_count(profile.stats.num_frozen)} frozen parameters "
+            "(embeddings, norms, the LM head, a mixture of experts' fused expert weights) stay in fp32, "
+            "so the quantized base saves less here"
+        )
     if opts.precision == Precision.PURE_BF16:
         warnings.append(PURE_BF16_NOTE)
     if opts.optimizer.is_paged:
-        warnings.append(f"--optimizer {opts.optimizer}: bitsandbytes keeps its states (of 100,000 elements or more) in "
-                        "CUDA unified memory (cudaMallocManaged, bitsandbytes.functional.get_paged), whose pages move "
-                        "to host RAM under memory pressure; sized here as resident on the GPU, and "
-                        "torch.cuda.max_memory_allocated does not count them")
-    rec = recommend(ctx, rows, _checkpointed(ctx, rows, strategies, cache, scratch_threads, mode),
-                    _alternatives(ctx, rows, strategies, cache, scratch_threads, asked_micro_batch))
+        warnings.append(
+            f"--optimizer {opts.optimizer}: bitsandbytes keeps its states (of 100,000 elements or more) in "
+            "CUDA unified memory (cudaMallocManaged, bitsandbytes.functional.get_paged), whose pages move "
+            "to host RAM under memory pressure; sized here as resident on the GPU, and "
+            "torch.cuda.max_memory_allocated does not count them"
+        )
+    rec = recommend(
+        ctx,
+        rows,
+        _checkpointed(ctx, rows, strategies, cache, scratch_threads, mode),
+        _alternatives(ctx, rows, strategies, cache, scratch_threads, asked_micro_batch),
+    )
     rec.micro_batch_size, rec.micro_batch_note = opts.micro_batch_size, mb_note
     if inputs.training.activation_checkpointing and device == Device.CUDA and rec.strategy is not None:
-        hint = _checkpointing_not_needed(ctx, next(r for r in rows if r.name == rec.strategy), rows, cache,
-                                         scratch_threads)
+        hint = _checkpointing_not_needed(
+            ctx, next(r for r in rows if r.name == rec.strategy), rows, cache, scratch_threads
+        )
         if hint:
             warnings.append(hint)
     if mb_note and rec.strategy is not None:
@@ -248,8 +296,18 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
         for traced, tp in {t for s in strategies for t in s.what_if_traces(ctx)}:
             profile.activations(TraceMode(traced), tp)  # (Strategy.what_if_traces names the mode as its value)
             profile.tp_stats(tp)
-    result = Plan(inputs=inputs, spec=spec, profile=profile, hardware=hw, options=opts, attention=attention,
-                  device=device, rows=rows, recommendation=rec, warnings=warnings)
+    result = Plan(
+        inputs=inputs,
+        spec=spec,
+        profile=profile,
+        hardware=hw,
+        options=opts,
+        attention=attention,
+        device=device,
+        rows=rows,
+        recommendation=rec,
+        warnings=warnings,
+    )
     enforce(result)
     return result
 
@@ -263,8 +321,7 @@ def _add_speedups(ctx: StrategyContext, rows: list[StrategyRow], strategies: Seq
         if r.time is None or not r.global_batch_size:
             continue
         if r.global_batch_size not in baselines:
-            baselines[r.global_batch_size] = single_gpu_step_s(one_gpu_step_times(strategies, ctx,
-                                                                                  r.global_batch_size))
+            baselines[r.global_batch_size] = single_gpu_step_s(one_gpu_step_times(strategies, ctx, r.global_batch_size))
         r.time = with_speedup(r.time, baselines[r.global_batch_size], gpus_used(r, ctx.hardware.num_gpus))
 
 
@@ -291,17 +348,31 @@ def training_budget(opts: TrainingOptions, ctx: StrategyContext, r: StrategyRow)
 
 def _budget_warnings(opts: TrainingOptions, ctx: StrategyContext) -> list[str]:
     if opts.train_tokens is not None and tokens_per_sample(ctx) is None:
-        return [f"--train-tokens needs a language model: {ctx.profile.spec.name} has no tokens per sample; give "
-                "--train-samples or --epochs with --dataset-size"]
-    if opts.gpu_hour_price is not None and opts.train_tokens is None and opts.train_samples is None \
-            and opts.epochs is None:
-        return ["--gpu-hour-price needs a training budget (--train-tokens, --train-samples or --epochs with "
-                "--dataset-size) to price"]
+        return [
+            f"--train-tokens needs a language model: {ctx.profile.spec.name} has no tokens per sample; give "
+            "--train-samples or --epochs with --dataset-size"
+        ]
+    if (
+        opts.gpu_hour_price is not None
+        and opts.train_tokens is None
+        and opts.train_samples is None
+        and opts.epochs is None
+    ):
+        return [
+            "--gpu-hour-price needs a training budget (--train-tokens, --train-samples or --epochs with "
+            "--dataset-size) to price"
+        ]
     return []
 
 
-def _checkpointed(ctx: StrategyContext, rows: list[StrategyRow], strategies: Sequence[Strategy],
-                  cache: DiskCache | NullCache, scratch_threads: int, mode: TraceMode) -> Checkpointed | None:
+def _checkpointed(
+    ctx: StrategyContext,
+    rows: list[StrategyRow],
+    strategies: Sequence[Strategy],
+    cache: DiskCache | NullCache,
+    scratch_threads: int,
+    mode: TraceMode,
+) -> Checkpointed | None:
     """The rows with activation checkpointing on, when it is off, the model has blocks to checkpoint,
     and the answer needs it (nothing fits, or only with CPU offload): the recommender names that fix,
     with its figures, before offload or a larger cluster. One more trace, only in those cases."""
@@ -311,8 +382,9 @@ def _checkpointed(ctx: StrategyContext, rows: list[StrategyRow], strategies: Seq
         return None
     if fitting and not all(r.strategy.offload for r in fitting):
         return None
-    profile = build_profile(ctx.profile.spec, ctx.profile.attention, True, cache=cache,
-                            cpu_conv_scratch_threads=scratch_threads)
+    profile = build_profile(
+        ctx.profile.spec, ctx.profile.attention, True, cache=cache, cpu_conv_scratch_threads=scratch_threads
+    )
     if profile.activations(mode).checkpointed_blocks == 0:
         return None
     ac_ctx = StrategyContext(profile, ctx.hardware, replace(opts, activation_checkpointing=True), ctx.device)
@@ -323,8 +395,9 @@ def _checkpointed(ctx: StrategyContext, rows: list[StrategyRow], strategies: Seq
 AC_HINT_SPEEDUP = 1.1
 
 
-def _checkpointing_not_needed(ctx: StrategyContext, best: StrategyRow, rows: list[StrategyRow],
-                              cache: DiskCache | NullCache, scratch_threads: int) -> str | None:
+def _checkpointing_not_needed(
+    ctx: StrategyContext, best: StrategyRow, rows: list[StrategyRow], cache: DiskCache | NullCache, scratch_threads: int
+) -> str | None:
     """The hint that activation checkpointing, which the user turned on, is not needed: some strategy fits
     without it at the recommended row's global batch (at the plan's micro-batch, else the largest that fits without
     it and divides the global batch, reaching it by accumulation) and is at least ``AC_HINT_SPEEDUP`` faster per
@@ -332,8 +405,9 @@ def _checkpointing_not_needed(ctx: StrategyContext, best: StrategyRow, rows: lis
     trace (usually cached: the common case). None when nothing fits without it faster, or there is nothing to time."""
     if best.time is None or not best.time.step_s or not best.global_batch_size:
         return None
-    profile = build_profile(ctx.profile.spec, ctx.profile.attention, False, cache=cache,
-                            cpu_conv_scratch_threads=scratch_threads)
+    profile = build_profile(
+        ctx.profile.spec, ctx.profile.attention, False, cache=cache, cpu_conv_scratch_threads=scratch_threads
+    )
     opts = replace(ctx.options, activation_checkpointing=False, global_batch_size=best.global_batch_size)
     plain = StrategyContext(profile, ctx.hardware, opts, ctx.device)
     found = []  # (step time, title, micro-batch, the row at it, memory)
@@ -344,8 +418,7 @@ def _checkpointing_not_needed(ctx: StrategyContext, best: StrategyRow, rows: lis
         if not row.applicable or not row.dp_size or best.global_batch_size % row.dp_size:
             continue
         per_rank = best.global_batch_size // row.dp_size
-        sizes = [b for b in range(min(row.max_micro_batch_size, ctx.micro_batch_size), 0, -1)
-                 if per_rank % b == 0]
+        sizes = [b for b in range(min(row.max_micro_batch_size, ctx.micro_batch_size), 0, -1) if per_rank % b == 0]
         if not sizes:
             continue
         b = sizes[0]
@@ -361,25 +434,34 @@ def _checkpointing_not_needed(ctx: StrategyContext, best: StrategyRow, rows: lis
     if best.time.step_s < AC_HINT_SPEEDUP * step_s:
         return None
     assert shadow.grad_accum_steps is not None, "a timed row has its accumulation steps"
-    batch = (f"micro-batch {b}" + (f" x {shadow.grad_accum_steps} accumulation steps" if shadow.grad_accum_steps > 1
-                                   else "") + f" (global batch {shadow.global_batch_size})")
-    return (f"activation checkpointing is on but not needed: {title} fits without it at {batch}, "
-            f"{gib(memory.device_total):.2f} GiB of {gib(ctx.hardware.gpu_memory_bytes):.2f} GiB per GPU, and "
-            f"takes {fmt_s(step_s)} per optimizer step instead of {best.title}'s {fmt_s(best.time.step_s)} with it "
-            f"({100 * (best.time.step_s / step_s - 1):.0f}% faster: no recompute of the forward); drop "
-            "--activation-checkpointing")
+    batch = (
+        f"micro-batch {b}"
+        + (f" x {shadow.grad_accum_steps} accumulation steps" if shadow.grad_accum_steps > 1 else "")
+        + f" (global batch {shadow.global_batch_size})"
+    )
+    return (
+        f"activation checkpointing is on but not needed: {title} fits without it at {batch}, "
+        f"{gib(memory.device_total):.2f} GiB of {gib(ctx.hardware.gpu_memory_bytes):.2f} GiB per GPU, and "
+        f"takes {fmt_s(step_s)} per optimizer step instead of {best.title}'s {fmt_s(best.time.step_s)} with it "
+        f"({100 * (best.time.step_s / step_s - 1):.0f}% faster: no recompute of the forward); drop "
+        "--activation-checkpointing"
+    )
 
 
 # What the nothing-fits answer offers a full fine-tuning of a transformer (issue 16): LoRA at rank 16 on peft's default
 # targets for the architecture (the QLoRA paper's and peft's examples use ranks 8-64), on a 16-bit base and on an
 # nf4 base with double quantization (the QLoRA paper's recipe).
-_LORA_OFFERS = (("LoRA", AdapterSpec(rank=16)),
-                ("QLoRA", AdapterSpec(rank=16, quantize=Quant.NF4, double_quant=True)))
+_LORA_OFFERS = (("LoRA", AdapterSpec(rank=16)), ("QLoRA", AdapterSpec(rank=16, quantize=Quant.NF4, double_quant=True)))
 
 
-def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: Sequence[Strategy],
-                  cache: DiskCache | NullCache, scratch_threads: int,
-                  asked_micro_batch: int | None = None) -> tuple[Alternative, ...]:
+def _alternatives(
+    ctx: StrategyContext,
+    rows: list[StrategyRow],
+    strategies: Sequence[Strategy],
+    cache: DiskCache | NullCache,
+    scratch_threads: int,
+    asked_micro_batch: int | None = None,
+) -> tuple[Alternative, ...]:
     """What the recommender compares the plan with (``advisor.candidates.Alternative``): a LoRA plan beside full
     fine-tuning of the same model on the same cluster at the same micro-batch (one more trace); a full fine-tuning
     of a transformer that fits nowhere without offload beside LoRA and QLoRA (``_LORA_OFFERS``; skipped where peft
@@ -388,18 +470,26 @@ def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: Seq
     otherwise."""
     spec, opts = ctx.profile.spec, ctx.options
 
-    def evaluate(adapter: AdapterSpec | None, checkpointing: bool,
-                 micro_batch: int | None = None) -> tuple[StrategyContext, list[StrategyRow]]:
-        profile = build_profile(replace(spec, adapter=adapter), ctx.profile.attention, checkpointing, cache=cache,
-                                cpu_conv_scratch_threads=scratch_threads)
-        alt_opts = replace(opts, activation_checkpointing=checkpointing,
-                           micro_batch_size=micro_batch or opts.micro_batch_size)
+    def evaluate(
+        adapter: AdapterSpec | None, checkpointing: bool, micro_batch: int | None = None
+    ) -> tuple[StrategyContext, list[StrategyRow]]:
+        profile = build_profile(
+            replace(spec, adapter=adapter),
+            ctx.profile.attention,
+            checkpointing,
+            cache=cache,
+            cpu_conv_scratch_threads=scratch_threads,
+        )
+        alt_opts = replace(
+            opts, activation_checkpointing=checkpointing, micro_batch_size=micro_batch or opts.micro_batch_size
+        )
         alt = StrategyContext(profile, ctx.hardware, alt_opts, ctx.device)
         return alt, [evaluate_row(s, alt, False) for s in strategies]
 
     if spec.adapter is not None:
-        label = "full fine-tuning" + (" (with activation checkpointing, as here)" if opts.activation_checkpointing
-                                      else "")
+        label = "full fine-tuning" + (
+            " (with activation checkpointing, as here)" if opts.activation_checkpointing else ""
+        )
         return (Alternative(label, *evaluate(None, opts.activation_checkpointing)),)
     if not spec.is_transformer or any(r.applicable and r.fits is True and not r.strategy.offload for r in rows):
         return ()
@@ -410,25 +500,34 @@ def _alternatives(ctx: StrategyContext, rows: list[StrategyRow], strategies: Seq
         if not targets:  # peft has no default targets for this architecture: nothing to offer without names
             return ()
         try:  # QLoRA turns on activation checkpointing (prepare_model_for_kbit_training)
-            out.append(Alternative(label, *evaluate(replace(offer, targets=targets, compute_dtype=compute),
-                                                    opts.activation_checkpointing or bool(offer.quantize),
-                                                    asked_micro_batch)))
+            out.append(
+                Alternative(
+                    label,
+                    *evaluate(
+                        replace(offer, targets=targets, compute_dtype=compute),
+                        opts.activation_checkpointing or bool(offer.quantize),
+                        asked_micro_batch,
+                    ),
+                )
+            )
         except AdvisorError:  # peft cannot wrap the modules it names by default here
             return ()
     return tuple(out)
 
 
-def _ignored_flags(opts: TrainingOptions, profile: ModelProfile, rows: list[StrategyRow],
-                   mode: TraceMode) -> list[str]:
+def _ignored_flags(opts: TrainingOptions, profile: ModelProfile, rows: list[StrategyRow], mode: TraceMode) -> list[str]:
     """Flags the user set that cannot change this model's answer: said, not silently dropped."""
     out = []
     act = profile.activations(mode)
     if opts.attention != Attention.AUTO and not act.uses_sdpa:
-        out.append(f"--attention {opts.attention} changes nothing: {profile.spec.name} calls no "
-                   "scaled-dot-product attention")
+        out.append(
+            f"--attention {opts.attention} changes nothing: {profile.spec.name} calls no scaled-dot-product attention"
+        )
     elif opts.attention != Attention.AUTO and act.attention.startswith("eager"):
-        out.append(f"--attention {opts.attention} changes nothing: {profile.spec.name} runs its own (eager) "
-                   "attention, which keeps the s x s scores")
+        out.append(
+            f"--attention {opts.attention} changes nothing: {profile.spec.name} runs its own (eager) "
+            "attention, which keeps the s x s scores"
+        )
     tp = [r for r in rows if r.strategy.uses_tp_degree]
     if opts.tp_degree and tp and not any(r.applicable for r in tp):
         out.append(f"--tp-degree {opts.tp_degree} is not used: {tp[0].reason}")
@@ -437,6 +536,8 @@ def _ignored_flags(opts: TrainingOptions, profile: ModelProfile, rows: list[Stra
         if not sync:
             out.append(f"--fsdp-grad-sync {opts.fsdp_grad_sync} is not used: no FSDP2 row applies")
         elif all((r.grad_accum_steps or 1) == 1 for r in sync):
-            out.append(f"--fsdp-grad-sync {opts.fsdp_grad_sync} changes nothing without gradient accumulation "
-                       "(give --global-batch-size)")
+            out.append(
+                f"--fsdp-grad-sync {opts.fsdp_grad_sync} changes nothing without gradient accumulation "
+                "(give --global-batch-size)"
+            )
     return out

@@ -23,6 +23,7 @@ def lock_path() -> Path:
     """Machine-wide lock file (ADVISOR_VERIFY_LOCK overrides it, e.g. for isolated test runs)."""
     return Path(os.environ.get("ADVISOR_VERIFY_LOCK") or Path(tempfile.gettempdir()) / "advisor-verify.lock")
 
+
 class VerifyBusy(AdvisorError):
     """Another verification is running on this machine: not bad input, so not exit 2. Exit 75 is sysexits.h's
     EX_TEMPFAIL ("a temporary failure ... the user is invited to retry")."""
@@ -51,8 +52,9 @@ class MachineLock:
                 if left <= 0:
                     holder = _holder(self._fh)
                     self._fh.close()
-                    raise VerifyBusy(f"another verification is running on this machine ({holder}): wait for it "
-                                     "to finish and retry")
+                    raise VerifyBusy(
+                        f"another verification is running on this machine ({holder}): wait for it to finish and retry"
+                    )
                 time.sleep(min(2.0, max(0.1, left)))
         self._fh.seek(0)
         self._fh.truncate()
@@ -111,5 +113,3 @@ def root_cause(text: str) -> str:
             return m.group(1).strip()[:300]
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return " | ".join(lines[-3:])[-300:]
-
-

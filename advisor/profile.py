@@ -129,8 +129,11 @@ def param_stats(spec: ModelSpec, tp_degree: int = 1) -> ParamStats:
         num_active_params=active,
         num_experts=max((n for _, n, _ in experts), default=0),
         experts_per_token=max((k for _, _, k in experts), default=0),
-        num_gathered_modules=sum(1 for m in model.modules() if any(
-            p.numel() >= ZERO3_PERSISTENCE_THRESHOLD for p in m.parameters(recurse=False))),
+        num_gathered_modules=sum(
+            1
+            for m in model.modules()
+            if any(p.numel() >= ZERO3_PERSISTENCE_THRESHOLD for p in m.parameters(recurse=False))
+        ),
         fsdp_units=fsdp_units(model),
         trainable_shapes=tuple(tuple(int(d) for d in p.shape) for p in params if p.requires_grad),
         **_quantized(model, spec),
@@ -158,16 +161,22 @@ def _quantized(model: torch.nn.Module, spec: ModelSpec) -> _QuantizedFields:
 
     found = quantized_weights(model)
     quantized = {id(w) for w, _ in found}
-    plain = max((sum(p.numel() for p in m.parameters(recurse=False) if id(p) not in quantized)
-                 for m in model.modules()), default=0)
-    return {"quantized_numel": sum(w.numel() for w, _ in found),
-            "quantized_bytes": sum(quantized_weight_bytes(shape, a.quantize, a.double_quant) for _, shape in found),
-            "largest_quantized_numel": max((w.numel() for w, _ in found), default=0),
-            "quantized_shapes": tuple(tuple(shape) for _, shape in found),
-            "largest_unquantized_module_params": plain,
-            "unquantized_expert_numel": sum(p.numel() for p in {id(p): p for m, _, _ in routed_experts(model)
-                                                                for p in m.parameters()}.values()
-                                            if not p.requires_grad and id(p) not in quantized)}
+    plain = max(
+        (sum(p.numel() for p in m.parameters(recurse=False) if id(p) not in quantized) for m in model.modules()),
+        default=0,
+    )
+    return {
+        "quantized_numel": sum(w.numel() for w, _ in found),
+        "quantized_bytes": sum(quantized_weight_bytes(shape, a.quantize, a.double_quant) for _, shape in found),
+        "largest_quantized_numel": max((w.numel() for w, _ in found), default=0),
+        "quantized_shapes": tuple(tuple(shape) for _, shape in found),
+        "largest_unquantized_module_params": plain,
+        "unquantized_expert_numel": sum(
+            p.numel()
+            for p in {id(p): p for m, _, _ in routed_experts(model) for p in m.parameters()}.values()
+            if not p.requires_grad and id(p) not in quantized
+        ),
+    }
 
 
 def fsdp_units(model: torch.nn.Module) -> tuple[tuple[tuple[int, int, bool, bool], ...], ...]:
@@ -205,8 +214,13 @@ def routed_experts(model: torch.nn.Module) -> list[tuple[torch.nn.Module, int, i
         config = getattr(m, "config", None)
         n = getattr(m, "num_experts", None)
         k = getattr(config, "num_experts_per_tok", None)
-        if (hasattr(m, "has_gate") and hasattr(m, "_is_expert_parallel") and isinstance(n, int)
-                and isinstance(k, int) and 0 < k <= n):
+        if (
+            hasattr(m, "has_gate")
+            and hasattr(m, "_is_expert_parallel")
+            and isinstance(n, int)
+            and isinstance(k, int)
+            and 0 < k <= n
+        ):
             found.append((m, n, k))
     return found
 
@@ -288,9 +302,19 @@ class ModelProfile:
 
     def activations(self, mode: TraceMode, tp_degree: int = 1) -> ActivationProfile:
         """Traced activation profile for a precision trace mode ("fp32", "autocast", "half")."""
-        return self._activations.get((mode, tp_degree), lambda: _cached_activations(
-            _spec_key(self.spec), self.spec, mode, self.attention, self.checkpointing, tp_degree, self.cache,
-            self.cpu_conv_scratch_threads))
+        return self._activations.get(
+            (mode, tp_degree),
+            lambda: _cached_activations(
+                _spec_key(self.spec),
+                self.spec,
+                mode,
+                self.attention,
+                self.checkpointing,
+                tp_degree,
+                self.cache,
+                self.cpu_conv_scratch_threads,
+            ),
+        )
 
     def tp_stats(self, tp_degree: int) -> ParamStats:
         if tp_degree == 1:
@@ -312,9 +336,16 @@ _TRACE_CACHE: OnceCache[ActivationProfile] = OnceCache(maxsize=_TRACE_CACHE_SIZE
 _TRACED_AS: dict[Attention, Attention] = {Attention.MEM_EFFICIENT: Attention.FLASH}
 
 
-def _cached_activations(key: str, spec: ModelSpec, mode: TraceMode, attention: Attention, checkpointing: bool,
-                        tp_degree: int, cache: DiskCache | NullCache | None = None,
-                        cpu_conv_scratch_threads: int = 0) -> ActivationProfile:
+def _cached_activations(
+    key: str,
+    spec: ModelSpec,
+    mode: TraceMode,
+    attention: Attention,
+    checkpointing: bool,
+    tp_degree: int,
+    cache: DiskCache | NullCache | None = None,
+    cpu_conv_scratch_threads: int = 0,
+) -> ActivationProfile:
     """Traces are pure functions of their inputs and immutable: keep the last few (the page and
     repeated plans of one model re-use them) and, with a ``DiskCache``, keep them on disk. Threads asking
     for the same trace at once trace (or read) it once. A kernel in ``_TRACED_AS`` gets the profile of the
@@ -330,8 +361,14 @@ def _cached_activations(key: str, spec: ModelSpec, mode: TraceMode, attention: A
     full_key = (key, mode, attention, checkpointing, tp_degree, threads, _where(cache))
 
     def compute() -> ActivationProfile:
-        disk_key = {"model": model_key(spec), "mode": mode, "attention": attention, "checkpointing": checkpointing,
-                    "tp_degree": tp_degree, "cpu_conv_scratch_threads": threads}
+        disk_key = {
+            "model": model_key(spec),
+            "mode": mode,
+            "attention": attention,
+            "checkpointing": checkpointing,
+            "tp_degree": tp_degree,
+            "cpu_conv_scratch_threads": threads,
+        }
         stored = cache.get("activations", disk_key)
         if isinstance(stored, dict):  # (a list: an entry of another shape, as below)
             try:
@@ -353,8 +390,13 @@ def clear_trace_cache() -> None:
     _STATS_CACHE.clear()
 
 
-def build_profile(spec: ModelSpec, attention: Attention, checkpointing: bool, cache: DiskCache | NullCache | None = None,
-                  cpu_conv_scratch_threads: int = 0) -> ModelProfile:
+def build_profile(
+    spec: ModelSpec,
+    attention: Attention,
+    checkpointing: bool,
+    cache: DiskCache | NullCache | None = None,
+    cpu_conv_scratch_threads: int = 0,
+) -> ModelProfile:
     """The profile of ``spec`` for one attention kernel and checkpointing choice; ``cache`` (a
     ``DiskCache``; default none) keeps counts and traces between runs; ``cpu_conv_scratch_threads`` as
     ``ModelProfile`` (0 unless estimating a CPU run).
@@ -363,9 +405,14 @@ def build_profile(spec: ModelSpec, attention: Attention, checkpointing: bool, ca
         AdvisorError: the model cannot be built.
     """
     cache = cache or NullCache()
-    return ModelProfile(spec=spec, stats=cached_param_stats(spec, 1, cache), attention=attention,
-                        checkpointing=checkpointing, cpu_conv_scratch_threads=int(cpu_conv_scratch_threads),
-                        cache=cache)
+    return ModelProfile(
+        spec=spec,
+        stats=cached_param_stats(spec, 1, cache),
+        attention=attention,
+        checkpointing=checkpointing,
+        cpu_conv_scratch_threads=int(cpu_conv_scratch_threads),
+        cache=cache,
+    )
 
 
 _STATS_CACHE: OnceCache[ParamStats] = OnceCache(maxsize=_TRACE_CACHE_SIZE)

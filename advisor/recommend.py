@@ -14,8 +14,15 @@ from typing import TYPE_CHECKING
 
 from .candidates import Alternative, Checkpointed, eligible, fastest_fitting, pick, samples_per_s, sized
 from .context import StrategyContext
-from .explain import (HEADROOM_WARN, alternative_reason, baseline_reason, cluster_warnings, fit_reasons, fit_warnings,
-                      memory_parts_text)
+from .explain import (
+    HEADROOM_WARN,
+    alternative_reason,
+    baseline_reason,
+    cluster_warnings,
+    fit_reasons,
+    fit_warnings,
+    memory_parts_text,
+)
 from .rows import Recommendation, StrategyRow, fit_verdict, fits, max_micro_batch, time_at
 from .units import fmt_gib, fmt_rate
 
@@ -28,8 +35,12 @@ GPUS_PER_NODE_SEARCHED = 8  # the usual node (DGX/HGX); a larger --gpus is kept
 MB_TIE = 0.02
 
 
-def recommend(ctx: StrategyContext, rows: list[StrategyRow],
-              checkpointed: Checkpointed | None = None, alternatives: tuple[Alternative, ...] = ()) -> Recommendation:
+def recommend(
+    ctx: StrategyContext,
+    rows: list[StrategyRow],
+    checkpointed: Checkpointed | None = None,
+    alternatives: tuple[Alternative, ...] = (),
+) -> Recommendation:
     """The strategy to use among ``rows`` (each carries its ``Strategy``), with reasons and warnings.
 
     Order: the strategies' own ``comm_order`` (least communication first), ties by lower device total.
@@ -53,8 +64,9 @@ def recommend(ctx: StrategyContext, rows: list[StrategyRow],
     best = pick(fitting)
     reasons = fit_reasons(ctx, rows, best, fitting, baseline, alternatives)
     warnings += fit_warnings(ctx, rows, best, checkpointed)
-    return Recommendation(strategy=best.name, reasons=reasons, warnings=warnings,
-                          micro_batch_size=opts.micro_batch_size)
+    return Recommendation(
+        strategy=best.name, reasons=reasons, warnings=warnings, micro_batch_size=opts.micro_batch_size
+    )
 
 
 def choose_micro_batch(ctx: StrategyContext, rows: list[StrategyRow]) -> tuple[int, str] | None:
@@ -107,12 +119,15 @@ def choose_micro_batch(ctx: StrategyContext, rows: list[StrategyRow]) -> tuple[i
     top = max(found)
     fastest = max(pool, key=lambda b: pool[b][0])
     room = f" with {100 * (1 - HEADROOM_WARN):.0f}% of the GPU's memory left free" if pool is not found else ""
-    note = (f"micro-batch {chosen} per GPU gives the best throughput that fits{room} ({fmt_rate(pool[chosen][0])} "
-            f"samples/s, {pool[chosen][2]}" + (f"; {fastest} gains less than {100 * MB_TIE:.0f}%)" if fastest != chosen
-                                               else ")"))
+    note = (
+        f"micro-batch {chosen} per GPU gives the best throughput that fits{room} ({fmt_rate(pool[chosen][0])} "
+        f"samples/s, {pool[chosen][2]}"
+        + (f"; {fastest} gains less than {100 * MB_TIE:.0f}%)" if fastest != chosen else ")")
+    )
     if top != chosen:
-        note += (f"; the largest that fits any strategy, {top} ({found[top][2]}), gives {fmt_rate(found[top][0])} "
-                 "samples/s")
+        note += (
+            f"; the largest that fits any strategy, {top} ({found[top][2]}), gives {fmt_rate(found[top][0])} samples/s"
+        )
     return chosen, note
 
 
@@ -142,15 +157,18 @@ def _cluster_that_fits(ctx: StrategyContext, strategy: Strategy) -> tuple[int, i
     return None
 
 
-def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[str],
-                  checkpointed: Checkpointed | None) -> Recommendation:
+def _nothing_fits(
+    ctx: StrategyContext, rows: list[StrategyRow], warnings: list[str], checkpointed: Checkpointed | None
+) -> Recommendation:
     """No row fits: the cheaper fixes first, each with its figures (activation checkpointing, then CPU
     offload), then the smallest cluster on which the strategy that shards everything would fit."""
     hw, opts = ctx.hardware, ctx.options
     mb = ctx.micro_batch_size
-    reasons = ["no strategy fits: " + "; ".join(
-        f"{r.title} {fmt_gib(sized(r).device_total)}" for r in rows if r.applicable and r.memory)
-        + f" per GPU vs {fmt_gib(hw.gpu_memory_bytes)} available"]
+    reasons = [
+        "no strategy fits: "
+        + "; ".join(f"{r.title} {fmt_gib(sized(r).device_total)}" for r in rows if r.applicable and r.memory)
+        + f" per GPU vs {fmt_gib(hw.gpu_memory_bytes)} available"
+    ]
     short_host = [r for r in rows if r.applicable and r.fits is not True and r.short_of != "GPU memory"]
     for r in short_host:
         reasons.append(f"{r.title}: {r.fit_note}")
@@ -159,39 +177,55 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
     if mb > 1 and smaller:
         # Without offload first (offload's largest micro-batch counts GPU memory only), then the largest.
         r = max(smaller, key=lambda r: (not r.strategy.offload, r.max_micro_batch_size, -r.strategy.comm_order))
-        reasons.append(f"at micro-batch {opts.micro_batch_size} nothing fits; lower --micro-batch-size: {r.title} fits "
-                       f"up to micro-batch {r.max_micro_batch_size} (reach the global batch by gradient accumulation)")
+        reasons.append(
+            f"at micro-batch {opts.micro_batch_size} nothing fits; lower --micro-batch-size: {r.title} fits "
+            f"up to micro-batch {r.max_micro_batch_size} (reach the global batch by gradient accumulation)"
+        )
         return Recommendation(strategy=None, reasons=reasons, warnings=warnings)
     if checkpointed is not None:
         fix = fastest_fitting(eligible(checkpointed.rows, hw.num_gpus))
         if fix is not None:
-            reasons.append(f"turn on activation checkpointing (--activation-checkpointing): {fix.title} then fits, "
-                           f"{fmt_gib(sized(fix).device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU")
+            reasons.append(
+                f"turn on activation checkpointing (--activation-checkpointing): {fix.title} then fits, "
+                f"{fmt_gib(sized(fix).device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU"
+            )
             return Recommendation(strategy=None, reasons=reasons, warnings=warnings)
         maybe = [r for r in checkpointed.rows if r.applicable and r.fits is None]
         with_memory = [r for r in checkpointed.rows if r.applicable and r.memory]
         if maybe:
             r = min(maybe, key=lambda r: (r.strategy.comm_order, sized(r).device_total))
-            reasons.append(f"with activation checkpointing (--activation-checkpointing) {r.title} needs "
-                           f"{fmt_gib(sized(r).device_total)} per GPU and {fmt_gib(sized(r).host_bytes_per_node)} of "
-                           "host RAM per node: it fits if the nodes have that RAM (give --host-mem to check)")
+            reasons.append(
+                f"with activation checkpointing (--activation-checkpointing) {r.title} needs "
+                f"{fmt_gib(sized(r).device_total)} per GPU and {fmt_gib(sized(r).host_bytes_per_node)} of "
+                "host RAM per node: it fits if the nodes have that RAM (give --host-mem to check)"
+            )
         elif with_memory:
             low = min(with_memory, key=lambda r: sized(r).device_total)
-            reasons.append(f"activation checkpointing alone is not enough: the smallest, {low.title}, would still "
-                           f"need {fmt_gib(sized(low).device_total)} per GPU ({low.fit_note})")
+            reasons.append(
+                f"activation checkpointing alone is not enough: the smallest, {low.title}, would still "
+                f"need {fmt_gib(sized(low).device_total)} per GPU ({low.fit_note})"
+            )
         search_ctx, search_rows = checkpointed.ctx, eligible(checkpointed.rows, hw.num_gpus)
-    off = next((r for r in search_rows if r.applicable and r.memory and r.strategy.shards_everything
-                and r.strategy.offload), None)
+    off = next(
+        (r for r in search_rows if r.applicable and r.memory and r.strategy.shards_everything and r.strategy.offload),
+        None,
+    )
     host = sized(off).host_bytes_per_node if off else None
     if off is not None and all(o.name != off.name for o in short_host):
         where = hw.sources.get("host_mem_bytes", "")
-        have = ("host RAM unknown: give --host-mem" if hw.host_mem_bytes is None else
-                f"have {fmt_gib(hw.host_mem_bytes)}, {where}"
-                + ("; pass --host-mem for the target nodes' RAM" if where.startswith("detected") else ""))
-        reasons.append(f"{off.title} would need {fmt_gib(sized(off).host_bytes_per_node)} of host RAM per node "
-                       f"({have}) and {fmt_gib(sized(off).device_total)} per GPU")
-    need = next((r for r in search_rows if r.applicable and r.strategy.shards_everything and not r.strategy.offload),
-                None)
+        have = (
+            "host RAM unknown: give --host-mem"
+            if hw.host_mem_bytes is None
+            else f"have {fmt_gib(hw.host_mem_bytes)}, {where}"
+            + ("; pass --host-mem for the target nodes' RAM" if where.startswith("detected") else "")
+        )
+        reasons.append(
+            f"{off.title} would need {fmt_gib(sized(off).host_bytes_per_node)} of host RAM per node "
+            f"({have}) and {fmt_gib(sized(off).device_total)} per GPU"
+        )
+    need = next(
+        (r for r in search_rows if r.applicable and r.strategy.shards_everything and not r.strategy.offload), None
+    )
     min_gpus = min_nodes = None
     with_ac = " with activation checkpointing" if search_ctx is not ctx else ""
     if need is None:
@@ -199,9 +233,11 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
         if blocked is not None:
             adapter = ctx.profile.spec.adapter
             if adapter is not None and adapter.quantize:  # the quantized base is what keeps ZeRO-3 / FSDP2 out
-                reasons.append(f"more GPUs do not shard a {adapter.quantize} base here ({blocked.title} does not "
-                               f"apply: {blocked.reason}); drop --quantize to shard a 16-bit base with ZeRO-3 or FSDP2 "
-                               "across more GPUs, or use a GPU with more memory")
+                reasons.append(
+                    f"more GPUs do not shard a {adapter.quantize} base here ({blocked.title} does not "
+                    f"apply: {blocked.reason}); drop --quantize to shard a 16-bit base with ZeRO-3 or FSDP2 "
+                    "across more GPUs, or use a GPU with more memory"
+                )
             else:
                 reasons.append(f"more GPUs would not help here: {blocked.title} does not apply ({blocked.reason})")
     else:
@@ -212,23 +248,42 @@ def _nothing_fits(ctx: StrategyContext, rows: list[StrategyRow], warnings: list[
             where = "in one node" if min_nodes == 1 else f"{min_nodes} nodes of {per_node}"
             reasons.append(f"{need.title}{with_ac} would fit on {min_gpus} x {hw.gpu_name} ({where})")
             if min_nodes > 1:
-                reasons.append("across nodes the field's answer for models this large is data parallel x ZeRO x "
-                               "pipeline parallelism; pipeline parallelism is out of scope for this tool")
+                reasons.append(
+                    "across nodes the field's answer for models this large is data parallel x ZeRO x "
+                    "pipeline parallelism; pipeline parallelism is out of scope for this tool"
+                )
         else:
             lower = " or lower the micro-batch" if mb > 1 else ""
-            fixes = f"shorten the sequence{lower}" if search_ctx is not ctx or \
-                opts.activation_checkpointing else "turn on activation checkpointing or shorten the sequence"
+            fixes = (
+                f"shorten the sequence{lower}"
+                if search_ctx is not ctx or opts.activation_checkpointing
+                else "turn on activation checkpointing or shorten the sequence"
+            )
             # What more GPUs do not shrink: the row at the largest cluster searched, less its sharded model states.
-            big = replace(search_ctx, hardware=replace(hw, gpus_per_node=GPUS_PER_NODE_SEARCHED,
-                                                       num_nodes=MAX_GPUS_SEARCHED // GPUS_PER_NODE_SEARCHED))
+            big = replace(
+                search_ctx,
+                hardware=replace(
+                    hw, gpus_per_node=GPUS_PER_NODE_SEARCHED, num_nodes=MAX_GPUS_SEARCHED // GPUS_PER_NODE_SEARCHED
+                ),
+            )
             floor = need.strategy.memory(big, mb)
             if floor.peak.phase.startswith("loading"):  # the whole base on every rank before it is partitioned
-                fixes = ("transformers loads a quantized base whole on every GPU, without zero.Init, before "
-                         "DeepSpeed partitions it: drop --quantize (ZeRO-3 then partitions a 16-bit base as it builds) "
-                         "or use a GPU with more memory")
-            reasons.append(f"even {MAX_GPUS_SEARCHED} GPUs with {need.title}{with_ac} do not fit at micro-batch "
-                           f"{opts.micro_batch_size}: what more GPUs do not shrink ({memory_parts_text(floor)}; "
-                           f"{fmt_gib(floor.device_total)} per GPU in all, at the peak: {floor.peak.phase}) exceeds "
-                           f"one GPU's {fmt_gib(hw.gpu_memory_bytes)}; {fixes}")
-    return Recommendation(strategy=None, reasons=reasons, warnings=warnings, min_gpus=min_gpus,
-                          min_nodes=min_nodes, offload_host_bytes_per_node=host)
+                fixes = (
+                    "transformers loads a quantized base whole on every GPU, without zero.Init, before "
+                    "DeepSpeed partitions it: drop --quantize (ZeRO-3 then partitions a 16-bit base as it builds) "
+                    "or use a GPU with more memory"
+                )
+            reasons.append(
+                f"even {MAX_GPUS_SEARCHED} GPUs with {need.title}{with_ac} do not fit at micro-batch "
+                f"{opts.micro_batch_size}: what more GPUs do not shrink ({memory_parts_text(floor)}; "
+                f"{fmt_gib(floor.device_total)} per GPU in all, at the peak: {floor.peak.phase}) exceeds "
+                f"one GPU's {fmt_gib(hw.gpu_memory_bytes)}; {fixes}"
+            )
+    return Recommendation(
+        strategy=None,
+        reasons=reasons,
+        warnings=warnings,
+        min_gpus=min_gpus,
+        min_nodes=min_nodes,
+        offload_host_bytes_per_node=host,
+    )

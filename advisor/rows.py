@@ -79,7 +79,7 @@ def fit_verdict(memory: StrategyMemory, hw: Hardware, load_bytes: int = 0) -> tu
     return True, None
 
 
-def fit_note(row: "StrategyRow", hw: Hardware, ctx: StrategyContext | None = None) -> str | None:
+def fit_note(row: StrategyRow, hw: Hardware, ctx: StrategyContext | None = None) -> str | None:
     """The short resource of a row that does not surely fit, with the need and what there is (``ctx``: the plan's,
     which says whether the script loads ``--init-from``'s pretrained weights or builds a fresh model)."""
     mem = row.memory
@@ -88,19 +88,27 @@ def fit_note(row: "StrategyRow", hw: Hardware, ctx: StrategyContext | None = Non
     if row.short_of == "GPU memory":
         return f"needs {fmt_gib(mem.device_total)} per GPU, {fmt_gib(hw.gpu_memory_bytes)} usable"
     if row.short_of == "host RAM unknown":
-        return (f"keeps {fmt_gib(mem.host_bytes_per_node)} of model states in host RAM per node; the target's "
-                "host RAM is unknown")
+        return (
+            f"keeps {fmt_gib(mem.host_bytes_per_node)} of model states in host RAM per node; the target's "
+            "host RAM is unknown"
+        )
     assert hw.host_mem_bytes is not None, "short of host RAM: the RAM is known (fit_verdict)"
     have = fmt_gib(hw.host_mem_bytes)
     if mem.host_bytes_per_node >= row.load_host_bytes_per_node:
-        return (f"needs {fmt_gib(mem.host_bytes_per_node)} of host RAM per node for offloaded model states, the "
-                f"node has {have}")
+        return (
+            f"needs {fmt_gib(mem.host_bytes_per_node)} of host RAM per node for offloaded model states, the "
+            f"node has {have}"
+        )
     if ctx is not None and ctx.options.init_from:
-        return (f"needs {fmt_gib(row.load_host_bytes_per_node)} of host RAM per node while the script loads the "
-                f"pretrained weights (--init-from), the node has {have}: {row.strategy.load_fix(ctx)}")
+        return (
+            f"needs {fmt_gib(row.load_host_bytes_per_node)} of host RAM per node while the script loads the "
+            f"pretrained weights (--init-from), the node has {have}: {row.strategy.load_fix(ctx)}"
+        )
     ranks = f"{hw.gpus_per_node} ranks build" if hw.gpus_per_node > 1 else "the rank builds"
-    return (f"needs {fmt_gib(row.load_host_bytes_per_node)} of host RAM per node while {ranks} the model, the node "
-            f"has {have}: {row.strategy.load_fix(ctx)}")
+    return (
+        f"needs {fmt_gib(row.load_host_bytes_per_node)} of host RAM per node while {ranks} the model, the node "
+        f"has {have}: {row.strategy.load_fix(ctx)}"
+    )
 
 
 FRAMEWORK_NAMES = {"torch": "PyTorch alone", "deepspeed": "DeepSpeed"}
@@ -111,7 +119,7 @@ def framework_excludes(strategy: Strategy, ctx: StrategyContext) -> str | None:
     chosen = ctx.options.framework
     if chosen in (None, Framework.ANY) or strategy.framework == chosen:
         return None
-    return (f"needs {FRAMEWORK_NAMES.get(strategy.framework, strategy.framework)}; --framework {chosen} leaves it out")
+    return f"needs {FRAMEWORK_NAMES.get(strategy.framework, strategy.framework)}; --framework {chosen} leaves it out"
 
 
 def fits(memory: StrategyMemory, hw: Hardware) -> bool:
@@ -143,8 +151,7 @@ def max_micro_batch(strategy: Strategy, ctx: StrategyContext, hint: int | None =
     return lo
 
 
-def evaluate_row(strategy: Strategy, ctx: StrategyContext, compare: bool,
-                 max_hint: int | None = None) -> StrategyRow:
+def evaluate_row(strategy: Strategy, ctx: StrategyContext, compare: bool, max_hint: int | None = None) -> StrategyRow:
     """Size ``strategy`` for ``ctx``: applicability, memory at the micro-batch, fit, the largest
     micro-batch (``max_hint``: as ``max_micro_batch``'s), data-parallel and TP sizes, accumulation steps,
     traffic, the step time (``Strategy.step_time``), the scaled learning rate."""
@@ -181,8 +188,9 @@ def evaluate_row(strategy: Strategy, ctx: StrategyContext, compare: bool,
     return row
 
 
-def time_at(strategy: Strategy, ctx: StrategyContext, row: StrategyRow,
-            micro_batch: int) -> tuple[StepTime | None, StrategyRow]:
+def time_at(
+    strategy: Strategy, ctx: StrategyContext, row: StrategyRow, micro_batch: int
+) -> tuple[StepTime | None, StrategyRow]:
     """(step time, the row's batch figures) of ``strategy`` at another ``micro_batch`` at the global batch
     that micro-batch gives (``--global-batch-size``, else micro-batch x GPUs); memory is not re-evaluated."""
     opts = ctx.options
@@ -208,16 +216,30 @@ def one_gpu_step_times(strategies: Iterable[Strategy], ctx: StrategyContext, glo
     casts that a one-GPU run of DeepSpeed's 16-bit module skips too. Offload is left out: its host step would make
     any cluster look super-linear."""
     hw, mb = ctx.hardware, ctx.micro_batch_size
-    one = replace(ctx, hardware=replace(hw, gpus_per_node=1, num_nodes=1, network=None),
-                  options=replace(ctx.options, global_batch_size=None))
+    one = replace(
+        ctx,
+        hardware=replace(hw, gpus_per_node=1, num_nodes=1, network=None),
+        options=replace(ctx.options, global_batch_size=None),
+    )
     ga = max(1, -(-global_batch // mb))
     out: dict[str, float] = {}
     for s in strategies:
-        if s.offload or s.not_applicable(one) or fit_verdict(s.memory(one, mb), one.hardware,
-                                                             s.load_host_bytes_per_node(one))[0] is not True:
+        if (
+            s.offload
+            or s.not_applicable(one)
+            or fit_verdict(s.memory(one, mb), one.hardware, s.load_host_bytes_per_node(one))[0] is not True
+        ):
             continue
-        row = StrategyRow(name=s.name, title=s.title, applicable=True, strategy=s, dp_size=1, tp_degree=1,
-                          grad_accum_steps=ga, global_batch_size=ga * mb)
+        row = StrategyRow(
+            name=s.name,
+            title=s.title,
+            applicable=True,
+            strategy=s,
+            dp_size=1,
+            tp_degree=1,
+            grad_accum_steps=ga,
+            global_batch_size=ga * mb,
+        )
         t = s.step_time(one, row)
         if t is not None:
             out[s.name] = t.step_s

@@ -68,8 +68,10 @@ def teardown_note(log_text: str, rc: int | None, timed_out: bool, timeout_s: flo
     deepspeed launcher names the failed rank's --local_rank and return code, torchrun's failure
     summary its rank and exit code."""
     if timed_out:
-        return (f"all ranks reported, then the run did not exit within {timeout_s:.0f} s (stuck in teardown) and "
-                "was stopped: figures are valid")
+        return (
+            f"all ranks reported, then the run did not exit within {timeout_s:.0f} s (stuck in teardown) and "
+            "was stopped: figures are valid"
+        )
     m = _DS_EXIT.search(log_text) or _TORCHRUN_EXIT.search(log_text)
     if m:
         code = int(m.group(2))
@@ -91,11 +93,15 @@ def failure_message(log_path: Path, rc: int | None, timed_out: bool, timeout_s: 
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
     tail = root_cause(text)
     if timed_out:
-        return (f"the run did not finish within {timeout_s:.0f} s and was stopped (all ranks killed); "
-                f"raise --timeout or lower --steps. Log: {log_path}")
+        return (
+            f"the run did not finish within {timeout_s:.0f} s and was stopped (all ranks killed); "
+            f"raise --timeout or lower --steps. Log: {log_path}"
+        )
     killed = rc in (-9, 137, 247) or "return code = -9" in text or "Signal 9 (SIGKILL)" in text
     if any(p in text for p in _OOM_PATTERNS) or killed:
-        return (f"the run ran out of memory or a rank was killed (SIGKILL: the kernel's OOM killer, exit code "
-                f"{rc}); lower --micro-batch-size or pick a sharded "
-                f"strategy. Log: {log_path}. Cause: {tail}")
+        return (
+            f"the run ran out of memory or a rank was killed (SIGKILL: the kernel's OOM killer, exit code "
+            f"{rc}); lower --micro-batch-size or pick a sharded "
+            f"strategy. Log: {log_path}. Cause: {tail}"
+        )
     return f"the training script failed with exit code {rc}: {tail}. Log: {log_path}"

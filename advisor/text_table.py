@@ -57,8 +57,13 @@ def fits_word(fits: bool | None, short_of: str | None = None) -> str:
 
 def short_phase(phase: str) -> str:
     """A strategy's phase label (``Breakdown.phase``) in the table's few characters."""
-    for prefix, short in (("forward", "fwd"), ("backward", "bwd"), ("end of backward", "bwd-end"),
-                          ("optimizer step (flatten)", "step-flat"), ("optimizer step", "step")):
+    for prefix, short in (
+        ("forward", "fwd"),
+        ("backward", "bwd"),
+        ("end of backward", "bwd-end"),
+        ("optimizer step (flatten)", "step-flat"),
+        ("optimizer step", "step"),
+    ):
         if phase.startswith(prefix):
             return short
     return phase[:9]

@@ -10,8 +10,8 @@ entry shadows something the CLI accepts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -25,24 +25,35 @@ class Unsupported:
 
 
 UNSUPPORTED: tuple[Unsupported, ...] = (
-    Unsupported(("--lora", "--qlora"),
-                "LoRA is --lora-rank R (with --lora-targets, --lora-alpha, --lora-dropout); QLoRA adds --quantize nf4 "
-                "(and --double-quant)"),
-    Unsupported(("--load-in-4bit", "--load-in-8bit"),
-                "a quantized frozen base is --quantize nf4 (or fp4, int8) with --lora-rank R (QLoRA)"),
-    Unsupported(("--optimizer",),
-                "the 8-bit optimizers are spelled adamw-8bit and paged-adamw-8bit (bitsandbytes)",
-                values=("adam-8bit", "adamw8bit", "adam8bit", "paged-adamw8bit", "pagedadamw8bit")),
-    Unsupported(("--strategy",),
-                "FSDP (the first version, FullyShardedDataParallel) is not a strategy here: use fsdp2 "
-                "(fully_shard, its successor; fsdp2_noreshard is SHARD_GRAD_OP) or hsdp across nodes",
-                values=("fsdp", "fsdp1")),
-    Unsupported(("--pp-degree", "--pipeline-parallel", "--pipeline-parallel-degree", "--pp"),
-                "pipeline parallelism is out of scope: use tp (tensor parallel inside a node) or zero3 (sharding "
-                "across nodes)"),
-    Unsupported(("--inference",),
-                "inference memory is not sized: advisor plans training only (weights, gradients, optimizer "
-                "states and activations of a training step)"),
+    Unsupported(
+        ("--lora", "--qlora"),
+        "LoRA is --lora-rank R (with --lora-targets, --lora-alpha, --lora-dropout); QLoRA adds --quantize nf4 "
+        "(and --double-quant)",
+    ),
+    Unsupported(
+        ("--load-in-4bit", "--load-in-8bit"),
+        "a quantized frozen base is --quantize nf4 (or fp4, int8) with --lora-rank R (QLoRA)",
+    ),
+    Unsupported(
+        ("--optimizer",),
+        "the 8-bit optimizers are spelled adamw-8bit and paged-adamw-8bit (bitsandbytes)",
+        values=("adam-8bit", "adamw8bit", "adam8bit", "paged-adamw8bit", "pagedadamw8bit"),
+    ),
+    Unsupported(
+        ("--strategy",),
+        "FSDP (the first version, FullyShardedDataParallel) is not a strategy here: use fsdp2 "
+        "(fully_shard, its successor; fsdp2_noreshard is SHARD_GRAD_OP) or hsdp across nodes",
+        values=("fsdp", "fsdp1"),
+    ),
+    Unsupported(
+        ("--pp-degree", "--pipeline-parallel", "--pipeline-parallel-degree", "--pp"),
+        "pipeline parallelism is out of scope: use tp (tensor parallel inside a node) or zero3 (sharding across nodes)",
+    ),
+    Unsupported(
+        ("--inference",),
+        "inference memory is not sized: advisor plans training only (weights, gradients, optimizer "
+        "states and activations of a training step)",
+    ),
 )
 
 

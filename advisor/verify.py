@@ -42,9 +42,24 @@ from .timing.calibrate import OtherCpu
 if TYPE_CHECKING:
     from .timing.step import StepTime
 
-__all__ = ["MAX_CPU_RANKS", "TIMING_STEPS", "TOLERANCE", "WARMUP_STEPS", "MachineLock", "VerifyBusy", "VerifyResult",
-           "add_step_time", "calibrated", "conclude", "free_port", "lock_path", "median_step_s", "predicted_step_s",
-           "step_time_line", "verify"]
+__all__ = [
+    "MAX_CPU_RANKS",
+    "TIMING_STEPS",
+    "TOLERANCE",
+    "WARMUP_STEPS",
+    "MachineLock",
+    "VerifyBusy",
+    "VerifyResult",
+    "add_step_time",
+    "calibrated",
+    "conclude",
+    "free_port",
+    "lock_path",
+    "median_step_s",
+    "predicted_step_s",
+    "step_time_line",
+    "verify",
+]
 
 MAX_CPU_RANKS = 4
 CPU_RANK_THREADS = 1  # intra-op threads of each CPU rank (OMP_NUM_THREADS), as the calibration measures them
@@ -90,13 +105,26 @@ class VerifyResult:
     estimate: Mapping[str, object] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
-        return {"strategy": self.strategy, "device": self.device, "world_size": self.world_size,
-                "steps": self.steps, "per_rank": self.per_rank, "relative_error": self.relative_error,
-                "tolerance": TOLERANCE, "within_tolerance": self.within_tolerance, "log_dir": self.log_dir,
-                "ok": self.ok, "message": self.message, "losses": self.losses, "notes": self.notes,
-                "estimated_peak_bytes": self.estimated_peak_bytes, "predicted_step_s": self.predicted_step_s,
-                "measured_step_s": self.measured_step_s, "step_time_error": self.step_time_error,
-                "cpu_contention": self.cpu_contention}
+        return {
+            "strategy": self.strategy,
+            "device": self.device,
+            "world_size": self.world_size,
+            "steps": self.steps,
+            "per_rank": self.per_rank,
+            "relative_error": self.relative_error,
+            "tolerance": TOLERANCE,
+            "within_tolerance": self.within_tolerance,
+            "log_dir": self.log_dir,
+            "ok": self.ok,
+            "message": self.message,
+            "losses": self.losses,
+            "notes": self.notes,
+            "estimated_peak_bytes": self.estimated_peak_bytes,
+            "predicted_step_s": self.predicted_step_s,
+            "measured_step_s": self.measured_step_s,
+            "step_time_error": self.step_time_error,
+            "cpu_contention": self.cpu_contention,
+        }
 
 
 def available_memory_bytes() -> int:
@@ -135,10 +163,19 @@ def run_hardware(requested: int, device: Device, notes: list[str]) -> Hardware:
         if world < requested:
             notes.append(f"{requested} GPUs requested, {have} present: verifying at world size {world}")
         props = torch.cuda.get_device_properties(0)
-        return Hardware(gpu_name=props.name, gpu_memory_bytes=int(props.total_memory), gpus_per_node=world,
-                        num_nodes=1, interconnect="nvlink", network=None, bf16_tflops=0.0, link_gbps=0.0,
-                        host_mem_bytes=host_memory_bytes(), sources={"gpu_name": "detected"},
-                        host_mem_state=HOST_DETECTED)
+        return Hardware(
+            gpu_name=props.name,
+            gpu_memory_bytes=int(props.total_memory),
+            gpus_per_node=world,
+            num_nodes=1,
+            interconnect="nvlink",
+            network=None,
+            bf16_tflops=0.0,
+            link_gbps=0.0,
+            host_mem_bytes=host_memory_bytes(),
+            sources={"gpu_name": "detected"},
+            host_mem_state=HOST_DETECTED,
+        )
     world = min(requested, MAX_CPU_RANKS)
     if world < requested:
         notes.append(f"{requested} ranks requested; CPU runs are capped at {MAX_CPU_RANKS}: verifying at {world}")
@@ -156,20 +193,40 @@ def run_hardware(requested: int, device: Device, notes: list[str]) -> Hardware:
     from .trace import onednn_gemm_bwd_weights_machine
 
     scratch_threads = 1 if onednn_gemm_bwd_weights_machine() else 0
-    return Hardware(gpu_name="CPU", gpu_memory_bytes=host // max(1, world), gpus_per_node=world, num_nodes=1,
-                    interconnect="nvlink", network=None, bf16_tflops=0.0, link_gbps=0.0, host_mem_bytes=host,
-                    sources={"gpu_name": "this machine's CPU (gloo)"}, host_mem_state=HOST_DETECTED,
-                    cpu_conv_scratch_threads=scratch_threads)
+    return Hardware(
+        gpu_name="CPU",
+        gpu_memory_bytes=host // max(1, world),
+        gpus_per_node=world,
+        num_nodes=1,
+        interconnect="nvlink",
+        network=None,
+        bf16_tflops=0.0,
+        link_gbps=0.0,
+        host_mem_bytes=host,
+        sources={"gpu_name": "this machine's CPU (gloo)"},
+        host_mem_state=HOST_DETECTED,
+        cpu_conv_scratch_threads=scratch_threads,
+    )
 
 
-def _launch(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float, total_steps: int,
-            progress: Callable[[str], None]) -> tuple[int | None, bool]:
+def _launch(
+    cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float, total_steps: int, progress: Callable[[str], None]
+) -> tuple[int | None, bool]:
     """Run ``cmd`` in its own process group, log to cwd/run.log, report progress; returns
     (exit code or None, timed_out)."""
     log_path = cwd / "run.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
 
         def pump() -> None:
             assert proc.stdout is not None, "stdout=PIPE"
@@ -196,9 +253,18 @@ def _launch(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float, to
     return (None if timed_out else proc.returncode), timed_out
 
 
-def verify(inputs: PlanInputs, strategy: str | None = None, *, steps: int = 6, timeout_s: float = 600.0,
-           out_dir: str | None = None, force: bool = False, precision_explicit: bool = False,
-           progress: Callable[[str], None] | None = None, timing_steps: int = TIMING_STEPS) -> VerifyResult:
+def verify(
+    inputs: PlanInputs,
+    strategy: str | None = None,
+    *,
+    steps: int = 6,
+    timeout_s: float = 600.0,
+    out_dir: str | None = None,
+    force: bool = False,
+    precision_explicit: bool = False,
+    progress: Callable[[str], None] | None = None,
+    timing_steps: int = TIMING_STEPS,
+) -> VerifyResult:
     """Emit, launch and measure ``strategy`` (default: the recommended one) for ``inputs``.
 
     ``steps`` optimizer steps are measured for memory, then ``timing_steps`` more run with the memory meter off
@@ -225,27 +291,42 @@ def verify(inputs: PlanInputs, strategy: str | None = None, *, steps: int = 6, t
     assert run_memory is not None, "verify_plan checked that the row applies"
     need = run_memory.peak.total * hw.num_gpus
     if device == Device.CPU and need > 0.8 * available_memory_bytes():
-        raise AdvisorError(f"verifying {name} on {hw.num_gpus} CPU ranks needs about {need / 2**30:.1f} GiB of RAM "
-                           f"(estimated peak per rank x ranks), more than this machine can spare "
-                           f"({available_memory_bytes() / 2**30:.1f} GiB available): verify a smaller model, "
-                           "sequence or micro-batch here and the full one on the GPU machine")
+        raise AdvisorError(
+            f"verifying {name} on {hw.num_gpus} CPU ranks needs about {need / 2**30:.1f} GiB of RAM "
+            f"(estimated peak per rank x ranks), more than this machine can spare "
+            f"({available_memory_bytes() / 2**30:.1f} GiB available): verify a smaller model, "
+            "sequence or micro-batch here and the full one on the GPU machine"
+        )
     blocker = unit.verify_blocker(device)
     if blocker:
         raise AdvisorError(blocker)
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run_plan.spec.name)
     run_dir = Path(out_dir) if out_dir else Path("advisor-runs") / f"{safe}-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     world = hw.num_gpus
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(CPU_RANK_THREADS),
-               PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")])))
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS=str(CPU_RANK_THREADS),
+        PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")])),
+    )
     if device == Device.CPU:
         env.update(unit.launcher.cpu_env)
     with MachineLock():  # before writing anything: a busy machine leaves no empty run directory
         port = free_port()
         job = job_from_plan(run_plan, name, steps=steps, master_port=port)
         write_files(render_job(job), run_dir, force=force)
-        result = VerifyResult(strategy=name, device=device, world_size=world, steps=steps, log_dir=str(run_dir),
-                              notes=notes, estimated_peak_bytes=run_memory.peak.total,
-                              predicted_step_s=predicted_step_s(hw, run_row.time), estimate=job.estimate)
+        result = VerifyResult(
+            strategy=name,
+            device=device,
+            world_size=world,
+            steps=steps,
+            log_dir=str(run_dir),
+            notes=notes,
+            estimated_peak_bytes=run_memory.peak.total,
+            predicted_step_s=predicted_step_s(hw, run_row.time),
+            estimate=job.estimate,
+        )
         say(f"launching {name} on {world} {device} rank(s) in {run_dir}")
         first_use = unit.launcher.first_use_note(device, env)
         if first_use:
@@ -256,9 +337,12 @@ def verify(inputs: PlanInputs, strategy: str | None = None, *, steps: int = 6, t
             # meter); the run's last checkpoint is still written after training.
             # The probe measures memory over the first ``steps`` steps, then the ``timing_steps`` after them run
             # unmetered for the step time.
-            cmd = unit.launcher.verify_argv(world, port, ["--steps", str(steps + timing_steps), "--out", "out",
-                                                          "--eval-every", "0", "--save-every", "0"],
-                                            probe=["--measured-steps", str(steps)])
+            cmd = unit.launcher.verify_argv(
+                world,
+                port,
+                ["--steps", str(steps + timing_steps), "--out", "out", "--eval-every", "0", "--save-every", "0"],
+                probe=["--measured-steps", str(steps)],
+            )
             others = OtherCpu()
             rc, timed_out = _launch(cmd, run_dir, env, timeout_s, steps + timing_steps, say)
             result.cpu_contention = others.share() if device == Device.CPU else None
@@ -294,9 +378,15 @@ def _compare(result: VerifyResult, report: RunReport) -> VerifyResult:
     for r in report["per_rank"]:
         measured = int(r["peak_allocated_bytes"])
         err = (est - measured) / measured if measured else None
-        result.per_rank.append({"rank": r["rank"], "measured_peak_bytes": measured,
-                                "measured_reserved_bytes": r.get("peak_reserved_bytes"),
-                                "estimated_peak_bytes": est, "relative_error": err})
+        result.per_rank.append(
+            {
+                "rank": r["rank"],
+                "measured_peak_bytes": measured,
+                "measured_reserved_bytes": r.get("peak_reserved_bytes"),
+                "estimated_peak_bytes": est,
+                "relative_error": err,
+            }
+        )
         if err is not None and (worst is None or abs(err) > abs(worst)):
             worst = err
     result.losses = report["per_rank"][0]["losses"]
@@ -304,14 +394,20 @@ def _compare(result: VerifyResult, report: RunReport) -> VerifyResult:
     result.ok = len(result.per_rank) == result.world_size
     result.within_tolerance = worst is not None and abs(worst) <= TOLERANCE
     add_step_time(result, report)
-    result.message = ("completed" if result.ok else
-                      f"report has {len(result.per_rank)} ranks, expected {result.world_size}")
+    result.message = (
+        "completed" if result.ok else f"report has {len(result.per_rank)} ranks, expected {result.world_size}"
+    )
     return result
 
 
-def verify_plan(inputs: PlanInputs, strategy: str | None, device: Device, precision_explicit: bool = False,
-                use_cache: bool = True, say: Callable[[str], None] = lambda _m: None
-                ) -> tuple[str, Plan, Hardware, list[str]]:
+def verify_plan(
+    inputs: PlanInputs,
+    strategy: str | None,
+    device: Device,
+    precision_explicit: bool = False,
+    use_cache: bool = True,
+    say: Callable[[str], None] = lambda _m: None,
+) -> tuple[str, Plan, Hardware, list[str]]:
     """The plan a verification on ``device`` runs: the target plan's row ``strategy`` (default: the recommended
     one) re-planned for this machine (``run_hardware``, the strategy's ``verify_cluster``, fp32 on CPU unless the
     precision was explicit, and on CPU this machine's calibration, ``calibrated``). Returns (the strategy's name,
@@ -323,21 +419,30 @@ def verify_plan(inputs: PlanInputs, strategy: str | None, device: Device, precis
     target = plan(inputs)
     name = strategy or target.recommendation.strategy
     if name is None:
-        raise AdvisorError("nothing fits the target hardware, so there is no recommended strategy to verify: "
-                           "pass --strategy NAME to verify one anyway")
+        raise AdvisorError(
+            "nothing fits the target hardware, so there is no recommended strategy to verify: "
+            "pass --strategy NAME to verify one anyway"
+        )
     notes: list[str] = []
     opts = target.options
     if device == Device.CPU and opts.precision != Precision.FP32 and not precision_explicit:
-        notes.append(f"CPU run: {opts.precision} is emulated and slow on CPUs without native bf16, so this "
-                     "verification runs fp32 (pass --precision explicitly to force it)")
+        notes.append(
+            f"CPU run: {opts.precision} is emulated and slow on CPUs without native bf16, so this "
+            "verification runs fp32 (pass --precision explicitly to force it)"
+        )
         opts = replace(opts, precision=Precision.FP32)
-    if device == Device.CPU and inputs.training.micro_batch_size is None and opts.micro_batch_size != (
-            family_default := family_of(target.spec).default_micro_batch):
+    if (
+        device == Device.CPU
+        and inputs.training.micro_batch_size is None
+        and opts.micro_batch_size != (family_default := family_of(target.spec).default_micro_batch)
+    ):
         # The target GPU's throughput choice (hundreds of samples for a small model) would take minutes per step and
         # gigabytes on CPU ranks: the family's default instead.
-        notes.append(f"CPU run: micro-batch {family_default} (the default for the model) instead of the "
-                     f"{opts.micro_batch_size} chosen for throughput on {target.hardware.gpu_name}; pass "
-                     "--micro-batch-size to set it")
+        notes.append(
+            f"CPU run: micro-batch {family_default} (the default for the model) instead of the "
+            f"{opts.micro_batch_size} chosen for throughput on {target.hardware.gpu_name}; pass "
+            "--micro-batch-size to set it"
+        )
         opts = replace(opts, micro_batch_size=family_default)
     if name not in strategy_names():
         raise AdvisorError(f"--strategy must be one of {', '.join(strategy_names())}, got {name!r}")
@@ -350,8 +455,7 @@ def verify_plan(inputs: PlanInputs, strategy: str | None, device: Device, precis
     return name, run_plan, hw, notes
 
 
-def calibrated(hw: Hardware, device: Device, use_cache: bool, say: Callable[[str], None],
-               notes: list[str]) -> Hardware:
+def calibrated(hw: Hardware, device: Device, use_cache: bool, say: Callable[[str], None], notes: list[str]) -> Hardware:
     """``hw`` with this machine's CPU calibration (``advisor.timing.calibrate``) for a CPU run, so the plan's
     step times predict this machine's ranks (``CPU_RANK_THREADS`` threads each); a GPU run is timed by its
     preset and comes back unchanged. A failed calibration leaves the run untimed, with a note."""
@@ -362,16 +466,20 @@ def calibrated(hw: Hardware, device: Device, use_cache: bool, say: Callable[[str
 
     cache = open_cache(use_cache)
     if cached_calibration(hw.gpus_per_node, CPU_RANK_THREADS, cache) is None:
-        say(f"calibrating this machine's CPU for the step-time prediction ({hw.gpus_per_node} rank(s), about 10 s; "
-            "cached)")
+        say(
+            f"calibrating this machine's CPU for the step-time prediction ({hw.gpus_per_node} rank(s), about 10 s; "
+            "cached)"
+        )
     try:
         cal = cpu_calibration(hw.gpus_per_node, CPU_RANK_THREADS, cache=cache)
     except RuntimeError as err:
         notes.append(f"no predicted step time: {err}")
         return hw
     if cal.contended:
-        notes.append("other processes kept the CPUs busy during the CPU calibration: the predicted step time is "
-                     "rough (it is measured again in 10 minutes)")
+        notes.append(
+            "other processes kept the CPUs busy during the CPU calibration: the predicted step time is "
+            "rough (it is measured again in 10 minutes)"
+        )
     return replace(hw, calibration=cal)
 
 
@@ -386,7 +494,7 @@ def predicted_step_s(hw: Hardware, t: StepTime | None) -> float | None:
 def median_step_s(step_times: list[float], profiled_steps: int = 0, warmup: int = WARMUP_STEPS) -> float | None:
     """Seconds per optimizer step of one rank: the median of its steps after the first ``warmup`` and after the
     ``profiled_steps`` that ran under the CPU memory profiler (which slows steps down); None when none is left."""
-    rest = [float(t) for t in step_times[max(warmup, profiled_steps):]]
+    rest = [float(t) for t in step_times[max(warmup, profiled_steps) :]]
     return statistics.median(rest) if rest else None
 
 
@@ -407,15 +515,19 @@ def add_step_time(result: VerifyResult, report: RunReport) -> None:
 
 
 def step_time_line(result: VerifyResult) -> str | None:
-    """"step time: measured X ms, predicted Y ms (error Z%)", or what is missing; None without a measurement."""
+    """ "step time: measured X ms, predicted Y ms (error Z%)", or what is missing; None without a measurement."""
     if result.measured_step_s is None:
         return None
     measured = f"step time: measured {1e3 * result.measured_step_s:.1f} ms"
     busy = ""
     if result.cpu_contention is not None and result.cpu_contention > BUSY_SHARE:
-        busy = (f"; other processes took {100 * result.cpu_contention:.0f}% of the CPUs during the run: the measured "
-                "time is inflated")
+        busy = (
+            f"; other processes took {100 * result.cpu_contention:.0f}% of the CPUs during the run: the measured "
+            "time is inflated"
+        )
     if result.predicted_step_s is None or result.step_time_error is None:
         return measured + ", no prediction (no time model for this device)" + busy
-    return (f"{measured}, predicted {1e3 * result.predicted_step_s:.1f} ms (error {100 * result.step_time_error:+.1f}%;"
-            f" median after {WARMUP_STEPS} warm-up steps, memory profiler off; data loading not modelled{busy})")
+    return (
+        f"{measured}, predicted {1e3 * result.predicted_step_s:.1f} ms (error {100 * result.step_time_error:+.1f}%;"
+        f" median after {WARMUP_STEPS} warm-up steps, memory profiler off; data loading not modelled{busy})"
+    )

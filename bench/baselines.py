@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-
 from advisor.context import StrategyContext
 from advisor.hardware import Hardware
 from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM
@@ -51,8 +50,17 @@ def deepspeed_bytes(profile, strategy_name: str, world: int) -> int | None:
     (``Strategy.deepspeed_estimate``); ``None`` where DeepSpeed has no estimator for it."""
     from strategies import get_strategy
 
-    hw = Hardware(gpu_name="CPU", gpu_memory_bytes=0, gpus_per_node=world, num_nodes=1, interconnect="nvlink",
-                  network=None, bf16_tflops=0.0, link_gbps=0.0, host_mem_bytes=0)
+    hw = Hardware(
+        gpu_name="CPU",
+        gpu_memory_bytes=0,
+        gpus_per_node=world,
+        num_nodes=1,
+        interconnect="nvlink",
+        network=None,
+        bf16_tflops=0.0,
+        link_gbps=0.0,
+        host_mem_bytes=0,
+    )
     ctx = StrategyContext(profile, hw, TrainingOptions(), "cpu")
     estimate = get_strategy(strategy_name).deepspeed_estimate(ctx)
     return None if estimate is None else estimate["gpu_bytes"]

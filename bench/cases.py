@@ -46,8 +46,10 @@ class Case:
             where = "all" if self.lora_targets == "all-linear" else (self.lora_targets or "default").replace(",", "+")
             quant = f"-{self.quantize}{'dq' if self.double_quant else ''}" if self.quantize else ""
             lora = f"-lora{self.lora_rank}-{where}{quant}"
-        return (f"{self.model}-{shape}-b{self.micro_batch}-{self.precision}-{self.optimizer}{ac}{lora}"
-                f"-{self.strategy}-w{self.world}")
+        return (
+            f"{self.model}-{shape}-b{self.micro_batch}-{self.precision}-{self.optimizer}{ac}{lora}"
+            f"-{self.strategy}-w{self.world}"
+        )
 
     def as_dict(self) -> dict:
         return asdict(self) | {"case_id": self.case_id}
@@ -57,13 +59,30 @@ class Case:
         ``world`` NVLink-connected GPUs, no hardware detection."""
         source = {"config_path": str(LLAMA_SMALL)} if self.model == "llama-small" else {"model": self.model}
         shape = {"seq_len": self.seq_len} if self.seq_len else {"image_size": self.image_size}
-        lora = {k: v for k, v in (("lora_rank", self.lora_rank), ("lora_targets", self.lora_targets),
-                                  ("quantize", self.quantize)) if v is not None}
+        lora = {
+            k: v
+            for k, v in (
+                ("lora_rank", self.lora_rank),
+                ("lora_targets", self.lora_targets),
+                ("quantize", self.quantize),
+            )
+            if v is not None
+        }
         if self.double_quant:
             lora["double_quant"] = True
-        return {**source, **shape, "precision": self.precision, "optimizer": self.optimizer,
-                "micro_batch_size": self.micro_batch, "activation_checkpointing": self.checkpointing,
-                "gpus": self.world, "nodes": 1, "interconnect": "nvlink", "detect_hardware": False, **lora}
+        return {
+            **source,
+            **shape,
+            "precision": self.precision,
+            "optimizer": self.optimizer,
+            "micro_batch_size": self.micro_batch,
+            "activation_checkpointing": self.checkpointing,
+            "gpus": self.world,
+            "nodes": 1,
+            "interconnect": "nvlink",
+            "detect_hardware": False,
+            **lora,
+        }
 
 
 def _vision(model: str, size: int, strategy: str, world: int, mb: int, **kw) -> Case:
@@ -155,13 +174,33 @@ SUITE: tuple[Case, ...] = (
     _lm("gpt2", 256, "ddp", 2, 2, lora_rank=8, lora_targets="c_attn"),
     _lm("gpt2", 256, "single", 1, 2, lora_rank=64, lora_targets="all-linear", checkpointing=True),
     # QLoRA: nf4 with and without double quantization (prepare_model_for_kbit_training checkpoints the blocks)
-    _lm("llama-small", 256, "single", 1, 4, checkpointing=True, lora_rank=8, lora_targets="q_proj,v_proj",
-        quantize="nf4"),
-    _lm("llama-small", 256, "ddp", 2, 4, checkpointing=True, lora_rank=64, lora_targets="all-linear", quantize="nf4",
-        double_quant=True),
+    _lm(
+        "llama-small",
+        256,
+        "single",
+        1,
+        4,
+        checkpointing=True,
+        lora_rank=8,
+        lora_targets="q_proj,v_proj",
+        quantize="nf4",
+    ),
+    _lm(
+        "llama-small",
+        256,
+        "ddp",
+        2,
+        4,
+        checkpointing=True,
+        lora_rank=64,
+        lora_targets="all-linear",
+        quantize="nf4",
+        double_quant=True,
+    ),
     # QLoRA x ZeRO-3: the packed 4-bit storage partitioned (bnb_4bit_quant_storage = the module's dtype)
-    _lm("llama-small", 256, "zero3", 2, 4, checkpointing=True, lora_rank=8, lora_targets="q_proj,v_proj",
-        quantize="nf4"),
+    _lm(
+        "llama-small", 256, "zero3", 2, 4, checkpointing=True, lora_rank=8, lora_targets="q_proj,v_proj", quantize="nf4"
+    ),
     # 8-bit and paged optimizers (bitsandbytes' CPU kernels)
     _lm("llama-small", 256, "single", 1, 4, optimizer="adamw-8bit"),
     _lm("llama-small", 256, "ddp", 2, 4, optimizer="paged-adamw", lora_rank=16, lora_targets="all-linear"),

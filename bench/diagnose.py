@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .cases import SMOKE, SUITE
 
-_WRAPPER = r'''
+_WRAPPER = r"""
 import functools, importlib, importlib.util, json, os, sys, tempfile
 import torch
 
@@ -51,7 +51,11 @@ ANNOTATE = [
     ("deepspeed.runtime.zero.stage3", "DeepSpeedZeroOptimizer_Stage3", "step"),
     ("deepspeed.runtime.zero.stage3", "DeepSpeedZeroOptimizer_Stage3", "_optimizer_step"),
     ("deepspeed.runtime.zero.stage3", "DeepSpeedZeroOptimizer_Stage3", "independent_gradient_partition_epilogue"),
-    ("deepspeed.runtime.zero.stage3", "DeepSpeedZeroOptimizer_Stage3", "reduce_independent_p_g_buckets_and_remove_grads"),
+    (
+        "deepspeed.runtime.zero.stage3",
+        "DeepSpeedZeroOptimizer_Stage3",
+        "reduce_independent_p_g_buckets_and_remove_grads",
+    ),
     ("deepspeed.runtime.zero.stage3", "DeepSpeedZeroOptimizer_Stage3", "partition_grads"),
     ("deepspeed.runtime.zero.stage3", "DeepSpeedZeroOptimizer_Stage3", "_pre_step"),
     ("deepspeed.runtime.zero.stage3", "DeepSpeedZeroOptimizer_Stage3", "_post_step"),
@@ -148,15 +152,17 @@ class RecordingMeter:
 _annotate()
 _advisor_probe.CPU_METER = RecordingMeter
 _advisor_probe.main(["train.py", *sys.argv[1:]])
-'''
+"""
 
 
 def _case(case_id: str):
     for c in SUITE + SMOKE:
         if c.case_id == case_id:
             return c
-    raise SystemExit(f"unknown case {case_id!r}; ids: python -c 'from bench.cases import SUITE; "
-                     "print(*[c.case_id for c in SUITE], sep=chr(10))'")
+    raise SystemExit(
+        f"unknown case {case_id!r}; ids: python -c 'from bench.cases import SUITE; "
+        "print(*[c.case_id for c in SUITE], sep=chr(10))'"
+    )
 
 
 def render_case(case, run_dir: Path):
@@ -191,23 +197,37 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="advisor-diag-") as tmp:
         run_dir = Path(tmp)
         peak, port = render_case(case, run_dir)
-        argv = get_strategy(case.strategy).launcher.verify_argv(case.world, port, ["--steps", str(case.steps),
-                                                                                   "--out", "out"])
+        argv = get_strategy(case.strategy).launcher.verify_argv(
+            case.world, port, ["--steps", str(case.steps), "--out", "out"]
+        )
         cmd = [("diag_wrap.py" if a == "train.py" else a) for a in argv]
-        env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=os.getcwd(),
-                   DIAG_CATEGORIES="1" if categories else "0", DIAG_PROBE_DIR=str(PROBE.parent))
-        proc = subprocess.run(cmd + ([] if "--save" in args else ["--no-save"]), cwd=run_dir, env=env, capture_output=True, text=True)
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS="1",
+            DS_ACCELERATOR="cpu",
+            HF_HUB_OFFLINE="1",
+            PYTHONPATH=os.getcwd(),
+            DIAG_CATEGORIES="1" if categories else "0",
+            DIAG_PROBE_DIR=str(PROBE.parent),
+        )
+        proc = subprocess.run(
+            cmd + ([] if "--save" in args else ["--no-save"]), cwd=run_dir, env=env, capture_output=True, text=True
+        )
         if proc.returncode:
             print(proc.stdout[-3000:], proc.stderr[-3000:])
             return 1
-        print(f"{case.case_id}\nestimate ({peak.phase}), MiB: " + json.dumps({k: round(v / M, 1) for k, v in
-                                                                              peak.as_dict().items()}))
+        print(
+            f"{case.case_id}\nestimate ({peak.phase}), MiB: "
+            + json.dumps({k: round(v / M, 1) for k, v in peak.as_dict().items()})
+        )
         for f in sorted(run_dir.glob("diag-rank*.json")):
             d = json.loads(f.read_text())
             print(f"rank {d['rank']}: peak {d['peak_bytes'] / M:.1f} MiB in {d['at_peak']}")
             if "by_category_at_peak" in d:
-                print("  by category (MiB): " + json.dumps({k: round(v / M, 1) for k, v in
-                                                           sorted(d['by_category_at_peak'].items())}))
+                print(
+                    "  by category (MiB): "
+                    + json.dumps({k: round(v / M, 1) for k, v in sorted(d["by_category_at_peak"].items())})
+                )
             print(f"  largest live allocations at the peak (tracked {d['live_bytes_tracked'] / M:.1f} MiB):")
             for n, age_ms, frames in d["largest_live_at_peak"]:
                 print(f"    {n / M:8.1f} MiB, allocated {age_ms:9.1f} ms before, in {frames}")

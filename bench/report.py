@@ -7,8 +7,12 @@ from pathlib import Path
 
 MiB = 2**20
 GiB = 2**30
-_COLUMNS = (("ours", "advisor (ours)"), ("deepspeed", "DeepSpeed estimator"),
-            ("accelerate", "accelerate estimate-memory"), ("rule", "16 B/param x 1.2"))
+_COLUMNS = (
+    ("ours", "advisor (ours)"),
+    ("deepspeed", "DeepSpeed estimator"),
+    ("accelerate", "accelerate estimate-memory"),
+    ("rule", "16 B/param x 1.2"),
+)
 
 
 def _mib(n: int | None) -> str:
@@ -39,11 +43,16 @@ def header(data: dict) -> list[str]:
         f"Date: {m['date']}. Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
         f"deepspeed {m['deepspeed']}.",
         "",
-        "Regenerate: `.venv/bin/python -m bench.run` (" + (
+        "Regenerate: `.venv/bin/python -m bench.run` ("
+        + (
             f"{len(data['cases'])} cases, {len({c for m in data['merges'] for c in m['cases']})} of them from later "
-            "runs merged in (listed below the table); the full run's figures: " if data.get("merges") else
-            f"this run: {len(data['cases'])} cases, ") + "wall time "
-        f"{data['suite_wall_s'] / 60:.1f} min, {data.get('suite_cpu_s', 0) / 60:.1f} CPU-min in the runs, 1-minute load "
+            "runs merged in (listed below the table); the full run's figures: "
+            if data.get("merges")
+            else f"this run: {len(data['cases'])} cases, "
+        )
+        + "wall time "
+        f"{data['suite_wall_s'] / 60:.1f} min, {data.get('suite_cpu_s', 0) / 60:.1f} CPU-min in the runs, "
+        "1-minute load "
         f"average {' -> '.join(str(x) for x in data.get('load_avg_1min', []))} at start -> end; "
         "`--smoke` runs 3 small cases).",
         "",
@@ -68,30 +77,37 @@ def _ms(x: float | None) -> str:
 
 
 def case_table(data: dict) -> list[str]:
-    lines = ["| # | case | strategy | ranks | measured MiB | ours MiB | ours err | DeepSpeed err | "
-             "accelerate err | 16B/p x1.2 err | step ms measured | step ms predicted | step time err | others' CPU | "
-             "run s | CPU s |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| # | case | strategy | ranks | measured MiB | ours MiB | ours err | DeepSpeed err | "
+        "accelerate err | 16B/p x1.2 err | step ms measured | step ms predicted | step time err | others' CPU | "
+        "run s | CPU s |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for i, r in enumerate(data["cases"], 1):
         if not r.get("errors"):
-            lines.append(f"| {i} | {_case_label(r)} | {r['strategy']} | {r['world']} | FAILED: "
-                         f"{(r.get('message') or '')[:160]} | | | | | | | | | | {r.get('wall_s', '')} | "
-                         f"{r.get('cpu_s', '')} |")
+            lines.append(
+                f"| {i} | {_case_label(r)} | {r['strategy']} | {r['world']} | FAILED: "
+                f"{(r.get('message') or '')[:160]} | | | | | | | | | | {r.get('wall_s', '')} | "
+                f"{r.get('cpu_s', '')} |"
+            )
             continue
         e = r["errors"]
-        lines.append(f"| {i} | {_case_label(r)} | {r['strategy']} | {r['world']} | "
-                     f"{_mib(r['measured_peak_bytes'])} | {_mib(r['estimates']['ours'])} | {_pct(e['ours'])} | "
-                     f"{_pct(e['deepspeed'])} | {_pct(e['accelerate'])} | {_pct(e['rule'])} | "
-                     f"{_ms(r.get('measured_step_s'))} | {_ms(r.get('predicted_step_s'))} | "
-                     f"{_pct(r.get('step_time_error'))} | {_share(r.get('cpu_contention'))} | {r['wall_s']} | "
-                     f"{r.get('cpu_s', '')} |")
+        lines.append(
+            f"| {i} | {_case_label(r)} | {r['strategy']} | {r['world']} | "
+            f"{_mib(r['measured_peak_bytes'])} | {_mib(r['estimates']['ours'])} | {_pct(e['ours'])} | "
+            f"{_pct(e['deepspeed'])} | {_pct(e['accelerate'])} | {_pct(e['rule'])} | "
+            f"{_ms(r.get('measured_step_s'))} | {_ms(r.get('predicted_step_s'))} | "
+            f"{_pct(r.get('step_time_error'))} | {_share(r.get('cpu_contention'))} | {r['wall_s']} | "
+            f"{r.get('cpu_s', '')} |"
+        )
     s = data["summary"]
     st = s.get("step_time") or {}
     for stat, label in (("median_abs", "median \\|err\\|"), ("worst_abs", "worst \\|err\\|")):
         cells = [("n/a" if s[k][stat] is None else f"{100 * s[k][stat]:.1f}%") for k, _ in _COLUMNS]
         step = "n/a" if st.get(stat) is None else f"{100 * st[stat]:.1f}%"
-        lines.append(f"| | **{label}** | | | | | **{cells[0]}** | {cells[1]} | {cells[2]} | {cells[3]} | | | "
-                     f"**{step}** | | | |")
+        lines.append(
+            f"| | **{label}** | | | | | **{cells[0]}** | {cells[1]} | {cells[2]} | {cells[3]} | | | **{step}** | | | |"
+        )
     return lines
 
 
@@ -101,10 +117,16 @@ def targets(data: dict) -> list[str]:
         return ["No case completed."]
     ok_m, ok_w = s["median_abs"] <= t["median_abs"], s["worst_abs"] <= t["worst_abs"]
     failed = sum(1 for r in data["cases"] if not r.get("errors"))
-    return [f"Targets for our estimate on this machine's CPU runs: median |error| <= {100 * t['median_abs']:.0f}% "
+    return (
+        [
+            f"Targets for our estimate on this machine's CPU runs: median |error| <= {100 * t['median_abs']:.0f}% "
             f"({'met' if ok_m else 'MISSED'}: {100 * s['median_abs']:.1f}%), worst <= {100 * t['worst_abs']:.0f}% "
             f"({'met' if ok_w else 'MISSED'}: {100 * s['worst_abs']:.1f}%), over {s['n']} cases"
-            + (f"; {failed} case(s) failed to run." if failed else ".")] + group_lines(data) + step_time_targets(data)
+            + (f"; {failed} case(s) failed to run." if failed else ".")
+        ]
+        + group_lines(data)
+        + step_time_targets(data)
+    )
 
 
 # Issue 15's targets on its own cases: FSDP2 and single, median |error| <= 3%, worst <= 10%.
@@ -119,13 +141,23 @@ def group_lines(data: dict) -> list[str]:
     lines = ["", "| strategies | cases | median \\|err\\| | worst \\|err\\| | target |", "|---|---:|---:|---:|---|"]
     for g, s in groups.items():
         t = GROUP_TARGETS.get(g)
-        verdict = "" if t is None else (f"median <= {100 * t[0]:.0f}%, worst <= {100 * t[1]:.0f}%: "
-                                        + ("met" if s["median_abs"] <= t[0] and s["worst_abs"] <= t[1] else "MISSED"))
+        verdict = (
+            ""
+            if t is None
+            else (
+                f"median <= {100 * t[0]:.0f}%, worst <= {100 * t[1]:.0f}%: "
+                + ("met" if s["median_abs"] <= t[0] and s["worst_abs"] <= t[1] else "MISSED")
+            )
+        )
         lines.append(f"| {g} | {s['n']} | {100 * s['median_abs']:.1f}% | {100 * s['worst_abs']:.1f}% | {verdict} |")
     merges = data.get("merges") or []
     if merges:
-        lines += ["", "Cases rerun after the full run (`--only ... --merge bench/results.json`): " + "; ".join(
-            f"{m['date']}: {len(m['cases'])} cases" for m in merges) + "."]
+        lines += [
+            "",
+            "Cases rerun after the full run (`--only ... --merge bench/results.json`): "
+            + "; ".join(f"{m['date']}: {len(m['cases'])} cases" for m in merges)
+            + ".",
+        ]
     return lines
 
 
@@ -135,14 +167,20 @@ def step_time_targets(data: dict) -> list[str]:
     if not s or not t or s.get("median_abs") is None:
         return []
     ok_m, ok_w = s["median_abs"] <= t["median_abs"], s["worst_abs"] <= t["worst_abs"]
-    return ["", ("Step time (measured: the slowest rank's median step after 2 warm-up steps, timed in steps run "
-                 "after the memory-measured ones with the profiler off; predicted: the step-time model with this "
-                 "machine's CPU calibration, advisor.timing.calibrate; data loading not modelled; *others' CPU*: "
-                 "the share of all cores other processes took during the run, which inflates the measured time): "
-                 f"median |error| <= {100 * t['median_abs']:.0f}% ({'met' if ok_m else 'MISSED'}: "
-                 f"{100 * s['median_abs']:.1f}%), worst <= {100 * t['worst_abs']:.0f}% "
-                 f"({'met' if ok_w else 'MISSED'}: {100 * s['worst_abs']:.1f}%), over {s['n']} cases."
-                 + _quiet_line(s, t) + _repredicted_line(data))]
+    return [
+        "",
+        (
+            "Step time (measured: the slowest rank's median step after 2 warm-up steps, timed in steps run "
+            "after the memory-measured ones with the profiler off; predicted: the step-time model with this "
+            "machine's CPU calibration, advisor.timing.calibrate; data loading not modelled; *others' CPU*: "
+            "the share of all cores other processes took during the run, which inflates the measured time): "
+            f"median |error| <= {100 * t['median_abs']:.0f}% ({'met' if ok_m else 'MISSED'}: "
+            f"{100 * s['median_abs']:.1f}%), worst <= {100 * t['worst_abs']:.0f}% "
+            f"({'met' if ok_w else 'MISSED'}: {100 * s['worst_abs']:.1f}%), over {s['n']} cases."
+            + _quiet_line(s, t)
+            + _repredicted_line(data)
+        ),
+    ]
 
 
 def _quiet_line(s: dict, t: dict) -> str:
@@ -151,26 +189,40 @@ def _quiet_line(s: dict, t: dict) -> str:
     if not q.get("n"):
         return ""
     ok_m, ok_w = q["median_abs"] <= t["median_abs"], q["worst_abs"] <= t["worst_abs"]
-    return (f" Over the {q['n']} cases measured while other processes took at most "
-            f"{100 * s['contended_share']:.0f}% of the CPUs: median {100 * q['median_abs']:.1f}% "
-            f"({'met' if ok_m else 'MISSED'}), worst {100 * q['worst_abs']:.1f}% ({'met' if ok_w else 'MISSED'}).")
+    return (
+        f" Over the {q['n']} cases measured while other processes took at most "
+        f"{100 * s['contended_share']:.0f}% of the CPUs: median {100 * q['median_abs']:.1f}% "
+        f"({'met' if ok_m else 'MISSED'}), worst {100 * q['worst_abs']:.1f}% ({'met' if ok_w else 'MISSED'})."
+    )
 
 
 def _repredicted_line(data: dict) -> str:
     when = data.get("step_time_repredicted")
-    return (f" Predictions recomputed on {when} with that day's model and calibration (`python -m bench.run "
-            "--repredict bench/results.json`); the measured times keep their runs' dates." if when else "")
+    return (
+        f" Predictions recomputed on {when} with that day's model and calibration (`python -m bench.run "
+        "--repredict bench/results.json`); the measured times keep their runs' dates."
+        if when
+        else ""
+    )
 
 
 def cli_table(data: dict) -> list[str]:
     if not data.get("cli"):
         return []
-    lines = ["## Cost of the advisor CLI itself", "",
-             "Median wall time of 3 runs and the peak RSS of the process (`os.wait4` rusage), on the same machine "
-             "in the same run.", "", "| command | wall s | peak RSS MiB | exit |", "|---|---:|---:|---|"]
+    lines = [
+        "## Cost of the advisor CLI itself",
+        "",
+        "Median wall time of 3 runs and the peak RSS of the process (`os.wait4` rusage), on the same machine "
+        "in the same run.",
+        "",
+        "| command | wall s | peak RSS MiB | exit |",
+        "|---|---:|---:|---|",
+    ]
     for c in data["cli"]:
-        lines.append(f"| `{c['command']}` | {c['wall_s']:.2f} | {c['peak_rss_bytes'] / MiB:,.0f} | "
-                     f"{','.join(map(str, c['exit_codes']))} |")
+        lines.append(
+            f"| `{c['command']}` | {c['wall_s']:.2f} | {c['peak_rss_bytes'] / MiB:,.0f} | "
+            f"{','.join(map(str, c['exit_codes']))} |"
+        )
     return lines + [""] + cli_targets(data)
 
 
@@ -191,10 +243,14 @@ def cli_targets(data: dict) -> list[str]:
     lines = []
     for c in warm:
         ratio = c["wall_s"] / base["wall_s"]
-        lines.append(f"- `{c['command'][6:]}`: {ratio:.2f}x `import torch, transformers` (target <= {wr}x: "
-                     f"{verdict(ratio <= wr)})")
+        lines.append(
+            f"- `{c['command'][6:]}`: {ratio:.2f}x `import torch, transformers` (target <= {wr}x: "
+            f"{verdict(ratio <= wr)})"
+        )
     ratio = cold["wall_s"] / floor["wall_s"]
-    lines.append(f"- cold (`--no-cache`): {ratio:.2f}x the Llama import floor (target <= {cr}x: {verdict(ratio <= cr)})")
+    lines.append(
+        f"- cold (`--no-cache`): {ratio:.2f}x the Llama import floor (target <= {cr}x: {verdict(ratio <= cr)})"
+    )
     worst = max(c["peak_rss_bytes"] for c in data["cli"] if c["command"].startswith(("cold", "warm")))
     lines.append(f"- peak RSS {worst / 2**30:.2f} GiB (target < {rss / 2**30:.1f} GiB: {verdict(worst < rss)})")
     return ["Targets (llama-2-70b):", ""] + lines
@@ -215,22 +271,24 @@ def plot(data: dict, path: Path) -> None:
 
     rows = [r for r in data["cases"] if r.get("errors")]
     fig, ax = plt.subplots(figsize=(7, 6.5))
-    styles = {"ours": dict(marker="o", s=42, color="tab:blue", zorder=3),
-              "deepspeed": dict(marker="s", s=22, facecolors="none", edgecolors="tab:orange"),
-              "accelerate": dict(marker="^", s=22, facecolors="none", edgecolors="tab:green"),
-              "rule": dict(marker="x", s=22, color="tab:gray")}
+    styles = {
+        "ours": dict(marker="o", s=42, color="tab:blue", zorder=3),
+        "deepspeed": dict(marker="s", s=22, facecolors="none", edgecolors="tab:orange"),
+        "accelerate": dict(marker="^", s=22, facecolors="none", edgecolors="tab:green"),
+        "rule": dict(marker="x", s=22, color="tab:gray"),
+    }
     values = []
     for key, label in _COLUMNS:
-        pts = [(r["measured_peak_bytes"] / MiB, r["estimates"][key] / MiB) for r in rows
-               if r["estimates"].get(key)]
+        pts = [(r["measured_peak_bytes"] / MiB, r["estimates"][key] / MiB) for r in rows if r["estimates"].get(key)]
         if pts:
             values += [v for p in pts for v in p]
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=label, **styles[key])
     if values:
         lo, hi = min(values) / 1.5, max(values) * 1.5
         ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="y = x")
-        ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="tab:blue", alpha=0.08,
-                        label="+/-25%")
+        ax.fill_between(
+            [lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="tab:blue", alpha=0.08, label="+/-25%"
+        )
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
     ax.set_xscale("log")

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .cases import BENCH_DIR, SMOKE, SUITE, Case
@@ -39,26 +39,45 @@ _70B = ["-m", "advisor", "llama-2-70b", "--json"]
 # (label, python arguments, the untimed question asked first in the same fresh cache, or None: no cache).
 CLI_COMMANDS = (
     ("cold: python -m advisor llama-2-70b --gpus 8 --json --no-cache", [*_70B, "--gpus", "8", "--no-cache"], None),
-    ("warm: python -m advisor llama-2-70b --gpus 8 --nodes 2 --json (after --gpus 8)",
-     [*_70B, "--gpus", "8", "--nodes", "2"], [*_70B, "--gpus", "8"]),
-    ("warm: python -m advisor llama-2-70b --gpus 4 --json (after --gpus 8, whose plan also traced the TP "
-     "shards for 2 and 4 GPUs)",
-     [*_70B, "--gpus", "4"], [*_70B, "--gpus", "8"]),
-    ("warm: python -m advisor llama-2-70b --gpus 8 --json (the same question again)",
-     [*_70B, "--gpus", "8"], [*_70B, "--gpus", "8"]),
-    ("cold: python -m advisor resnet50 --gpus 4 --json --no-cache",
-     ["-m", "advisor", "resnet50", "--gpus", "4", "--json", "--no-cache"], None),
+    (
+        "warm: python -m advisor llama-2-70b --gpus 8 --nodes 2 --json (after --gpus 8)",
+        [*_70B, "--gpus", "8", "--nodes", "2"],
+        [*_70B, "--gpus", "8"],
+    ),
+    (
+        "warm: python -m advisor llama-2-70b --gpus 4 --json (after --gpus 8, whose plan also traced the TP "
+        "shards for 2 and 4 GPUs)",
+        [*_70B, "--gpus", "4"],
+        [*_70B, "--gpus", "8"],
+    ),
+    (
+        "warm: python -m advisor llama-2-70b --gpus 8 --json (the same question again)",
+        [*_70B, "--gpus", "8"],
+        [*_70B, "--gpus", "8"],
+    ),
+    (
+        "cold: python -m advisor resnet50 --gpus 4 --json --no-cache",
+        ["-m", "advisor", "resnet50", "--gpus", "4", "--json", "--no-cache"],
+        None,
+    ),
     ('python -c "import torch, transformers"', ["-c", "import torch, transformers"], None),
     # `import transformers` is lazy: it loads no model code. Any tool that builds Llama with transformers'
     # classes pays at least this (LlamaConfig alone pulls image utilities -> torchvision -> torch._dynamo).
-    ('python -c "import torch; from transformers import LlamaConfig, LlamaForCausalLM"',
-     ["-c", "import torch; from transformers import LlamaConfig, LlamaForCausalLM"], None),
+    (
+        'python -c "import torch; from transformers import LlamaConfig, LlamaForCausalLM"',
+        ["-c", "import torch; from transformers import LlamaConfig, LlamaForCausalLM"],
+        None,
+    ),
 )
 # Issue 11: warm (another --gpus) <= 1.3 x `import torch, transformers`; cold <= 1.25 x the Llama import floor.
 TARGET_WARM_RATIO, TARGET_COLD_RATIO = 1.3, 1.25
 TARGET_CLI_RSS = 1.5 * 2**30
-COLUMNS = (("ours", "advisor (ours)"), ("deepspeed", "DeepSpeed estimator"),
-           ("accelerate", "accelerate estimate-memory"), ("rule", "16 B/param x 1.2"))
+COLUMNS = (
+    ("ours", "advisor (ours)"),
+    ("deepspeed", "DeepSpeed estimator"),
+    ("accelerate", "accelerate estimate-memory"),
+    ("rule", "16 B/param x 1.2"),
+)
 
 
 def plan_inputs(case: Case):
@@ -84,8 +103,16 @@ def _verify(inputs, case: Case, run_dir: Path, say):
     while True:
         t0, cpu0 = time.perf_counter(), _children_cpu_s()
         try:
-            result = verify(inputs, case.strategy, steps=case.steps, timeout_s=CASE_TIMEOUT_S, out_dir=str(run_dir),
-                            precision_explicit=case.precision != "fp32", progress=say, timing_steps=TIMING_STEPS)
+            result = verify(
+                inputs,
+                case.strategy,
+                steps=case.steps,
+                timeout_s=CASE_TIMEOUT_S,
+                out_dir=str(run_dir),
+                precision_explicit=case.precision != "fp32",
+                progress=say,
+                timing_steps=TIMING_STEPS,
+            )
             return result, time.perf_counter() - t0, _children_cpu_s() - cpu0
         except VerifyBusy:
             if time.monotonic() > deadline:
@@ -146,8 +173,9 @@ def run_case(case: Case, work: Path, log) -> dict:
 def _wait4(args: list[str], cwd: str, env: dict | None = None) -> tuple[float, int, int]:
     """Run ``python *args``; (wall seconds, peak RSS bytes of that child alone, exit code)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env)
+    proc = subprocess.Popen(
+        [sys.executable, *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
     _pid, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -165,8 +193,16 @@ def cli_cost(repeats: int = 3) -> list[dict]:
                 if prime:
                     _wait4(prime, cwd, env)
                 runs[label].append(_wait4(args, cwd, env))
-    return [{"command": label, "wall_s": statistics.median(r[0] for r in rs), "peak_rss_bytes": max(r[1] for r in rs),
-             "exit_codes": sorted({r[2] for r in rs}), "repeats": repeats} for label, rs in runs.items()]
+    return [
+        {
+            "command": label,
+            "wall_s": statistics.median(r[0] for r in rs),
+            "peak_rss_bytes": max(r[1] for r in rs),
+            "exit_codes": sorted({r[2] for r in rs}),
+            "repeats": repeats,
+        }
+        for label, rs in runs.items()
+    ]
 
 
 def machine_info() -> dict:
@@ -174,16 +210,29 @@ def machine_info() -> dict:
     import torch
     import transformers
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown")
-    mem_kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                   if line.startswith("MemTotal"))
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or "unknown",
+    )
+    mem_kib = next(
+        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
+    )
     flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    return {"cpu": cpu, "cores": os.cpu_count(), "ram_bytes": mem_kib * 1024,
-            "native_bf16": any(f in flags.split() for f in ("avx512_bf16", "amx_bf16")),
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "deepspeed": sys.modules["deepspeed"].__version__}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_bytes": mem_kib * 1024,
+        "native_bf16": any(f in flags.split() for f in ("avx512_bf16", "amx_bf16")),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "deepspeed": sys.modules["deepspeed"].__version__,
+    }
 
 
 def merged(old: dict, rows: list[dict], machine: dict, wall_s: float) -> dict:
@@ -198,8 +247,9 @@ def merged(old: dict, rows: list[dict], machine: dict, wall_s: float) -> dict:
     cases = {r["case_id"]: r for r in old["cases"]} | {r["case_id"]: r for r in rows}
     data = dict(old, cases=sorted(cases.values(), key=lambda r: order.get(r["case_id"], len(order))))
     data["summary"] = summarize(data["cases"])
-    data["merges"] = old.get("merges", []) + [{"date": machine["date"], "cases": [r["case_id"] for r in rows],
-                                               "wall_s": round(wall_s, 1)}]
+    data["merges"] = old.get("merges", []) + [
+        {"date": machine["date"], "cases": [r["case_id"] for r in rows], "wall_s": round(wall_s, 1)}
+    ]
     return data
 
 
@@ -208,23 +258,39 @@ def summarize(rows: list[dict]) -> dict:
     out = {}
     for key, _ in COLUMNS:
         errs = [abs(r["errors"][key]) for r in rows if r.get("errors") and r["errors"].get(key) is not None]
-        out[key] = {"n": len(errs), "median_abs": statistics.median(errs) if errs else None,
-                    "worst_abs": max(errs) if errs else None}
+        out[key] = {
+            "n": len(errs),
+            "median_abs": statistics.median(errs) if errs else None,
+            "worst_abs": max(errs) if errs else None,
+        }
     out["step_time"] = summarize_step_time(rows)
     groups: dict[str, list[float]] = {}
     for r in rows:
         if r.get("errors") and r["errors"].get("ours") is not None:
-            group = ("qlora" if r.get("quantize") else "lora") if r.get("lora_rank") else \
-                STRATEGY_GROUPS.get(r["strategy"], r["strategy"])
+            group = (
+                ("qlora" if r.get("quantize") else "lora")
+                if r.get("lora_rank")
+                else STRATEGY_GROUPS.get(r["strategy"], r["strategy"])
+            )
             groups.setdefault(group, []).append(abs(r["errors"]["ours"]))
-    out["by_strategy"] = {g: {"n": len(e), "median_abs": statistics.median(e), "worst_abs": max(e)}
-                          for g, e in groups.items()}
+    out["by_strategy"] = {
+        g: {"n": len(e), "median_abs": statistics.median(e), "worst_abs": max(e)} for g, e in groups.items()
+    }
     return out
 
 
 # Strategy families in the per-strategy summary (issue 15's targets are on the FSDP2 and single cases).
-STRATEGY_GROUPS = {"zero1": "zero", "zero2": "zero", "zero3": "zero", "tp": "tp", "tp_dp": "tp",
-                   "fsdp2": "fsdp2", "fsdp2_noreshard": "fsdp2", "single": "single", "ddp": "ddp"}
+STRATEGY_GROUPS = {
+    "zero1": "zero",
+    "zero2": "zero",
+    "zero3": "zero",
+    "tp": "tp",
+    "tp_dp": "tp",
+    "fsdp2": "fsdp2",
+    "fsdp2_noreshard": "fsdp2",
+    "single": "single",
+    "ddp": "ddp",
+}
 
 
 def summarize_step_time(rows: list[dict]) -> dict:
@@ -234,13 +300,18 @@ def summarize_step_time(rows: list[dict]) -> dict:
     from advisor.timing.calibrate import CONTENDED_SHARE
 
     def stats(errs: list[float]) -> dict:
-        return {"n": len(errs), "median_abs": statistics.median(errs) if errs else None,
-                "worst_abs": max(errs) if errs else None}
+        return {
+            "n": len(errs),
+            "median_abs": statistics.median(errs) if errs else None,
+            "worst_abs": max(errs) if errs else None,
+        }
 
     timed = [r for r in rows if r.get("ok") and r.get("step_time_error") is not None]
     quiet = [r for r in timed if (r.get("cpu_contention") or 0.0) <= CONTENDED_SHARE]
     return stats([abs(r["step_time_error"]) for r in timed]) | {
-        "quiet": stats([abs(r["step_time_error"]) for r in quiet]), "contended_share": CONTENDED_SHARE}
+        "quiet": stats([abs(r["step_time_error"]) for r in quiet]),
+        "contended_share": CONTENDED_SHARE,
+    }
 
 
 def repredict(data: dict, log) -> dict:
@@ -261,10 +332,12 @@ def repredict(data: dict, log) -> dict:
         case = Case(**{k: row[k] for k in names if k in row})
         name, p, hw, _ = verify_plan(plan_inputs(case), case.strategy, "cpu", case.precision != "fp32")
         predicted = predicted_step_s(hw, p.row(name).time)
-        log(f"{case.case_id}: measured {1e3 * measured:.1f} ms, predicted {1e3 * row['predicted_step_s']:.1f} -> "
-            f"{1e3 * predicted:.1f} ms")
+        log(
+            f"{case.case_id}: measured {1e3 * measured:.1f} ms, predicted {1e3 * row['predicted_step_s']:.1f} -> "
+            f"{1e3 * predicted:.1f} ms"
+        )
         row["predicted_step_s"], row["step_time_error"] = predicted, (predicted - measured) / measured
-    data["step_time_repredicted"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    data["step_time_repredicted"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     data["summary"] = summarize(data["cases"])
     return data
 
@@ -273,20 +346,38 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="3 small cases (well under 2 minutes)")
     p.add_argument("--only", metavar="SUBSTR", help="only cases whose id contains SUBSTR (several: comma-separated)")
-    p.add_argument("--out", metavar="DIR", help="output directory (default: bench/ for the full suite, "
-                   "a new temporary directory for --smoke/--only)")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="output directory (default: bench/ for the full suite, a new temporary directory for --smoke/--only)",
+    )
     p.add_argument("--no-cli", action="store_true", help="skip the CLI cost table")
     p.add_argument("--render", metavar="RESULTS_JSON", help="re-render tables and plot from a results.json")
-    p.add_argument("--cli-only", action="store_true", help="re-measure only the CLI cost table into the results.json "
-                   "in --out (default bench/) and re-render")
-    p.add_argument("--time", action="store_true", help="step time against published measurements (no training): "
-                   "prints the table and writes bench/TIME.md (or --out DIR/TIME.md)")
+    p.add_argument(
+        "--cli-only",
+        action="store_true",
+        help="re-measure only the CLI cost table into the results.json in --out (default bench/) and re-render",
+    )
+    p.add_argument(
+        "--time",
+        action="store_true",
+        help="step time against published measurements (no training): "
+        "prints the table and writes bench/TIME.md (or --out DIR/TIME.md)",
+    )
     p.add_argument("--fit", action="store_true", help="with --time: refit the efficiencies per GPU generation")
-    p.add_argument("--merge", metavar="RESULTS_JSON", help="with --only: replace or add the cases run in this earlier "
-                   "full results.json and re-render it (in --out, default bench/); the cases not run keep their "
-                   "figures and the date of their run")
-    p.add_argument("--repredict", metavar="RESULTS_JSON", help="predict every measured case's step time again with "
-                   "today's model and this machine's calibration (no training) and re-render (in --out, default bench/)")
+    p.add_argument(
+        "--merge",
+        metavar="RESULTS_JSON",
+        help="with --only: replace or add the cases run in this earlier "
+        "full results.json and re-render it (in --out, default bench/); the cases not run keep their "
+        "figures and the date of their run",
+    )
+    p.add_argument(
+        "--repredict",
+        metavar="RESULTS_JSON",
+        help="predict every measured case's step time again with "
+        "today's model and this machine's calibration (no training) and re-render (in --out, default bench/)",
+    )
     args = p.parse_args(argv)
     if args.time:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -305,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cli_only:
         data = json.loads((out / "results.json").read_text())
         data["cli"] = cli_cost()
-        data["cli_date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        data["cli_date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         write_outputs(data, out)
         log(f"re-measured the CLI cost into {out / 'results.json'} and {out / 'RESULTS.md'}")
         return 0
@@ -334,11 +425,17 @@ def main(argv: list[str] | None = None) -> int:
             log(f"[{i}/{len(cases)}] {case.case_id}")
             row = run_case(case, Path(work), log)
             err = row.get("errors", {}).get("ours")
-            log(f"    -> {'measured %.1f MiB, ours %+.1f%%' % (row['measured_peak_bytes'] / 2**20, 100 * err) if err is not None else 'FAILED: ' + row.get('message', '')[:300]}"
-                f" ({row.get('wall_s')} s)")
+            outcome = (
+                f"measured {row['measured_peak_bytes'] / 2**20:.1f} MiB, ours {100 * err:+.1f}%"
+                if err is not None
+                else "FAILED: " + row.get("message", "")[:300]
+            )
+            log(f"    -> {outcome} ({row.get('wall_s')} s)")
             if row.get("step_time_error") is not None:
-                log(f"    -> step time measured {1e3 * row['measured_step_s']:.1f} ms, predicted "
-                    f"{1e3 * row['predicted_step_s']:.1f} ms ({100 * row['step_time_error']:+.1f}%)")
+                log(
+                    f"    -> step time measured {1e3 * row['measured_step_s']:.1f} ms, predicted "
+                    f"{1e3 * row['predicted_step_s']:.1f} ms ({100 * row['step_time_error']:+.1f}%)"
+                )
             rows.append(row)
     suite_wall = time.perf_counter() - t0
     if args.merge:
@@ -346,17 +443,24 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(data, out)
         log(f"merged {len(rows)} case(s) into {out / 'results.json'} and re-rendered {out / 'RESULTS.md'}")
         return 0 if all(r.get("ok") for r in rows) else 1
-    data = {"machine": machine_info(), "suite": "smoke" if args.smoke else ("partial" if args.only else "full"),
-            "suite_wall_s": round(suite_wall, 1), "suite_cpu_s": round(sum(r.get("cpu_s", 0) for r in rows), 1),
-            "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)], "cases": rows, "summary": summarize(rows),
-            "targets": {"median_abs": TARGET_MEDIAN, "worst_abs": TARGET_WORST},
-            "step_time_targets": {"median_abs": TARGET_STEP_MEDIAN, "worst_abs": TARGET_STEP_WORST},
-            "cli": [] if args.no_cli else cli_cost(),
-            "cli_targets": {"warm_ratio": TARGET_WARM_RATIO, "cold_ratio": TARGET_COLD_RATIO,
-                            "rss_bytes": TARGET_CLI_RSS}}
+    data = {
+        "machine": machine_info(),
+        "suite": "smoke" if args.smoke else ("partial" if args.only else "full"),
+        "suite_wall_s": round(suite_wall, 1),
+        "suite_cpu_s": round(sum(r.get("cpu_s", 0) for r in rows), 1),
+        "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+        "cases": rows,
+        "summary": summarize(rows),
+        "targets": {"median_abs": TARGET_MEDIAN, "worst_abs": TARGET_WORST},
+        "step_time_targets": {"median_abs": TARGET_STEP_MEDIAN, "worst_abs": TARGET_STEP_WORST},
+        "cli": [] if args.no_cli else cli_cost(),
+        "cli_targets": {"warm_ratio": TARGET_WARM_RATIO, "cold_ratio": TARGET_COLD_RATIO, "rss_bytes": TARGET_CLI_RSS},
+    }
     write_outputs(data, out)
-    log(f"suite wall time {suite_wall:.0f} s; wrote {out / 'RESULTS.md'}, {out / 'results.json'}, "
-        f"{out / 'estimate_vs_measured.png'}")
+    log(
+        f"suite wall time {suite_wall:.0f} s; wrote {out / 'RESULTS.md'}, {out / 'results.json'}, "
+        f"{out / 'estimate_vs_measured.png'}"
+    )
     return 0 if all(r.get("ok") for r in rows) else 1
 
 

@@ -21,7 +21,7 @@ per phase sit beside the estimate's breakdown.
 The estimate mimics ``advisor.verify.verify``: ``plan(inputs, device="cpu", hardware=run_hardware(1, "cpu", []))``
 and its ``single`` row's ``memory.peak`` (trace cache off, so it is the estimator as it is now).
 
-    .venv/bin/python -m bench.single_baselines                 # every case -> bench/SINGLE.md + bench/single_baselines.json
+    .venv/bin/python -m bench.single_baselines   # every case -> bench/SINGLE.md + bench/single_baselines.json
     .venv/bin/python -m bench.single_baselines --only gpt2-s128-b2-fp32 --out /tmp/sb
 """
 
@@ -71,14 +71,25 @@ def _cases() -> list[Case]:
     out = []
     for model, size, mb in (("resnet18", 64, 8), ("resnet50", 64, 8), ("vit_b_16", 224, 2)):
         for ckpt in (False, True):
-            out.append(Case(f"{model}-{size}px-b{mb}-fp32" + ("-ckpt" if ckpt else ""), model, "fp32", ckpt, mb,
-                            image_size=size))
+            out.append(
+                Case(
+                    f"{model}-{size}px-b{mb}-fp32" + ("-ckpt" if ckpt else ""), model, "fp32", ckpt, mb, image_size=size
+                )
+            )
     for seq, ckpt in ((128, False), (256, False), (256, True)):
         out.append(Case(f"gpt2-s{seq}-b2-fp32" + ("-ckpt" if ckpt else ""), "gpt2", "fp32", ckpt, 2, seq_len=seq))
     for precision in ("fp32", "bf16"):
         for ckpt in (False, True):
-            out.append(Case(f"llama-small-s128-b4-{precision}" + ("-ckpt" if ckpt else ""), "small_llama",
-                            precision, ckpt, 4, seq_len=128))
+            out.append(
+                Case(
+                    f"llama-small-s128-b4-{precision}" + ("-ckpt" if ckpt else ""),
+                    "small_llama",
+                    precision,
+                    ckpt,
+                    4,
+                    seq_len=128,
+                )
+            )
     return out
 
 
@@ -86,6 +97,7 @@ CASES = {c.name: c for c in _cases()}
 
 
 # ---- advisor's estimate -----------------------------------------------------------------------------------------
+
 
 def estimate(case: Case) -> dict:
     """The ``single`` row's peak for ``case`` as a CPU verification plans it (``advisor.verify.verify``)."""
@@ -95,8 +107,14 @@ def estimate(case: Case) -> dict:
     from advisor.schema import plan_inputs
     from advisor.verify import run_hardware
 
-    values = dict(gpus=1, detect_hardware=False, precision=case.precision, micro_batch_size=case.micro_batch,
-                  activation_checkpointing=case.ckpt, optimizer="adamw")
+    values = dict(
+        gpus=1,
+        detect_hardware=False,
+        precision=case.precision,
+        micro_batch_size=case.micro_batch,
+        activation_checkpointing=case.ckpt,
+        optimizer="adamw",
+    )
     if case.model == "small_llama":
         values.update(config_path=str(SMALL_LLAMA), seq_len=case.seq_len)
     elif case.family == "transformer":
@@ -111,13 +129,20 @@ def estimate(case: Case) -> dict:
         raise RuntimeError(f"{case.name}: single not applicable: {row.reason}")
     peak = row.memory.peak
     act = p.profile.activations(p.model_mode)
-    return {"peak_bytes": int(peak.total), "breakdown": peak.as_dict(), "phase": peak.phase,
-            "num_params": int(p.profile.stats.num_params), "buffer_bytes": int(p.profile.stats.buffer_bytes),
-            "attention": getattr(act, "attention", None), "cpu_conv_scratch_threads": hw.cpu_conv_scratch_threads,
-            "precision": p.options.precision}
+    return {
+        "peak_bytes": int(peak.total),
+        "breakdown": peak.as_dict(),
+        "phase": peak.phase,
+        "num_params": int(p.profile.stats.num_params),
+        "buffer_bytes": int(p.profile.stats.buffer_bytes),
+        "attention": getattr(act, "attention", None),
+        "cpu_conv_scratch_threads": hw.cpu_conv_scratch_threads,
+        "precision": p.options.precision,
+    }
 
 
 # ---- the plain loop (runs in the child process) ------------------------------------------------------------------
+
 
 def _build(case: Case):
     """The model, built as a user would; imports inside, as the generated script's ``build_model()``."""
@@ -178,8 +203,10 @@ def _batch(case: Case, g):
     import torch
 
     if case.family == "vision":
-        return (torch.randn(case.micro_batch, 3, case.image_size, case.image_size, generator=g),
-                torch.randint(0, 1000, (case.micro_batch,), generator=g))
+        return (
+            torch.randn(case.micro_batch, 3, case.image_size, case.image_size, generator=g),
+            torch.randint(0, 1000, (case.micro_batch,), generator=g),
+        )
     vocab = 50257 if case.model == "gpt2" else json.loads(SMALL_LLAMA.read_text())["vocab_size"]
     return torch.randint(0, vocab, (case.micro_batch, case.seq_len), generator=g), None
 
@@ -221,22 +248,42 @@ def measure(case: Case) -> dict:
             del loss, x, target
             step_s.append(time.perf_counter() - t0)
     params = list(model.parameters())
-    return {"case": case.name, "peak_bytes": int(meter.peak_bytes), "final_bytes": int(meter.final_bytes),
-            "ranges": {k: list(v) for k, v in meter.ranges.items()}, "losses": losses, "step_s": step_s,
-            "run_s": time.perf_counter() - t_start,
-            "num_params": sum(p.numel() for p in params), "largest_param_numel": max(p.numel() for p in params),
-            "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
-            "threads": torch.get_num_threads(), "ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+    return {
+        "case": case.name,
+        "peak_bytes": int(meter.peak_bytes),
+        "final_bytes": int(meter.final_bytes),
+        "ranges": {k: list(v) for k, v in meter.ranges.items()},
+        "losses": losses,
+        "step_s": step_s,
+        "run_s": time.perf_counter() - t_start,
+        "num_params": sum(p.numel() for p in params),
+        "largest_param_numel": max(p.numel() for p in params),
+        "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
+        "threads": torch.get_num_threads(),
+        "ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    }
 
 
 # ---- the driver ---------------------------------------------------------------------------------------------------
 
+
 def run_case(name: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(THREADS),
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+    )
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "bench.single_baselines", "--case", name], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.single_baselines", "--case", name],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CASE_TIMEOUT_S,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
@@ -283,38 +330,53 @@ def _fmt(n: int) -> str:
 
 
 def render(results: list[dict], info: dict) -> str:
-    lines = ["# single: plain CPU training loops vs advisor's `single` estimate", "",
-             "Measured: a plain single-process training loop written in `bench/single_baselines.py` (not advisor's "
-             "generated script), one fresh process per case, `OMP_NUM_THREADS=1`, 3 steps of forward / backward / "
-             "`AdamW.step()` / `zero_grad(set_to_none=True)`, peak allocated CPU bytes over all steps from "
-             "`advisor.measure.CpuPeakMeter` started before the model is built. Estimated: the `single` row of "
-             "`plan(..., device=\"cpu\", hardware=run_hardware(1, \"cpu\", []))`. Error = (estimated - measured) / "
-             "measured. MiB = 2**20 bytes.", "",
-             "| case | precision | act. ckpt | micro-batch | measured MiB | estimated MiB | error % | est. phase | "
-             "measured peak phase |",
-             "|---|---|---|---|---:|---:|---:|---|---|"]
+    lines = [
+        "# single: plain CPU training loops vs advisor's `single` estimate",
+        "",
+        "Measured: a plain single-process training loop written in `bench/single_baselines.py` (not advisor's "
+        "generated script), one fresh process per case, `OMP_NUM_THREADS=1`, 3 steps of forward / backward / "
+        "`AdamW.step()` / `zero_grad(set_to_none=True)`, peak allocated CPU bytes over all steps from "
+        "`advisor.measure.CpuPeakMeter` started before the model is built. Estimated: the `single` row of "
+        '`plan(..., device="cpu", hardware=run_hardware(1, "cpu", []))`. Error = (estimated - measured) / '
+        "measured. MiB = 2**20 bytes.",
+        "",
+        "| case | precision | act. ckpt | micro-batch | measured MiB | estimated MiB | error % | est. phase | "
+        "measured peak phase |",
+        "|---|---|---|---|---:|---:|---:|---|---|",
+    ]
     errors = []
     for r in results:
         c = CASES[r["case"]]
         if "error" in r:
-            lines.append(f"| {c.name} | {c.precision} | {'yes' if c.ckpt else 'no'} | {c.micro_batch} | failed | "
-                         f"| | | {r['error'][:120]} |")
+            lines.append(
+                f"| {c.name} | {c.precision} | {'yes' if c.ckpt else 'no'} | {c.micro_batch} | failed | "
+                f"| | | {r['error'][:120]} |"
+            )
             continue
         err = r["relative_error"]
         errors.append(abs(err))
-        lines.append(f"| {c.name} | {c.precision} | {'yes' if c.ckpt else 'no'} | {c.micro_batch} | "
-                     f"{_fmt(r['peak_bytes'])} | {_fmt(r['estimate']['peak_bytes'])} | {100 * err:+.1f} | "
-                     f"{r['estimate']['phase']} | {r['measured_phase']} |")
+        lines.append(
+            f"| {c.name} | {c.precision} | {'yes' if c.ckpt else 'no'} | {c.micro_batch} | "
+            f"{_fmt(r['peak_bytes'])} | {_fmt(r['estimate']['peak_bytes'])} | {100 * err:+.1f} | "
+            f"{r['estimate']['phase']} | {r['measured_phase']} |"
+        )
     lines.append("")
     if errors:
-        lines.append(f"Median |error| {100 * statistics.median(errors):.1f}%, worst |error| {100 * max(errors):.1f}% "
-                     f"over {len(errors)} cases (target: median <= 5%, worst <= 10%).")
-    lines += ["", "## Breakdown (MiB)", "",
-              "Estimate at its peak phase: params / grads / optimizer states / activations / other. Measured, per "
-              "phase, the largest peak inside that phase over the 3 steps (and the live total before it).", "",
-              "| case | est. params | est. grads | est. optim | est. act. | est. other | meas. fwd peak (before) | "
-              "meas. bwd peak (before) | meas. opt peak (before) |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines.append(
+            f"Median |error| {100 * statistics.median(errors):.1f}%, worst |error| {100 * max(errors):.1f}% "
+            f"over {len(errors)} cases (target: median <= 5%, worst <= 10%)."
+        )
+    lines += [
+        "",
+        "## Breakdown (MiB)",
+        "",
+        "Estimate at its peak phase: params / grads / optimizer states / activations / other. Measured, per "
+        "phase, the largest peak inside that phase over the 3 steps (and the live total before it).",
+        "",
+        "| case | est. params | est. grads | est. optim | est. act. | est. other | meas. fwd peak (before) | "
+        "meas. bwd peak (before) | meas. opt peak (before) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         if "error" in r:
             continue
@@ -323,15 +385,27 @@ def render(results: list[dict], info: dict) -> str:
         def cell(p):
             return f"{_fmt(ph[p]['peak'])} ({_fmt(ph[p]['before'])})" if p in ph else ""
 
-        lines.append(f"| {r['case']} | {_fmt(b['params'])} | {_fmt(b['grads'])} | {_fmt(b['optimizer_states'])} | "
-                     f"{_fmt(b['activations'])} | {_fmt(b['other'])} | {cell('forward')} | {cell('backward')} | "
-                     f"{cell('optimizer')} |")
-    lines += ["", "## Machine", "",
-              f"* CPU: {info['cpu']} ({info['isa']}, {info['cores']} cores visible; each case runs 1 thread)",
-              f"* torch {info['torch']}",
-              f"* date: {info['date']}",
-              f"* wall time of the whole run: {info['wall_s']:.0f} s",
-              "", "Reproduce:", "", "```bash", ".venv/bin/python -m bench.single_baselines", "```", ""]
+        lines.append(
+            f"| {r['case']} | {_fmt(b['params'])} | {_fmt(b['grads'])} | {_fmt(b['optimizer_states'])} | "
+            f"{_fmt(b['activations'])} | {_fmt(b['other'])} | {cell('forward')} | {cell('backward')} | "
+            f"{cell('optimizer')} |"
+        )
+    lines += [
+        "",
+        "## Machine",
+        "",
+        f"* CPU: {info['cpu']} ({info['isa']}, {info['cores']} cores visible; each case runs 1 thread)",
+        f"* torch {info['torch']}",
+        f"* date: {info['date']}",
+        f"* wall time of the whole run: {info['wall_s']:.0f} s",
+        "",
+        "Reproduce:",
+        "",
+        "```bash",
+        ".venv/bin/python -m bench.single_baselines",
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -363,9 +437,12 @@ def main(argv: list[str] | None = None) -> int:
             r["phases"] = _ranges_summary(r["ranges"])
             at_peak = [p for p, v in r["phases"].items() if v["peak"] == r["peak_bytes"]]
             r["measured_phase"] = at_peak[0] if at_peak else "build"
-            print(f"{name}: measured {_fmt(r['peak_bytes'])} MiB ({r['measured_phase']}), estimated "
-                  f"{_fmt(est['peak_bytes'])} MiB ({est['phase']}): {100 * r['relative_error']:+.1f}%  "
-                  f"[{r['process_s']:.0f} s]", flush=True)
+            print(
+                f"{name}: measured {_fmt(r['peak_bytes'])} MiB ({r['measured_phase']}), estimated "
+                f"{_fmt(est['peak_bytes'])} MiB ({est['phase']}): {100 * r['relative_error']:+.1f}%  "
+                f"[{r['process_s']:.0f} s]",
+                flush=True,
+            )
         else:
             print(f"{name}: FAILED {r['error']}", flush=True)
         results.append(r)
@@ -375,9 +452,18 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     text = render(results, info)
     (out / "SINGLE.md").write_text(text)
-    (out / "single_baselines.json").write_text(json.dumps({"machine": info, "steps": STEPS, "threads": THREADS,
-                                                           "cases": [asdict(CASES[r["case"]]) for r in results],
-                                                           "results": results}, indent=1))
+    (out / "single_baselines.json").write_text(
+        json.dumps(
+            {
+                "machine": info,
+                "steps": STEPS,
+                "threads": THREADS,
+                "cases": [asdict(CASES[r["case"]]) for r in results],
+                "results": results,
+            },
+            indent=1,
+        )
+    )
     print(text)
     return 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from .base import Strategy
 from .ddp import DDP

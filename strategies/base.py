@@ -39,9 +39,11 @@ from advisor.units import fmt_gib
 from .launchers import TORCHRUN, Launcher
 
 # The imports of templates/checkpoint_dcp.py (and FSDP2's full state dicts); the renderer keeps the names a script uses.
-DCP_IMPORTS = ("import torch.distributed.checkpoint as dcp",
-               "from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, "
-               "get_state_dict, set_state_dict")
+DCP_IMPORTS = (
+    "import torch.distributed.checkpoint as dcp",
+    "from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, "
+    "get_state_dict, set_state_dict",
+)
 
 
 class PlannedRow(Protocol):
@@ -128,10 +130,13 @@ def timing_of(ctx: StrategyContext) -> Timing | None:
     if preset is None or not opts.precision:
         return None
     fitted = cal.efficiency() if cal is not None else efficiency_for(preset)
-    eff = Efficiency(opts.mfu if opts.mfu is not None else fitted.compute,
-                     opts.bandwidth_efficiency if opts.bandwidth_efficiency is not None else fitted.bandwidth,
-                     fitted.source if opts.mfu is None and opts.bandwidth_efficiency is None else "flags --mfu / "
-                     "--bandwidth-efficiency where given, else " + fitted.source)
+    eff = Efficiency(
+        opts.mfu if opts.mfu is not None else fitted.compute,
+        opts.bandwidth_efficiency if opts.bandwidth_efficiency is not None else fitted.bandwidth,
+        fitted.source
+        if opts.mfu is None and opts.bandwidth_efficiency is None
+        else "flags --mfu / --bandwidth-efficiency where given, else " + fitted.source,
+    )
     peak = (preset.peak_tflops(peak_precision(opts.precision, preset)) or preset.tflops_fp32 or 0.0) * 1e12
     r = rates(preset, opts.precision, eff.compute, eff.bandwidth)
     return Timing(preset, eff, cal.extend(r, opts.precision) if cal is not None else r, peak)
@@ -145,15 +150,24 @@ def fabric_of(ctx: StrategyContext, t: Timing, gpus_per_node: int, nodes: int, c
     # The preset's NIC count belongs to its typical network (DGX A100: 8 x HDR); on another network (a user's
     # 1 GbE or 100 GbE) one NIC per node is assumed.
     nics = None if hw.network in (None, t.preset.network) else 1
-    f = Fabric.from_preset(t.preset, gpus_per_node, nodes, interconnect=hw.interconnect, network=hw.network,
-                           nics_per_node=nics, link_busbw_gbps=hw.link_busbw_gbps, network_gbps=hw.network_gbps)
+    f = Fabric.from_preset(
+        t.preset,
+        gpus_per_node,
+        nodes,
+        interconnect=hw.interconnect,
+        network=hw.network,
+        nics_per_node=nics,
+        link_busbw_gbps=hw.link_busbw_gbps,
+        network_gbps=hw.network_gbps,
+    )
     if hw.calibration is not None:  # gloo's measured latency on a CPU verification run, not NCCL's model
         f = hw.calibration.fabric(f)
     return replace(f, inter_gbps=f.inter_gbps / concurrent_groups) if nodes > 1 and concurrent_groups > 1 else f
 
 
-def optimizer_step_s(ctx: StrategyContext, t: Timing, numel: int, w: int, g: int, s: int, extra: int = 0,
-                     factor: float = 1.0) -> float:
+def optimizer_step_s(
+    ctx: StrategyContext, t: Timing, numel: int, w: int, g: int, s: int, extra: int = 0, factor: float = 1.0
+) -> float:
     """Seconds of the optimizer step over ``numel`` elements on the GPU: the bytes a fused step reads and writes
     (``advisor.timing.step.fused_step_bytes``: parameter ``w``, gradient ``g``, states of ``s``-byte elements) plus
     ``extra`` bytes per element, times ``factor`` (a foreach step's extra passes), at the achieved HBM
@@ -222,14 +236,20 @@ class Strategy(ABC):
             return self.lora_blocker
         if adapter is not None and self.offload:
             states = bnb_layout.optimizer_state_bytes(opt, ctx.profile.stats.trainable_shapes, 4)
-            return (f"with LoRA the optimizer states are the adapters' only ({fmt_gib(states)} in fp32): offloading "
-                    "them saves little and adds PCIe traffic; use the row without offload")
+            return (
+                f"with LoRA the optimizer states are the adapters' only ({fmt_gib(states)} in fp32): offloading "
+                "them saves little and adds PCIe traffic; use the row without offload"
+            )
         if adapter is not None and adapter.quantize and not self.quantized_base:
-            return (f"a {adapter.quantize} base (bitsandbytes) is modelled and verified with single, ddp and (4-bit) "
-                    f"zero3; {self.name} with a quantized base is not (use ddp or zero3, or LoRA on a 16-bit base)")
+            return (
+                f"a {adapter.quantize} base (bitsandbytes) is modelled and verified with single, ddp and (4-bit) "
+                f"zero3; {self.name} with a quantized base is not (use ddp or zero3, or LoRA on a 16-bit base)"
+            )
         if not opt.is_torch and not self.client_optimizers:  # torch.optim's: every strategy steps them
-            return (f"--optimizer {opt} ({bnb_layout.optimizer_source(opt)}) is not verified on {self.title}'s "
-                    "DTensor shards: use adamw, or ddp / ZeRO with it")
+            return (
+                f"--optimizer {opt} ({bnb_layout.optimizer_source(opt)}) is not verified on {self.title}'s "
+                "DTensor shards: use adamw, or ddp / ZeRO with it"
+            )
         return None
 
     def trace_mode(self, precision: Precision | None) -> TraceMode:
@@ -293,7 +313,9 @@ class Strategy(ABC):
         until ``load_state_dict`` has copied it in). LoRA keeps its rule with or without it: the base loads in its
         held dtype (``from_pretrained(..., dtype=...)``; QLoRA quantized as it loads)."""
         stats, adapter = ctx.profile.stats, ctx.profile.spec.adapter
-        if adapter is not None:  # LoRA: the base loads in its held dtype (from_pretrained dtype=; QLoRA quantized as it loads)
+        if (
+            adapter is not None
+        ):  # LoRA: the base loads in its held dtype (from_pretrained dtype=; QLoRA quantized as it loads)
             frozen = weight_bytes(stats, adapter, trace_mode(ctx.options.precision, False)).frozen
             return ctx.hardware.gpus_per_node * (frozen + 4 * stats.num_trainable + stats.buffer_bytes)
         return ctx.hardware.gpus_per_node * pretrained_copies(ctx) * pretrained_bytes(ctx)
@@ -302,12 +324,20 @@ class Strategy(ABC):
         """What to change when the model does not fit host RAM while loading (one clause); ``ctx`` says whether the
         script loads ``--init-from``'s pretrained weights and which family it loads them for."""
         if ctx is not None and ctx.options.init_from:
-            zero3 = (", or ZeRO-3, where transformers' DeepSpeed integration has rank 0 alone read the checkpoint "
-                     "into the partitions" if family_of(ctx.profile.spec).zero_init else "")
-            return ("every rank loads its own fp32 copy of the pretrained weights: use FSDP2, where rank 0 alone "
-                    f"loads them and broadcasts them into the shards{zero3}")
-        return ("build the model on the meta device and load the checkpoint in 16 bits, or use ZeRO-3, whose "
-                "deepspeed.zero.Init partitions the parameters as they are built")
+            zero3 = (
+                ", or ZeRO-3, where transformers' DeepSpeed integration has rank 0 alone read the checkpoint "
+                "into the partitions"
+                if family_of(ctx.profile.spec).zero_init
+                else ""
+            )
+            return (
+                "every rank loads its own fp32 copy of the pretrained weights: use FSDP2, where rank 0 alone "
+                f"loads them and broadcasts them into the shards{zero3}"
+            )
+        return (
+            "build the model on the meta device and load the checkpoint in 16 bits, or use ZeRO-3, whose "
+            "deepspeed.zero.Init partitions the parameters as they are built"
+        )
 
     def what_if_traces(self, ctx: StrategyContext) -> list[tuple[str, int]]:
         """Traces (trace mode, TP degree) this strategy would need if only the GPU count changed, beyond
@@ -345,12 +375,15 @@ class Strategy(ABC):
     def verify_blocker(self, device: Device) -> str | None:
         """Why this strategy cannot be verified on ``device`` here (None: it can)."""
         if self.offload and device == Device.CPU:
-            return (f"{self.name} offloads to host memory from a GPU; on a CPU-only machine use --emit to write "
-                    "the script and verify it where a GPU is present")
+            return (
+                f"{self.name} offloads to host memory from a GPU; on a CPU-only machine use --emit to write "
+                "the script and verify it where a GPU is present"
+            )
         return None
 
-    def verify_cluster(self, hw: Hardware, options: TrainingOptions,
-                       row: PlannedRow) -> tuple[Hardware, TrainingOptions]:
+    def verify_cluster(
+        self, hw: Hardware, options: TrainingOptions, row: PlannedRow
+    ) -> tuple[Hardware, TrainingOptions]:
         """The cluster and options a verification on ``hw`` (this machine's ranks) runs with.
 
         Raises:

@@ -43,8 +43,15 @@ def grad_accum_steps(ctx: StrategyContext, dp_size: int) -> int:
     return max(1, -(-target // (mb * dp_size)))
 
 
-def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats, tp_degree: int = 1,
-                      dp_size: int | None = None, ddp: bool = True, end_of_backward_bytes: int = 0) -> StrategyMemory:
+def replicated_memory(
+    ctx: StrategyContext,
+    micro_batch: int,
+    stats: ParamStats,
+    tp_degree: int = 1,
+    dp_size: int | None = None,
+    ddp: bool = True,
+    end_of_backward_bytes: int = 0,
+) -> StrategyMemory:
     """Memory of a rank holding full (or TP-sharded) model states.
 
     Phases (the peak is their maximum, not a sum):
@@ -76,9 +83,17 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
     params = wb.frozen + trainable * w + stats.buffer_bytes
     # QLoRA: name the parts of the weights (``weight_bytes``: the quantized storage + the fp32 rest, which holds a
     # mixture of experts' fused expert weights: bitsandbytes quantizes nn.Linear only).
-    parts = (quantized_base_parts(stats, stats.quantized_bytes, wb.frozen_elem, stats.num_frozen - stats.quantized_numel,
-                                  extra=trainable * w + stats.buffer_bytes)
-             if adapter is not None and adapter.quantize else ())
+    parts = (
+        quantized_base_parts(
+            stats,
+            stats.quantized_bytes,
+            wb.frozen_elem,
+            stats.num_frozen - stats.quantized_numel,
+            extra=trainable * w + stats.buffer_bytes,
+        )
+        if adapter is not None and adapter.quantize
+        else ()
+    )
     full_grads = trainable * w
     optim = bnb_layout.optimizer_state_bytes(opts.optimizer, stats.trainable_shapes, w)
     dp = ctx.world_size // tp_degree if dp_size is None else dp_size
@@ -96,22 +111,56 @@ def replicated_memory(ctx: StrategyContext, micro_batch: int, stats: ParamStats,
         fwd_grads = full_grads if accumulating else 0
         bwd_grads = full_grads if accumulating else step.bwd_grads
         bwd_act, in_flight = step.bwd_activations, step.bwd_peak - step.bwd_activations - step.bwd_grads
-    fwd = Breakdown(params=params, grads=fwd_grads, optimizer_states=optim, buffers=buckets,
-                    activations=step.activations, other=max(0, step.fwd_peak - step.activations) + dequant["forward"],
-                    phase="forward", params_parts=parts)
-    bwd = Breakdown(params=params, grads=bwd_grads, optimizer_states=optim, buffers=buckets,
-                    activations=bwd_act, other=max(0, in_flight) + dequant["backward"], phase="backward", params_parts=parts)
+    fwd = Breakdown(
+        params=params,
+        grads=fwd_grads,
+        optimizer_states=optim,
+        buffers=buckets,
+        activations=step.activations,
+        other=max(0, step.fwd_peak - step.activations) + dequant["forward"],
+        phase="forward",
+        params_parts=parts,
+    )
+    bwd = Breakdown(
+        params=params,
+        grads=bwd_grads,
+        optimizer_states=optim,
+        buffers=buckets,
+        activations=bwd_act,
+        other=max(0, in_flight) + dequant["backward"],
+        phase="backward",
+        params_parts=parts,
+    )
     largest = max((math.prod(s) for s in stats.trainable_shapes), default=0) if adapter else stats.largest_param_numel
     temp = optimizer_step_temp_bytes(opts.optimizer, ctx.device, largest, w)
-    opt_step = Breakdown(params=params, grads=full_grads, optimizer_states=optim, buffers=buckets, other=temp,
-                         phase="optimizer step", params_parts=parts)
+    opt_step = Breakdown(
+        params=params,
+        grads=full_grads,
+        optimizer_states=optim,
+        buffers=buckets,
+        other=temp,
+        phase="optimizer step",
+        params_parts=parts,
+    )
     phases = [fwd, bwd, opt_step]
     if end_of_backward_bytes:
-        phases.append(Breakdown(params=params, grads=full_grads, optimizer_states=optim, buffers=buckets,
-                                other=end_of_backward_bytes, phase="end of backward", params_parts=parts))
+        phases.append(
+            Breakdown(
+                params=params,
+                grads=full_grads,
+                optimizer_states=optim,
+                buffers=buckets,
+                other=end_of_backward_bytes,
+                phase="end of backward",
+                params_parts=parts,
+            )
+        )
     peak = peak_of(*phases)
-    return StrategyMemory(peak=peak, overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
-                          model_state_bytes=params + full_grads + optim)
+    return StrategyMemory(
+        peak=peak,
+        overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
+        model_state_bytes=params + full_grads + optim,
+    )
 
 
 class DDP(Strategy):
@@ -121,8 +170,7 @@ class DDP(Strategy):
     comm_order = 0
     quantized_base = True  # QLoRA: each rank holds the quantized base; only the adapters' gradients are reduced
     comm_pattern = "all-reduce of the gradients in buckets, overlapped with backward"
-    script_imports = (*DCP_IMPORTS,
-                      "from torch.nn.parallel import DistributedDataParallel as DDP")
+    script_imports = (*DCP_IMPORTS, "from torch.nn.parallel import DistributedDataParallel as DDP")
 
     def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
         # SyncBatchNorm below this per-GPU batch (docs/pitfalls.md, pitfall 8: small batches need global statistics);
@@ -148,7 +196,8 @@ class DDP(Strategy):
         cap a bucket of its own (torch ``dist._compute_bucket_assignment_by_size``, called from
         ``DistributedDataParallel._build_params_for_reducer``), the embedding is registered first, and its gradient
         is the last that backward produces (its lookup is the first op of forward; a tied LM head's share waits in
-        autograd's input buffer for it): GPT-2's 154 MB fp32 ``wte`` gradient is all-reduced after backward. Optimizer: fused AdamW / foreach SGD over the full
+        autograd's input buffer for it): GPT-2's 154 MB fp32 ``wte`` gradient is all-reduced after backward.
+        Optimizer: fused AdamW / foreach SGD over the full
         fp32 (pure bf16: bf16) states at HBM bandwidth (fp16 adds GradScaler's unscale: a read and write of the
         gradients)."""
         t = timing_of(ctx)
@@ -164,13 +213,34 @@ class DDP(Strategy):
         last_s = max(ar.last_s, allreduce_s(late, fabric) if late else 0.0)
         hidden = exposed_s(ar.total_s, c.bwd_s, len(ar.buckets), last_s=min(last_s, ar.total_s))
         dtype = "fp32" if g == 4 else "bf16"
-        coll = (Collective(f"gradient all-reduce ({dtype}, {len(ar.buckets)} buckets, last micro-step only)",
-                           "all_reduce", "data-parallel", stats.num_trainable * g, len(ar.buckets), ar.total_s,
-                           hidden),) if ar.total_s else ()
-        opt = optimizer_step_s(ctx, t, stats.num_trainable, g, g, g,
-                               extra=2 * g if opts.precision == Precision.FP16 else 0)
-        return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s,
-                        comm_s=ar.total_s, exposed_comm_s=hidden, optimizer_s=opt, flops=ga * c.flops,
-                        model_flops=ga * c.model_flops, peak_flops_per_s=t.peak_flops_per_s,
-                        overlap="gradient buckets overlap the last micro-step's backward, except the last bucket",
-                        collectives=coll)
+        coll = (
+            (
+                Collective(
+                    f"gradient all-reduce ({dtype}, {len(ar.buckets)} buckets, last micro-step only)",
+                    "all_reduce",
+                    "data-parallel",
+                    stats.num_trainable * g,
+                    len(ar.buckets),
+                    ar.total_s,
+                    hidden,
+                ),
+            )
+            if ar.total_s
+            else ()
+        )
+        opt = optimizer_step_s(
+            ctx, t, stats.num_trainable, g, g, g, extra=2 * g if opts.precision == Precision.FP16 else 0
+        )
+        return StepTime(
+            micro_batch=ctx.micro_batch_size,
+            micro_steps=ga,
+            compute_s=ga * c.total_s,
+            comm_s=ar.total_s,
+            exposed_comm_s=hidden,
+            optimizer_s=opt,
+            flops=ga * c.flops,
+            model_flops=ga * c.model_flops,
+            peak_flops_per_s=t.peak_flops_per_s,
+            overlap="gradient buckets overlap the last micro-step's backward, except the last bucket",
+            collectives=coll,
+        )

@@ -31,13 +31,19 @@ class Launcher:
             return f"python {tail}"
         if self.name == LauncherKind.DEEPSPEED:
             if num_nodes > 1:
-                return (f"deepspeed --hostfile hostfile --num_nodes {num_nodes} --num_gpus {gpus_per_node} "
-                        f"--master_addr HOST0 --master_port {port} {tail}")
+                return (
+                    f"deepspeed --hostfile hostfile --num_nodes {num_nodes} --num_gpus {gpus_per_node} "
+                    f"--master_addr HOST0 --master_port {port} {tail}"
+                )
             return f"deepspeed --num_gpus {gpus_per_node} --master_port {port} {tail}"
         if num_nodes > 1:
-            return (f"torchrun --nnodes={num_nodes} --node_rank=$NODE_RANK --nproc_per_node={gpus_per_node} "
-                    f"--master_addr=HOST0 --master_port={port} {tail}")
-        return f"torchrun --nnodes=1 --nproc_per_node={gpus_per_node} --master_addr=127.0.0.1 --master_port={port} {tail}"
+            return (
+                f"torchrun --nnodes={num_nodes} --node_rank=$NODE_RANK --nproc_per_node={gpus_per_node} "
+                f"--master_addr=HOST0 --master_port={port} {tail}"
+            )
+        return (
+            f"torchrun --nnodes=1 --nproc_per_node={gpus_per_node} --master_addr=127.0.0.1 --master_port={port} {tail}"
+        )
 
     def multi_node_doc(self, gpus_per_node: int, port: int) -> str:
         """The docstring paragraph on running across nodes (none for one process)."""
@@ -45,14 +51,18 @@ class Launcher:
         if self.name == LauncherKind.PYTHON:
             return "One process on one GPU (or the CPU): no launcher, no process group."
         if self.name == LauncherKind.DEEPSPEED:
-            return (f"Several nodes (a hostfile lists each node as 'HOST slots={gpus_per_node}'):\n"
-                    f"    deepspeed --hostfile hostfile --num_nodes NNODES --num_gpus {gpus_per_node} --master_addr HOST0 "
-                    f"--master_port {port} {tail}\n"
-                    "On a machine without GPUs, export DS_ACCELERATOR=cpu first (gloo backend).")
-        return (f"Several nodes (run on every node, NODE_RANK = 0 .. NNODES-1):\n"
-                f"    torchrun --nnodes=NNODES --node_rank=$NODE_RANK --nproc_per_node={gpus_per_node} --master_addr=HOST0 "
-                f"--master_port={port} {tail}\n"
-                "    (or a rendezvous endpoint: --rdzv_backend=c10d --rdzv_endpoint=HOST0:29400 --rdzv_id=JOB)")
+            return (
+                f"Several nodes (a hostfile lists each node as 'HOST slots={gpus_per_node}'):\n"
+                f"    deepspeed --hostfile hostfile --num_nodes NNODES --num_gpus {gpus_per_node} --master_addr HOST0 "
+                f"--master_port {port} {tail}\n"
+                "On a machine without GPUs, export DS_ACCELERATOR=cpu first (gloo backend)."
+            )
+        return (
+            f"Several nodes (run on every node, NODE_RANK = 0 .. NNODES-1):\n"
+            f"    torchrun --nnodes=NNODES --node_rank=$NODE_RANK --nproc_per_node={gpus_per_node} --master_addr=HOST0 "
+            f"--master_port={port} {tail}\n"
+            "    (or a rendezvous endpoint: --rdzv_backend=c10d --rdzv_endpoint=HOST0:29400 --rdzv_id=JOB)"
+        )
 
     def first_use_note(self, device: Device, env: dict[str, str]) -> str | None:
         """A line to show before the first launch here that will spend minutes building something silently, or
@@ -66,8 +76,10 @@ class Launcher:
         cache = deepspeed_shm_op_dir(env)
         if glob.glob(os.path.join(cache, "deepspeed_shm_comm*.so")) or _prebuilt_shm_op():
             return None
-        return (f"DeepSpeed builds its CPU communication op on first use: a C++ compile of a few minutes (2.5 on 2 "
-                f"cores), once, silent until it is done; cached in {cache}")
+        return (
+            f"DeepSpeed builds its CPU communication op on first use: a C++ compile of a few minutes (2.5 on 2 "
+            f"cores), once, silent until it is done; cached in {cache}"
+        )
 
     def verify_argv(self, world: int, port: int, script_args: list[str], probe: list[str] | None = None) -> list[str]:
         """The command that runs ``train.py`` here, with this interpreter's launcher. ``probe``: run it through the
@@ -82,8 +94,17 @@ class Launcher:
             exe = Path(sys.executable).parent / "deepspeed"
             prog = [str(exe)] if exe.exists() else [sys.executable, "-m", "deepspeed.launcher.runner"]
             return prog + ["--num_gpus", str(world), "--master_port", str(port), *args, *self.script_args]
-        return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={world}",
-                "--master_addr=127.0.0.1", f"--master_port={port}", *args, *self.script_args]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            f"--nproc_per_node={world}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            *args,
+            *self.script_args,
+        ]
 
 
 def deepspeed_shm_op_dir(env: dict[str, str]) -> str:
@@ -95,8 +116,13 @@ def deepspeed_shm_op_dir(env: dict[str, str]) -> str:
 
     root = env.get("TORCH_EXTENSIONS_DIR")
     if root is None:
-        accelerator = (f"rocm{torch.version.hip.replace('.', '')}" if torch.version.hip is not None
-                       else f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda is not None else "cpu")
+        accelerator = (
+            f"rocm{torch.version.hip.replace('.', '')}"
+            if torch.version.hip is not None
+            else f"cu{torch.version.cuda.replace('.', '')}"
+            if torch.version.cuda is not None
+            else "cpu"
+        )
         version = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
         root = os.path.join(get_default_build_root(), f"{version}_{accelerator}")
     return os.path.join(root, "deepspeed_shm_comm")
@@ -108,8 +134,10 @@ def _prebuilt_shm_op() -> bool:
     spec = importlib.util.find_spec("deepspeed")
     if spec is None or not spec.submodule_search_locations:
         return False
-    return any(glob.glob(os.path.join(path, "ops", "comm", "deepspeed_shm_comm_op*.so"))
-               for path in spec.submodule_search_locations)
+    return any(
+        glob.glob(os.path.join(path, "ops", "comm", "deepspeed_shm_comm_op*.so"))
+        for path in spec.submodule_search_locations
+    )
 
 
 # The measurement wrapper --verify, bench and the tests launch in place of train.py (its docstring says what it
@@ -117,7 +145,10 @@ def _prebuilt_shm_op() -> bool:
 PROBE = Path(__file__).parent / "probe" / "_advisor_probe.py"
 TORCHRUN = Launcher(LauncherKind.TORCHRUN)
 PYTHON = Launcher(LauncherKind.PYTHON)  # one process: ``python train.py``
-DEEPSPEED = Launcher(LauncherKind.DEEPSPEED, script_args=("--deepspeed_config", "ds_config.json"),
-                     cpu_env=(("DS_ACCELERATOR", "cpu"),),
-                     cpu_note="the first run compiles DeepSpeed's CPU communication op (C++, a few minutes, once; "
-                              "cached in torch's extension directory): nothing is printed until it is done")
+DEEPSPEED = Launcher(
+    LauncherKind.DEEPSPEED,
+    script_args=("--deepspeed_config", "ds_config.json"),
+    cpu_env=(("DS_ACCELERATOR", "cpu"),),
+    cpu_note="the first run compiles DeepSpeed's CPU communication op (C++, a few minutes, once; "
+    "cached in torch's extension directory): nothing is printed until it is done",
+)

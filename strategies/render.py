@@ -42,18 +42,63 @@ if TYPE_CHECKING:
 
 TEMPLATES = Path(__file__).parent / "templates"
 # The standard-library modules a script may use; each is imported where its text uses it.
-_STDLIB = ("argparse", "contextlib", "datetime", "gc", "itertools", "json", "logging", "math", "os", "re", "shutil",
-           "signal", "time")
+_STDLIB = (
+    "argparse",
+    "contextlib",
+    "datetime",
+    "gc",
+    "itertools",
+    "json",
+    "logging",
+    "math",
+    "os",
+    "re",
+    "shutil",
+    "signal",
+    "time",
+)
 # bitsandbytes (imported by peft, and for its optimizers) tries an optional Hub kernel on CPUs with AVX-512 bf16
 # and logs a warning on every rank when it cannot load it (bitsandbytes/backends/cpu/ops.py); it then uses its
 # own kernel, so the line is noise to users. The scripts and advisor's faces quiet that one logger.
-BNB_QUIET = ("# bitsandbytes warns on each rank that an optional kernel from the Hub is missing; its built-in one runs.\n"
-             'logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)')
-BLOCK_TAGS = ("full", "lora", "lora16", "qlora", "generic-base", "text", "not-text", "image", "adam", "sgd", "bnb",
-              "adafactor", "ac", "pure-bf16", "mfu", "ds", "zero3", "zero-init", "offload", "hsdp", "sync-last")
+BNB_QUIET = (
+    "# bitsandbytes warns on each rank that an optional kernel from the Hub is missing; its built-in one runs.\n"
+    'logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)'
+)
+BLOCK_TAGS = (
+    "full",
+    "lora",
+    "lora16",
+    "qlora",
+    "generic-base",
+    "text",
+    "not-text",
+    "image",
+    "adam",
+    "sgd",
+    "bnb",
+    "adafactor",
+    "ac",
+    "pure-bf16",
+    "mfu",
+    "ds",
+    "zero3",
+    "zero-init",
+    "offload",
+    "hsdp",
+    "sync-last",
+)
 # make_optimizer's branch for each optimizer (only the one the job uses is written).
-_OPTIMIZER_TAGS = {"adam": "adam", "adamw": "adam", "sgd": "sgd", "sgd-momentum": "sgd", "adamw-8bit": "bnb",
-                   "paged-adamw-8bit": "bnb", "paged-adamw": "bnb", "lion": "bnb", "adafactor": "adafactor"}
+_OPTIMIZER_TAGS = {
+    "adam": "adam",
+    "adamw": "adam",
+    "sgd": "sgd",
+    "sgd-momentum": "sgd",
+    "adamw-8bit": "bnb",
+    "paged-adamw-8bit": "bnb",
+    "paged-adamw": "bnb",
+    "lion": "bnb",
+    "adafactor": "adafactor",
+}
 # The data a family's script reads (``--data``): token blocks for transformers, an ImageFolder for vision.
 _FAMILY_TAGS = {"transformer": "text", "vision": "image"}
 _MARKER = re.compile(r"^[ \t]*# \[(/?)(!?[a-z0-9-]+)\][ \t]*$")
@@ -119,8 +164,7 @@ class Job:
         return get_strategy(self.strategy)
 
 
-def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
-                  master_port: int = MASTER_PORT) -> Job:
+def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS, master_port: int = MASTER_PORT) -> Job:
     """The job for ``strategy`` as sized in ``plan``.
 
     Raises:
@@ -136,29 +180,58 @@ def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
     opts, hw = plan.options, plan.hardware
     mem, t, precision = row.memory, row.time, opts.precision
     grad_accum, global_batch = row.grad_accum_steps, row.global_batch_size
-    assert mem is not None and precision is not None and grad_accum is not None and global_batch is not None, \
+    assert mem is not None and precision is not None and grad_accum is not None and global_batch is not None, (
         "the plan sizes every row that applies, at the options it resolved"
+    )
     # Linear scaling rule (Goyal et al. 2017): lr x global batch / base batch, when given; else the family's default.
     if row.learning_rate is not None:
-        lr, lr_source = row.learning_rate, (f"--base-lr {opts.base_lr:g} at batch {opts.base_batch_size}, linearly "
-                                            "scaled (Goyal et al. 2017)")
+        lr, lr_source = (
+            row.learning_rate,
+            (f"--base-lr {opts.base_lr:g} at batch {opts.base_batch_size}, linearly scaled (Goyal et al. 2017)"),
+        )
     else:
         lr, lr_source = family_of(plan.spec).default_lr(plan.spec, opts.optimizer, global_batch)
     # StepTime.model_flops is one GPU's per optimizer step; every GPU runs the same, so the cluster's per sample is
     # that x the GPUs the row uses / the global batch.
-    flops = (t.model_flops * row.dp_size * row.tp_degree // global_batch
-             if t is not None and t.model_flops and global_batch else None)
-    estimate: Estimate = {"peak_allocated_bytes": mem.peak.total, "device_total_bytes": mem.device_total,
-                          "breakdown_bytes": mem.peak.as_dict(), "peak_phase": mem.peak.phase, "device": plan.device,
-                          "gpu": hw.gpu_name, "attention": plan.attention,
-                          "step_s": t.step_s if t is not None else None, "mfu": t.mfu if t is not None else None}
-    return Job(strategy=strategy, spec=plan.spec, precision=precision, optimizer=opts.optimizer,
-               micro_batch_size=ctx.micro_batch_size, grad_accum_steps=grad_accum,
-               gpus_per_node=hw.gpus_per_node, num_nodes=hw.num_nodes, dp_size=row.dp_size,
-               tp_degree=row.tp_degree, lr=lr, activation_checkpointing=opts.activation_checkpointing,
-               estimate=estimate, ds_config=strat.ds_config(ctx, row), steps=steps, master_port=master_port,
-               fsdp_grad_sync=opts.fsdp_grad_sync, lr_source=lr_source, init_from=opts.init_from,
-               model_flops_per_sample=flops, peak_flops_per_gpu=t.peak_flops_per_s if t is not None else None)
+    flops = (
+        t.model_flops * row.dp_size * row.tp_degree // global_batch
+        if t is not None and t.model_flops and global_batch
+        else None
+    )
+    estimate: Estimate = {
+        "peak_allocated_bytes": mem.peak.total,
+        "device_total_bytes": mem.device_total,
+        "breakdown_bytes": mem.peak.as_dict(),
+        "peak_phase": mem.peak.phase,
+        "device": plan.device,
+        "gpu": hw.gpu_name,
+        "attention": plan.attention,
+        "step_s": t.step_s if t is not None else None,
+        "mfu": t.mfu if t is not None else None,
+    }
+    return Job(
+        strategy=strategy,
+        spec=plan.spec,
+        precision=precision,
+        optimizer=opts.optimizer,
+        micro_batch_size=ctx.micro_batch_size,
+        grad_accum_steps=grad_accum,
+        gpus_per_node=hw.gpus_per_node,
+        num_nodes=hw.num_nodes,
+        dp_size=row.dp_size,
+        tp_degree=row.tp_degree,
+        lr=lr,
+        activation_checkpointing=opts.activation_checkpointing,
+        estimate=estimate,
+        ds_config=strat.ds_config(ctx, row),
+        steps=steps,
+        master_port=master_port,
+        fsdp_grad_sync=opts.fsdp_grad_sync,
+        lr_source=lr_source,
+        init_from=opts.init_from,
+        model_flops_per_sample=flops,
+        peak_flops_per_gpu=t.peak_flops_per_s if t is not None else None,
+    )
 
 
 def _check_literal(value: object, where: str) -> None:
@@ -226,34 +299,53 @@ def _constants(job: Job) -> dict[str, object]:
 
 # One short comment per constant of a script (those without one explain themselves by name).
 CONSTANT_NOTES = {
-    "STRATEGY": "how the work is split over the GPUs", "MODEL": "what advisor planned",
+    "STRATEGY": "how the work is split over the GPUs",
+    "MODEL": "what advisor planned",
     "HF_CONFIG": "the model's config (a fresh build; --init-from brings its own)",
-    "HF_MODEL_CLASS": "the transformers class built", "ATTN_IMPLEMENTATION": "the attention kernel",
-    "SEQ_LEN": "tokens per sample", "VOCAB_SIZE": "token ids are below this", "PRECISION": "fp32, bf16, fp16 or pure-bf16",
-    "OPTIMIZER": "the optimizer the memory estimate assumed", "MICRO_BATCH_SIZE": "samples per GPU per forward pass",
-    "GRAD_ACCUM_STEPS": "micro-batches per optimizer step", "GLOBAL_BATCH_SIZE": "samples per optimizer step, all GPUs",
-    "LR": "peak learning rate (the docstring gives its source)", "WEIGHT_DECAY": "AdamW's decoupled weight decay",
+    "HF_MODEL_CLASS": "the transformers class built",
+    "ATTN_IMPLEMENTATION": "the attention kernel",
+    "SEQ_LEN": "tokens per sample",
+    "VOCAB_SIZE": "token ids are below this",
+    "PRECISION": "fp32, bf16, fp16 or pure-bf16",
+    "OPTIMIZER": "the optimizer the memory estimate assumed",
+    "MICRO_BATCH_SIZE": "samples per GPU per forward pass",
+    "GRAD_ACCUM_STEPS": "micro-batches per optimizer step",
+    "GLOBAL_BATCH_SIZE": "samples per optimizer step, all GPUs",
+    "LR": "peak learning rate (the docstring gives its source)",
+    "WEIGHT_DECAY": "AdamW's decoupled weight decay",
     "WARMUP_STEPS": "linear warmup to LR (at most a tenth of --steps)",
-    "TOTAL_STEPS": "default --steps; the cosine decay ends at --steps", "KEEP_CHECKPOINTS": "newest checkpoints kept",
-    "MAX_GRAD_NORM": "gradient clipping: total L2 norm", "EVAL_EVERY": "default --eval-every (optimizer steps)",
-    "SAVE_EVERY": "default --save-every (optimizer steps)", "EVAL_BATCHES": "held-out micro-batches per rank per evaluation",
-    "HELD_OUT_FRACTION": "share of --data held out for evaluation", "SEED": "initial weights and dropout",
-    "DATA_SEED": "data order and synthetic samples", "NUM_SAMPLES": "synthetic training samples (without --data)",
+    "TOTAL_STEPS": "default --steps; the cosine decay ends at --steps",
+    "KEEP_CHECKPOINTS": "newest checkpoints kept",
+    "MAX_GRAD_NORM": "gradient clipping: total L2 norm",
+    "EVAL_EVERY": "default --eval-every (optimizer steps)",
+    "SAVE_EVERY": "default --save-every (optimizer steps)",
+    "EVAL_BATCHES": "held-out micro-batches per rank per evaluation",
+    "HELD_OUT_FRACTION": "share of --data held out for evaluation",
+    "SEED": "initial weights and dropout",
+    "DATA_SEED": "data order and synthetic samples",
+    "NUM_SAMPLES": "synthetic training samples (without --data)",
     "EVAL_SAMPLES": "synthetic held-out samples (without --data)",
     "INIT_FROM": "default --init-from: pretrained weights (None: freshly initialised)",
     "COLLECTIVE_TIMEOUT_MINUTES": "a rank waiting this long in a collective fails instead of hanging",
     "MODEL_FLOPS_PER_SAMPLE": "forward + backward FLOPs of one sample (advisor's trace; recompute excluded)",
     "PEAK_FLOPS_PER_GPU": "dense peak FLOP/s of the planned GPU at this precision (for MFU; set your GPU's)",
-    "SYNC_BN_MAX_MICRO_BATCH": "SyncBatchNorm at or below this per-GPU batch", "TP_DEGREE": "GPUs per tensor-parallel group",
+    "SYNC_BN_MAX_MICRO_BATCH": "SyncBatchNorm at or below this per-GPU batch",
+    "TP_DEGREE": "GPUs per tensor-parallel group",
     "DS_CONFIG_FILE": "DeepSpeed's config",
     "RESHARD_AFTER_FORWARD": "free the gathered parameters after each block's forward",
     "REPLICATE_DEGREE": "HSDP: replicas across nodes (1: plain FSDP2)",
-    "MODEL_NAME": "the torchvision builder", "INPUT_SHAPE": "one sample's shape (channels, height, width)",
-    "NUM_CLASSES": "the classifier's outputs", "MODEL_FACTORY": "your model's module:function",
-    "LORA_RANK": "the adapters' rank r", "LORA_ALPHA": "the adapters' scale is alpha / r",
-    "LORA_DROPOUT": "dropout on the adapters' input", "LORA_TARGETS": "adapted modules (None: peft's default)",
-    "LORA_DTYPE": "the adapters' dtype (auto: peft's)", "LORA_TASK_TYPE": "peft's task type",
-    "QUANTIZE": "the frozen base's bitsandbytes format", "DOUBLE_QUANT": "quantize the quantization constants too",
+    "MODEL_NAME": "the torchvision builder",
+    "INPUT_SHAPE": "one sample's shape (channels, height, width)",
+    "NUM_CLASSES": "the classifier's outputs",
+    "MODEL_FACTORY": "your model's module:function",
+    "LORA_RANK": "the adapters' rank r",
+    "LORA_ALPHA": "the adapters' scale is alpha / r",
+    "LORA_DROPOUT": "dropout on the adapters' input",
+    "LORA_TARGETS": "adapted modules (None: peft's default)",
+    "LORA_DTYPE": "the adapters' dtype (auto: peft's)",
+    "LORA_TASK_TYPE": "peft's task type",
+    "QUANTIZE": "the frozen base's bitsandbytes format",
+    "DOUBLE_QUANT": "quantize the quantization constants too",
     "BNB_COMPUTE_DTYPE": "dtype the quantized layers compute in",
 }
 
@@ -272,8 +364,11 @@ def _constant_line(name: str, value: object) -> str:
     note = CONSTANT_NOTES.get(name)
     if note is None:
         return f"{name} = {text}"
-    return f"# {note}\n{name} = {text}" if "\n" in text or len(name) + len(text) + len(note) > 110 else \
-        f"{name} = {text}  # {note}"
+    return (
+        f"# {note}\n{name} = {text}"
+        if "\n" in text or len(name) + len(text) + len(note) > 110
+        else f"{name} = {text}  # {note}"
+    )
 
 
 def _adapter_constants(job: Job, consts: Mapping[str, object]) -> dict[str, object]:
@@ -288,14 +383,29 @@ def _adapter_constants(job: Job, consts: Mapping[str, object]) -> dict[str, obje
     elif adapter.targets:
         targets = list(adapter.targets)
     cls = str(consts.get("HF_MODEL_CLASS") or "")
-    task = "CAUSAL_LM" if cls.endswith("ForCausalLM") else "SEQ_2_SEQ_LM" if cls.endswith(
-        ("ForConditionalGeneration", "ForSeq2SeqLM")) else None
-    out: dict[str, object] = {"LORA_RANK": adapter.rank, "LORA_ALPHA": adapter.alpha,
-                              "LORA_DROPOUT": adapter.dropout, "LORA_TARGETS": targets, "LORA_DTYPE": adapter.dtype,
-                              "LORA_TASK_TYPE": task}
+    task = (
+        "CAUSAL_LM"
+        if cls.endswith("ForCausalLM")
+        else "SEQ_2_SEQ_LM"
+        if cls.endswith(("ForConditionalGeneration", "ForSeq2SeqLM"))
+        else None
+    )
+    out: dict[str, object] = {
+        "LORA_RANK": adapter.rank,
+        "LORA_ALPHA": adapter.alpha,
+        "LORA_DROPOUT": adapter.dropout,
+        "LORA_TARGETS": targets,
+        "LORA_DTYPE": adapter.dtype,
+        "LORA_TASK_TYPE": task,
+    }
     if adapter.quantize:
-        out.update({"QUANTIZE": adapter.quantize, "DOUBLE_QUANT": adapter.double_quant,
-                    "BNB_COMPUTE_DTYPE": adapter.compute_dtype})
+        out.update(
+            {
+                "QUANTIZE": adapter.quantize,
+                "DOUBLE_QUANT": adapter.double_quant,
+                "BNB_COMPUTE_DTYPE": adapter.compute_dtype,
+            }
+        )
     return out
 
 
@@ -365,8 +475,11 @@ def _docstring(job: Job, launch: str) -> str:
     name, source = _doc_text(spec.name), _doc_text(spec.source)
     distributes = job.strategy_unit.distributes
     where = f"this node has {job.gpus_per_node} GPU(s)" if distributes else "one process on one GPU"
-    ranks = (f"tensor-parallel degree {job.tp_degree}; world size {job.world_size}" if distributes
-             else "one process: no process group")
+    ranks = (
+        f"tensor-parallel degree {job.tp_degree}; world size {job.world_size}"
+        if distributes
+        else "one process: no process group"
+    )
     return f'''"""Train {name} with {job.strategy} ({job.precision}, {job.optimizer}), generated by advisor.
 
 Launch ({where}):
@@ -382,8 +495,8 @@ Learning rate: {job.lr:g} ({_doc_text(job.lr_source)}),
     after a linear warmup, then cosine decay; gradients clipped to a total norm of 1.0.{_pure_bf16_doc(job)}
 Model: {name} ({source}), {what}; pretrained weights with --init-from; synthetic data unless --data is given;
     evaluation on held-out data every --eval-every steps.
-{_lora_doc(job)}Estimate this script was generated for: peak allocated {est["peak_allocated_bytes"] / 2**30:.3f} GiB per rank
-({est["device"]}), device total {est["device_total_bytes"] / 2**30:.3f} GiB{_time_doc(job)}.
+{_lora_doc(job)}Estimate this script was generated for: peak allocated {est["peak_allocated_bytes"] / 2**30:.3f} GiB
+per rank ({est["device"]}), device total {est["device_total_bytes"] / 2**30:.3f} GiB{_time_doc(job)}.
 Every step logs the loss, learning rate, gradient norm, seconds and throughput (and on CUDA the MFU and the peak
 allocated memory); the trained weights go to --out at the end.
 """'''
@@ -393,8 +506,10 @@ def _pure_bf16_doc(job: Job) -> str:
     """The docstring's warning for pure bf16 (no fp32 master weights: small updates round away; advisor.plan)."""
     if job.precision != Precision.PURE_BF16:
         return ""
-    return ("\nPure bf16: no fp32 master weights, so an update below about 0.2% of a weight rounds away (most AdamW "
-            "updates\n    at a fine-tuning learning rate): prefer --precision bf16 (mixed) unless you need this.")
+    return (
+        "\nPure bf16: no fp32 master weights, so an update below about 0.2% of a weight rounds away (most AdamW "
+        "updates\n    at a fine-tuning learning rate): prefer --precision bf16 (mixed) unless you need this."
+    )
 
 
 def _time_doc(job: Job) -> str:
@@ -412,14 +527,22 @@ def _lora_doc(job: Job) -> str:
     if adapter is None:
         return ""
     targets = _doc_text(adapter.targets_text)
-    base = (f"a frozen {adapter.quantize}-quantized base (bitsandbytes, computing in {adapter.compute_dtype})"
-            if adapter.quantize else "a frozen base")
-    where = ("--init-from DIR loads the base (a save_pretrained directory); without it a freshly initialised\n"
-             "base is used (smoke tests only)" if job.spec.is_transformer else
-             "--init-from FILE loads the base (a state_dict such as model.pt); without it the base is\n"
-             "freshly initialised (smoke tests only)")
-    return (f"Fine-tuning: LoRA rank {adapter.rank} (alpha {adapter.alpha:g}) on {targets} over {base};\n"
-            f"only the adapters train and are saved (--out/adapter, peft format).\n{where}.\n")
+    base = (
+        f"a frozen {adapter.quantize}-quantized base (bitsandbytes, computing in {adapter.compute_dtype})"
+        if adapter.quantize
+        else "a frozen base"
+    )
+    where = (
+        "--init-from DIR loads the base (a save_pretrained directory); without it a freshly initialised\n"
+        "base is used (smoke tests only)"
+        if job.spec.is_transformer
+        else "--init-from FILE loads the base (a state_dict such as model.pt); without it the base is\n"
+        "freshly initialised (smoke tests only)"
+    )
+    return (
+        f"Fine-tuning: LoRA rank {adapter.rank} (alpha {adapter.alpha:g}) on {targets} over {base};\n"
+        f"only the adapters train and are saved (--out/adapter, peft format).\n{where}.\n"
+    )
 
 
 def launch_command_for(job: Job) -> str:
@@ -433,8 +556,9 @@ def _helpers_source(job: Job, template: str) -> str:
     units, one per repeated block)."""
     from advisor.checkpointing import enable_activation_checkpointing, repeated_blocks
 
-    parts: list[Callable[..., object]] = ([repeated_blocks] if job.activation_checkpointing
-                                          or "repeated_blocks(" in template else [])
+    parts: list[Callable[..., object]] = (
+        [repeated_blocks] if job.activation_checkpointing or "repeated_blocks(" in template else []
+    )
     if job.activation_checkpointing:
         parts.append(enable_activation_checkpointing)
     if not parts:
@@ -466,35 +590,54 @@ def render_train_py(job: Job) -> str:
     tags = _block_tags(job, family_has_base=lora and "def build_base(" in select_blocks(fragment, _block_tags(job)))
     template = select_blocks((TEMPLATES / strategy.template).read_text(), tags)
     adapters = select_blocks((TEMPLATES / "adapters.py").read_text(), tags) if lora else ""
-    body = [_helpers_source(job, template), select_blocks((TEMPLATES / "common.py").read_text(), tags),
-            # The process group's helpers, or their one-process stand-ins (a one-process script never touches
-            # torch.distributed).
-            select_blocks((TEMPLATES / ("collectives.py" if strategy.distributes else "local.py")).read_text(), tags),
-            select_blocks(fragment, tags), adapters,
-            *(select_blocks((TEMPLATES / part).read_text(), tags) for part in strategy.script_parts), template]
+    body = [
+        _helpers_source(job, template),
+        select_blocks((TEMPLATES / "common.py").read_text(), tags),
+        # The process group's helpers, or their one-process stand-ins (a one-process script never touches
+        # torch.distributed).
+        select_blocks((TEMPLATES / ("collectives.py" if strategy.distributes else "local.py")).read_text(), tags),
+        select_blocks(fragment, tags),
+        adapters,
+        *(select_blocks((TEMPLATES / part).read_text(), tags) for part in strategy.script_parts),
+        template,
+    ]
     # Two blank lines between the parts, as between any two top-level definitions.
     text = "\n\n\n".join(part.strip("\n") for part in body if part.strip()) + "\n"
     # The standard-library modules the script uses (no unused import).
     quiet = BNB_QUIET if lora or "bnb" in tags else ""
     stdlib = sorted(m for m in _STDLIB if re.search(rf"\b{m}\.[A-Za-z_]", text + quiet))
     imports = [_used_names(statement, text) for statement in strategy.script_imports]
-    lines = [_docstring(job, launch), "", *(f"import {m}" for m in stdlib), "",
-             "import torch", *(["import torch.distributed as dist"] if strategy.distributes else []),
-             *(i for i in imports if i), "",
-             *([quiet, ""] if quiet else []),
-             "# --- constants written by advisor (edit freely) ---"]
+    lines = [
+        _docstring(job, launch),
+        "",
+        *(f"import {m}" for m in stdlib),
+        "",
+        "import torch",
+        *(["import torch.distributed as dist"] if strategy.distributes else []),
+        *(i for i in imports if i),
+        "",
+        *([quiet, ""] if quiet else []),
+        "# --- constants written by advisor (edit freely) ---",
+    ]
     lines += [_constant_line(k, v) for k, v in consts.items()]
-    lines += ["NUM_WORKERS = (min(8, (os.cpu_count() or 1) // max(1, int(os.environ.get('LOCAL_WORLD_SIZE', '1'))))",
-              "               if torch.cuda.is_available() else 0)  # data-loading workers: about CPU cores / GPUs",
-              "", "", text]
+    lines += [
+        "NUM_WORKERS = (min(8, (os.cpu_count() or 1) // max(1, int(os.environ.get('LOCAL_WORLD_SIZE', '1'))))",
+        "               if torch.cuda.is_available() else 0)  # data-loading workers: about CPU cores / GPUs",
+        "",
+        "",
+        text,
+    ]
     return "\n".join(lines)
 
 
 def render_launch_sh(job: Job) -> str:
     """``launch.sh``: the launch line with this directory's files by absolute path, so relative paths given to it
     (--data, --init-from, --out) stay the caller's; on a machine without CUDA, the CPU fallback's exports."""
-    here = {" train.py": ' "$HERE/train.py"', " ds_config.json": ' "$HERE/ds_config.json"',
-            " hostfile": ' "$HERE/hostfile"'}
+    here = {
+        " train.py": ' "$HERE/train.py"',
+        " ds_config.json": ' "$HERE/ds_config.json"',
+        " hostfile": ' "$HERE/hostfile"',
+    }
     cmd = launch_command_for(job)
     for name, path in here.items():
         cmd = cmd.replace(name, path)
@@ -502,24 +645,38 @@ def render_launch_sh(job: Job) -> str:
     if job.strategy_unit.launcher.cpu_note:
         exports += f'  echo "{job.strategy_unit.launcher.cpu_note}"\n'
     backend = " with the gloo backend" if job.strategy_unit.distributes else ""
-    cpu_fallback = ('if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then\n'
-                    f'  echo "no CUDA GPU: running on the CPU{backend}"\n' + exports + "fi\n")
+    cpu_fallback = (
+        'if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then\n'
+        f'  echo "no CUDA GPU: running on the CPU{backend}"\n' + exports + "fi\n"
+    )
     nodes = ""
     if job.num_nodes > 1 and job.strategy_unit.launcher.name == LauncherKind.DEEPSPEED:
-        nodes = ("# Several nodes: run this on the first node only; DeepSpeed starts the others over ssh from hostfile\n"
-                 "# (one 'HOST slots=N' line per node: replace the placeholders) and HOST0 is this node's address.\n")
+        nodes = (
+            "# Several nodes: run this on the first node only; DeepSpeed starts the others over ssh from hostfile\n"
+            "# (one 'HOST slots=N' line per node: replace the placeholders) and HOST0 is this node's address.\n"
+        )
     elif job.num_nodes > 1 and job.strategy_unit.distributes:
-        nodes = ("# Several nodes: run this on every node with NODE_RANK exported (0 on the first) and HOST0 replaced\n"
-                 "# by the first node's address (or submit slurm.sbatch).\n")
-    return ("#!/usr/bin/env bash\n# Generated by advisor. Usage: bash launch.sh [train.py options, e.g. --steps 20]\n"
-            "# Relative paths in the options are read from where you run it.\n"
-            + nodes + 'set -euo pipefail\nHERE="$(cd "$(dirname "$0")" && pwd)"\n' + cpu_fallback + f'{cmd} "$@"\n')
+        nodes = (
+            "# Several nodes: run this on every node with NODE_RANK exported (0 on the first) and HOST0 replaced\n"
+            "# by the first node's address (or submit slurm.sbatch).\n"
+        )
+    return (
+        "#!/usr/bin/env bash\n# Generated by advisor. Usage: bash launch.sh [train.py options, e.g. --steps 20]\n"
+        "# Relative paths in the options are read from where you run it.\n"
+        + nodes
+        + 'set -euo pipefail\nHERE="$(cd "$(dirname "$0")" && pwd)"\n'
+        + cpu_fallback
+        + f'{cmd} "$@"\n'
+    )
 
 
 def render_job(job: Job) -> dict[str, str]:
     """File name -> text for ``job``."""
-    files = {"train.py": render_train_py(job), "launch.sh": render_launch_sh(job),
-             SLURM_FILE: render_slurm(job, job.time_limit_s)}
+    files = {
+        "train.py": render_train_py(job),
+        "launch.sh": render_launch_sh(job),
+        SLURM_FILE: render_slurm(job, job.time_limit_s),
+    }
     files.update(job.strategy_unit.extra_files(job))
     return files
 
@@ -555,8 +712,10 @@ def check_emit_dir(out_dir: str | Path, force: bool, names: list[str] | tuple[st
     if out.exists() and not out.is_dir():
         raise AdvisorError(f"--emit {out_dir}: exists and is not a directory: choose another path")
     if out.exists() and any(out.iterdir()) and not force:
-        raise AdvisorError(f"--emit {out_dir}: directory is not empty; choose an empty one or pass --force "
-                           f"(which overwrites only {', '.join(names)})")
+        raise AdvisorError(
+            f"--emit {out_dir}: directory is not empty; choose an empty one or pass --force "
+            f"(which overwrites only {', '.join(names)})"
+        )
     return out
 
 
@@ -580,8 +739,9 @@ def write_files(files: dict[str, str], out_dir: str | Path, force: bool = False)
                 if name.endswith(".sh"):
                     path.chmod(0o755)
             except OSError as err:
-                raise AdvisorError(f"--emit {out_dir}: cannot write {name} ({err.strerror}): move it away or choose "
-                                   "another directory") from None
+                raise AdvisorError(
+                    f"--emit {out_dir}: cannot write {name} ({err.strerror}): move it away or choose another directory"
+                ) from None
             written.append(path)
     except OSError as err:
         raise AdvisorError(f"--emit {out_dir}: cannot write ({err.strerror}): choose a writable directory")

@@ -38,8 +38,9 @@ class Single(Strategy):
     def dp_size(self, ctx: StrategyContext) -> int:
         return 1
 
-    def verify_cluster(self, hw: Hardware, options: TrainingOptions,
-                       row: PlannedRow) -> tuple[Hardware, TrainingOptions]:
+    def verify_cluster(
+        self, hw: Hardware, options: TrainingOptions, row: PlannedRow
+    ) -> tuple[Hardware, TrainingOptions]:
         """One process: the verification runs one rank whatever ``--gpus`` says (the script starts no others)."""
         return replace(hw, gpus_per_node=1, num_nodes=1), options
 
@@ -70,8 +71,18 @@ class Single(Strategy):
         ga = row.grad_accum_steps or 1
         c = self.compute_time(ctx, t)
         w = weight_bytes(stats, ctx.profile.spec.adapter, self.trace_mode(opts.precision)).trainable_elem
-        opt = optimizer_step_s(ctx, t, stats.num_trainable, w, w, w,
-                               extra=2 * w if opts.precision == Precision.FP16 else 0)
-        return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s, comm_s=0.0,
-                        exposed_comm_s=0.0, optimizer_s=opt, flops=ga * c.flops, model_flops=ga * c.model_flops,
-                        peak_flops_per_s=t.peak_flops_per_s, overlap="nothing to overlap: one process")
+        opt = optimizer_step_s(
+            ctx, t, stats.num_trainable, w, w, w, extra=2 * w if opts.precision == Precision.FP16 else 0
+        )
+        return StepTime(
+            micro_batch=ctx.micro_batch_size,
+            micro_steps=ga,
+            compute_s=ga * c.total_s,
+            comm_s=0.0,
+            exposed_comm_s=0.0,
+            optimizer_s=opt,
+            flops=ga * c.flops,
+            model_flops=ga * c.model_flops,
+            peak_flops_per_s=t.peak_flops_per_s,
+            overlap="nothing to overlap: one process",
+        )

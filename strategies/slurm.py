@@ -39,8 +39,9 @@ def _positive_int(value: object, what: str, upper: int | None = None) -> int:
         AdvisorError: anything else.
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (upper is not None and value > upper):
-        raise AdvisorError(f"slurm.sbatch: {what} must be a whole number from 1{f' to {upper}' if upper else ''}, "
-                           f"not {value!r}")
+        raise AdvisorError(
+            f"slurm.sbatch: {what} must be a whole number from 1{f' to {upper}' if upper else ''}, not {value!r}"
+        )
     return value
 
 
@@ -53,8 +54,11 @@ def slurm_time(time_limit_s: float | None) -> str:
     """
     if time_limit_s is None:
         time_limit_s = DEFAULT_TIME_LIMIT_S
-    if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float)) or not (
-            math.isfinite(time_limit_s) and time_limit_s > 0):
+    if (
+        isinstance(time_limit_s, bool)
+        or not isinstance(time_limit_s, (int, float))
+        or not (math.isfinite(time_limit_s) and time_limit_s > 0)
+    ):
         raise AdvisorError(f"slurm.sbatch: time limit must be a number of seconds above 0, not {time_limit_s!r}")
     minutes = max(MIN_TIME_LIMIT_S // 60, math.ceil(time_limit_s / 60))
     return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
@@ -100,8 +104,7 @@ def render_slurm(job: ScriptJob, time_limit_s: float | None = None) -> str:
         'cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")}"',
     ]
     if one_process:
-        body = ["# One process on one GPU: no launcher, no process group.",
-                f'srun python {args} "$@"']
+        body = ["# One process on one GPU: no launcher, no process group.", f'srun python {args} "$@"']
     else:
         body = [
             "# The first node of the allocation hosts the rendezvous (sed, not head: head would close the pipe",

@@ -45,8 +45,11 @@ def vocab_shape(ctx: StrategyContext) -> tuple[bool, int, int]:
     """(tied, vocab, hidden) of ``ctx``'s model: whether the LM head shares the input embedding's weight
     (``tie_word_embeddings``; False, the llama/mistral/qwen2 config classes' default, when the config omits it)."""
     cfg = ctx.profile.spec.config or {}
-    return (bool(cfg.get("tie_word_embeddings", False)), as_int(cfg.get("vocab_size") or 0),
-            as_int(cfg.get("hidden_size") or 0))
+    return (
+        bool(cfg.get("tie_word_embeddings", False)),
+        as_int(cfg.get("vocab_size") or 0),
+        as_int(cfg.get("hidden_size") or 0),
+    )
 
 
 # Vocab-parallel cross-entropy: three all-reduces of one fp32 value per token in forward (the row maximum, the sum
@@ -59,15 +62,19 @@ CE_BYTES_PER_TOKEN = 4
 
 class TensorParallel(Strategy):
     comm_order = 3
-    lora_blocker = ("tensor parallel shards the base's linear layers as DTensors, which peft's LoRA layers do not "
-                    "wrap here: use single, ddp, fsdp2 or ZeRO for LoRA")
+    lora_blocker = (
+        "tensor parallel shards the base's linear layers as DTensors, which peft's LoRA layers do not "
+        "wrap here: use single, ddp, fsdp2 or ZeRO for LoRA"
+    )
     client_optimizers = False  # bitsandbytes' and Adafactor's steps on DTensor shards are not verified
     template = "tp.py"
     script_imports = DCP_IMPORTS
     uses_tp_degree = True
-    comm_pattern = ("all-reduce of the activations twice per block in forward and in backward (tensor parallel), the "
-                    "vocab-parallel embedding, LM head and cross-entropy collectives, "
-                    "plus a gradient all-reduce across the data-parallel groups")
+    comm_pattern = (
+        "all-reduce of the activations twice per block in forward and in backward (tensor parallel), the "
+        "vocab-parallel embedding, LM head and cross-entropy collectives, "
+        "plus a gradient all-reduce across the data-parallel groups"
+    )
 
     def __init__(self, with_dp: bool) -> None:
         self.with_dp = with_dp
@@ -81,8 +88,10 @@ class TensorParallel(Strategy):
         spec = ctx.profile.spec
         if not spec.tp_capable:
             kind = "a CNN/vision model" if spec.family == "vision" else f"architecture {spec.model_type or spec.family}"
-            return (f"{kind} has no tensor-parallel plan here (only llama/mistral/qwen2 attention+MLP blocks); "
-                    "prefer lower precision, activation checkpointing and ZeRO")
+            return (
+                f"{kind} has no tensor-parallel plan here (only llama/mistral/qwen2 attention+MLP blocks); "
+                "prefer lower precision, activation checkpointing and ZeRO"
+            )
         # Over PCIe TP applies: its activation all-reduces are timed and ranked like any other
         # strategy's, and the recommender warns (``pcie_warning``). Across nodes it never applies (below).
         t = self.degree(ctx)
@@ -91,8 +100,10 @@ class TensorParallel(Strategy):
         kv = as_int(cfg.get("num_key_value_heads") or heads)
         if t < 2:
             if ctx.hardware.gpus_per_node >= 2:
-                return (f"no TP degree of 2 or more divides both the {heads} attention heads / {kv} key/value heads "
-                        f"and the {ctx.hardware.gpus_per_node} GPUs per node (give --tp-degree)")
+                return (
+                    f"no TP degree of 2 or more divides both the {heads} attention heads / {kv} key/value heads "
+                    f"and the {ctx.hardware.gpus_per_node} GPUs per node (give --tp-degree)"
+                )
             return "needs at least 2 GPUs in one node"
         if t > ctx.hardware.gpus_per_node:
             return f"TP degree {t} exceeds the {ctx.hardware.gpus_per_node} GPUs per node (never TP across nodes)"
@@ -116,8 +127,10 @@ class TensorParallel(Strategy):
         tensor-parallel groups inside one NVSwitch node)."""
         if ctx.hardware.interconnect == "nvlink":
             return None
-        return (f"{self.title} over PCIe: the activation all-reduces (2 per block in forward, 2 in backward) cross "
-                "PCIe on the critical path; the field's rule is tensor parallelism only inside an NVLink node")
+        return (
+            f"{self.title} over PCIe: the activation all-reduces (2 per block in forward, 2 in backward) cross "
+            "PCIe on the critical path; the field's rule is tensor parallelism only inside an NVLink node"
+        )
 
     # TP degrees of the usual node sizes (GPUs per node); another --gpus asks for one of them.
     WHAT_IF_DEGREES = (2, 4, 8)
@@ -138,8 +151,9 @@ class TensorParallel(Strategy):
     def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
         return {"TP_DEGREE": job.tp_degree}
 
-    def verify_cluster(self, hw: Hardware, options: TrainingOptions,
-                       row: PlannedRow) -> tuple[Hardware, TrainingOptions]:
+    def verify_cluster(
+        self, hw: Hardware, options: TrainingOptions, row: PlannedRow
+    ) -> tuple[Hardware, TrainingOptions]:
         """Keep the planned TP degree when this machine's ranks divide it, else 2; pure TP runs on
         exactly one TP group, TP x DP needs at least two.
 
@@ -160,8 +174,15 @@ class TensorParallel(Strategy):
         # A tied, vocab-sharded embedding's weight gradient is computed whole (module docstring), in the gradients'
         # dtype (fp32 under autocast, whose weights are fp32; bf16 under pure bf16).
         whole = vocab * hidden * bytes_per_element(ctx.options.precision, "grads") if tied else 0
-        return replicated_memory(ctx, micro_batch, ctx.profile.tp_stats(t), tp_degree=t, dp_size=self.dp_size(ctx),
-                                 ddp=False, end_of_backward_bytes=whole)
+        return replicated_memory(
+            ctx,
+            micro_batch,
+            ctx.profile.tp_stats(t),
+            tp_degree=t,
+            dp_size=self.dp_size(ctx),
+            ddp=False,
+            end_of_backward_bytes=whole,
+        )
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
         return RULE_OF_THUMB_BYTES_PER_PARAM * ctx.profile.stats.num_params // self.degree(ctx)
@@ -192,16 +213,28 @@ class TensorParallel(Strategy):
         act = 4 if opts.precision == Precision.FP32 else 2
         nbytes = (spec.seq_len or 1) * ctx.micro_batch_size * hidden * act
         per_block = 4 + (2 if opts.activation_checkpointing else 0)
-        tp_fabric = Fabric.from_preset(t.preset, deg, 1, interconnect=hw.interconnect,
-                                       link_busbw_gbps=hw.link_busbw_gbps)
+        tp_fabric = Fabric.from_preset(
+            t.preset, deg, 1, interconnect=hw.interconnect, link_busbw_gbps=hw.link_busbw_gbps
+        )
         if hw.calibration is not None:  # a CPU verification run: gloo's measured latency (advisor.timing.calibrate)
             tp_fabric = hw.calibration.fabric(tp_fabric)
         one = tp_fabric.time_s("all_reduce", nbytes)
         calls = per_block * blocks
         tp_s = ga * calls * one
-        coll = [Collective(f"activation all-reduce ({per_block} per block: 2 forward, 2 backward"
-                           + (", 2 recompute" if per_block > 4 else "") + ")", "all_reduce", "tensor-parallel",
-                           nbytes, ga * calls, tp_s, tp_s, passes=ga * calls)]
+        coll = [
+            Collective(
+                f"activation all-reduce ({per_block} per block: 2 forward, 2 backward"
+                + (", 2 recompute" if per_block > 4 else "")
+                + ")",
+                "all_reduce",
+                "tensor-parallel",
+                nbytes,
+                ga * calls,
+                tp_s,
+                tp_s,
+                passes=ga * calls,
+            )
+        ]
         # Vocab parallelism, once per micro-step, all on the critical path: the embedding's output
         # gathered whole (all-gather of its hidden shards, or all-reduce of the vocab shards' partial sums when it is
         # tied to the head), the head's input gradient all-reduced in backward (ColwiseParallel's g operator), and
@@ -209,11 +242,21 @@ class TensorParallel(Strategy):
         tied, _, _ = vocab_shape(ctx)
         embed_kind = "all_reduce" if tied else "all_gather"
         ce_bytes = (spec.seq_len or 1) * ctx.micro_batch_size * CE_BYTES_PER_TOKEN
-        vocab_parts = ((f"embedding output {'all-reduce (vocab shards)' if tied else 'all-gather (hidden shards)'}",
-                        embed_kind, nbytes, 1),
-                       ("LM head input-gradient all-reduce (backward)", "all_reduce", nbytes, 1),
-                       ("vocab-parallel cross-entropy all-reduces (max, sum of exponentials, target logit)",
-                        "all_reduce", ce_bytes, CE_ALL_REDUCES))
+        vocab_parts = (
+            (
+                f"embedding output {'all-reduce (vocab shards)' if tied else 'all-gather (hidden shards)'}",
+                embed_kind,
+                nbytes,
+                1,
+            ),
+            ("LM head input-gradient all-reduce (backward)", "all_reduce", nbytes, 1),
+            (
+                "vocab-parallel cross-entropy all-reduces (max, sum of exponentials, target logit)",
+                "all_reduce",
+                ce_bytes,
+                CE_ALL_REDUCES,
+            ),
+        )
         for what, kind, size, per in vocab_parts:
             secs = ga * per * tp_fabric.time_s(kind, size)
             coll.append(Collective(what, kind, "tensor-parallel", size, ga * per, secs, secs, passes=ga * per))
@@ -226,17 +269,42 @@ class TensorParallel(Strategy):
             fabric = fabric_of(ctx, t, max(1, hw.gpus_per_node // deg), hw.num_nodes, concurrent_groups=deg)
             tensors = max(1, shard.num_param_tensors)
             dp_s = tensors * fabric.time_s("all_reduce", shard.num_trainable * g // tensors)
-            coll.append(Collective(f"gradient all-reduce across the data-parallel group ({tensors} tensors)",
-                                   "all_reduce", "data-parallel", shard.num_trainable * g, tensors, dp_s, dp_s))
+            coll.append(
+                Collective(
+                    f"gradient all-reduce across the data-parallel group ({tensors} tensors)",
+                    "all_reduce",
+                    "data-parallel",
+                    shard.num_trainable * g,
+                    tensors,
+                    dp_s,
+                    dp_s,
+                )
+            )
         w = bytes_per_element(opts.precision, "weights")
-        opt = optimizer_step_s(ctx, t, shard.num_trainable, w, g, w, factor=FOREACH_FACTOR,
-                               extra=2 * g if opts.precision == Precision.FP16 else 0)
-        return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s,
-                        comm_s=tp_s + dp_s, exposed_comm_s=tp_s + dp_s, optimizer_s=opt, flops=ga * c.flops,
-                        model_flops=ga * c.model_flops, peak_flops_per_s=t.peak_flops_per_s,
-                        overlap="none: the activation all-reduces are on the critical path; the data-parallel "
-                                "gradient all-reduce runs after backward",
-                        collectives=tuple(coll))
+        opt = optimizer_step_s(
+            ctx,
+            t,
+            shard.num_trainable,
+            w,
+            g,
+            w,
+            factor=FOREACH_FACTOR,
+            extra=2 * g if opts.precision == Precision.FP16 else 0,
+        )
+        return StepTime(
+            micro_batch=ctx.micro_batch_size,
+            micro_steps=ga,
+            compute_s=ga * c.total_s,
+            comm_s=tp_s + dp_s,
+            exposed_comm_s=tp_s + dp_s,
+            optimizer_s=opt,
+            flops=ga * c.flops,
+            model_flops=ga * c.model_flops,
+            peak_flops_per_s=t.peak_flops_per_s,
+            overlap="none: the activation all-reduces are on the critical path; the data-parallel "
+            "gradient all-reduce runs after backward",
+            collectives=tuple(coll),
+        )
 
     def comm_bytes_per_step(self, ctx: StrategyContext, grad_accum_steps: int = 1) -> int:
         """Bytes each GPU sends per optimizer step: the activation all-reduces of every micro-step (2(t-1)/t of

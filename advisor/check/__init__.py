@@ -14,5 +14,14 @@ from .findings import FAILING, SEVERITIES, CheckError, Finding
 from .registry import Rule
 from .rules import RULES
 
-__all__ = ["FAILING", "RULES", "SEVERITIES", "CheckError", "Finding", "Rule", "check_files", "check_paths",
-           "check_source"]
+__all__ = [
+    "FAILING",
+    "RULES",
+    "SEVERITIES",
+    "CheckError",
+    "Finding",
+    "Rule",
+    "check_files",
+    "check_paths",
+    "check_source",
+]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import AdvisorError
 from ..faces import EXIT_BAD_INPUT, OneLineParser, run_face
@@ -39,16 +39,22 @@ or `# advisor: ignore` for every rule. Rules: --list-rules. Files are parsed, ne
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``advisor check`` argument parser."""
-    p = OneLineParser(prog="advisor check", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-                description="Check PyTorch training scripts for single-to-multi-GPU pitfalls (DDP, samplers, "
-                            "ranks, checkpoints) by reading their syntax tree.")
+    p = OneLineParser(
+        prog="advisor check",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Check PyTorch training scripts for single-to-multi-GPU pitfalls (DDP, samplers, "
+        "ranks, checkpoints) by reading their syntax tree.",
+    )
     p.add_argument("files", nargs="*", metavar="FILE.py", help="Python files to check; - reads one from stdin")
-    p.add_argument("--json", action="store_true", help="print a JSON list of findings (path, line, col, rule, "
-                   "severity, message, fix, pitfall)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON list of findings (path, line, col, rule, severity, message, fix, pitfall)",
+    )
     p.add_argument("--select", metavar="RULE,RULE", help="run only these rules (e.g. MG002,MG003)")
     p.add_argument("--ignore", metavar="RULE,RULE", help="skip these rules")
-    p.add_argument("--list-rules", action="store_true", help="list the rules (id, severity, pitfall, title) "
-                   "and exit")
+    p.add_argument("--list-rules", action="store_true", help="list the rules (id, severity, pitfall, title) and exit")
     return p
 
 
@@ -57,8 +63,9 @@ def _rule_ids(value: str | None, flag: str) -> list[str] | None:
         return None
     ids = [x.strip().upper() for x in value.split(",") if x.strip()]
     if not ids:
-        raise AdvisorError(f"{flag} needs at least one rule id (e.g. {flag} MG002,MG003); valid ids: "
-                           f"{', '.join(RULES)}")
+        raise AdvisorError(
+            f"{flag} needs at least one rule id (e.g. {flag} MG002,MG003); valid ids: {', '.join(RULES)}"
+        )
     unknown = [x for x in ids if x not in RULES]
     if unknown:
         raise AdvisorError(f"{flag}: unknown rule id {unknown[0]!r}; valid ids: {', '.join(RULES)}")
@@ -67,8 +74,13 @@ def _rule_ids(value: str | None, flag: str) -> list[str] | None:
 
 def _list_rules(as_json: bool) -> str:
     if as_json:
-        return json.dumps([{"id": r.id, "severity": r.severity, "pitfall": r.pitfall, "title": r.title,
-                            "fix": r.fix} for r in RULES.values()], indent=2)
+        return json.dumps(
+            [
+                {"id": r.id, "severity": r.severity, "pitfall": r.pitfall, "title": r.title, "fix": r.fix}
+                for r in RULES.values()
+            ],
+            indent=2,
+        )
     return "\n".join(f"{r.id}  {r.severity:<8} {r.pitfall:<24} {r.title}" for r in RULES.values())
 
 
@@ -110,10 +122,12 @@ def _check(argv: Sequence[str] | None) -> int:
     if not args.json and checked:
         print(_summary(findings, checked, len(errors)), file=sys.stderr)
     if not args.json and single:
-        print(f"advisor check: {', '.join(single[:3])}{' ...' if len(single) > 3 else ''} use(s) no torch.distributed, "
-              "DeepSpeed, DDP or DistributedSampler, so most rules had nothing to check: for a multi-GPU "
-              "starting point, `python -m advisor MODEL --gpus N --emit DIR` writes a train.py that checks clean",
-              file=sys.stderr)
+        print(
+            f"advisor check: {', '.join(single[:3])}{' ...' if len(single) > 3 else ''} use(s) no torch.distributed, "
+            "DeepSpeed, DDP or DistributedSampler, so most rules had nothing to check: for a multi-GPU "
+            "starting point, `python -m advisor MODEL --gpus N --emit DIR` writes a train.py that checks clean",
+            file=sys.stderr,
+        )
     if errors:
         return EXIT_BAD_INPUT
     return EXIT_FINDINGS if any(f.severity in FAILING for f in findings) else EXIT_CLEAN

@@ -10,8 +10,8 @@ import re
 import sys
 import tokenize
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from .findings import CheckError, Finding
 from .rules import RULES
@@ -57,11 +57,15 @@ def _newer_syntax_hint(err: SyntaxError) -> str:
         return ""
     here = f"Python {sys.version_info.major}.{sys.version_info.minor}"
     if _PEP695.match(err.text or ""):
-        return (f" (this looks like Python 3.12 syntax, type parameters or a `type` statement; the checker "
-                f"parses with this interpreter's grammar, {here}: run it under Python 3.12 or newer)")
+        return (
+            f" (this looks like Python 3.12 syntax, type parameters or a `type` statement; the checker "
+            f"parses with this interpreter's grammar, {here}: run it under Python 3.12 or newer)"
+        )
     if (err.msg or "").startswith("f-string"):
-        return (f" (if this is a Python 3.12 f-string, with nested quotes, a backslash or a comment inside "
-                f"{{}}: the checker parses with this interpreter's grammar, {here})")
+        return (
+            f" (if this is a Python 3.12 f-string, with nested quotes, a backslash or a comment inside "
+            f"{{}}: the checker parses with this interpreter's grammar, {here})"
+        )
     return ""
 
 
@@ -75,8 +79,11 @@ def suppressions(text: str) -> dict[int, frozenset[str] | None]:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             lists = [m.group(1) for m in _IGNORE.finditer(tok.string)] if tok.type == tokenize.COMMENT else []
             if lists:
-                found[tok.start[0]] = None if None in lists else frozenset(
-                    i.strip().upper() for ids in lists for i in ids.split(",") if i.strip())
+                found[tok.start[0]] = (
+                    None
+                    if None in lists
+                    else frozenset(i.strip().upper() for ids in lists for i in ids.split(",") if i.strip())
+                )
     except (tokenize.TokenError, SyntaxError):
         pass  # the file parsed, so this does not happen; keep what was read
     return found
@@ -95,8 +102,14 @@ def _rule_ids(select: Iterable[str] | None, ignore: Iterable[str] | None) -> lis
     return [r for r in chosen if r not in skipped]
 
 
-def check_source(text: str, path: str = "<string>", *, select: Iterable[str] | None = None,
-                 ignore: Iterable[str] | None = None, facts: dict[str, object] | None = None) -> list[Finding]:
+def check_source(
+    text: str,
+    path: str = "<string>",
+    *,
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] | None = None,
+    facts: dict[str, object] | None = None,
+) -> list[Finding]:
     """Findings for Python source ``text`` (reported under ``path``), sorted by line. ``select`` /
     ``ignore`` restrict the rule ids (unknown ids are simply not run). The text is parsed with
     ``ast`` only: nothing is imported or executed. ``facts``, when given, receives
@@ -107,15 +120,20 @@ def check_source(text: str, path: str = "<string>", *, select: Iterable[str] | N
     """
     collecting = gc.isenabled()
     gc.disable()  # a big file's tree is a million objects with no cycles: the collector's passes over
-    try:          # them made checking superlinear in the file's size
+    try:  # them made checking superlinear in the file's size
         return _check(text, path, select, ignore, facts)
     finally:
         if collecting:
             gc.enable()
 
 
-def _check(text: str, path: str, select: Iterable[str] | None, ignore: Iterable[str] | None,
-           facts: dict[str, object] | None = None) -> list[Finding]:
+def _check(
+    text: str,
+    path: str,
+    select: Iterable[str] | None,
+    ignore: Iterable[str] | None,
+    facts: dict[str, object] | None = None,
+) -> list[Finding]:
     tree = _parse(text, path)
     silenced = suppressions(text)
     findings: set[Finding] = set()
@@ -123,13 +141,21 @@ def _check(text: str, path: str, select: Iterable[str] | None, ignore: Iterable[
         ctx = Context(tree, path)
         if facts is not None:  # launchers that wrap DDP themselves count as distributed too
             facts["distributed"] = is_distributed(ctx) or any(
-                m.split(".")[0] in _FRAMEWORKS for m in ctx.imports.modules)
+                m.split(".")[0] in _FRAMEWORKS for m in ctx.imports.modules
+            )
         for rule_id in _rule_ids(select, ignore):
             rule = RULES[rule_id]
             for hit in rule.check(ctx):
-                finding = Finding(path, getattr(hit.node, "lineno", 1), getattr(hit.node, "col_offset", 0) + 1,
-                                  rule.id, hit.severity or rule.severity, hit.message, hit.fix or rule.fix,
-                                  rule.pitfall)
+                finding = Finding(
+                    path,
+                    getattr(hit.node, "lineno", 1),
+                    getattr(hit.node, "col_offset", 0) + 1,
+                    rule.id,
+                    hit.severity or rule.severity,
+                    hit.message,
+                    hit.fix or rule.fix,
+                    rule.pitfall,
+                )
                 if not _silenced(finding, silenced):
                     findings.add(finding)
     except RecursionError:
@@ -154,8 +180,9 @@ def _read_stdin() -> bytes | str:
         return sys.stdin.read()
     data = buffer.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
-        raise CheckError(f"{STDIN_PATH}: cannot read: larger than {MAX_BYTES >> 20} MiB, not a training script",
-                         STDIN_PATH)
+        raise CheckError(
+            f"{STDIN_PATH}: cannot read: larger than {MAX_BYTES >> 20} MiB, not a training script", STDIN_PATH
+        )
     return data
 
 
@@ -178,8 +205,7 @@ def read_source(path: str | Path) -> str:
             if p.is_dir():
                 raise CheckError(f"{name}: cannot read: is a directory (pass the .py files in it)", name)
             if p.stat().st_size > MAX_BYTES:
-                raise CheckError(f"{name}: cannot read: larger than {MAX_BYTES >> 20} MiB, not a training script",
-                                 name)
+                raise CheckError(f"{name}: cannot read: larger than {MAX_BYTES >> 20} MiB, not a training script", name)
             data = p.read_bytes()
     except OSError as err:
         raise CheckError(f"{name}: cannot read: {err.strerror or err}", name) from None
@@ -191,13 +217,20 @@ def read_source(path: str | Path) -> str:
         raise CheckError(f"{name}:1: cannot parse: {err.msg} (not UTF-8 text: a binary file?)", name, 1) from None
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        raise CheckError(f"{name}:{line}: cannot parse: not {err.encoding} text (byte {data[err.start]:#04x}; "
-                         "a binary file?)", name, line) from None
+        raise CheckError(
+            f"{name}:{line}: cannot parse: not {err.encoding} text (byte {data[err.start]:#04x}; a binary file?)",
+            name,
+            line,
+        ) from None
 
 
-def check_files(paths: Iterable[str | Path], *, select: Iterable[str] | None = None,
-                ignore: Iterable[str] | None = None,
-                not_distributed: list[str] | None = None) -> tuple[list[Finding], list[CheckError]]:
+def check_files(
+    paths: Iterable[str | Path],
+    *,
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] | None = None,
+    not_distributed: list[str] | None = None,
+) -> tuple[list[Finding], list[CheckError]]:
     """Check every file in ``paths`` (``-``: standard input), in the order given: the findings of
     those that could be read and parsed, and one ``CheckError`` for each that could not.
     ``not_distributed``, when given, receives the paths of files that use no torch.distributed,
@@ -207,8 +240,7 @@ def check_files(paths: Iterable[str | Path], *, select: Iterable[str] | None = N
     for path in paths:
         facts: dict[str, object] = {}
         try:
-            findings += check_source(read_source(path), display_path(path), select=select, ignore=ignore,
-                                     facts=facts)
+            findings += check_source(read_source(path), display_path(path), select=select, ignore=ignore, facts=facts)
         except CheckError as err:
             errors.append(err)
         if not_distributed is not None and facts.get("distributed") is False:
@@ -216,8 +248,9 @@ def check_files(paths: Iterable[str | Path], *, select: Iterable[str] | None = N
     return findings, errors
 
 
-def check_paths(paths: Iterable[str | Path], *, select: Iterable[str] | None = None,
-                ignore: Iterable[str] | None = None) -> list[Finding]:
+def check_paths(
+    paths: Iterable[str | Path], *, select: Iterable[str] | None = None, ignore: Iterable[str] | None = None
+) -> list[Finding]:
     """Findings for each file in ``paths``, in the order given (``check_files`` goes on past bad files).
 
     Raises:

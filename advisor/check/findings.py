@@ -35,7 +35,9 @@ class Finding:
 
     def format(self) -> str:
         """``path:line: RULE message (pitfall ..., docs/pitfalls.md); fix: ...`` on one line."""
-        return f"{self.path}:{self.line}: {self.rule} {self.message} ({self.pitfall}, docs/pitfalls.md); fix: {self.fix}"
+        return (
+            f"{self.path}:{self.line}: {self.rule} {self.message} ({self.pitfall}, docs/pitfalls.md); fix: {self.fix}"
+        )
 
     def to_dict(self) -> dict[str, object]:
         """The fields as a JSON-ready dict (path, line, col, rule, severity, message, fix, pitfall)."""

@@ -69,15 +69,23 @@ def _values(expr: ast.AST) -> list[int | None]:
 def _one_rank(op: type[ast.cmpop], value: ast.AST) -> bool:
     """``R == k``, ``R <= 0``, ``R < 1``, ``R in (-1, 0)``: true for rank 0 (or one fixed rank) only."""
     n, values = _int(value), _values(value)
-    return ((op in (ast.Eq, ast.Is) and n is not None) or (op is ast.LtE and n == 0) or (op is ast.Lt and n == 1)
-            or (op is ast.In and 0 in values and all(v is not None and v <= 0 for v in values)))
+    return (
+        (op in (ast.Eq, ast.Is) and n is not None)
+        or (op is ast.LtE and n == 0)
+        or (op is ast.Lt and n == 1)
+        or (op is ast.In and 0 in values and all(v is not None and v <= 0 for v in values))
+    )
 
 
 def _not_rank_zero(op: type[ast.cmpop], value: ast.AST) -> bool:
     """``R != 0``, ``R > 0``, ``R >= 1``, ``R not in (-1, 0)``: true on every rank but 0."""
     n = _int(value)
-    return ((op in (ast.NotEq, ast.IsNot) and n == 0) or (op is ast.Gt and n == 0) or (op is ast.GtE and n == 1)
-            or (op is ast.NotIn and 0 in _values(value)))
+    return (
+        (op in (ast.NotEq, ast.IsNot) and n == 0)
+        or (op is ast.Gt and n == 0)
+        or (op is ast.GtE and n == 1)
+        or (op is ast.NotIn and 0 in _values(value))
+    )
 
 
 def _holds(ctx: Context, test: ast.AST, on_zero: bool) -> bool:
@@ -107,18 +115,30 @@ def exits(block: list[ast.stmt]) -> bool:
     if not block:
         return False
     last = block[-1]
-    return isinstance(last, _EXITS) or (isinstance(last, ast.Expr) and last_name(last.value) in _EXIT_CALLS
-                                        and isinstance(last.value, ast.Call))
+    return isinstance(last, _EXITS) or (
+        isinstance(last, ast.Expr) and last_name(last.value) in _EXIT_CALLS and isinstance(last.value, ast.Call)
+    )
 
 
-def _first_early_exit(ctx: Context, parent: ast.AST, field: str,
-                      block: list[ast.stmt]) -> tuple[dict[ast.stmt, int], int | None]:
+def _first_early_exit(
+    ctx: Context, parent: ast.AST, field: str, block: list[ast.stmt]
+) -> tuple[dict[ast.stmt, int], int | None]:
     """For one block: statement -> its index, and the index of the first ``if R != 0: return`` (or
     ``if R == 0: ... else: return``) in it (None: none). Computed once per block."""
+
     def index() -> tuple[dict[ast.stmt, int], int | None]:
-        first = next((i for i, stmt in enumerate(block) if isinstance(stmt, ast.If) and (
-            (nonzero_test(ctx, stmt.test) and exits(stmt.body)) or (zero_test(ctx, stmt.test) and exits(stmt.orelse)))),
-            None)
+        first = next(
+            (
+                i
+                for i, stmt in enumerate(block)
+                if isinstance(stmt, ast.If)
+                and (
+                    (nonzero_test(ctx, stmt.test) and exits(stmt.body))
+                    or (zero_test(ctx, stmt.test) and exits(stmt.orelse))
+                )
+            ),
+            None,
+        )
         return {stmt: i for i, stmt in enumerate(block)}, first
 
     return ctx.remember(("early-exit", parent, field), index)
@@ -139,15 +159,19 @@ def _after_early_exit(ctx: Context, parent: ast.AST, child: ast.AST) -> bool:
 def _inits(ctx: Context, node: ast.If) -> bool:
     """Whether the body of ``node`` starts a process group (torch's init_process_group or deepspeed's);
     memoised per ``if``, since every statement of its ``else`` asks."""
-    return ctx.remember(("inits", node), lambda: any(isinstance(n, ast.Call) and ctx.call_name(n) in INITS
-                                                    for s in node.body for n in ast.walk(s)))
+    return ctx.remember(
+        ("inits", node),
+        lambda: any(isinstance(n, ast.Call) and ctx.call_name(n) in INITS for s in node.body for n in ast.walk(s)),
+    )
 
 
 def _distributed_flags(ctx: Context) -> set[str]:
     """Texts of ``if X:`` tests whose body starts the process group (``if ddp:``, ``if args.distributed:``):
     ``not X`` then means one process."""
-    return ctx.remember("distributed-flags", lambda: {ast.unparse(n.test) for n in ctx.nodes
-                                                      if isinstance(n, ast.If) and _inits(ctx, n)})
+    return ctx.remember(
+        "distributed-flags",
+        lambda: {ast.unparse(n.test) for n in ctx.nodes if isinstance(n, ast.If) and _inits(ctx, n)},
+    )
 
 
 def _in_else(ctx: Context, parent: ast.If, child: ast.AST) -> bool:
@@ -161,8 +185,11 @@ def _single_process_branch(ctx: Context, parent: ast.If, in_else: bool) -> bool:
     if in_else:
         return _inits(ctx, parent)
     test = parent.test
-    return (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
-            and ast.unparse(test.operand) in _distributed_flags(ctx))
+    return (
+        isinstance(test, ast.UnaryOp)
+        and isinstance(test.op, ast.Not)
+        and ast.unparse(test.operand) in _distributed_flags(ctx)
+    )
 
 
 def _branch_guard(ctx: Context, parent: ast.AST, child: ast.AST) -> bool:
@@ -172,13 +199,15 @@ def _branch_guard(ctx: Context, parent: ast.AST, child: ast.AST) -> bool:
         if child is parent.test:
             return False
         in_else = _in_else(ctx, parent, child)
-        return ((nonzero_test(ctx, parent.test) if in_else else zero_test(ctx, parent.test))
-                or _single_process_branch(ctx, parent, in_else))
+        return (nonzero_test(ctx, parent.test) if in_else else zero_test(ctx, parent.test)) or _single_process_branch(
+            ctx, parent, in_else
+        )
     if isinstance(parent, ast.IfExp):
-        return ((child is parent.body and zero_test(ctx, parent.test))
-                or (child is parent.orelse and nonzero_test(ctx, parent.test)))
+        return (child is parent.body and zero_test(ctx, parent.test)) or (
+            child is parent.orelse and nonzero_test(ctx, parent.test)
+        )
     if isinstance(parent, ast.BoolOp) and isinstance(parent.op, ast.And) and child in parent.values:
-        return any(zero_test(ctx, v) for v in parent.values[:parent.values.index(child)])
+        return any(zero_test(ctx, v) for v in parent.values[: parent.values.index(child)])
     return False
 
 
@@ -213,5 +242,7 @@ def rank_zero_only(ctx: Context, node: ast.AST, _seen: frozenset[ast.AST] = froz
         return True  # unknown callers: leave it to them
     if _seen:  # inside a chain of callers: the answer depends on the chain, not cached
         return all(rank_zero_only(ctx, site, _seen | {fn}) for site in _references(ctx, fn))
-    return ctx.remember(("callers-guarded", fn),
-                        lambda: all(rank_zero_only(ctx, site, frozenset({fn})) for site in _references(ctx, fn)))
+    return ctx.remember(
+        ("callers-guarded", fn),
+        lambda: all(rank_zero_only(ctx, site, frozenset({fn})) for site in _references(ctx, fn)),
+    )

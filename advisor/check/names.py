@@ -16,7 +16,7 @@ import), relative imports and ``import *`` are not followed.
 from __future__ import annotations
 
 import ast
-from typing import Iterable
+from collections.abc import Iterable
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
 DATA_PARALLEL = "torch.nn.parallel.DataParallel"
@@ -45,7 +45,7 @@ def canonical(name: str) -> str:
     """The one spelling rules compare against for a qualified name."""
     for old, new in _PREFIXES:
         if name.startswith(old):
-            name = new + name[len(old):]
+            name = new + name[len(old) :]
             break
     return _EXACT.get(name, name)
 

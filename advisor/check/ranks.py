@@ -17,10 +17,19 @@ from .names import last_name
 from .scope import Context
 
 _ENV_READERS = {"os.environ.get", "os.getenv"}
-_RANK_WORDS = {"gpu", "gpu_id", "ordinal", "get_ordinal", "process_index", "local_process_index", "proc_id",
-               "process_id"}
-_MAIN_FLAG = re.compile(r"(^|_)(main|master|leader|chief)(_|$)|rank_?(0|zero)|(global|world|process)_?zero",
-                        re.IGNORECASE)
+_RANK_WORDS = {
+    "gpu",
+    "gpu_id",
+    "ordinal",
+    "get_ordinal",
+    "process_index",
+    "local_process_index",
+    "proc_id",
+    "process_id",
+}
+_MAIN_FLAG = re.compile(
+    r"(^|_)(main|master|leader|chief)(_|$)|rank_?(0|zero)|(global|world|process)_?zero", re.IGNORECASE
+)
 _WRAPPERS = {"int", "str"}
 
 
@@ -38,8 +47,12 @@ def env_key(ctx: Context, expr: ast.AST) -> str | None:
 
 def _unwrap(expr: ast.AST) -> ast.AST:
     """``int(x)`` / ``str(x)`` -> ``x`` (repeatedly)."""
-    while (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in _WRAPPERS
-           and len(expr.args) == 1):
+    while (
+        isinstance(expr, ast.Call)
+        and isinstance(expr.func, ast.Name)
+        and expr.func.id in _WRAPPERS
+        and len(expr.args) == 1
+    ):
         expr = expr.args[0]
     return expr
 

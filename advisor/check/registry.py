@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import ast
 import inspect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 from .scope import Context
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import ast
 from bisect import bisect_right
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Iterator, TypeGuard, TypeVar, cast
+from typing import TypeGuard, TypeVar, cast
 
 from .names import Imports
 
@@ -73,8 +73,11 @@ class Context:
                 inner, loop = node, None
             else:
                 inner = scope
-            heads = (getattr(node, "iter", None), getattr(node, "test", None), getattr(node, "target", None)) \
-                if isinstance(node, LOOPS) else ()
+            heads = (
+                (getattr(node, "iter", None), getattr(node, "test", None), getattr(node, "target", None))
+                if isinstance(node, LOOPS)
+                else ()
+            )
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
                 self._scopes[child] = inner
@@ -86,7 +89,8 @@ class Context:
         self.imports = Imports(tree, nodes)
         self.calls = sorted((n for n in nodes if isinstance(n, ast.Call)), key=pos)
         self.identifiers = {n.id for n in nodes if isinstance(n, ast.Name)} | {
-            n.attr for n in nodes if isinstance(n, ast.Attribute)}
+            n.attr for n in nodes if isinstance(n, ast.Attribute)
+        }
         self.classes = {n.name: n for n in nodes if isinstance(n, ast.ClassDef)}
         functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = defaultdict(list)
         self.uses: dict[str, list[ast.AST]] = defaultdict(list)  # identifier -> loads of it (names, attributes)
@@ -149,6 +153,7 @@ class Context:
     def loop_body(self, loop: ast.AST) -> list[ast.AST]:
         """Nodes that ``loop`` itself runs (``loop_of(n) is loop``): not those of loops nested in it,
         of nested functions, nor its own ``iter``/``test``/``target``. Indexed once per file."""
+
         def index() -> dict[ast.AST, list[ast.AST]]:
             bodies: dict[ast.AST, list[ast.AST]] = defaultdict(list)
             for node, owner in self._loops.items():
@@ -159,6 +164,7 @@ class Context:
 
     def scope_calls(self, scope: ast.AST) -> list[ast.Call]:
         """Calls in ``scope``'s own code (``in_scope``), in source order. Indexed once per file."""
+
         def index() -> dict[ast.AST, list[ast.Call]]:
             by_scope: dict[ast.AST, list[ast.Call]] = defaultdict(list)
             for call in self.calls:
@@ -170,6 +176,7 @@ class Context:
     def loads(self, scope: ast.AST, name: str) -> list[ast.Name]:
         """Loads of the variable ``name`` in ``scope``'s code and in the functions nested in it that
         do not bind ``name`` themselves (where it is the same variable)."""
+
         def build() -> dict[tuple[ast.AST, str], list[ast.Name]]:
             by_name: dict[tuple[ast.AST, str], list[ast.Name]] = defaultdict(list)
             for uses in self.uses.values():
@@ -301,8 +308,11 @@ class Context:
             self._bind(scope, target.id, at, value)
         elif isinstance(target, (ast.Tuple, ast.List)):
             values = value.elts if isinstance(value, (ast.Tuple, ast.List)) else []
-            pairs = isinstance(value, (ast.Tuple, ast.List)) and len(values) == len(target.elts) and not any(
-                isinstance(e, ast.Starred) for e in [*target.elts, *values])
+            pairs = (
+                isinstance(value, (ast.Tuple, ast.List))
+                and len(values) == len(target.elts)
+                and not any(isinstance(e, ast.Starred) for e in [*target.elts, *values])
+            )
             for i, elt in enumerate(target.elts):
                 self._bind_target(scope, elt, values[i] if pairs else None, at)
         elif isinstance(target, ast.Starred):
@@ -314,8 +324,11 @@ def argument(call: ast.Call, index: int | None, name: str) -> ast.expr | None:
     for kw in call.keywords:
         if kw.arg == name:
             return kw.value
-    if index is not None and index < len(call.args) and not any(
-            isinstance(a, ast.Starred) for a in call.args[:index + 1]):
+    if (
+        index is not None
+        and index < len(call.args)
+        and not any(isinstance(a, ast.Starred) for a in call.args[: index + 1])
+    ):
         return call.args[index]
     return None
 
@@ -337,4 +350,4 @@ def source(expr: ast.AST) -> str:
 def text(expr: ast.AST, limit: int = 60) -> str:
     """Source text of a small expression for messages, cut to ``limit`` characters."""
     out = source(expr)
-    return out if len(out) <= limit else out[:limit - 3] + "..."
+    return out if len(out) <= limit else out[: limit - 3] + "..."

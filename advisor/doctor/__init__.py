@@ -25,21 +25,60 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..faces import OneLineParser, finite_float, positive_int, run_face
-from .checks import (FAIL, PASS, TORCHRUN_DEFAULT_PORT, WARN, Check, DoctorOptions, Host, NvmlFacts,
-                     check_backend, check_port, collect_versions, compare_cuda_versions, compare_gpu_counts,
-                     read_nvml, torch_gpu_count, visible_count)
+from .checks import (
+    FAIL,
+    PASS,
+    TORCHRUN_DEFAULT_PORT,
+    WARN,
+    Check,
+    DoctorOptions,
+    Host,
+    NvmlFacts,
+    check_backend,
+    check_port,
+    collect_versions,
+    compare_cuda_versions,
+    compare_gpu_counts,
+    read_nvml,
+    torch_gpu_count,
+    visible_count,
+)
 from .launch import check_allreduce
 from .paths import check_ckpt_dir, check_data
 from .report import compare_command, node_commands, parse_nodes_file, render_json, render_text
 
-__all__ = ["Check", "DoctorOptions", "Host", "NvmlFacts", "PASS", "WARN", "FAIL", "main", "run_checks",
-           "exit_code", "parse_args", "check_allreduce", "check_backend", "check_ckpt_dir", "check_data",
-           "check_port", "collect_versions", "compare_cuda_versions", "compare_gpu_counts", "compare_command",
-           "node_commands", "parse_nodes_file", "read_nvml", "render_json", "render_text", "torch_gpu_count",
-           "visible_count"]
+__all__ = [
+    "Check",
+    "DoctorOptions",
+    "Host",
+    "NvmlFacts",
+    "PASS",
+    "WARN",
+    "FAIL",
+    "main",
+    "run_checks",
+    "exit_code",
+    "parse_args",
+    "check_allreduce",
+    "check_backend",
+    "check_ckpt_dir",
+    "check_data",
+    "check_port",
+    "collect_versions",
+    "compare_cuda_versions",
+    "compare_gpu_counts",
+    "compare_command",
+    "node_commands",
+    "parse_nodes_file",
+    "read_nvml",
+    "render_json",
+    "render_text",
+    "torch_gpu_count",
+    "visible_count",
+]
 
 EXIT_OK, EXIT_FAIL = 0, 1
 MAX_TIMEOUT_S = 3600.0
@@ -52,9 +91,11 @@ def run_checks(options: DoctorOptions, nvml: NvmlFacts | None = None) -> list[Ch
 
     nvml = nvml if nvml is not None else read_nvml()
     gpus = torch_gpu_count()
-    checks = [compare_gpu_counts(nvml.gpu_count, gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), nvml.error),
-              compare_cuda_versions(nvml.driver_cuda, torch.version.cuda, nvml.error),
-              check_backend(gpus)]
+    checks = [
+        compare_gpu_counts(nvml.gpu_count, gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), nvml.error),
+        compare_cuda_versions(nvml.driver_cuda, torch.version.cuda, nvml.error),
+        check_backend(gpus),
+    ]
     if checks[-1].status == FAIL:
         checks.append(Check("allreduce", FAIL, "skipped: no usable backend", "fix the backend check first"))
     else:
@@ -97,17 +138,31 @@ def _path(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``advisor doctor`` flags; errors are one line, exit 2."""
-    p = OneLineParser(prog="advisor doctor", description="Pre-flight checklist for distributed training on this node: "
-                "GPUs, driver vs torch CUDA, backend, a 2-rank all-reduce through torchrun, master port, data "
-                "and checkpoint paths, versions. Exit 1 if any check fails.")
-    p.add_argument("--nodes-file", metavar="HOSTS", type=_path,
-                   help="one hostname a line ('#' comments, optional slots=N, as a deepspeed hostfile): print the "
-                   "command to run this doctor on each node and how to compare the reports (nothing is run there)")
-    p.add_argument("--master-port", metavar="N", type=_port, default=TORCHRUN_DEFAULT_PORT,
-                   help=f"port torchrun/deepspeed will use on the master (default {TORCHRUN_DEFAULT_PORT})")
+    p = OneLineParser(
+        prog="advisor doctor",
+        description="Pre-flight checklist for distributed training on this node: "
+        "GPUs, driver vs torch CUDA, backend, a 2-rank all-reduce through torchrun, master port, data "
+        "and checkpoint paths, versions. Exit 1 if any check fails.",
+    )
+    p.add_argument(
+        "--nodes-file",
+        metavar="HOSTS",
+        type=_path,
+        help="one hostname a line ('#' comments, optional slots=N, as a deepspeed hostfile): print the "
+        "command to run this doctor on each node and how to compare the reports (nothing is run there)",
+    )
+    p.add_argument(
+        "--master-port",
+        metavar="N",
+        type=_port,
+        default=TORCHRUN_DEFAULT_PORT,
+        help=f"port torchrun/deepspeed will use on the master (default {TORCHRUN_DEFAULT_PORT})",
+    )
     p.add_argument("--data", metavar="DIR", type=_path, help="data directory: must exist, be readable, not empty")
     p.add_argument("--ckpt-dir", metavar="DIR", type=_path, help="checkpoint directory: must be writable")
-    p.add_argument("--timeout", metavar="S", type=_timeout, default=60.0, help="seconds for the 2-rank run (default 60)")
+    p.add_argument(
+        "--timeout", metavar="S", type=_timeout, default=60.0, help="seconds for the 2-rank run (default 60)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document: checks, versions, exit_code")
     return p
 
@@ -116,8 +171,14 @@ def parse_args(argv: Sequence[str] | None) -> DoctorOptions:
     """argv -> options; reads the nodes file. Raises AdvisorError on bad input."""
     args = build_parser().parse_args(argv)
     hosts = parse_nodes_file(args.nodes_file) if args.nodes_file else ()
-    return DoctorOptions(master_port=args.master_port, data=args.data, ckpt_dir=args.ckpt_dir,
-                         timeout_s=args.timeout, hosts=hosts, json=args.json)
+    return DoctorOptions(
+        master_port=args.master_port,
+        data=args.data,
+        ckpt_dir=args.ckpt_dir,
+        timeout_s=args.timeout,
+        hosts=hosts,
+        json=args.json,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

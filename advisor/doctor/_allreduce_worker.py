@@ -1,5 +1,9 @@
 """advisor doctor: a 2-rank all-reduce and a 2-step DDP loop, launched by torchrun."""
-import datetime, os, sys
+
+import datetime
+import os
+import sys
+
 import torch
 import torch.distributed as dist
 

@@ -68,9 +68,11 @@ def read_nvml() -> NvmlFacts:
         return NvmlFacts(error=f"{err.__class__.__name__}: {err}" if str(err) else err.__class__.__name__)
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
-        return NvmlFacts(gpu_count=int(pynvml.nvmlDeviceGetCount()),
-                         driver=driver.decode() if isinstance(driver, bytes) else str(driver),
-                         driver_cuda=int(pynvml.nvmlSystemGetCudaDriverVersion()))
+        return NvmlFacts(
+            gpu_count=int(pynvml.nvmlDeviceGetCount()),
+            driver=driver.decode() if isinstance(driver, bytes) else str(driver),
+            driver_cuda=int(pynvml.nvmlSystemGetCudaDriverVersion()),
+        )
     except Exception as err:
         return NvmlFacts(error=f"{err.__class__.__name__}: {err}")
     finally:
@@ -135,10 +137,17 @@ def collect_versions(nvml: NvmlFacts) -> dict[str, str | None]:
             nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
         except Exception:
             pass
-    return {"python": platform.python_version(), "torch": str(torch.__version__), "torch_cuda": torch.version.cuda,
-            "cudnn": cudnn, "nccl": nccl, "deepspeed": dist_version("deepspeed"),
-            "transformers": dist_version("transformers"), "driver": nvml.driver,
-            "driver_cuda": _cuda_str(nvml.driver_cuda) if nvml.driver_cuda else None}
+    return {
+        "python": platform.python_version(),
+        "torch": str(torch.__version__),
+        "torch_cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "nccl": nccl,
+        "deepspeed": dist_version("deepspeed"),
+        "transformers": dist_version("transformers"),
+        "driver": nvml.driver,
+        "driver_cuda": _cuda_str(nvml.driver_cuda) if nvml.driver_cuda else None,
+    }
 
 
 def _cuda_str(encoded: int) -> str:
@@ -149,31 +158,56 @@ def _cuda_str(encoded: int) -> str:
 # ---------------------------------------------------------------- checks
 
 
-def compare_gpu_counts(nvml_count: int | None, torch_count: int, cuda_visible: str | None,
-                       nvml_error: str | None = None) -> Check:
+def compare_gpu_counts(
+    nvml_count: int | None, torch_count: int, cuda_visible: str | None, nvml_error: str | None = None
+) -> Check:
     """Check 1: NVML's count (all GPUs of the machine) against torch's (after CUDA_VISIBLE_DEVICES)."""
     cvd = "" if cuda_visible is None else f", CUDA_VISIBLE_DEVICES={cuda_visible!r}"
     seen = f"NVML nvmlDeviceGetCount = {nvml_count}, torch.cuda.device_count() = {torch_count}{cvd}"
     if nvml_count is None:
         if torch_count == 0:
-            return Check("gpus", WARN, f"no GPU: CPU/gloo only (NVML: {nvml_error or 'not readable'}; "
-                         f"torch.cuda.device_count() = 0)", "fine for CPU dry runs; on a GPU node install the "
-                         "NVIDIA driver (nvidia-smi must list the GPUs) and a CUDA build of torch")
-        return Check("gpus", WARN, f"torch sees {torch_count} GPU(s) but NVML cannot be read ({nvml_error})",
-                     "pip install nvidia-ml-py (module pynvml) so GPU facts and the driver version can be read")
+            return Check(
+                "gpus",
+                WARN,
+                f"no GPU: CPU/gloo only (NVML: {nvml_error or 'not readable'}; torch.cuda.device_count() = 0)",
+                "fine for CPU dry runs; on a GPU node install the "
+                "NVIDIA driver (nvidia-smi must list the GPUs) and a CUDA build of torch",
+            )
+        return Check(
+            "gpus",
+            WARN,
+            f"torch sees {torch_count} GPU(s) but NVML cannot be read ({nvml_error})",
+            "pip install nvidia-ml-py (module pynvml) so GPU facts and the driver version can be read",
+        )
     expected = visible_count(nvml_count, cuda_visible)
     if torch_count != expected:
-        why = (f"CUDA_VISIBLE_DEVICES={cuda_visible!r} should expose {expected}" if cuda_visible is not None
-               else "CUDA_VISIBLE_DEVICES is not set")
-        return Check("gpus", FAIL, f"GPU counts disagree: {seen} ({why})",
-                     "check CUDA_VISIBLE_DEVICES, that torch is a CUDA build matching the driver "
-                     "(see cuda-driver below) and that no GPU is in a failed state (nvidia-smi)")
+        why = (
+            f"CUDA_VISIBLE_DEVICES={cuda_visible!r} should expose {expected}"
+            if cuda_visible is not None
+            else "CUDA_VISIBLE_DEVICES is not set"
+        )
+        return Check(
+            "gpus",
+            FAIL,
+            f"GPU counts disagree: {seen} ({why})",
+            "check CUDA_VISIBLE_DEVICES, that torch is a CUDA build matching the driver "
+            "(see cuda-driver below) and that no GPU is in a failed state (nvidia-smi)",
+        )
     if torch_count == 0:
         if nvml_count:
-            return Check("gpus", WARN, f"NVML sees {nvml_count} GPU(s) but CUDA_VISIBLE_DEVICES={cuda_visible!r} "
-                         "hides them all: CPU/gloo only", "unset CUDA_VISIBLE_DEVICES or list the GPUs to use")
-        return Check("gpus", WARN, f"no GPU: CPU/gloo only ({seen})",
-                     "fine for CPU dry runs; training on GPUs needs a node where nvidia-smi lists them")
+            return Check(
+                "gpus",
+                WARN,
+                f"NVML sees {nvml_count} GPU(s) but CUDA_VISIBLE_DEVICES={cuda_visible!r} "
+                "hides them all: CPU/gloo only",
+                "unset CUDA_VISIBLE_DEVICES or list the GPUs to use",
+            )
+        return Check(
+            "gpus",
+            WARN,
+            f"no GPU: CPU/gloo only ({seen})",
+            "fine for CPU dry runs; training on GPUs needs a node where nvidia-smi lists them",
+        )
     return Check("gpus", PASS, f"{torch_count} GPU(s) visible ({seen})")
 
 
@@ -181,27 +215,45 @@ def compare_cuda_versions(driver_cuda: int | None, torch_cuda: str | None, nvml_
     """Check 2: the newest CUDA the driver supports (nvmlSystemGetCudaDriverVersion) >= ``torch.version.cuda``.
     Same major, older minor: WARN (CUDA minor-version compatibility runs most code); older major: FAIL."""
     if not torch_cuda:
-        return Check("cuda-driver", WARN, "skipped: torch is a CPU-only build (torch.version.cuda is None)",
-                     "on GPU nodes install a CUDA build of torch (pip install torch --index-url "
-                     "https://download.pytorch.org/whl/cuXYZ)")
+        return Check(
+            "cuda-driver",
+            WARN,
+            "skipped: torch is a CPU-only build (torch.version.cuda is None)",
+            "on GPU nodes install a CUDA build of torch (pip install torch --index-url "
+            "https://download.pytorch.org/whl/cuXYZ)",
+        )
     if driver_cuda is None:
-        return Check("cuda-driver", WARN, f"torch is built for CUDA {torch_cuda}; no NVIDIA driver to compare "
-                     f"(NVML: {nvml_error or 'not readable'})",
-                     f"on GPU nodes the driver must support CUDA >= {torch_cuda} (nvidia-smi, 'CUDA Version')")
+        return Check(
+            "cuda-driver",
+            WARN,
+            f"torch is built for CUDA {torch_cuda}; no NVIDIA driver to compare (NVML: {nvml_error or 'not readable'})",
+            f"on GPU nodes the driver must support CUDA >= {torch_cuda} (nvidia-smi, 'CUDA Version')",
+        )
     try:
         want = tuple(int(x) for x in torch_cuda.split(".")[:2])
     except ValueError:
-        return Check("cuda-driver", WARN, f"cannot parse torch.version.cuda = {torch_cuda!r}",
-                     "compare nvidia-smi's 'CUDA Version' with torch.version.cuda by hand")
+        return Check(
+            "cuda-driver",
+            WARN,
+            f"cannot parse torch.version.cuda = {torch_cuda!r}",
+            "compare nvidia-smi's 'CUDA Version' with torch.version.cuda by hand",
+        )
     have = (driver_cuda // 1000, driver_cuda % 1000 // 10)
     text = f"driver supports CUDA {_cuda_str(driver_cuda)}, torch is built for CUDA {torch_cuda}"
     if have >= want:
         return Check("cuda-driver", PASS, text)
-    fix = (f"upgrade the NVIDIA driver to one supporting CUDA {torch_cuda}, or install a torch wheel built for "
-           f"CUDA <= {_cuda_str(driver_cuda)}")
+    fix = (
+        f"upgrade the NVIDIA driver to one supporting CUDA {torch_cuda}, or install a torch wheel built for "
+        f"CUDA <= {_cuda_str(driver_cuda)}"
+    )
     if have[0] == want[0]:
-        return Check("cuda-driver", WARN, f"{text}: runs under CUDA minor-version compatibility, but kernels "
-                     "needing a newer driver (PTX JIT) can fail", fix)
+        return Check(
+            "cuda-driver",
+            WARN,
+            f"{text}: runs under CUDA minor-version compatibility, but kernels "
+            "needing a newer driver (PTX JIT) can fail",
+            fix,
+        )
     return Check("cuda-driver", FAIL, f"{text}: torch cannot use these GPUs", fix)
 
 
@@ -210,17 +262,29 @@ def check_backend(gpu_count: int) -> Check:
     import torch.distributed as dist
 
     if not dist.is_available():
-        return Check("backend", FAIL, "torch.distributed is not available in this torch build",
-                     "install an official torch wheel (pip install torch), which ships torch.distributed")
+        return Check(
+            "backend",
+            FAIL,
+            "torch.distributed is not available in this torch build",
+            "install an official torch wheel (pip install torch), which ships torch.distributed",
+        )
     if gpu_count:
         if dist.is_nccl_available():
             return Check("backend", PASS, "nccl (GPU)")
-        return Check("backend", FAIL, f"{gpu_count} GPU(s) but this torch has no NCCL",
-                     "install a CUDA build of torch for Linux; they ship NCCL")
+        return Check(
+            "backend",
+            FAIL,
+            f"{gpu_count} GPU(s) but this torch has no NCCL",
+            "install a CUDA build of torch for Linux; they ship NCCL",
+        )
     if dist.is_gloo_available():
         return Check("backend", PASS, "gloo (CPU)")
-    return Check("backend", FAIL, "no GPU and no gloo backend in this torch build",
-                 "install an official torch wheel (pip install torch), which ships gloo")
+    return Check(
+        "backend",
+        FAIL,
+        "no GPU and no gloo backend in this torch build",
+        "install an official torch wheel (pip install torch), which ships gloo",
+    )
 
 
 def check_port(port: int) -> Check:
@@ -236,9 +300,12 @@ def check_port(port: int) -> Check:
             other = free_port()
             use = f"pass another port to torchrun/deepspeed (--master_port {other} is free now)"
             if err.errno == errno.EADDRINUSE:
-                return Check("master-port", FAIL, f"port {port} is taken (a stale torchrun/deepspeed process? "
-                             f"`ss -ltnp | grep {port}`)", f"stop the process holding it (ss -ltnp shows its pid) "
-                             f"or {use}")
+                return Check(
+                    "master-port",
+                    FAIL,
+                    f"port {port} is taken (a stale torchrun/deepspeed process? `ss -ltnp | grep {port}`)",
+                    f"stop the process holding it (ss -ltnp shows its pid) or {use}",
+                )
             if err.errno == errno.EACCES:
                 return Check("master-port", FAIL, f"port {port} needs root (privileged port below 1024)", use)
             return Check("master-port", FAIL, f"cannot bind port {port}: {err.strerror or err}", use)

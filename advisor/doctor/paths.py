@@ -72,21 +72,37 @@ def check_ckpt_dir(ckpt_dir: str) -> Check:
     found = _nearest_existing(path)
     if found.exists() and not found.is_dir():
         where = "" if found == path else f" ({found} is a file)"
-        return Check("ckpt-dir", FAIL, f"{path}: not a directory{where}",
-                     "pass a directory path (the same on every node); no file may stand in its way")
+        return Check(
+            "ckpt-dir",
+            FAIL,
+            f"{path}: not a directory{where}",
+            "pass a directory path (the same on every node); no file may stand in its way",
+        )
     target = path if found == path else path.parent
     if found not in (path, path.parent):
-        return Check("ckpt-dir", FAIL, f"neither {path} nor its parent exists (nearest existing: {found})",
-                     f"create it on every node (mkdir -p {quoted}) or fix the path")
+        return Check(
+            "ckpt-dir",
+            FAIL,
+            f"neither {path} nor its parent exists (nearest existing: {found})",
+            f"create it on every node (mkdir -p {quoted}) or fix the path",
+        )
     reason = _can_create(target, as_dir=target != path)
     if reason is None and not os.access(target, os.W_OK | os.X_OK):
         reason = "os.access says no write permission"
     if reason is not None:
         what = "" if target == path else f"does not exist and its parent {target} "
-        return Check("ckpt-dir", FAIL, f"{path} {what}is not writable ({reason})",
-                     f"chmod u+w {shlex.quote(str(target))} (or chown it to this user), check the mount is "
-                     "read-write, or pick a writable path")
+        return Check(
+            "ckpt-dir",
+            FAIL,
+            f"{path} {what}is not writable ({reason})",
+            f"chmod u+w {shlex.quote(str(target))} (or chown it to this user), check the mount is "
+            "read-write, or pick a writable path",
+        )
     if target != path:
-        return Check("ckpt-dir", WARN, f"{path} does not exist; its parent is writable, so it will be created",
-                     f"create it now on every node (mkdir -p {quoted}) so all ranks see the same path")
+        return Check(
+            "ckpt-dir",
+            WARN,
+            f"{path} does not exist; its parent is writable, so it will be created",
+            f"create it now on every node (mkdir -p {quoted}) so all ranks see the same path",
+        )
     return Check("ckpt-dir", PASS, f"{path} is writable (created and deleted a temp file)")

@@ -32,8 +32,9 @@ def build_model(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 
     return model
 
 
-def make_batch(spec: ModelSpec, micro_batch: int, device: torch.device | str | None = None,
-               dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def make_batch(
+    spec: ModelSpec, micro_batch: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
     """Synthetic inputs of the right shape (``family_of(spec).make_batch``)."""
     return family_of(spec).make_batch(spec, micro_batch, device=device, dtype=dtype)
 
@@ -43,7 +44,24 @@ def training_loss(spec: ModelSpec, model: torch.nn.Module, batch: dict[str, torc
     return family_of(spec).loss(spec, model, batch)
 
 
-__all__ = ["ADAPTER_DTYPES", "MAX_CONFIG_FILE_BYTES", "QUANT_TYPES", "AdapterSpec",
-           "ModelSpec", "build_model", "check_config_size", "family_of", "hf_config",
-           "hf_model_class", "known_model_names", "load_config_file", "make_batch", "num_layers",
-           "parse_config_text", "resolve_model", "resolve_source", "spec_from_hf_config", "training_loss"]
+__all__ = [
+    "ADAPTER_DTYPES",
+    "MAX_CONFIG_FILE_BYTES",
+    "QUANT_TYPES",
+    "AdapterSpec",
+    "ModelSpec",
+    "build_model",
+    "check_config_size",
+    "family_of",
+    "hf_config",
+    "hf_model_class",
+    "known_model_names",
+    "load_config_file",
+    "make_batch",
+    "num_layers",
+    "parse_config_text",
+    "resolve_model",
+    "resolve_source",
+    "spec_from_hf_config",
+    "training_loss",
+]

@@ -48,9 +48,15 @@ def lora_config(adapter: AdapterSpec, task_type: str | None = None, fan_in_fan_o
         targets = list(adapter.targets)
     # peft annotates lora_alpha as int, but it is a float scale (updates are scaled by alpha / r) and peft's own
     # LoraLayer.update_layer computes with it as a number: a fractional alpha works.
-    return LoraConfig(r=adapter.rank, lora_alpha=adapter.alpha,  # type: ignore[arg-type]
-                      lora_dropout=adapter.dropout,
-                      target_modules=targets, bias="none", task_type=task_type, fan_in_fan_out=fan_in_fan_out)
+    return LoraConfig(
+        r=adapter.rank,
+        lora_alpha=adapter.alpha,  # type: ignore[arg-type]
+        lora_dropout=adapter.dropout,
+        target_modules=targets,
+        bias="none",
+        task_type=task_type,
+        fan_in_fan_out=fan_in_fan_out,
+    )
 
 
 def default_targets(model_type: str | None) -> tuple[str, ...]:
@@ -98,14 +104,15 @@ def _has_conv1d(model: torch.nn.Module) -> bool:
 
 def quantized_weights(model: torch.nn.Module) -> list[tuple[torch.Tensor, tuple[int, int]]]:
     """The frozen weights transformers' bitsandbytes integration quantizes (``replace_with_bnb_linear``): every
-    ``nn.Linear`` and GPT-2 ``Conv1D`` except the output embedding (``get_keys_to_not_convert``: the LM head stays
-    in 16 bits), adapters excluded (they are trainable), each with its (out_features, in_features): ``Conv1D``
-stores (in, out), and bitsandbytes quantizes the ``Linear`` that replaces it. Works on the base model and on its
-``PeftModel``."""
+        ``nn.Linear`` and GPT-2 ``Conv1D`` except the output embedding (``get_keys_to_not_convert``: the LM head stays
+        in 16 bits), adapters excluded (they are trainable), each with its (out_features, in_features): ``Conv1D``
+    stores (in, out), and bitsandbytes quantizes the ``Linear`` that replaces it. Works on the base model and on its
+    ``PeftModel``."""
     import torch.nn as nn
 
     try:
         from transformers.pytorch_utils import Conv1D
+
         kinds: tuple[type, ...] = (nn.Linear, Conv1D)
     except ImportError:  # pragma: no cover
         kinds = (nn.Linear,)

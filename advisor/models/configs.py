@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import replace
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,8 +32,26 @@ from .spec import ModelSpec
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-_ROTARY = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox", "mixtral", "phi", "phi3", "gemma", "gemma2",
-           "falcon", "gptj", "qwen2_moe", "olmo", "starcoder2", "stablelm", "cohere", "deepseek_v3")
+_ROTARY = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gpt_neox",
+    "mixtral",
+    "phi",
+    "phi3",
+    "gemma",
+    "gemma2",
+    "falcon",
+    "gptj",
+    "qwen2_moe",
+    "olmo",
+    "starcoder2",
+    "stablelm",
+    "cohere",
+    "deepseek_v3",
+)
 _RELATIVE = ("t5", "mt5", "umt5", "longt5")
 
 
@@ -64,10 +82,14 @@ def with_seq_len(spec: ModelSpec, seq_len: int | None) -> ModelSpec:
         raise AdvisorError(f"--seq-len must be a positive integer, got {seq_len}")
     elif maximum and seq_len > maximum:
         if kind == "learned":
-            raise AdvisorError(f"--seq-len {seq_len} is beyond {spec.name}'s {maximum} learned positions: "
-                               f"use --seq-len {maximum} or less")
-        warnings.append(f"--seq-len {seq_len} is beyond the {maximum} positions {spec.name} was configured for "
-                        f"({kind} positions still run, quality is not guaranteed)")
+            raise AdvisorError(
+                f"--seq-len {seq_len} is beyond {spec.name}'s {maximum} learned positions: "
+                f"use --seq-len {maximum} or less"
+            )
+        warnings.append(
+            f"--seq-len {seq_len} is beyond the {maximum} positions {spec.name} was configured for "
+            f"({kind} positions still run, quality is not guaranteed)"
+        )
     if seq_len > 2**20:
         raise AdvisorError(f"--seq-len {seq_len} is absurd (limit {2**20})")
     return replace(spec, seq_len=seq_len, max_positions=maximum, position_kind=kind, warnings=tuple(warnings))
@@ -82,45 +104,65 @@ def spec_from_hf_config(config: object, name: str, source: str, seq_len: int | N
     """
     if not isinstance(config, dict):
         kind = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true/false"}.get(
-            type(config), "null")
+            type(config), "null"
+        )
         raise AdvisorError(f"{source}: a config must be a JSON object ({{...}}), got {kind}")
     remote = "auto_map" in config or bool(config.get("trust_remote_code"))
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         if remote:
-            raise AdvisorError(f"{source}: this config needs remote code (auto_map) and names no \"model_type\" "
-                               "transformers knows; advisor never runs remote code")
-        raise AdvisorError(f"{source}: the config has no \"model_type\" string: add one (e.g. \"llama\")")
+            raise AdvisorError(
+                f'{source}: this config needs remote code (auto_map) and names no "model_type" '
+                "transformers knows; advisor never runs remote code"
+            )
+        raise AdvisorError(f'{source}: the config has no "model_type" string: add one (e.g. "llama")')
     with MODEL_BUILD_LOCK:  # transformers' lazy module is not safe to import from several threads
         from transformers import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:
         if remote:
-            raise AdvisorError(f"{source}: model_type {short_value(model_type)} needs remote code (auto_map) and the "
-                               "installed transformers does not know it; advisor never runs remote code: use a "
-                               "config of a model_type transformers ships")
+            raise AdvisorError(
+                f"{source}: model_type {short_value(model_type)} needs remote code (auto_map) and the "
+                "installed transformers does not know it; advisor never runs remote code: use a "
+                "config of a model_type transformers ships"
+            )
         close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING.keys()), n=3, cutoff=0.6)
         hint = f" (closest: {', '.join(close)})" if close else ""
         raise AdvisorError(f"{source}: unknown model_type {model_type!r}{hint}: use a model_type transformers knows")
     check_config_size(config)
-    clean = {k: v for k, v in config.items()
-             if not k.startswith("_") and k not in ("architectures", "auto_map", "quantization_config",
-                                                    "trust_remote_code")}
+    clean = {
+        k: v
+        for k, v in config.items()
+        if not k.startswith("_") and k not in ("architectures", "auto_map", "quantization_config", "trust_remote_code")
+    }
     clean, notes = _with_class_defaults(clean, model_type)
     check_config_size(clean)  # the class defaults too are only sizes until checked
     warnings = _config_warnings(config, model_type) + notes
     if remote:
-        warnings.append(f"auto_map (remote code) is ignored: transformers ships model_type {model_type!r}, "
-                        "so advisor builds its own class and never runs the repository's code")
-    spec = ModelSpec(name=name, family="transformer", source=source, model_type=model_type, config=clean,
-                     warnings=tuple(warnings))
+        warnings.append(
+            f"auto_map (remote code) is ignored: transformers ships model_type {model_type!r}, "
+            "so advisor builds its own class and never runs the repository's code"
+        )
+    spec = ModelSpec(
+        name=name, family="transformer", source=source, model_type=model_type, config=clean, warnings=tuple(warnings)
+    )
     return with_seq_len(spec, seq_len)
 
 
 # The fields advisor reads to size a model (groups of synonyms: transformers' names differ by family).
 # A group the config lacks takes the config class's value, under the class's own name for it.
-_SIZE_FIELDS = (LAYER_KEYS, ("num_decoder_layers",), HIDDEN_KEYS, HEAD_KEYS, ("num_key_value_heads",), FFN_KEYS,
-                ("vocab_size",), POSITION_KEYS, ("num_local_experts", "num_experts"), ("num_experts_per_tok",))
+_SIZE_FIELDS = (
+    LAYER_KEYS,
+    ("num_decoder_layers",),
+    HIDDEN_KEYS,
+    HEAD_KEYS,
+    ("num_key_value_heads",),
+    FFN_KEYS,
+    ("vocab_size",),
+    POSITION_KEYS,
+    ("num_local_experts", "num_experts"),
+    ("num_experts_per_tok",),
+)
 
 
 def _with_class_defaults(config: dict[str, object], model_type: str) -> tuple[dict[str, object], list[str]]:
@@ -150,12 +192,16 @@ def _with_class_defaults(config: dict[str, object], model_type: str) -> tuple[di
         if key is None:
             continue
         out[key] = values[key]
-        derived = ((key == "num_key_value_heads" and values[key] == config_get(values, HEAD_KEYS))
-                   or (key == "num_decoder_layers" and values[key] == config_get(values, LAYER_KEYS)))
+        derived = (key == "num_key_value_heads" and values[key] == config_get(values, HEAD_KEYS)) or (
+            key == "num_decoder_layers" and values[key] == config_get(values, LAYER_KEYS)
+        )
         if not derived:
             defaulted.append(key)
-    if (getattr(obj, "is_encoder_decoder", False) and getattr(obj, "decoder_start_token_id", None) is None
-            and getattr(obj, "pad_token_id", None) is not None):
+    if (
+        getattr(obj, "is_encoder_decoder", False)
+        and getattr(obj, "decoder_start_token_id", None) is None
+        and getattr(obj, "pad_token_id", None) is not None
+    ):
         out["decoder_start_token_id"] = obj.pad_token_id
     notes = []
     tied = _forced_tie_note(config, obj)
@@ -179,16 +225,21 @@ def _forced_tie_note(config: Mapping[str, object], obj: PretrainedConfig) -> str
         return None
     vocab = getattr(obj, "vocab_size", None)
     width = getattr(obj, "d_model", None) or getattr(obj, "hidden_size", None)
-    extra = (f": a checkpoint trained with a separate head holds {int(vocab) * int(width):,} more parameters "
-             f"({int(vocab)} x {int(width)}) than this build" if isinstance(vocab, int) and isinstance(width, int)
-             else "")
+    extra = (
+        f": a checkpoint trained with a separate head holds {int(vocab) * int(width):,} more parameters "
+        f"({int(vocab)} x {int(width)}) than this build"
+        if isinstance(vocab, int) and isinstance(width, int)
+        else ""
+    )
     with MODEL_BUILD_LOCK:
         import transformers
 
-    return (f"tie_word_embeddings is false in the config, but transformers {transformers.__version__}'s "
-            f"{type(obj).__name__} ties the LM head to the input embedding whatever the file says (false only "
-            "turns off the decoder-output scaling): counted as transformers builds it, one shared matrix"
-            f"{extra}; loading such a checkpoint into this class shares one of its two matrices")
+    return (
+        f"tie_word_embeddings is false in the config, but transformers {transformers.__version__}'s "
+        f"{type(obj).__name__} ties the LM head to the input embedding whatever the file says (false only "
+        "turns off the decoder-output scaling): counted as transformers builds it, one shared matrix"
+        f"{extra}; loading such a checkpoint into this class shares one of its two matrices"
+    )
 
 
 def _config_warnings(config: Mapping[str, object], model_type: str) -> list[str]:
@@ -198,8 +249,10 @@ def _config_warnings(config: Mapping[str, object], model_type: str) -> list[str]
     quant = config.get("quantization_config")
     if quant is not None:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
-        out.append(f"quantization_config ({str(method)[:20]}) is ignored: advisor sizes training with "
-                   "bf16/fp16/fp32 weights; 4/8-bit (QLoRA-style) training is not modelled")
+        out.append(
+            f"quantization_config ({str(method)[:20]}) is ignored: advisor sizes training with "
+            "bf16/fp16/fp32 weights; 4/8-bit (QLoRA-style) training is not modelled"
+        )
     speech = _speech_decoder_only(model_type)
     if speech:
         out.append(speech)
@@ -207,8 +260,10 @@ def _config_warnings(config: Mapping[str, object], model_type: str) -> list[str]
     if isinstance(arch, list) and arch and isinstance(arch[0], str):
         owners = _architecture_owners(arch[0])
         if owners and model_type not in owners:
-            out.append(f"architectures says {arch[0][:60]} (a {' / '.join(sorted(owners)[:3])} model) but model_type "
-                       f"is {model_type!r}: advisor builds {model_type}; fix the config if that is wrong")
+            out.append(
+                f"architectures says {arch[0][:60]} (a {' / '.join(sorted(owners)[:3])} model) but model_type "
+                f"is {model_type!r}: advisor builds {model_type}; fix the config if that is wrong"
+            )
     return out
 
 
@@ -221,8 +276,10 @@ def _speech_decoder_only(model_type: str) -> str | None:
     causal = ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     if not speech or not causal or model_type in ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
         return None
-    return (f"{model_type} is a speech model: advisor plans {causal}, its text decoder alone, on token ids; the "
-            f"audio encoder of {speech} is not modelled")
+    return (
+        f"{model_type} is a speech model: advisor plans {causal}, its text decoder alone, on token ids; the "
+        f"audio encoder of {speech} is not modelled"
+    )
 
 
 def _architecture_owners(class_name: str) -> set[str]:
@@ -253,7 +310,9 @@ def load_config_file(path: str) -> object:
             raise AdvisorError(f"config file {path!r} is over 1 MiB: pass the model's config.json, not weights")
         text = p.read_text(encoding="utf-8-sig")  # tolerate a UTF-8 byte-order mark
     except (OSError, UnicodeDecodeError) as err:
-        raise AdvisorError(f"cannot read config file {path!r} ({err.__class__.__name__}): check permissions and encoding")
+        raise AdvisorError(
+            f"cannot read config file {path!r} ({err.__class__.__name__}): check permissions and encoding"
+        )
     return parse_config_text(text, path)
 
 
@@ -272,5 +331,3 @@ def parse_config_text(text: str, source: str = "pasted config") -> object:
         raise AdvisorError(f"{source}: JSON nested too deeply")
     except ValueError:  # e.g. an integer with more digits than Python converts by default
         raise AdvisorError(f"{source}: JSON holds a number too large to be a model size: fix the config")
-
-

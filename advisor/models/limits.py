@@ -44,8 +44,9 @@ def as_int(value: object) -> int:
     """
     if isinstance(value, (str, SupportsInt)):
         return int(value)
-    raise TypeError(f"int() argument must be a string, a bytes-like object or a real number, "
-                    f"not '{type(value).__name__}'")
+    raise TypeError(
+        f"int() argument must be a string, a bytes-like object or a real number, not '{type(value).__name__}'"
+    )
 
 
 def num_layers(config: Mapping[str, object]) -> int:
@@ -116,5 +117,3 @@ def check_config_size(config: Mapping[str, object]) -> int:
         # grouped-query attention repeats each key/value head over heads / kv query heads (transformers' repeat_kv)
         raise AdvisorError(f"{heads} attention heads are not divisible by {kv} key/value heads: fix the config")
     return rough
-
-

@@ -5,6 +5,7 @@ the family unit named by ``family`` builds it (``advisor.models.families``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from ..bnb_layout import QUANT_CHOICES
 from ..choices import Dtype, Quant, values
 

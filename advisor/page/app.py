@@ -19,6 +19,7 @@ import os
 
 import streamlit as st
 
+from advisor.document import PlanDoc, plan_to_dict
 from advisor.errors import AdvisorError
 from advisor.faces import quiet_library_logs
 from advisor.page.charts import show_memory
@@ -26,7 +27,6 @@ from advisor.page.check_tab import show_check
 from advisor.page.form import cached_plan, read_form
 from advisor.page.runner import show_verify
 from advisor.page.words import gib, md, one_line, say
-from advisor.document import PlanDoc, plan_to_dict
 from advisor.plan import Plan
 from advisor.schema import get_field
 from advisor.units import GiB, counted, fmt_count
@@ -44,22 +44,37 @@ def show_summary(p: Plan, doc: PlanDoc) -> None:
     # A wrapping row of content-wide metrics, not fixed columns: a long value ("16 x H100-80GB", a long
     # model name) takes the width it needs and moves to the next line instead of being cut with "...".
     with st.container(horizontal=True, wrap=True, gap="large"):
-        st.metric("Parameters", f"{model['num_params']:,}", width="content",
-                  help=f"{fmt_count(model['num_params'])}; trainable {model['num_trainable_params']:,}")
+        st.metric(
+            "Parameters",
+            f"{model['num_params']:,}",
+            width="content",
+            help=f"{fmt_count(model['num_params'])}; trainable {model['num_trainable_params']:,}",
+        )
         if model["num_trainable_params"] != model["num_params"]:  # LoRA or a frozen backbone
-            st.metric("Trainable", f"{model['num_trainable_params']:,}", width="content",
-                      help=f"{fmt_count(model['num_trainable_params'])} of {fmt_count(model['num_params'])}")
+            st.metric(
+                "Trainable",
+                f"{model['num_trainable_params']:,}",
+                width="content",
+                help=f"{fmt_count(model['num_trainable_params'])} of {fmt_count(model['num_params'])}",
+            )
         st.metric("Model", model["name"], width="content")
         st.metric("GPUs", f"{hw['num_gpus']} x {hw['gpu_name']}", width="content")
-        st.metric("GPU memory", f"{gib(hw['gpu_memory_bytes']):.2f} GiB", width="content",
-                  help="usable per GPU, GiB = 2**30 bytes")
+        st.metric(
+            "GPU memory",
+            f"{gib(hw['gpu_memory_bytes']):.2f} GiB",
+            width="content",
+            help="usable per GPU, GiB = 2**30 bytes",
+        )
     shape = f"seq-len {model['seq_len']}" if p.spec.is_transformer else f"input {model['input_shape']}"
-    st.caption(md(f"{model['source']}; {shape}; {tr['precision']}, {tr['optimizer']}, micro-batch "
-                  f"{tr['micro_batch_size']}/GPU, activation checkpointing "
-                  f"{'on' if tr['activation_checkpointing'] else 'off'}, attention {model['attention']}; "
-                  f"{counted(hw['gpus_per_node'], 'GPU')} per node x {counted(hw['num_nodes'], 'node')}, "
-                  f"{hw['interconnect']}"
-                  + (f", network {hw['network']}" if hw["network"] else "")))
+    st.caption(
+        md(
+            f"{model['source']}; {shape}; {tr['precision']}, {tr['optimizer']}, micro-batch "
+            f"{tr['micro_batch_size']}/GPU, activation checkpointing "
+            f"{'on' if tr['activation_checkpointing'] else 'off'}, attention {model['attention']}; "
+            f"{counted(hw['gpus_per_node'], 'GPU')} per node x {counted(hw['num_nodes'], 'node')}, "
+            f"{hw['interconnect']}" + (f", network {hw['network']}" if hw["network"] else "")
+        )
+    )
 
 
 def show_recommendation(p: Plan) -> None:
@@ -71,11 +86,17 @@ def show_recommendation(p: Plan) -> None:
         hw, need = p.hardware, ""
         if rec.min_gpus:
             assert rec.min_nodes is not None, "found with the GPUs (advisor.recommend)"
-            need = (f" The smallest cluster that fits: {counted(rec.min_gpus, 'GPU')} "
-                    f"({counted(rec.min_nodes, 'node')} of {counted(hw.gpus_per_node, 'GPU')}) with full sharding "
-                    "(see the reasons).")
-        st.error(md(f"Nothing fits: no strategy fits {p.spec.name} on {hw.num_gpus} x {hw.gpu_name} "
-                    f"({hw.gpu_memory_bytes / GiB:.2f} GiB each).{need}"))
+            need = (
+                f" The smallest cluster that fits: {counted(rec.min_gpus, 'GPU')} "
+                f"({counted(rec.min_nodes, 'node')} of {counted(hw.gpus_per_node, 'GPU')}) with full sharding "
+                "(see the reasons)."
+            )
+        st.error(
+            md(
+                f"Nothing fits: no strategy fits {p.spec.name} on {hw.num_gpus} x {hw.gpu_name} "
+                f"({hw.gpu_memory_bytes / GiB:.2f} GiB each).{need}"
+            )
+        )
     st.markdown("\n".join(f"- {say(r)}" for r in rec.reasons))
     warnings = p.warnings + rec.warnings
     if warnings:
@@ -89,15 +110,20 @@ def choose_strategy(p: Plan) -> str | None:
         return None
     titles = {r.name: r.title for r in p.rows}
     rec = p.recommendation.strategy
-    return st.selectbox(get_field("strategy").label, names, key="strategy",
-                        index=names.index(rec) if rec in names else 0,
-                        format_func=lambda n: f"{titles[n]} ({n})" + (" - recommended" if n == rec else ""))
+    return st.selectbox(
+        get_field("strategy").label,
+        names,
+        key="strategy",
+        index=names.index(rec) if rec in names else 0,
+        format_func=lambda n: f"{titles[n]} ({n})" + (" - recommended" if n == rec else ""),
+    )
 
 
 def _mime(file_name: str) -> str:
     """Content type for a generated file's download."""
     return {"py": "text/x-python", "json": "application/json", "sh": "text/x-shellscript"}.get(
-        file_name.rsplit(".", 1)[-1], "text/plain")
+        file_name.rsplit(".", 1)[-1], "text/plain"
+    )
 
 
 def show_downloads(p: Plan, strategy: str) -> None:
@@ -119,8 +145,9 @@ def show_downloads(p: Plan, strategy: str) -> None:
         return
     cols = st.columns(max(1, len(files)))
     for col, (name, text) in zip(cols, files.items()):
-        col.download_button(f"Download {name}", text, file_name=name, mime=_mime(name), on_click="ignore",
-                            key=f"dl-{strategy}-{name}")
+        col.download_button(
+            f"Download {name}", text, file_name=name, mime=_mime(name), on_click="ignore", key=f"dl-{strategy}-{name}"
+        )
     if launch:
         st.code(launch, language="bash")
 

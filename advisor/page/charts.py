@@ -18,8 +18,14 @@ if TYPE_CHECKING:
 
 # The chart's components, bottom to top: Breakdown fields (plan_to_dict keys) -> legend labels, then
 # what nvidia-smi shows beyond the peak allocated.
-BREAKDOWN = {"params": "params", "grads": "grads", "optimizer_states": "optimizer states",
-             "activations": "activations", "buffers": "buffers", "other": "other"}
+BREAKDOWN = {
+    "params": "params",
+    "grads": "grads",
+    "optimizer_states": "optimizer states",
+    "activations": "activations",
+    "buffers": "buffers",
+    "other": "other",
+}
 OVERHEAD = "device overhead"
 COMPONENTS = (*BREAKDOWN.values(), OVERHEAD)
 
@@ -34,8 +40,15 @@ def memory_frame(doc: PlanDoc) -> pd.DataFrame:
         b = s["per_gpu_bytes"]
         parts = {label: b[key] for key, label in BREAKDOWN.items()} | {OVERHEAD: b["device_total"] - b["total"]}
         for order, (component, n) in enumerate(parts.items()):
-            rows.append({"strategy": s["title"], "component": component, "order": order, "GiB": n / GiB,
-                         "device total GiB": b["device_total"] / GiB})
+            rows.append(
+                {
+                    "strategy": s["title"],
+                    "component": component,
+                    "order": order,
+                    "GiB": n / GiB,
+                    "device total GiB": b["device_total"] / GiB,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -43,8 +56,9 @@ CHART_ROW_PX = 32  # height per strategy: each bar has a row of its own and its 
 CHART_AXES_PX = 70  # the axis and its title below the bars
 
 
-def memory_chart(frame: pd.DataFrame, capacity_bytes: int, strategy_order: list[str],
-                 zoom: bool = False) -> alt.Chart | alt.LayerChart | alt.FacetChart:
+def memory_chart(
+    frame: pd.DataFrame, capacity_bytes: int, strategy_order: list[str], zoom: bool = False
+) -> alt.Chart | alt.LayerChart | alt.FacetChart:
     """Horizontal stacked bars, one row per strategy labelled with its whole title (however many
     strategies: no label is dropped, turned or cut), and a red dashed rule at the GPU's usable memory,
     named with its value in the axis title (theme-coloured text, readable on light and dark pages).
@@ -52,28 +66,51 @@ def memory_chart(frame: pd.DataFrame, capacity_bytes: int, strategy_order: list[
     cap = capacity_bytes / GiB
     top = float(frame["device total GiB"].max()) * 1.05
     zoomed = zoom and 0 < top < cap
-    title = (f"per-GPU memory (GiB); red dashed line: GPU memory {cap:.2f} GiB" if not zoomed else
-             f"per-GPU memory (GiB); GPU memory {cap:.2f} GiB is beyond this scale")
-    bars = alt.Chart(frame).mark_bar().encode(
-        y=alt.Y("strategy:N", sort=strategy_order, title=None,
-                axis=alt.Axis(labelLimit=0, labelOverlap=False, labelAngle=0, labelPadding=6)),
-        x=alt.X("sum(GiB):Q", stack="zero", title=title,
-                scale=alt.Scale(domain=[0, top]) if zoomed else alt.Scale()),
-        color=alt.Color("component:N", sort=list(COMPONENTS), title="component"),
-        order=alt.Order("order:Q"),
-        tooltip=["strategy:N", "component:N", alt.Tooltip("GiB:Q", format=".2f"),
-                 alt.Tooltip("device total GiB:Q", format=".2f")],
-    ).properties(height=CHART_ROW_PX * len(strategy_order) + CHART_AXES_PX)
+    title = (
+        f"per-GPU memory (GiB); red dashed line: GPU memory {cap:.2f} GiB"
+        if not zoomed
+        else f"per-GPU memory (GiB); GPU memory {cap:.2f} GiB is beyond this scale"
+    )
+    bars = (
+        alt.Chart(frame)
+        .mark_bar()
+        .encode(
+            y=alt.Y(
+                "strategy:N",
+                sort=strategy_order,
+                title=None,
+                axis=alt.Axis(labelLimit=0, labelOverlap=False, labelAngle=0, labelPadding=6),
+            ),
+            x=alt.X(
+                "sum(GiB):Q", stack="zero", title=title, scale=alt.Scale(domain=[0, top]) if zoomed else alt.Scale()
+            ),
+            color=alt.Color("component:N", sort=list(COMPONENTS), title="component"),
+            order=alt.Order("order:Q"),
+            tooltip=[
+                "strategy:N",
+                "component:N",
+                alt.Tooltip("GiB:Q", format=".2f"),
+                alt.Tooltip("device total GiB:Q", format=".2f"),
+            ],
+        )
+        .properties(height=CHART_ROW_PX * len(strategy_order) + CHART_AXES_PX)
+    )
     if zoomed:
         return bars
     line = pd.DataFrame({"GiB": [cap]})
-    rule = alt.Chart(line).mark_rule(color="red", strokeDash=[6, 4], size=2).encode(
-        x="GiB:Q", tooltip=[alt.Tooltip("GiB:Q", format=".2f", title="GPU memory (GiB)")])
+    rule = (
+        alt.Chart(line)
+        .mark_rule(color="red", strokeDash=[6, 4], size=2)
+        .encode(x="GiB:Q", tooltip=[alt.Tooltip("GiB:Q", format=".2f", title="GPU memory (GiB)")])
+    )
     return alt.layer(bars, rule)
 
 
 TIME_PARTS: tuple[tuple[Literal["compute_s", "exposed_comm_s", "optimizer_s"], str], ...] = (
-    ("compute_s", "compute"), ("exposed_comm_s", "communication not hidden"), ("optimizer_s", "optimizer"))
+    ("compute_s", "compute"),
+    ("exposed_comm_s", "communication not hidden"),
+    ("optimizer_s", "optimizer"),
+)
 
 
 def time_frame(doc: PlanDoc) -> pd.DataFrame:
@@ -84,27 +121,51 @@ def time_frame(doc: PlanDoc) -> pd.DataFrame:
         if not s["applicable"] or not t:
             continue
         for order, (key, label) in enumerate(TIME_PARTS):
-            rows.append({"strategy": s["title"], "part": label, "order": order, "seconds": t[key],
-                         "step (s)": t["step_s"]})
+            rows.append(
+                {"strategy": s["title"], "part": label, "order": order, "seconds": t[key], "step (s)": t["step_s"]}
+            )
     return pd.DataFrame(rows)
 
 
 def time_chart(frame: pd.DataFrame, strategy_order: list[str]) -> alt.Chart:
     """Horizontal stacked bars of one optimizer step's seconds per strategy, in the memory chart's rows."""
-    return alt.Chart(frame).mark_bar().encode(
-        y=alt.Y("strategy:N", sort=strategy_order, title=None,
-                axis=alt.Axis(labelLimit=0, labelOverlap=False, labelAngle=0, labelPadding=6)),
-        x=alt.X("sum(seconds):Q", stack="zero", title="seconds per optimizer step (data loading not modelled)"),
-        color=alt.Color("part:N", sort=[label for _, label in TIME_PARTS], title="part"),
-        order=alt.Order("order:Q"),
-        tooltip=["strategy:N", "part:N", alt.Tooltip("seconds:Q", format=".4f"),
-                 alt.Tooltip("step (s):Q", format=".4f")],
-    ).properties(height=CHART_ROW_PX * len(strategy_order) + CHART_AXES_PX)
+    return (
+        alt.Chart(frame)
+        .mark_bar()
+        .encode(
+            y=alt.Y(
+                "strategy:N",
+                sort=strategy_order,
+                title=None,
+                axis=alt.Axis(labelLimit=0, labelOverlap=False, labelAngle=0, labelPadding=6),
+            ),
+            x=alt.X("sum(seconds):Q", stack="zero", title="seconds per optimizer step (data loading not modelled)"),
+            color=alt.Color("part:N", sort=[label for _, label in TIME_PARTS], title="part"),
+            order=alt.Order("order:Q"),
+            tooltip=[
+                "strategy:N",
+                "part:N",
+                alt.Tooltip("seconds:Q", format=".4f"),
+                alt.Tooltip("step (s):Q", format=".4f"),
+            ],
+        )
+        .properties(height=CHART_ROW_PX * len(strategy_order) + CHART_AXES_PX)
+    )
 
 
 NONE_CELL = "—"  # a cell with nothing to show (not Markdown syntax, unlike "-")
-TABLE_COLUMNS = ("strategy", "name", "fits", "device total (GiB)", "peak allocated (GiB)", "max micro-batch",
-                 "grad. accumulation steps", "global batch", "host RAM / node (GiB)", "note")
+TABLE_COLUMNS = (
+    "strategy",
+    "name",
+    "fits",
+    "device total (GiB)",
+    "peak allocated (GiB)",
+    "max micro-batch",
+    "grad. accumulation steps",
+    "global batch",
+    "host RAM / node (GiB)",
+    "note",
+)
 
 
 def _fits_text(s: StrategyDoc) -> str:
@@ -115,8 +176,13 @@ def _fits_text(s: StrategyDoc) -> str:
 def _note(s: StrategyDoc) -> str:
     """Where the peak is and what is short, in the page's words (``page_text``)."""
     short = s["short_of"]
-    what = ("host RAM per node unknown: give --host-mem" if short == "host RAM unknown" else
-            f"short of {short}" if short else None)
+    what = (
+        "host RAM per node unknown: give --host-mem"
+        if short == "host RAM unknown"
+        else f"short of {short}"
+        if short
+        else None
+    )
     return page_text(f"peak in the {s['peak_phase']}" + (f"; {what}" if what else ""))
 
 
@@ -130,12 +196,19 @@ def strategy_table(doc: PlanDoc) -> pd.DataFrame:
             rows.append(row | {"fits": "n/a", "note": "n/a: " + page_text(s["reason"] or "does not apply")})
             continue
         b, host = s["per_gpu_bytes"], s["host_bytes_per_node"]
-        rows.append(row | {"fits": _fits_text(s), "device total (GiB)": f"{b['device_total'] / GiB:.2f}",
-                           "peak allocated (GiB)": f"{b['total'] / GiB:.2f}",
-                           "max micro-batch": str(s["max_micro_batch_size"]),
-                           "grad. accumulation steps": str(s["gradient_accumulation_steps"]),
-                           "global batch": str(s["global_batch_size"]),
-                           "host RAM / node (GiB)": f"{host / GiB:.2f}" if host else NONE_CELL, "note": _note(s)})
+        rows.append(
+            row
+            | {
+                "fits": _fits_text(s),
+                "device total (GiB)": f"{b['device_total'] / GiB:.2f}",
+                "peak allocated (GiB)": f"{b['total'] / GiB:.2f}",
+                "max micro-batch": str(s["max_micro_batch_size"]),
+                "grad. accumulation steps": str(s["gradient_accumulation_steps"]),
+                "global batch": str(s["global_batch_size"]),
+                "host RAM / node (GiB)": f"{host / GiB:.2f}" if host else NONE_CELL,
+                "note": _note(s),
+            }
+        )
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
 
 
@@ -147,21 +220,28 @@ def show_memory(doc: PlanDoc) -> None:
         st.info("no strategy applies to this model and hardware")
     else:
         order = [s["title"] for s in doc["strategies"] if s["applicable"]]
-        zoom = st.toggle("Scale to the bars", key="zoom",
-                         help="zoom in on small bars; the GPU memory line is hidden when it lies above them")
+        zoom = st.toggle(
+            "Scale to the bars",
+            key="zoom",
+            help="zoom in on small bars; the GPU memory line is hidden when it lies above them",
+        )
         times = time_frame(doc)
         left, right = st.columns(2) if not times.empty else (st.container(), None)
         with left:
             st.altair_chart(memory_chart(frame, doc["hardware"]["gpu_memory_bytes"], order, zoom), width="stretch")
-            st.caption("Bars: peak allocated by component plus device overhead (CUDA context, NCCL buffers, "
-                       "allocator fragmentation), about what nvidia-smi shows. Red line: the GPU's usable memory.")
+            st.caption(
+                "Bars: peak allocated by component plus device overhead (CUDA context, NCCL buffers, "
+                "allocator fragmentation), about what nvidia-smi shows. Red line: the GPU's usable memory."
+            )
         if right is not None:
             with right:
                 timed = [t for t in order if t in set(times["strategy"])]
                 st.altair_chart(time_chart(times, timed), width="stretch")
-                st.caption("One optimizer step at the global batch: compute (forward + backward of every "
-                           "micro-step), communication that compute does not hide, the optimizer step. Data loading "
-                           "is not modelled.")
+                st.caption(
+                    "One optimizer step at the global batch: compute (forward + backward of every "
+                    "micro-step), communication that compute does not hide, the optimizer step. Data loading "
+                    "is not modelled."
+                )
     # st.table, not st.dataframe: a static table wraps long reasons instead of cutting them off. Its cells
     # are Markdown, so the text is escaped.
     st.table(strategy_table(doc).map(md), hide_index=True)

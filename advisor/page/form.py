@@ -10,11 +10,11 @@ from typing import Protocol
 import streamlit as st
 
 from advisor.errors import AdvisorError
+from advisor.fields import Field
 from advisor.gpu_presets import DEFAULT_GPU_PRESET
 from advisor.model_presets import find_transformer_preset
 from advisor.models import MAX_CONFIG_FILE_BYTES, known_model_names, parse_config_text
 from advisor.plan import Plan, plan
-from advisor.fields import Field
 from advisor.schema import PlanInputs, fields_for, get_field, inputs_from_values
 from strategies import strategy_names
 
@@ -46,8 +46,15 @@ class Form:
     def key(self) -> str:
         """Canonical JSON: the cache key (config text included, so a pasted config is keyed by text), with
         the registered strategies (a plan has one row per strategy)."""
-        return json.dumps({"values": self.values, "config_text": self.config_text,
-                           "config_source": self.config_source, "strategies": strategy_names()}, sort_keys=True)
+        return json.dumps(
+            {
+                "values": self.values,
+                "config_text": self.config_text,
+                "config_source": self.config_source,
+                "strategies": strategy_names(),
+            },
+            sort_keys=True,
+        )
 
     @classmethod
     def from_key(cls, key: str) -> Form:
@@ -66,8 +73,9 @@ class Form:
         if self.config_text is not None:
             config = parse_config_text(self.config_text, self.config_source)
             if not isinstance(config, dict):  # resolve_model calls .get() before it checks the type
-                raise AdvisorError(f"{self.config_source}: a config must be a JSON object ({{...}}), "
-                                   f"got {type(config).__name__}")
+                raise AdvisorError(
+                    f"{self.config_source}: a config must be a JSON object ({{...}}), got {type(config).__name__}"
+                )
             values.pop("model", None)
             values.update(config_dict=config, config_source=self.config_source)
         return inputs_from_values(values)[0]
@@ -89,11 +97,25 @@ def _optional_number(f: Field, help: str | None = None) -> int | float | None:
     """A number input that may be left empty (None: advisor's default, shown as the placeholder)."""
     low, placeholder, text = f.opt.low, f.opt.none or "", help or f.opt.help
     if f.kind == "int":
-        count = st.number_input(f.label, min_value=1 if low is None else int(low), value=None, step=1, key=f.name,
-                                placeholder=placeholder, help=text)
+        count = st.number_input(
+            f.label,
+            min_value=1 if low is None else int(low),
+            value=None,
+            step=1,
+            key=f.name,
+            placeholder=placeholder,
+            help=text,
+        )
         return None if count is None else int(count)
-    value = st.number_input(f.label, min_value=low if low is not None and low > 0 else None, value=None, step=1.0,
-                            key=f.name, placeholder=placeholder, help=text)
+    value = st.number_input(
+        f.label,
+        min_value=low if low is not None and low > 0 else None,
+        value=None,
+        step=1.0,
+        key=f.name,
+        placeholder=placeholder,
+        help=text,
+    )
     return None if value is None else float(value)
 
 
@@ -106,8 +128,13 @@ def _widget(f: Field) -> FormValue | None:
         options = tuple(f.opt.choices)
         if f.optional:
             options = (DEFAULT, *options)
-        chosen = st.selectbox(f.label, options, key=f.name, help=f.opt.help,
-                              format_func=lambda v: f"default ({f.opt.none})" if v == DEFAULT else str(v))
+        chosen = st.selectbox(
+            f.label,
+            options,
+            key=f.name,
+            help=f.opt.help,
+            format_func=lambda v: f"default ({f.opt.none})" if v == DEFAULT else str(v),
+        )
         return None if chosen == DEFAULT else chosen
     if f.kind == "str":  # free text (LoRA target module names): empty means the default
         text = st.text_input(f.label, key=f.name, placeholder=f.opt.none or "", help=f.opt.help)
@@ -117,20 +144,33 @@ def _widget(f: Field) -> FormValue | None:
     default, low = f.default, f.opt.low
     if f.kind == "int":
         assert isinstance(default, int), f"schema field {f.name} is an integer"
-        return st.number_input(f.label, min_value=None if low is None else int(low), value=default, step=1,
-                               key=f.name, help=f.opt.help)
+        return st.number_input(
+            f.label, min_value=None if low is None else int(low), value=default, step=1, key=f.name, help=f.opt.help
+        )
     assert isinstance(default, (int, float)), f"schema field {f.name} is a number"
     # A float's step is a float (Streamlit refuses mixed types): small ones (a dropout) in 0.05 steps.
-    return st.number_input(f.label, min_value=0.0 if low is None else low, value=default,
-                           step=0.05 if float(default) < 1 else 1.0, key=f.name, help=f.opt.help)
+    return st.number_input(
+        f.label,
+        min_value=0.0 if low is None else low,
+        value=default,
+        step=0.05 if float(default) < 1 else 1.0,
+        key=f.name,
+        help=f.opt.help,
+    )
 
 
 def _config_text() -> tuple[str | None, str]:
     """Uploaded file, else pasted text, else None. Returns (text, source name for messages)."""
-    st.caption("A pasted or uploaded Hugging Face config.json replaces the catalog model (an upload wins over "
-               "pasted text). It is read as JSON only; no code runs and nothing is downloaded.")
-    pasted = st.text_area(get_field("config_dict").label, key="config_dict", height=150,
-                          placeholder='{"model_type": "llama", "hidden_size": 4096, ...}')
+    st.caption(
+        "A pasted or uploaded Hugging Face config.json replaces the catalog model (an upload wins over "
+        "pasted text). It is read as JSON only; no code runs and nothing is downloaded."
+    )
+    pasted = st.text_area(
+        get_field("config_dict").label,
+        key="config_dict",
+        height=150,
+        placeholder='{"model_type": "llama", "hidden_size": 4096, ...}',
+    )
     upload = st.file_uploader("or upload a config.json", type=["json"], key="config_file")
     text, name = upload_or_paste(upload, pasted, MAX_CONFIG_FILE_BYTES, "the model's config.json, not weights")
     return text, name or "pasted config"
@@ -171,9 +211,13 @@ def read_form() -> Form:
             for f in (f for f in fields_for("page") if f.group == group):
                 if f.name == "model":
                     names = model_names()
-                    values["model"] = st.selectbox(f.label, names, index=names.index(DEFAULT_MODEL), key="model",
-                                                   help="transformer presets (Hugging Face configs) and torchvision "
-                                                        "classifiers")
+                    values["model"] = st.selectbox(
+                        f.label,
+                        names,
+                        index=names.index(DEFAULT_MODEL),
+                        key="model",
+                        help="transformer presets (Hugging Face configs) and torchvision classifiers",
+                    )
                 elif f.name == "config_dict":
                     text, source = _config_text()
                 elif f.name in ("seq_len", "image_size"):
@@ -184,11 +228,14 @@ def read_form() -> Form:
                         values[f.name] = _optional_number(f)
                 elif f.name == "gpu":
                     assert isinstance(f.opt.choices, tuple), "the GPU presets"
-                    gpu = st.selectbox(f.label, (DETECTED, *f.opt.choices), key="gpu", help=f.opt.help,
-                                       format_func=lambda g: f"detected GPUs (else {DEFAULT_GPU_PRESET})"
-                                       if g == DETECTED else g)
+                    gpu = st.selectbox(
+                        f.label,
+                        (DETECTED, *f.opt.choices),
+                        key="gpu",
+                        help=f.opt.help,
+                        format_func=lambda g: f"detected GPUs (else {DEFAULT_GPU_PRESET})" if g == DETECTED else g,
+                    )
                     values["gpu"] = None if gpu == DETECTED else gpu
                 else:
                     values[f.name] = _widget(f)
-    return Form(values={k: v for k, v in values.items() if v is not None}, config_text=text,
-                config_source=source)
+    return Form(values={k: v for k, v in values.items() if v is not None}, config_text=text, config_source=source)

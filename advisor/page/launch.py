@@ -7,8 +7,8 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from advisor.faces import EXIT_INTERRUPTED
 
@@ -18,8 +18,16 @@ EXIT_NO_STREAMLIT = 1
 # The repository's .streamlit/config.toml, which a page served from elsewhere does not read: no usage statistics,
 # no file watcher (nothing to reload in an installed package), uploads up to 1 MB (a config.json or a script), a
 # minimal toolbar. Given before the caller's options: Streamlit takes the last value of an option given twice.
-SETTINGS = ("--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none", "--server.maxUploadSize", "1",
-            "--client.toolbarMode", "minimal")
+SETTINGS = (
+    "--browser.gatherUsageStats",
+    "false",
+    "--server.fileWatcherType",
+    "none",
+    "--server.maxUploadSize",
+    "1",
+    "--client.toolbarMode",
+    "minimal",
+)
 STOP_WAIT_S = 10.0  # after Ctrl-C: how long Streamlit may take to stop before it is killed
 
 

@@ -125,8 +125,9 @@ def run_stem(model: str, strategy: str) -> str:
     return f"{re.sub(r'[^A-Za-z0-9._-]+', '_', model)}-{strategy}"
 
 
-def start_verify(inputs: PlanInputs, strategy: str, steps: int, timeout_s: int, run_key: str,
-                 run_dir: Path) -> VerifyJob | None:
+def start_verify(
+    inputs: PlanInputs, strategy: str, steps: int, timeout_s: int, run_key: str, run_dir: Path
+) -> VerifyJob | None:
     """Import ``advisor.verify`` (optional: it may not exist yet) and start ``verify`` in a worker
     thread, writing into ``run_dir`` (a new folder: never ``force``); its progress reports are queued for
     the script thread. None after showing why not."""
@@ -141,8 +142,17 @@ def start_verify(inputs: PlanInputs, strategy: str, steps: int, timeout_s: int, 
     def work() -> None:
         future.set_running_or_notify_cancel()
         try:
-            future.set_result(verify(inputs, strategy, steps=steps, timeout_s=timeout_s, out_dir=str(run_dir),
-                                     force=False, progress=lambda *a, **k: messages.put((a, k))))
+            future.set_result(
+                verify(
+                    inputs,
+                    strategy,
+                    steps=steps,
+                    timeout_s=timeout_s,
+                    out_dir=str(run_dir),
+                    force=False,
+                    progress=lambda *a, **k: messages.put((a, k)),
+                )
+            )
         except BaseException as err:  # handed to the script thread, which shows it
             future.set_exception(err)
 
@@ -178,10 +188,13 @@ def follow_verify(job: VerifyJob) -> VerifyOutcome | None:
         result = job.future.result()
         ok = bool(getattr(result, "ok", False))
         status.update(label="verification finished", state="complete" if ok else "error")
-    return VerifyOutcome(ok=ok, message=str(getattr(result, "message", "")),
-                         per_rank=list(getattr(result, "per_rank", []) or []),
-                         relative_error=getattr(result, "relative_error", None),
-                         log_dir=str(getattr(result, "log_dir", "") or ""))
+    return VerifyOutcome(
+        ok=ok,
+        message=str(getattr(result, "message", "")),
+        per_rank=list(getattr(result, "per_rank", []) or []),
+        relative_error=getattr(result, "relative_error", None),
+        log_dir=str(getattr(result, "log_dir", "") or ""),
+    )
 
 
 def show_verify_result(result: VerifyOutcome) -> None:
@@ -191,14 +204,22 @@ def show_verify_result(result: VerifyOutcome) -> None:
     for r in result.per_rank:
         measured, estimated = r.get("measured_peak_bytes"), r.get("estimated_peak_bytes")
         err = (estimated - measured) / measured if estimated is not None and measured else None
-        rows.append({"rank": r.get("rank"), "estimated peak (GiB)": gib(estimated),
-                     "measured peak (GiB)": gib(measured),
-                     "estimate error": None if err is None else f"{err:+.1%}"})
+        rows.append(
+            {
+                "rank": r.get("rank"),
+                "estimated peak (GiB)": gib(estimated),
+                "measured peak (GiB)": gib(measured),
+                "estimate error": None if err is None else f"{err:+.1%}",
+            }
+        )
     if rows:
         st.dataframe(pd.DataFrame(rows), hide_index=True)
     if result.relative_error is not None:
-        st.metric("Relative error of the estimate", f"{result.relative_error:+.1%}",
-                  help="(estimate - measured) / measured peak allocated, as advisor.verify reports it")
+        st.metric(
+            "Relative error of the estimate",
+            f"{result.relative_error:+.1%}",
+            help="(estimate - measured) / measured peak allocated, as advisor.verify reports it",
+        )
     if result.log_dir:
         st.caption(md(f"logs: {result.log_dir}"))
 
@@ -207,23 +228,33 @@ def show_verify(form: Form, strategy: str, model: str) -> None:
     """The "verify on this machine" button and where the run goes; the last result stays while the
     inputs are unchanged."""
     st.subheader("Verify on this machine")
-    st.caption("Runs the chosen strategy's training for a few steps on this machine's devices and compares "
-               "the measured peak memory per rank with the estimate.")
+    st.caption(
+        "Runs the chosen strategy's training for a few steps on this machine's devices and compares "
+        "the measured peak memory per rank with the estimate."
+    )
     c1, c2 = st.columns(2)
     sf, tf = get_field("steps"), get_field("timeout")
     assert sf.opt.low is not None and sf.opt.high is not None and tf.opt.high is not None, "bounded in the schema"
-    steps = int(c1.number_input(sf.label, min_value=int(sf.opt.low), max_value=int(sf.opt.high), value=6,
-                                key="steps", help=sf.opt.help))
-    timeout_s = int(c2.number_input(tf.label, min_value=1, max_value=int(tf.opt.high), value=600, key="timeout",
-                                    help=tf.opt.help))
+    steps = int(
+        c1.number_input(
+            sf.label, min_value=int(sf.opt.low), max_value=int(sf.opt.high), value=6, key="steps", help=sf.opt.help
+        )
+    )
+    timeout_s = int(
+        c2.number_input(tf.label, min_value=1, max_value=int(tf.opt.high), value=600, key="timeout", help=tf.opt.help)
+    )
     rf = get_field("runs_dir")
     folder = st.text_input(rf.label, value=str(Path(DEFAULT_RUNS_DIR).resolve()), key="runs_dir", help=rf.opt.help)
     try:
         where = str(runs_base(folder) / f"{run_stem(model, strategy)}-TIME")
     except (OSError, ValueError):
         where = f"{folder[:200]}/..."
-    st.caption(md(f"a run goes into a new folder {where} (train.py, launch.sh, run.log, the report); existing "
-                  "runs are never overwritten"))
+    st.caption(
+        md(
+            f"a run goes into a new folder {where} (train.py, launch.sh, run.log, the report); existing "
+            "runs are never overwritten"
+        )
+    )
     run_key = f"{form.key()}|{strategy}"
     job: VerifyJob | None = st.session_state.get("verify_job")
     if st.button("Verify on this machine", key="verify"):

@@ -5,6 +5,7 @@ WORLD_SIZE > 1), CALIBRATE_THREADS (torch intra-op threads). Every rank runs eac
 the others (a barrier before each), as the ranks of a verification run share the cores, caches and memory.
 Rank 0 prints one line ``CALIBRATION <json>``: each rank's figures, in rank order.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -117,12 +118,29 @@ for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
 # Eager overhead per op of a training step: forward + backward of a tiny transformer-like block (linear, layer
 # norm, GELU, residual; 4 x 16 activations, so the kernels do almost nothing) over the ops that read or write
 # data (what advisor's trace records; views and allocations are not counted but their cost is in the time).
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402 (after the rates above, which need no mode)
 
 block = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.Linear(16, 16))
 xin = torch.randn(4, 16)
-_SKIP = {"detach", "alias", "view", "_unsafe_view", "t", "transpose", "expand", "empty", "empty_like",
-         "empty_strided", "new_empty", "new_empty_strided", "as_strided", "reshape", "permute", "unsqueeze", "squeeze"}
+_SKIP = {
+    "detach",
+    "alias",
+    "view",
+    "_unsafe_view",
+    "t",
+    "transpose",
+    "expand",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "as_strided",
+    "reshape",
+    "permute",
+    "unsqueeze",
+    "squeeze",
+}
 
 
 def tiny_step() -> None:
@@ -135,8 +153,13 @@ def tiny_step() -> None:
 class _Count(TorchDispatchMode):
     n = 0
 
-    def __torch_dispatch__(self, func: OpOverload, types: tuple[type, ...], args: tuple[object, ...] = (),
-                           kwargs: dict[str, object] | None = None) -> object:
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: tuple[type, ...],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         out = func(*args, **(kwargs or {}))
         if not getattr(func, "is_view", False) and func.__name__.split(".")[0] not in _SKIP:
             _Count.n += 1
@@ -169,8 +192,10 @@ if world > 1:
     # per byte than its all-reduce here): 16 MiB each, as FSDP2 and ZeRO call them.
     t = torch.ones(2**22)
     shard = torch.empty(2**22 // world)
-    for label, fn in (("reduce_scatter", lambda: dist.reduce_scatter_tensor(shard, t)),
-                      ("all_gather", lambda: dist.all_gather_into_tensor(t, shard))):
+    for label, fn in (
+        ("reduce_scatter", lambda: dist.reduce_scatter_tensor(shard, t)),
+        ("all_gather", lambda: dist.all_gather_into_tensor(t, shard)),
+    ):
         fn()
         sync()
         t0 = time.perf_counter()

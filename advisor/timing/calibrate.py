@@ -106,16 +106,20 @@ class CpuCalibration:
         bw, latency = "", self.allreduce_latency_s
         if self.allreduce_busbw_gbps:
             assert latency is not None, "the all-reduce is measured with its latency (_from_ranks)"
-            bw = (f", gloo busbw all-reduce {self.allreduce_busbw_gbps:.2f} GB/s, reduce-scatter "
-                  f"{self.reduce_scatter_busbw_gbps:.2f}, all-gather {self.all_gather_busbw_gbps:.2f}, latency "
-                  f"{1e6 * latency:.0f} us")
-        return (f"measured on this machine ({self.cpu}, {self.ranks} rank(s) x {self.threads} thread(s) at once): "
-                f"matmul fp32 {self.matmul_fp32_flops_per_s / 1e9:.1f} GFLOP/s, bf16 "
-                f"{self.matmul_bf16_flops_per_s / 1e9:.2f} GFLOP/s, fp32 convolution "
-                f"{self.conv_fp32_flops_per_s / 1e9:.1f} GFLOP/s, attention "
-                f"{self.attention_fp32_flops_per_s / 1e9:.1f} GFLOP/s (bf16 {self.attention_bf16_flops_per_s / 1e9:.2f}), "
-                f"memory {self.mem_bytes_per_s / 1e9:.1f} GB/s, exp {self.exp_bytes_per_s / 1e9:.1f} GB/s, "
-                f"AdamW {self.adamw_bytes_per_s / 1e9:.1f} GB/s, {1e6 * self.eager_op_s:.1f} us per op" + bw)
+            bw = (
+                f", gloo busbw all-reduce {self.allreduce_busbw_gbps:.2f} GB/s, reduce-scatter "
+                f"{self.reduce_scatter_busbw_gbps:.2f}, all-gather {self.all_gather_busbw_gbps:.2f}, latency "
+                f"{1e6 * latency:.0f} us"
+            )
+        return (
+            f"measured on this machine ({self.cpu}, {self.ranks} rank(s) x {self.threads} thread(s) at once): "
+            f"matmul fp32 {self.matmul_fp32_flops_per_s / 1e9:.1f} GFLOP/s, bf16 "
+            f"{self.matmul_bf16_flops_per_s / 1e9:.2f} GFLOP/s, fp32 convolution "
+            f"{self.conv_fp32_flops_per_s / 1e9:.1f} GFLOP/s, attention "
+            f"{self.attention_fp32_flops_per_s / 1e9:.1f} GFLOP/s (bf16 {self.attention_bf16_flops_per_s / 1e9:.2f}), "
+            f"memory {self.mem_bytes_per_s / 1e9:.1f} GB/s, exp {self.exp_bytes_per_s / 1e9:.1f} GB/s, "
+            f"AdamW {self.adamw_bytes_per_s / 1e9:.1f} GB/s, {1e6 * self.eager_op_s:.1f} us per op" + bw
+        )
 
     def preset(self) -> GpuPreset:
         """This CPU as the step-time model's "GPU": the measured rates as its peaks (fp32 also for fp16, which a
@@ -125,12 +129,20 @@ class CpuCalibration:
         the split a CPU needs (CPUs have no TF32)."""
         src = self.source()
         busbw = (BusBw("pcie", self.ranks, self.allreduce_busbw_gbps, src),) if self.allreduce_busbw_gbps else ()
-        return GpuPreset(name="cpu-calibrated", memory_mib=0, interconnect="pcie", link_gbps=0.0, source=src,
-                         tflops_bf16=self.matmul_bf16_flops_per_s / 1e12, tflops_fp16=None,
-                         tflops_tf32=self.conv_fp32_flops_per_s / 1e12,
-                         tflops_fp32=self.matmul_fp32_flops_per_s / 1e12, hbm_gbps=self.mem_bytes_per_s / 1e9,
-                         busbw=busbw, sources={f: src for f in ("tflops_bf16", "tflops_tf32", "tflops_fp32",
-                                                                "hbm_gbps")})
+        return GpuPreset(
+            name="cpu-calibrated",
+            memory_mib=0,
+            interconnect="pcie",
+            link_gbps=0.0,
+            source=src,
+            tflops_bf16=self.matmul_bf16_flops_per_s / 1e12,
+            tflops_fp16=None,
+            tflops_tf32=self.conv_fp32_flops_per_s / 1e12,
+            tflops_fp32=self.matmul_fp32_flops_per_s / 1e12,
+            hbm_gbps=self.mem_bytes_per_s / 1e9,
+            busbw=busbw,
+            sources={f: src for f in ("tflops_bf16", "tflops_tf32", "tflops_fp32", "hbm_gbps")},
+        )
 
     def extend(self, r: Rates, precision: Precision) -> Rates:
         """``r`` (the roofline's rates of ``preset()`` at ``precision``) with what only a CPU has: the attention
@@ -139,11 +151,19 @@ class CpuCalibration:
         dispatch floor (a CPU's dispatch is already in series)."""
         from dataclasses import replace
 
-        attention = self.attention_bf16_flops_per_s if precision in (Precision.BF16, Precision.PURE_BF16) else \
-            self.attention_fp32_flops_per_s
-        return replace(r, attention_flops_per_s=attention,
-                       transcendental_bytes_per_s=self.exp_bytes_per_s, op_overhead_s=self.eager_op_s,
-                       optimizer_bytes_per_s=self.adamw_bytes_per_s, dispatch_s=0.0)
+        attention = (
+            self.attention_bf16_flops_per_s
+            if precision in (Precision.BF16, Precision.PURE_BF16)
+            else self.attention_fp32_flops_per_s
+        )
+        return replace(
+            r,
+            attention_flops_per_s=attention,
+            transcendental_bytes_per_s=self.exp_bytes_per_s,
+            op_overhead_s=self.eager_op_s,
+            optimizer_bytes_per_s=self.adamw_bytes_per_s,
+            dispatch_s=0.0,
+        )
 
     def efficiency(self) -> Efficiency:
         """1 and 1: the rates are achieved ones already (``--mfu`` / ``--bandwidth-efficiency`` still apply)."""
@@ -157,10 +177,12 @@ class CpuCalibration:
 
         if self.allreduce_latency_s is None:
             return f
-        own = tuple((k, v) for k, v in (("reduce_scatter", self.reduce_scatter_busbw_gbps),
-                                        ("all_gather", self.all_gather_busbw_gbps)) if v)
-        return replace(f, base_latency_s=self.allreduce_latency_s, intra_step_latency_s=0.0,
-                       collective_busbw_gbps=own)
+        own = tuple(
+            (k, v)
+            for k, v in (("reduce_scatter", self.reduce_scatter_busbw_gbps), ("all_gather", self.all_gather_busbw_gbps))
+            if v
+        )
+        return replace(f, base_latency_s=self.allreduce_latency_s, intra_step_latency_s=0.0, collective_busbw_gbps=own)
 
     def step_s(self, t: StepTime) -> float:
         """Seconds of ``t`` (an ``advisor.timing.step.StepTime``) on these CPU ranks. When the ranks' threads fill
@@ -192,8 +214,14 @@ def cpu_model() -> str:
 
 def cache_key(ranks: int, threads: int) -> dict[str, object]:
     """The disk cache's key of a calibration of ``ranks`` x ``threads`` on this CPU with this torch."""
-    return {"format": FORMAT, "cpu": cpu_model(), "cores": os.cpu_count() or 0, "ranks": ranks, "threads": threads,
-            "torch": library_versions()["torch"]}
+    return {
+        "format": FORMAT,
+        "cpu": cpu_model(),
+        "cores": os.cpu_count() or 0,
+        "ranks": ranks,
+        "threads": threads,
+        "torch": library_versions()["torch"],
+    }
 
 
 def _busy_s() -> float | None:
@@ -232,9 +260,11 @@ class OtherCpu:
         return min(1.0, max(0.0, others / ((os.cpu_count() or 1) * wall)))
 
 
-def _from_ranks(per_rank: list[dict[str, float]], ranks: int, threads: int, seconds: float,
-                contended: bool) -> CpuCalibration:
+def _from_ranks(
+    per_rank: list[dict[str, float]], ranks: int, threads: int, seconds: float, contended: bool
+) -> CpuCalibration:
     """A ``CpuCalibration`` from every rank's figures: the slowest rank's rates (synchronous ranks wait for it)."""
+
     def slowest(key: str) -> float:
         return min(r[key] for r in per_rank)
 
@@ -249,24 +279,35 @@ def _from_ranks(per_rank: list[dict[str, float]], ranks: int, threads: int, seco
         busbw = gbps("allreduce_16MiB_s", 2 * (n - 1) / n)
         rs_busbw = gbps("reduce_scatter_16MiB_s", (n - 1) / n)
         ag_busbw = gbps("all_gather_16MiB_s", (n - 1) / n)
-    return CpuCalibration(ranks=ranks, threads=threads, matmul_fp32_flops_per_s=slowest("matmul_fp32_flops_per_s"),
-                          matmul_bf16_flops_per_s=slowest("matmul_bf16_flops_per_s"),
-                          conv_fp32_flops_per_s=slowest("conv_fp32_flops_per_s"),
-                          mem_bytes_per_s=slowest("add_cache_bytes_per_s"),
-                          dram_bytes_per_s=slowest("add_dram_bytes_per_s"),
-                          op_overhead_s=max(r["tiny_op_s"] for r in per_rank),
-                          exp_bytes_per_s=slowest("exp_bytes_per_s"),
-                          attention_fp32_flops_per_s=slowest("attention_fp32_flops_per_s"),
-                          attention_bf16_flops_per_s=slowest("attention_bf16_flops_per_s"),
-                          eager_op_s=max(r["eager_op_s"] for r in per_rank),
-                          adamw_bytes_per_s=slowest("adamw_bytes_per_s"), allreduce_busbw_gbps=busbw,
-                          reduce_scatter_busbw_gbps=rs_busbw, all_gather_busbw_gbps=ag_busbw,
-                          allreduce_latency_s=latency, cpu=cpu_model(), torch=library_versions()["torch"],
-                          measured_s=seconds, contended=contended, measured_at=time.time())
+    return CpuCalibration(
+        ranks=ranks,
+        threads=threads,
+        matmul_fp32_flops_per_s=slowest("matmul_fp32_flops_per_s"),
+        matmul_bf16_flops_per_s=slowest("matmul_bf16_flops_per_s"),
+        conv_fp32_flops_per_s=slowest("conv_fp32_flops_per_s"),
+        mem_bytes_per_s=slowest("add_cache_bytes_per_s"),
+        dram_bytes_per_s=slowest("add_dram_bytes_per_s"),
+        op_overhead_s=max(r["tiny_op_s"] for r in per_rank),
+        exp_bytes_per_s=slowest("exp_bytes_per_s"),
+        attention_fp32_flops_per_s=slowest("attention_fp32_flops_per_s"),
+        attention_bf16_flops_per_s=slowest("attention_bf16_flops_per_s"),
+        eager_op_s=max(r["eager_op_s"] for r in per_rank),
+        adamw_bytes_per_s=slowest("adamw_bytes_per_s"),
+        allreduce_busbw_gbps=busbw,
+        reduce_scatter_busbw_gbps=rs_busbw,
+        all_gather_busbw_gbps=ag_busbw,
+        allreduce_latency_s=latency,
+        cpu=cpu_model(),
+        torch=library_versions()["torch"],
+        measured_s=seconds,
+        contended=contended,
+        measured_at=time.time(),
+    )
 
 
-def measure(ranks: int, threads: int = 1, seconds: float = SECONDS_PER_BENCHMARK,
-            timeout_s: float = TIMEOUT_S) -> CpuCalibration:
+def measure(
+    ranks: int, threads: int = 1, seconds: float = SECONDS_PER_BENCHMARK, timeout_s: float = TIMEOUT_S
+) -> CpuCalibration:
     """Run the benchmarks now: ``max(ranks, 1)`` worker processes at once, each with ``threads`` intra-op threads
     (one rank measures no all-reduce: a second process would change the contention it measures).
 
@@ -276,12 +317,28 @@ def measure(ranks: int, threads: int = 1, seconds: float = SECONDS_PER_BENCHMARK
     global MEASUREMENTS
     ranks = max(1, ranks)
     port = free_port()
-    env = dict(os.environ, WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               OMP_NUM_THREADS=str(threads), CALIBRATE_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        WORLD_SIZE=str(ranks),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS=str(threads),
+        CALIBRATE_THREADS=str(threads),
+        PYTHONUNBUFFERED="1",
+    )
     t0, others = time.perf_counter(), OtherCpu()
-    procs = [subprocess.Popen([sys.executable, str(_WORKER), str(seconds)], env=dict(env, RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                              start_new_session=True) for r in range(ranks)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(_WORKER), str(seconds)],
+            env=dict(env, RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        for r in range(ranks)
+    ]
     outputs, failed = [], []
     try:
         for p in procs:
@@ -311,8 +368,14 @@ def measure(ranks: int, threads: int = 1, seconds: float = SECONDS_PER_BENCHMARK
     return _from_ranks(per_rank, ranks, threads, wall, contended)
 
 
-def cpu_calibration(ranks: int, threads: int = 1, *, cache: DiskCache | NullCache | None = None,
-                    refresh: bool = False, seconds: float = SECONDS_PER_BENCHMARK) -> CpuCalibration:
+def cpu_calibration(
+    ranks: int,
+    threads: int = 1,
+    *,
+    cache: DiskCache | NullCache | None = None,
+    refresh: bool = False,
+    seconds: float = SECONDS_PER_BENCHMARK,
+) -> CpuCalibration:
     """This machine's calibration for ``ranks`` CPU ranks of ``threads`` threads each: from the cache
     (``open_cache()`` unless ``cache`` is given) or measured now (``measure``, holding ``MachineLock`` so no
     verification competes for the cores) and cached (a ``contended`` one for ``CONTENDED_TTL_S``).

@@ -105,8 +105,14 @@ def all_gather_s(nbytes: int, n: int, busbw_gbps: float, latency_s: float = 0.0)
 _RING = {"all_reduce": ring_allreduce_s, "reduce_scatter": reduce_scatter_s, "all_gather": all_gather_s}
 
 
-def ring_latency_s(collective: str, n: int, nodes: int = 1, intra_step_s: float = NCCL_STEP_LATENCY_S["nvlink"],
-                   inter_step_s: float = NCCL_STEP_LATENCY_S["net"], base_s: float = NCCL_BASE_LATENCY_S) -> float:
+def ring_latency_s(
+    collective: str,
+    n: int,
+    nodes: int = 1,
+    intra_step_s: float = NCCL_STEP_LATENCY_S["nvlink"],
+    inter_step_s: float = NCCL_STEP_LATENCY_S["net"],
+    base_s: float = NCCL_BASE_LATENCY_S,
+) -> float:
     """Latency of one ring collective over ``n`` ranks on ``nodes`` nodes, seconds (NCCL's tuning model).
 
     ``base_s + (steps - inter_steps) x intra_step_s + inter_steps x inter_step_s`` with steps = 2(n-1) and
@@ -159,9 +165,18 @@ class Fabric:
         return self.gpus_per_node * self.nodes
 
     @classmethod
-    def from_preset(cls, preset: GpuPreset, gpus_per_node: int, nodes: int = 1, *, interconnect: str | None = None,
-                    network: str | None = None, nics_per_node: int | None = None,
-                    link_busbw_gbps: float | None = None, network_gbps: float | None = None) -> Fabric:
+    def from_preset(
+        cls,
+        preset: GpuPreset,
+        gpus_per_node: int,
+        nodes: int = 1,
+        *,
+        interconnect: str | None = None,
+        network: str | None = None,
+        nics_per_node: int | None = None,
+        link_busbw_gbps: float | None = None,
+        network_gbps: float | None = None,
+    ) -> Fabric:
         """The fabric of ``gpus_per_node x nodes`` GPUs of ``preset``.
 
         Inside a node: ``link_busbw_gbps`` (``--link-bandwidth``) else the preset's measured all-reduce busbw
@@ -175,9 +190,14 @@ class Fabric:
         net = NETWORK_SPECS[network or preset.network or "100gbe"]
         nics = nics_per_node if nics_per_node is not None else preset.nics_per_node
         inter = network_gbps if network_gbps is not None else nics * net.nic_gbps
-        return cls(gpus_per_node=gpus_per_node, intra_busbw_gbps=intra, nodes=nodes,
-                   inter_gbps=inter if nodes > 1 else 0.0, intra_step_latency_s=step,
-                   inter_step_latency_s=net.latency_s)
+        return cls(
+            gpus_per_node=gpus_per_node,
+            intra_busbw_gbps=intra,
+            nodes=nodes,
+            inter_gbps=inter if nodes > 1 else 0.0,
+            intra_step_latency_s=step,
+            inter_step_latency_s=net.latency_s,
+        )
 
     def _lat(self, collective: str, n: int, nodes: int, step_s: float) -> float:
         return ring_latency_s(collective, n, nodes, step_s, self.inter_step_latency_s, self.base_latency_s)
@@ -289,8 +309,9 @@ class BucketedAllReduce:
         return len(self.buckets)
 
 
-def bucketed_allreduce(grad_bytes: int | Sequence[int], fabric: Fabric, bucket_cap_mb: float | None = None,
-                       scheme: str | None = None) -> BucketedAllReduce:
+def bucketed_allreduce(
+    grad_bytes: int | Sequence[int], fabric: Fabric, bucket_cap_mb: float | None = None, scheme: str | None = None
+) -> BucketedAllReduce:
     """DDP's bucketed gradient all-reduce over ``fabric``: the buckets (``ddp_bucket_sizes``), each an all-reduce
     with its own latency (``Fabric.time_s``), their total and the last one's time."""
     buckets = tuple(ddp_bucket_sizes(grad_bytes, bucket_cap_mb))

@@ -15,7 +15,8 @@ in order: kernels of one step do not overlap), and at least the ops x eager PyTo
 A calibrated CPU (``advisor.timing.calibrate``) is its own "GPU" with measured rates, and three more terms
 (``Rates``): fused attention at its measured rate, transcendental element-wise ops (exp, log, sqrt, the
 activations and softmax) bounded by the measured exp rate as well as by memory, and the eager overhead per
-op added to every op (a CPU runs dispatch and kernels on the same cores, in series). The efficiencies are at most two per GPU generation, fitted
+op added to every op (a CPU runs dispatch and kernels on the same cores, in series). The efficiencies are at most
+two per GPU generation, fitted
 to public measurements (``EFFICIENCY``; the fit and its residuals: ``bench/TIME.md``, ``python -m bench.run
 --time``); ``--mfu`` sets the compute efficiency and ``--bandwidth-efficiency`` the other.
 
@@ -59,9 +60,11 @@ ATTENTION = 3  # the fused SDPA kernel: FLOPs at the attention rate where one is
 # asynchronously, so this bounds a phase from below rather than adding to it (``roofline_s``): it shows only
 # when the kernels are too small to keep the GPU busy (tiny models, tiny micro-batches).
 GPU_DISPATCH_S = 10e-6
-GPU_DISPATCH_SOURCE = ("10 us per op: eager PyTorch's CPU-side cost of one op (Python, autograd, dispatcher, "
-                       "cudaLaunchKernel: 5-25 us; horace.io/brrr_intro.html 'Overhead'; "
-                       "jiahuanglin.xyz gpu_kernel_serving lesson 18)")
+GPU_DISPATCH_SOURCE = (
+    "10 us per op: eager PyTorch's CPU-side cost of one op (Python, autograd, dispatcher, "
+    "cudaLaunchKernel: 5-25 us; horace.io/brrr_intro.html 'Overhead'; "
+    "jiahuanglin.xyz gpu_kernel_serving lesson 18)"
+)
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,11 @@ class Efficiency:
 # here borrow the nearest fitted one and say so.
 _FIT = "fitted in bench/TIME.md (python -m bench.run --time)"
 AMPERE = Efficiency(0.64, 1.52, f"{_FIT}: nanoGPT 124M on 8 x A100 and Megatron-LM 1B-8B on DGX A100")
-TURING = Efficiency(0.51, AMPERE.bandwidth, f"{_FIT}: compute to transformers DP-vs-DDP (2 x TITAN RTX, fp32); "
-                                            "bandwidth borrowed from Ampere")
+TURING = Efficiency(
+    0.51,
+    AMPERE.bandwidth,
+    f"{_FIT}: compute to transformers DP-vs-DDP (2 x TITAN RTX, fp32); bandwidth borrowed from Ampere",
+)
 EFFICIENCY: dict[str, Efficiency] = {
     "ampere": AMPERE,
     "turing": TURING,
@@ -100,14 +106,39 @@ BORROWED_BAND: dict[str, tuple[float, float, str]] = {
 }
 # GPU generation of each preset (NVIDIA architecture whitepapers: GA100/GA102 Ampere, AD102/AD104 Ada, GH100 Hopper,
 # GV100 Volta, TU102/TU104 Turing).
-GENERATION = {"a100-40gb": "ampere", "a100-80gb": "ampere", "a10g-24gb": "ampere", "rtx3090": "ampere",
-              "rtxa6000": "ampere", "l4-24gb": "ada", "rtx4090": "ada", "l40s-48gb": "ada", "h100-80gb": "hopper",
-              "h200-141gb": "hopper", "v100-16gb": "volta", "v100-32gb": "volta", "t4-16gb": "turing",
-              "titanrtx": "turing"}
+GENERATION = {
+    "a100-40gb": "ampere",
+    "a100-80gb": "ampere",
+    "a10g-24gb": "ampere",
+    "rtx3090": "ampere",
+    "rtxa6000": "ampere",
+    "l4-24gb": "ada",
+    "rtx4090": "ada",
+    "l40s-48gb": "ada",
+    "h100-80gb": "hopper",
+    "h200-141gb": "hopper",
+    "v100-16gb": "volta",
+    "v100-32gb": "volta",
+    "t4-16gb": "turing",
+    "titanrtx": "turing",
+}
 # Words in a detected GPU's name (torch.cuda.get_device_name, e.g. "NVIDIA A100-SXM4-80GB") -> preset family.
-_NAME_WORDS = (("h200", "h200"), ("h100", "h100"), ("a100", "a100"), ("a10g", "a10g"), ("a6000", "rtxa6000"),
-               ("l40s", "l40s"), ("l40", "l40s"), ("4090", "rtx4090"), ("3090", "rtx3090"), ("titan rtx", "titanrtx"),
-               ("titanrtx", "titanrtx"), ("v100", "v100"), ("t4", "t4"), ("l4", "l4"))
+_NAME_WORDS = (
+    ("h200", "h200"),
+    ("h100", "h100"),
+    ("a100", "a100"),
+    ("a10g", "a10g"),
+    ("a6000", "rtxa6000"),
+    ("l40s", "l40s"),
+    ("l40", "l40s"),
+    ("4090", "rtx4090"),
+    ("3090", "rtx3090"),
+    ("titan rtx", "titanrtx"),
+    ("titanrtx", "titanrtx"),
+    ("v100", "v100"),
+    ("t4", "t4"),
+    ("l4", "l4"),
+)
 
 
 def preset_for_gpu(name: str, memory_bytes: int | None = None) -> GpuPreset | None:
@@ -172,8 +203,12 @@ def rates(preset: GpuPreset, precision: Precision, compute_efficiency: float, ba
     """``Rates`` of ``preset`` at ``precision`` with the given efficiencies (datasheet peaks x efficiency)."""
     peak = preset.peak_tflops(peak_precision(precision, preset)) or preset.tflops_fp32 or 0.0
     conv = preset.peak_tflops(conv_peak_precision(precision, preset)) or peak
-    return Rates(peak * TFLOP * compute_efficiency, conv * TFLOP * compute_efficiency,
-                 preset.hbm_gbps * GB * bandwidth_efficiency, dispatch_s=GPU_DISPATCH_S)
+    return Rates(
+        peak * TFLOP * compute_efficiency,
+        conv * TFLOP * compute_efficiency,
+        preset.hbm_gbps * GB * bandwidth_efficiency,
+        dispatch_s=GPU_DISPATCH_S,
+    )
 
 
 def _ops_at(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int) -> list[tuple[float, float, int]]:
@@ -187,8 +222,10 @@ def _ops_at(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int) -> list[tup
         else:
             o2 = [o2[i * n2 // n1] for i in range(n1)]
     k = b - base_b
-    return [(max(0.0, x[0] + k * (y[0] - x[0])), max(0.0, x[1] + k * (y[1] - x[1])), x[2] if len(x) > 2 else MEMORY)
-            for x, y in zip(o1, o2)]
+    return [
+        (max(0.0, x[0] + k * (y[0] - x[0])), max(0.0, x[1] + k * (y[1] - x[1])), x[2] if len(x) > 2 else MEMORY)
+        for x, y in zip(o1, o2)
+    ]
 
 
 def op_s(flops: float, nbytes: float, kind: int, r: Rates) -> float:

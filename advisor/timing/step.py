@@ -22,8 +22,11 @@ GB = 1e9
 # STREAM-like kernels reach about half of it across sockets, and torch's CPU optimizer loops are element-wise
 # kernels of that kind.
 HOST_MEM_GBPS = 200.0
-HOST_MEM_SOURCE = ("estimate, no run found: half of a 2-socket, 8-channel DDR4-3200 server's 409.6 GB/s peak "
-                   "(JEDEC DDR4-3200 25.6 GB/s per channel)")
+HOST_MEM_SOURCE = (
+    "estimate, no run found: half of a 2-socket, 8-channel DDR4-3200 server's 409.6 GB/s peak "
+    "(JEDEC DDR4-3200 25.6 GB/s per channel)"
+)
+
 
 # Bytes an optimizer step reads and writes per parameter element, for a parameter of ``w`` bytes, its gradient of
 # ``g`` bytes and ``states`` bytes of optimizer state: a fused (single-kernel) step reads the parameter, the gradient
@@ -59,8 +62,16 @@ class Collective:
 
     def as_dict(self) -> dict[str, object]:
         """The collective as JSON (its size as ``bytes``)."""
-        return {"what": self.what, "kind": self.kind, "group": self.group, "bytes": self.nbytes, "passes": self.passes,
-                "calls": self.calls, "seconds": self.seconds, "exposed_s": self.exposed_s}
+        return {
+            "what": self.what,
+            "kind": self.kind,
+            "group": self.group,
+            "bytes": self.nbytes,
+            "passes": self.passes,
+            "calls": self.calls,
+            "seconds": self.seconds,
+            "exposed_s": self.exposed_s,
+        }
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,18 @@ from .onednn import cpu_conv_scratch_bytes, onednn_gemm_bwd_weights_machine
 from .step import ATTENTION_KERNELS, PRECISION_TRACE_MODES, TRUNCATE_ABOVE_LAYERS, profile_activations, trace_step
 from .timeline import BASE_B, ActivationProfile, StepTrace, Timeline, evaluate
 
-__all__ = ["ATTENTION_KERNELS", "BASE_B", "PRECISION_TRACE_MODES", "TRUNCATE_ABOVE_LAYERS", "ActivationProfile",
-           "StepTrace", "Timeline", "build_for_trace", "cpu_conv_scratch_bytes", "evaluate",
-           "onednn_gemm_bwd_weights_machine", "profile_activations", "trace_step"]
+__all__ = [
+    "ATTENTION_KERNELS",
+    "BASE_B",
+    "PRECISION_TRACE_MODES",
+    "TRUNCATE_ABOVE_LAYERS",
+    "ActivationProfile",
+    "StepTrace",
+    "Timeline",
+    "build_for_trace",
+    "cpu_conv_scratch_bytes",
+    "evaluate",
+    "onednn_gemm_bwd_weights_machine",
+    "profile_activations",
+    "trace_step",
+]

@@ -50,7 +50,6 @@ if TYPE_CHECKING:
         def __exit__(self, *exc: object) -> bool | None: ...
 
 
-
 def _attention_output(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """An uninitialised attention output, (..., L, Ev), laid out as the fused kernels lay theirs out: like the
     query (``alloc_with_matching_layout`` in ATen's ``native/transformers/sdp_utils.h``: ``empty_like(q)`` when
@@ -93,8 +92,9 @@ def _attention_mode_class() -> type[AttentionModeLike]:
         FLOPs with flop_counter's SDPA formulas (the backward recomputes the scores)."""
 
         @staticmethod
-        def forward(ctx: _FusedCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    add_flops: Callable[[int, int], None]) -> torch.Tensor:
+        def forward(
+            ctx: _FusedCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, add_flops: Callable[[int, int], None]
+        ) -> torch.Tensor:
             out = _attention_output(q, v)
             lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
             ctx.save_for_backward(q, k, v, out, lse)
@@ -107,13 +107,22 @@ def _attention_mode_class() -> type[AttentionModeLike]:
         def backward(ctx: _FusedCtx, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
             q, k, v, out, lse = ctx.saved_tensors
             # Reads q, k, v, the output, its gradient and the log-sum-exp; writes dq, dk, dv.
-            ctx.add_flops(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape),
-                          _nbytes(q, k, v, out, lse, grad_out) + _nbytes(q, k, v))
+            ctx.add_flops(
+                sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape),
+                _nbytes(q, k, v, out, lse, grad_out) + _nbytes(q, k, v),
+            )
             return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
 
-    def math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
-                       scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    def math_attention(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
         """What ``F.scaled_dot_product_attention`` does when it picks the math backend, op for op:
         under autocast, its autocast kernel first casts the floating inputs (mask, value, key, query) to
         the autocast dtype and runs the rest with autocast off; a boolean mask becomes an additive one
@@ -132,14 +141,22 @@ def _attention_mode_class() -> type[AttentionModeLike]:
 
             # Last argument first: the order in which the autocast kernel's casts run (C++ evaluates
             # the pack of casts right to left here), so the traced events come in the same order.
-            attn_mask, value, key, query = (cast(attn_mask) if attn_mask is not None else None), cast(value), \
-                cast(key), cast(query)
+            attn_mask, value, key, query = (
+                (cast(attn_mask) if attn_mask is not None else None),
+                cast(value),
+                cast(key),
+                cast(query),
+            )
         with torch.autocast(device, enabled=False) if autocast else contextlib.nullcontext():
             if attn_mask is not None and attn_mask.dtype == torch.bool:
-                attn_mask = torch.where(attn_mask, torch.scalar_tensor(0.0, dtype=query.dtype, device=attn_mask.device),
-                                        torch.scalar_tensor(-math.inf, dtype=query.dtype, device=attn_mask.device))
-            return math_sdpa(query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale,
-                             enable_gqa=enable_gqa)[0]
+                attn_mask = torch.where(
+                    attn_mask,
+                    torch.scalar_tensor(0.0, dtype=query.dtype, device=attn_mask.device),
+                    torch.scalar_tensor(-math.inf, dtype=query.dtype, device=attn_mask.device),
+                )
+            return math_sdpa(
+                query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
+            )[0]
 
     class AttentionMode(TorchFunctionMode):
         """Routes ``F.scaled_dot_product_attention`` to the fused-kernel stand-in or the math path
@@ -176,9 +193,17 @@ def _attention_mode_class() -> type[AttentionModeLike]:
                 self.counter.recompute_depth -= 1
             return super().__exit__(*exc)
 
-        def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
-                      scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+        def attention(
+            self,
+            query: torch.Tensor,
+            key: torch.Tensor,
+            value: torch.Tensor,
+            attn_mask: torch.Tensor | None = None,
+            dropout_p: float = 0.0,
+            is_causal: bool = False,
+            scale: float | None = None,
+            enable_gqa: bool = False,
+        ) -> torch.Tensor:
             self.counter.attention_calls += 1
             if self.kernel == Attention.MATH:
                 return math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -188,17 +213,19 @@ def _attention_mode_class() -> type[AttentionModeLike]:
             if func in self._copies:
                 return self._copies[func]
             copy = None
-            if ("scaled_dot_product_attention" in func.__code__.co_names
-                    and func.__globals__.get("scaled_dot_product_attention") is sdpa):
+            if (
+                "scaled_dot_product_attention" in func.__code__.co_names
+                and func.__globals__.get("scaled_dot_product_attention") is sdpa
+            ):
                 scope = dict(func.__globals__, scaled_dot_product_attention=self.attention)
-                copy = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__,
-                                          func.__closure__)
+                copy = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__, func.__closure__)
                 copy.__kwdefaults__ = func.__kwdefaults__
             self._copies[func] = copy
             return copy
 
-        def __torch_function__(self, func: Callable[..., object], types_: tuple[type, ...], args: tuple = (),
-                               kwargs: dict | None = None) -> object:
+        def __torch_function__(
+            self, func: Callable[..., object], types_: tuple[type, ...], args: tuple = (), kwargs: dict | None = None
+        ) -> object:
             kwargs = kwargs or {}
             if func is sdpa:
                 return self.attention(*args, **kwargs)

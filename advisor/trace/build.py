@@ -48,12 +48,12 @@ def _build_dtype_mode_class() -> type:
             self.dtype = dtype
             self.default = torch.get_default_dtype()
 
-        def __torch_function__(self, func: Callable[..., object], types: tuple[type, ...], args: tuple = (),
-                               kwargs: dict | None = None) -> object:
+        def __torch_function__(
+            self, func: Callable[..., object], types: tuple[type, ...], args: tuple = (), kwargs: dict | None = None
+        ) -> object:
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            if (kwargs.get("dtype") is not None or "out" in kwargs
-                    or getattr(func, "__name__", None) in explicit):
+            if kwargs.get("dtype") is not None or "out" in kwargs or getattr(func, "__name__", None) in explicit:
                 return out
             for leaf in tree_leaves((args, kwargs)):
                 if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
@@ -103,9 +103,16 @@ def _materialize(model: torch.nn.Module, device: str = "cpu") -> None:
                 module._buffers[name] = fresh(b, False)
 
 
-def build_for_trace(spec: ModelSpec, *, dtype: torch.dtype, fake: FakeTensorMode, layers: int | None = None,
-                    tp_degree: int = 1, checkpointing: bool = False,
-                    half: bool = False) -> tuple[torch.nn.Module, int]:
+def build_for_trace(
+    spec: ModelSpec,
+    *,
+    dtype: torch.dtype,
+    fake: FakeTensorMode,
+    layers: int | None = None,
+    tp_degree: int = 1,
+    checkpointing: bool = False,
+    half: bool = False,
+) -> tuple[torch.nn.Module, int]:
     """Build ``spec`` for a trace: on ``meta`` (no memory; transformers skips weight initialisation and
     torch's init functions are no-ops there) with floating tensors in ``dtype`` where the default dtype
     applies (``_build_dtype``), LoRA adapters in their dtype (``half``: the module is cast to 16 bits, as
@@ -131,6 +138,9 @@ def build_for_trace(spec: ModelSpec, *, dtype: torch.dtype, fake: FakeTensorMode
         with fake:
             _materialize(model, "cpu")
             model.train()
-            blocks = (enable_activation_checkpointing(model, checkpoint_kwargs={"context_fn": _recompute_context})
-                      if checkpointing else 0)
+            blocks = (
+                enable_activation_checkpointing(model, checkpoint_kwargs={"context_fn": _recompute_context})
+                if checkpointing
+                else 0
+            )
     return model, blocks

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+
 # ------------------------------------------------------------------ mixture-of-experts: grouped matmul
 # transformers 5.x runs the experts of every ``@use_experts_implementation`` class (Mixtral, Qwen2/3-MoE,
 # DeepSeek-V3, OLMoE, GPT-OSS, ...) with ``experts_implementation="grouped_mm"`` unless told otherwise
@@ -33,8 +34,13 @@ if TYPE_CHECKING:
 #   ``_create_grouped_mm_output_tensor``), inside the trace's own dispatch mode.
 # * ``torch.utils.flop_counter`` has no formula for ``_grouped_mm`` (the experts' FLOPs counted 0):
 #   ``_grouped_mm_flops``.
-def _grouped_mm_fp32(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None = None,
-                     bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def _grouped_mm_fp32(
+    mat_a: torch.Tensor,
+    mat_b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """The output tensor of ``aten::_grouped_mm`` for fp32 operands, which FakeTensor's meta kernel rejects."""
     a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
     size: tuple[int, ...]
@@ -50,12 +56,12 @@ def _grouped_mm_fp32(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tenso
     return mat_a.new_empty(size, dtype=out_dtype or mat_a.dtype)
 
 
-def _grouped_mm_flops(mat_a: torch.Tensor, mat_b: torch.Tensor, *args: object, out_val: torch.Tensor | None = None,
-                      **kwargs: object) -> int:
+def _grouped_mm_flops(
+    mat_a: torch.Tensor, mat_b: torch.Tensor, *args: object, out_val: torch.Tensor | None = None, **kwargs: object
+) -> int:
     """FLOPs of one ``aten::_grouped_mm`` (2 per multiply-add, as flop_counter's ``mm``): each row of the jagged
     operand meets one group's matrix, so it is the matmul of the concatenated groups."""
     if mat_a.dim() == 2 and mat_b.dim() == 2:  # jagged contraction (the experts' weight gradients)
         return 2 * mat_a.size(0) * mat_a.size(1) * mat_b.size(1)
     assert out_val is not None, "torch.utils.flop_counter passes the op's output as out_val"
     return 2 * out_val.numel() * mat_a.size(-1)
-

@@ -35,8 +35,9 @@ _CODE_PACKAGES = ("trace", "models")
 def code_files() -> list[Path]:
     """The files ``code_hash`` reads: ``_CODE_FILES``, then every file of ``_CODE_PACKAGES`` (sorted)."""
     here = Path(__file__).parent.parent
-    packaged = sorted(p for package in _CODE_PACKAGES for p in (here / package).rglob("*.py")
-                      if "fragments" not in p.parts)
+    packaged = sorted(
+        p for package in _CODE_PACKAGES for p in (here / package).rglob("*.py") if "fragments" not in p.parts
+    )
     return [here / f for f in _CODE_FILES] + packaged
 
 
@@ -67,10 +68,18 @@ def factory_hash(factory: str | None) -> str | None:
 
 def model_key(spec: ModelSpec) -> dict[str, object]:
     """Everything about ``spec`` that changes a trace or a count (not its display name or source)."""
-    return {"family": spec.family, "model_type": spec.model_type, "config": spec.config, "seq_len": spec.seq_len,
-            "input_shape": list(spec.input_shape) if spec.input_shape else None, "factory": spec.factory,
-            "factory_hash": factory_hash(spec.factory), "versions": library_versions(), "code": code_hash(),
-            "adapter": asdict(spec.adapter) if spec.adapter is not None else None}
+    return {
+        "family": spec.family,
+        "model_type": spec.model_type,
+        "config": spec.config,
+        "seq_len": spec.seq_len,
+        "input_shape": list(spec.input_shape) if spec.input_shape else None,
+        "factory": spec.factory,
+        "factory_hash": factory_hash(spec.factory),
+        "versions": library_versions(),
+        "code": code_hash(),
+        "adapter": asdict(spec.adapter) if spec.adapter is not None else None,
+    }
 
 
 @overload
@@ -120,6 +129,7 @@ def activation_profile_from_json(doc: Mapping[str, object]) -> ActivationProfile
     Raises:
         KeyError, TypeError: the document is not of this shape.
     """
+
     def timeline(d: Mapping[str, object]) -> Timeline:
         return dataclass_from_json(Timeline, d)
 

@@ -45,23 +45,28 @@ class _LiveBytes:
         transcendental = {getattr(aten, n) for n in _TRANSCENDENTAL_OPS if hasattr(aten, n)}
 
         class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: OpOverload, types: tuple[type, ...], args: tuple = (),
-                                   kwargs: dict | None = None) -> object:
+            def __torch_dispatch__(
+                self, func: OpOverload, types: tuple[type, ...], args: tuple = (), kwargs: dict | None = None
+            ) -> object:
                 kwargs = kwargs or {}
                 if func is grouped_mm and args[0].dtype == torch.float32 and args[1].dtype == torch.float32:
                     out = _grouped_mm_fp32(*args, **kwargs)
                 else:
                     out = func(*args, **kwargs)
-                scratch = (_conv_backward_scratch(args, kwargs, tracker.conv_scratch_threads)
-                           if tracker.conv_scratch_threads and func is conv_backward else 0)
+                scratch = (
+                    _conv_backward_scratch(args, kwargs, tracker.conv_scratch_threads)
+                    if tracker.conv_scratch_threads and func is conv_backward
+                    else 0
+                )
                 tracker._on_output(out, scratch)
                 formula = flop_registry.get(func._overloadpacket) or extra_flops.get(func._overloadpacket)
                 flops = 0
                 if formula is not None:  # called as FlopCounterMode._count_flops calls it
                     flops = int(formula(*args, **kwargs, out_val=out))
                     tracker.flops += flops
-                kind = (CONV if func in conv_ops
-                        else TRANSCENDENTAL if func._overloadpacket in transcendental else MEMORY)
+                kind = (
+                    CONV if func in conv_ops else TRANSCENDENTAL if func._overloadpacket in transcendental else MEMORY
+                )
                 tracker.record_op(flops, _op_bytes(func, args, kwargs, out, no_data), kind)
                 return out
 
@@ -139,4 +144,3 @@ class _LiveBytes:
         """A post-accumulate-grad hook: count ``param``'s gradient storage, just accumulated."""
         assert param.grad is not None, "a post-accumulate-grad hook runs once the gradient is there"
         self.grads_cur += param.grad.untyped_storage().nbytes()
-

@@ -33,9 +33,17 @@ def onednn_gemm_bwd_weights_machine() -> bool:
     return not (has_avx512 is not None and has_avx512())
 
 
-def _onednn_avx2_bwd_weights_applies(ih: int, iw: int, kh: int, kw: int, oh: int, ow: int,
-                                     stride: tuple[int, int], padding: tuple[int, int],
-                                     dilation: tuple[int, int]) -> bool:
+def _onednn_avx2_bwd_weights_applies(
+    ih: int,
+    iw: int,
+    kh: int,
+    kw: int,
+    oh: int,
+    ow: int,
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+) -> bool:
     """oneDNN's ``jit_avx2_conv_bwd_weights_kernel_f32::init_conf`` accepts the shape (it is tried before
     the gemm kernel, ``cpu_convolution_list.cpp``): no dilation, ``kw < 14``, ``kh <= ih`` ([bwd_w:r2];
     [bwd_w:r1] ``kh <= t_pad + ih`` follows), ``t_pad < kh`` and every padding below the extended kernel.
@@ -49,9 +57,14 @@ def _onednn_avx2_bwd_weights_applies(ih: int, iw: int, kh: int, kw: int, oh: int
     return boundaries_ok and params_ok
 
 
-def cpu_conv_scratch_bytes(input_shape: Sequence[int], weight_shape: Sequence[int],
-                           stride: Sequence[int] = (1, 1), padding: Sequence[int] = (0, 0),
-                           dilation: Sequence[int] = (1, 1), threads: int = 1) -> int:
+def cpu_conv_scratch_bytes(
+    input_shape: Sequence[int],
+    weight_shape: Sequence[int],
+    stride: Sequence[int] = (1, 1),
+    padding: Sequence[int] = (0, 0),
+    dilation: Sequence[int] = (1, 1),
+    threads: int = 1,
+) -> int:
     """Bytes that oneDNN's ``x64:gemm:jit`` weight-gradient kernel books from the c10 allocator for one
     2-D convolution (fp32, NCHW, groups 1, not transposed) on an AVX2 CPU without AVX-512, while
     ``aten::convolution_backward`` runs; 0 when another kernel computes it. ``threads``: the intra-op
@@ -108,8 +121,19 @@ def cpu_conv_scratch_bytes(input_shape: Sequence[int], weight_shape: Sequence[in
     return booked if booked <= limit else 0
 
 
-_CONV_BACKWARD_ARGS = ("grad_output", "input", "weight", "bias_sizes", "stride", "padding", "dilation",
-                       "transposed", "output_padding", "groups", "output_mask")
+_CONV_BACKWARD_ARGS = (
+    "grad_output",
+    "input",
+    "weight",
+    "bias_sizes",
+    "stride",
+    "padding",
+    "dilation",
+    "transposed",
+    "output_padding",
+    "groups",
+    "output_mask",
+)
 
 
 def _conv_backward_scratch(args: tuple, kwargs: dict, threads: int) -> int:
@@ -120,10 +144,18 @@ def _conv_backward_scratch(args: tuple, kwargs: dict, threads: int) -> int:
 
     a = dict(zip(_CONV_BACKWARD_ARGS, args)) | kwargs
     inp, weight, mask = a["input"], a["weight"], a["output_mask"]
-    if (a["transposed"] or a["groups"] != 1 or not mask[1] or inp.dim() != 4
-            or inp.dtype != torch.float32 or weight.dtype != torch.float32
-            or a["grad_output"].dtype != torch.float32
-            or not inp.is_contiguous() or not weight.is_contiguous()):
+    if (
+        a["transposed"]
+        or a["groups"] != 1
+        or not mask[1]
+        or inp.dim() != 4
+        or inp.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or a["grad_output"].dtype != torch.float32
+        or not inp.is_contiguous()
+        or not weight.is_contiguous()
+    ):
         return 0
-    return cpu_conv_scratch_bytes(tuple(inp.shape), tuple(weight.shape), a["stride"], a["padding"],
-                                  a["dilation"], threads)
+    return cpu_conv_scratch_bytes(
+        tuple(inp.shape), tuple(weight.shape), a["stride"], a["padding"], a["dilation"], threads
+    )

@@ -13,9 +13,24 @@ if TYPE_CHECKING:
 
 
 # Ops that move no data: views and aliases share their input's storage; allocations only reserve memory.
-_NO_DATA_OPS = ("detach", "alias", "lift_fresh", "_unsafe_view", "empty", "empty_like", "empty_strided",
-                "new_empty", "new_empty_strided", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel",
-                "sym_storage_offset", "resize_", "set_")
+_NO_DATA_OPS = (
+    "detach",
+    "alias",
+    "lift_fresh",
+    "_unsafe_view",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "_local_scalar_dense",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "sym_storage_offset",
+    "resize_",
+    "set_",
+)
 
 # Ops that read only the rows an index picks (the embedding lookup, the loss's gather of the target log-probs).
 _GATHER_OPS = ("embedding", "nll_loss_forward", "nll_loss2d_forward", "gather", "index_select")
@@ -29,10 +44,35 @@ _SCATTER_OPS = ("nll_loss_backward", "nll_loss2d_backward")
 # compute them slower than its caches deliver the bytes (measured here: fp32 add 87 GB/s, sqrt 12.6, exp 5.6,
 # silu 6.0 GB/s read + written, one thread, 1 MiB tensors), so on CPU they get their own measured rate
 # (``advisor.timing.calibrate``).
-_TRANSCENDENTAL_OPS = ("exp", "exp_", "log", "log1p", "sqrt", "sqrt_", "rsqrt", "pow", "pow_", "silu",
-                       "silu_backward", "gelu", "gelu_backward", "tanh", "tanh_backward", "sigmoid",
-                       "sigmoid_backward", "erf", "erfinv", "sin", "cos", "_softmax", "_softmax_backward_data",
-                       "_log_softmax", "_log_softmax_backward_data", "logsumexp", "reciprocal")
+_TRANSCENDENTAL_OPS = (
+    "exp",
+    "exp_",
+    "log",
+    "log1p",
+    "sqrt",
+    "sqrt_",
+    "rsqrt",
+    "pow",
+    "pow_",
+    "silu",
+    "silu_backward",
+    "gelu",
+    "gelu_backward",
+    "tanh",
+    "tanh_backward",
+    "sigmoid",
+    "sigmoid_backward",
+    "erf",
+    "erfinv",
+    "sin",
+    "cos",
+    "_softmax",
+    "_softmax_backward_data",
+    "_log_softmax",
+    "_log_softmax_backward_data",
+    "logsumexp",
+    "reciprocal",
+)
 
 
 def _nbytes(*tensors: object) -> int:
@@ -47,8 +87,9 @@ def _nbytes(*tensors: object) -> int:
     return total
 
 
-def _op_bytes(func: OpOverload, args: tuple[object, ...], kwargs: dict[str, object], out: object,
-              no_data: set[object]) -> int:
+def _op_bytes(
+    func: OpOverload, args: tuple[object, ...], kwargs: dict[str, object], out: object, no_data: set[object]
+) -> int:
     """Bytes one op reads and writes: its tensor inputs plus its tensor outputs (``_nbytes``); 0 for views
     (``OpOverload.is_view``), aliases and allocations (``_NO_DATA_OPS``). An in-place op reads and writes its
     operand, so counting it once as input and once as output is right."""

@@ -34,9 +34,16 @@ def _attn_label(model: torch.nn.Module, kernel: Attention) -> str:
     return kernel if impl == "sdpa" else "eager (the model's own attention keeps the s x s scores)"
 
 
-def trace_step(spec: ModelSpec, micro_batch: int, mode: TraceMode, attention: Attention, checkpointing: bool,
-               layers: int | None = None, tp_degree: int = 1,
-               cpu_conv_scratch_threads: int = 0) -> tuple[Timeline, str, int]:
+def trace_step(
+    spec: ModelSpec,
+    micro_batch: int,
+    mode: TraceMode,
+    attention: Attention,
+    checkpointing: bool,
+    layers: int | None = None,
+    tp_degree: int = 1,
+    cpu_conv_scratch_threads: int = 0,
+) -> tuple[Timeline, str, int]:
     """Trace one fwd+bwd of ``spec`` at ``micro_batch`` under fake tensors.
 
     Args:
@@ -61,12 +68,21 @@ def trace_step(spec: ModelSpec, micro_batch: int, mode: TraceMode, attention: At
     # cached weights mid-step (measured: 10 of 24 autocast/checkpointed traces differed run from 24
     # threads at once). Tracing is pure Python under the GIL, so parallel traces were not faster anyway.
     with MODEL_BUILD_LOCK:
-        return _trace_step(spec, micro_batch, mode, attention, checkpointing, layers, tp_degree,
-                           cpu_conv_scratch_threads)
+        return _trace_step(
+            spec, micro_batch, mode, attention, checkpointing, layers, tp_degree, cpu_conv_scratch_threads
+        )
 
 
-def _trace_step(spec: ModelSpec, micro_batch: int, mode: TraceMode, attention: Attention, checkpointing: bool,
-                layers: int | None, tp_degree: int, cpu_conv_scratch_threads: int = 0) -> tuple[Timeline, str, int]:
+def _trace_step(
+    spec: ModelSpec,
+    micro_batch: int,
+    mode: TraceMode,
+    attention: Attention,
+    checkpointing: bool,
+    layers: int | None,
+    tp_degree: int,
+    cpu_conv_scratch_threads: int = 0,
+) -> tuple[Timeline, str, int]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -77,13 +93,19 @@ def _trace_step(spec: ModelSpec, micro_batch: int, mode: TraceMode, attention: A
     # LoRA under autocast holds its frozen base in 16 bits (``from_pretrained(..., dtype=...)``); the adapters follow
     # ``advisor.models.adapters.cast_for_trace``.
     build_dtype = torch.bfloat16 if mode == TraceMode.AUTOCAST and spec.adapter is not None else dtype
-    model, blocks = build_for_trace(spec, dtype=build_dtype, fake=fake, layers=layers, tp_degree=tp_degree,
-                                    checkpointing=checkpointing, half=mode == TraceMode.HALF)
+    model, blocks = build_for_trace(
+        spec,
+        dtype=build_dtype,
+        fake=fake,
+        layers=layers,
+        tp_degree=tp_degree,
+        checkpointing=checkpointing,
+        half=mode == TraceMode.HALF,
+    )
     exclude = [t.untyped_storage() for t in list(model.parameters()) + list(model.buffers())]
     tracker = _LiveBytes(exclude, cpu_conv_scratch_threads)
     hooks = [p.register_post_accumulate_grad_hook(tracker.on_grad) for p in model.parameters() if p.requires_grad]
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if mode == TraceMode.AUTOCAST
-                else contextlib.nullcontext())
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if mode == TraceMode.AUTOCAST else contextlib.nullcontext()
     try:
         with fake, _attention_mode_class()(attention, tracker), tracker.mode:
             batch = make_batch(spec, micro_batch, dtype=dtype)
@@ -95,22 +117,37 @@ def _trace_step(spec: ModelSpec, micro_batch: int, mode: TraceMode, attention: A
     except AdvisorError:
         raise
     except Exception as err:
-        hint = (": check --input-shape" if spec.family == "custom" else "")
-        raise AdvisorError(f"could not trace a training step of {spec.name} under fake tensors "
-                           f"({err.__class__.__name__}: {str(err).splitlines()[0][:160]}){hint}")
+        hint = ": check --input-shape" if spec.family == "custom" else ""
+        raise AdvisorError(
+            f"could not trace a training step of {spec.name} under fake tensors "
+            f"({err.__class__.__name__}: {str(err).splitlines()[0][:160]}){hint}"
+        )
     finally:
         for h in hooks:
             h.remove()
     grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None)
-    trace = Timeline(fwd=tuple(tracker.fwd_events), bwd=tuple(tracker.events), activations=activations,
-                     grads=grads, flops=tracker.flops, attention_calls=tracker.attention_calls,
-                     fwd_ops=tuple(tracker.fwd_ops), bwd_ops=tuple(tracker.ops),
-                     recompute_flops=tracker.recompute_flops)
+    trace = Timeline(
+        fwd=tuple(tracker.fwd_events),
+        bwd=tuple(tracker.events),
+        activations=activations,
+        grads=grads,
+        flops=tracker.flops,
+        attention_calls=tracker.attention_calls,
+        fwd_ops=tuple(tracker.fwd_ops),
+        bwd_ops=tuple(tracker.ops),
+        recompute_flops=tracker.recompute_flops,
+    )
     return trace, _attn_label(model, attention), blocks
 
 
-def profile_activations(spec: ModelSpec, mode: TraceMode, attention: Attention, checkpointing: bool,
-                        tp_degree: int = 1, cpu_conv_scratch_threads: int = 0) -> ActivationProfile:
+def profile_activations(
+    spec: ModelSpec,
+    mode: TraceMode,
+    attention: Attention,
+    checkpointing: bool,
+    tp_degree: int = 1,
+    cpu_conv_scratch_threads: int = 0,
+) -> ActivationProfile:
     """Trace at micro-batch 2 and 3 (and, for transformer stacks deeper than 4 blocks, at 1 and 2
     blocks per stack, extrapolated linearly to the real depth). See the module docstring.
     ``cpu_conv_scratch_threads``: as ``trace_step`` (the scratch does not grow with the batch, so it is
@@ -123,10 +160,26 @@ def profile_activations(spec: ModelSpec, mode: TraceMode, attention: Attention, 
     traced = (1, 2) if per_stack > TRUNCATE_ABOVE_LAYERS else (None,)
     entries, label, blocks = [], "", 0
     for d in traced:
-        t1, label, blocks = trace_step(spec, BASE_B, mode, attention, checkpointing, layers=d, tp_degree=tp_degree,
-                                       cpu_conv_scratch_threads=cpu_conv_scratch_threads)
-        t2, _, _ = trace_step(spec, BASE_B + 1, mode, attention, checkpointing, layers=d, tp_degree=tp_degree,
-                              cpu_conv_scratch_threads=cpu_conv_scratch_threads)
+        t1, label, blocks = trace_step(
+            spec,
+            BASE_B,
+            mode,
+            attention,
+            checkpointing,
+            layers=d,
+            tp_degree=tp_degree,
+            cpu_conv_scratch_threads=cpu_conv_scratch_threads,
+        )
+        t2, _, _ = trace_step(
+            spec,
+            BASE_B + 1,
+            mode,
+            attention,
+            checkpointing,
+            layers=d,
+            tp_degree=tp_degree,
+            cpu_conv_scratch_threads=cpu_conv_scratch_threads,
+        )
         entries.append((d or per_stack, t1, t2))
     if per_stack:
         blocks = family_of(spec).num_blocks(spec) if checkpointing else 0

@@ -52,10 +52,11 @@ class StepTrace:
     def bwd_other(self) -> int:
         return self.bwd_peak - self.bwd_activations - self.bwd_grads
 
-    def combine(self, other: "StepTrace", a: float, b: float) -> "StepTrace":
+    def combine(self, other: StepTrace, a: float, b: float) -> StepTrace:
         """Element-wise ``a * self + b * other`` (linear extrapolation in depth), rounded to ints."""
-        return StepTrace(**{f.name: int(round(a * getattr(self, f.name) + b * getattr(other, f.name)))
-                            for f in fields(self)})
+        return StepTrace(
+            **{f.name: int(round(a * getattr(self, f.name) + b * getattr(other, f.name))) for f in fields(self)}
+        )
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,10 @@ def _events_at(e1: tuple[Event, ...], e2: tuple[Event, ...], b: int) -> list[Eve
         else:
             e2 = tuple(e2[i * n2 // n1] for i in range(n1))
     d = b - BASE_B
-    return [(int(x[0] + d * (y[0] - x[0])), int(x[1] + d * (y[1] - x[1])), int(x[2] + d * (y[2] - x[2])))
-            for x, y in zip(e1, e2)]
+    return [
+        (int(x[0] + d * (y[0] - x[0])), int(x[1] + d * (y[1] - x[1])), int(x[2] + d * (y[2] - x[2])))
+        for x, y in zip(e1, e2)
+    ]
 
 
 def _peaks(events: list[Event]) -> tuple[Event, Event]:
@@ -160,10 +163,18 @@ def evaluate(t1: Timeline, t2: Timeline, b: int) -> StepTrace:
     fwd, _ = _phase_peaks(t1.fwd, t2.fwd, b)
     bwd, net = _phase_peaks(t1.bwd, t2.bwd, b)
     lin = lambda x, y: int(x + (b - BASE_B) * (y - x))  # noqa: E731
-    return StepTrace(activations=lin(t1.activations, t2.activations), fwd_peak=fwd[0], bwd_peak=bwd[0],
-                     bwd_activations=bwd[1], bwd_grads=bwd[2], grads=lin(t1.grads, t2.grads),
-                     flops=lin(t1.flops, t2.flops), bwd_net_peak=net[0] - net[2], bwd_net_activations=net[1],
-                     bwd_net_grads=net[2])
+    return StepTrace(
+        activations=lin(t1.activations, t2.activations),
+        fwd_peak=fwd[0],
+        bwd_peak=bwd[0],
+        bwd_activations=bwd[1],
+        bwd_grads=bwd[2],
+        grads=lin(t1.grads, t2.grads),
+        flops=lin(t1.flops, t2.flops),
+        bwd_net_peak=net[0] - net[2],
+        bwd_net_activations=net[1],
+        bwd_net_grads=net[2],
+    )
 
 
 @dataclass(frozen=True)
@@ -211,8 +222,16 @@ class ActivationProfile:
         bwd = _deep_events(_events_at(a1.bwd, a2.bwd, micro_batch), _events_at(b1.bwd, b2.bwd, micro_batch), extra)
         f_gross, _ = _peaks(fwd)
         gross, net = _peaks(bwd)
-        return replace(totals, fwd_peak=f_gross[0], bwd_peak=gross[0], bwd_activations=gross[1], bwd_grads=gross[2],
-                       bwd_net_peak=net[0] - net[2], bwd_net_activations=net[1], bwd_net_grads=net[2])
+        return replace(
+            totals,
+            fwd_peak=f_gross[0],
+            bwd_peak=gross[0],
+            bwd_activations=gross[1],
+            bwd_grads=gross[2],
+            bwd_net_peak=net[0] - net[2],
+            bwd_net_activations=net[1],
+            bwd_net_grads=net[2],
+        )
 
     def compute_time(self, micro_batch: int, r: Rates) -> ComputeTime:
         """One micro-step's forward and backward at ``micro_batch`` on one GPU: the roofline over the traced
@@ -255,4 +274,3 @@ class ActivationProfile:
     @property
     def activation_bytes_per_sample(self) -> int:
         return self.at(2).activations - self.at(1).activations
-

@@ -39,8 +39,8 @@ from ..base import (
     timing_of,
 )
 from . import timing
-from .memory import step_phases
 from .layout import Dtypes, dtypes
+from .memory import step_phases
 
 
 class FSDP2(Strategy):
@@ -49,23 +49,33 @@ class FSDP2(Strategy):
     casts_weights = True  # MixedPrecisionPolicy runs the blocks on 16-bit parameters (no autocast): the half trace
     uses_fsdp_grad_sync = True
     client_optimizers = False  # bitsandbytes' and Adafactor's steps on DTensor shards are not verified
-    script_imports = (*DCP_IMPORTS,
-                      "from torch.distributed.device_mesh import init_device_mesh",
-                      ("from torch.distributed.fsdp import (\n    CPUOffloadPolicy,\n    FSDPModule,\n"
-                       "    MixedPrecisionPolicy,\n    OffloadPolicy,\n    fully_shard,\n)"))
+    script_imports = (
+        *DCP_IMPORTS,
+        "from torch.distributed.device_mesh import init_device_mesh",
+        (
+            "from torch.distributed.fsdp import (\n    CPUOffloadPolicy,\n    FSDPModule,\n"
+            "    MixedPrecisionPolicy,\n    OffloadPolicy,\n    fully_shard,\n)"
+        ),
+    )
 
     def __init__(self, reshard: bool = True, offload: bool = False, hybrid: bool = False) -> None:
         self.reshard, self.offload, self.hybrid = reshard, offload, hybrid
         self.name = "hsdp" if hybrid else "fsdp2" + ("_offload" if offload else "" if reshard else "_noreshard")
-        self.title = ("HSDP (FSDP2 2-D)" if hybrid else "FSDP2" + (" + CPU offload" if offload else
-                                                                    "" if reshard else " (no reshard)"))
+        self.title = (
+            "HSDP (FSDP2 2-D)"
+            if hybrid
+            else "FSDP2" + (" + CPU offload" if offload else "" if reshard else " (no reshard)")
+        )
         self.shards_everything = reshard and not hybrid
         # Ties in step time: after ZeRO's (FSDP2 moves what ZeRO-3 moves); offload last with ZeRO's offload.
         self.comm_order = 4 if offload else 2
-        self.comm_pattern = ("all-gather of the parameters in forward" + (" and in backward" if reshard else "")
-                             + ", reduce-scatter of the gradients (fp32)" +
-                             (" inside each node, all-reduce of the shards across nodes" if hybrid else "")
-                             + ("; sharded states in host RAM over PCIe" if offload else ""))
+        self.comm_pattern = (
+            "all-gather of the parameters in forward"
+            + (" and in backward" if reshard else "")
+            + ", reduce-scatter of the gradients (fp32)"
+            + (" inside each node, all-reduce of the shards across nodes" if hybrid else "")
+            + ("; sharded states in host RAM over PCIe" if offload else "")
+        )
 
     # --- where it applies -------------------------------------------------------------------------------------
     def not_applicable(self, ctx: StrategyContext) -> str | None:
@@ -94,8 +104,12 @@ class FSDP2(Strategy):
         """The largest of ``phases``; host RAM (offload): every rank's shards, gradients and optimizer states."""
         phases, states, host = self.phases(ctx, micro_batch)
         peak = peak_of(*phases)
-        return StrategyMemory(peak=peak, overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
-                              model_state_bytes=states, host_bytes_per_node=host)
+        return StrategyMemory(
+            peak=peak,
+            overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
+            model_state_bytes=states,
+            host_bytes_per_node=host,
+        )
 
     def phases(self, ctx: StrategyContext, micro_batch: int) -> tuple[list[Breakdown], int, int]:
         """(forward, backward, end of backward, optimizer step breakdowns; model-state bytes on the GPU; host bytes
@@ -124,10 +138,13 @@ class FSDP2(Strategy):
         return shards + pretrained_copies(ctx) * pretrained_bytes(ctx)
 
     def load_fix(self, ctx: StrategyContext | None = None) -> str:
-        what = ("the pretrained model" if ctx is not None and ctx.options.init_from
-                else "the model (its initial weights)")
-        return (f"rank 0 holds a whole copy of {what} while it broadcasts it into the shards: give node 0 more host "
-                "RAM (more GPUs per node shrink only the shards)")
+        what = (
+            "the pretrained model" if ctx is not None and ctx.options.init_from else "the model (its initial weights)"
+        )
+        return (
+            f"rank 0 holds a whole copy of {what} while it broadcasts it into the shards: give node 0 more host "
+            "RAM (more GPUs per node shrink only the shards)"
+        )
 
     # --- communication and time -------------------------------------------------------------------------------
     def comm_bytes_per_step(self, ctx: StrategyContext, grad_accum_steps: int = 1) -> int:

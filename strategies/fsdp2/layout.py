@@ -31,6 +31,7 @@ class Unit:
     def trainable_shard(self, n: int) -> int:
         return self.trainable_padded // n
 
+
 def units(stats: ParamStats, n: int) -> list[Unit]:
     """``stats.fsdp_units`` at shard world size ``n``, the root first (``advisor.profile.fsdp_units``)."""
     if not stats.fsdp_units:  # no unit list (a hand-made ParamStats): one root unit, unpadded
@@ -48,6 +49,7 @@ def units(stats: ParamStats, n: int) -> list[Unit]:
         out.append(Unit(padded, numel, train_padded, train_numel, late))
     return out
 
+
 @dataclass(frozen=True)
 class Dtypes:
     """Bytes per element: ``orig`` the parameters' own dtype (sharded parameters, gradients, optimizer states),
@@ -57,6 +59,7 @@ class Dtypes:
     orig: int
     param: int
     reduce: int
+
 
 def dtypes(precision: Precision | None, trainable_elem: int | None = None) -> Dtypes:
     """``Dtypes`` at ``precision`` (None, not yet resolved: as fp32); ``trainable_elem``: the trainable parameters'

@@ -36,8 +36,9 @@ from ..ddp import grad_accum_steps
 from .layout import Dtypes, FSDP2Rule, Unit, units
 
 
-def windows(blocks: list[Unit], d: Dtypes, flat: int, reshard: bool, n: int = 1,
-            grads_done: bool = True) -> tuple[int, tuple[int, int], tuple[int, int]]:
+def windows(
+    blocks: list[Unit], d: Dtypes, flat: int, reshard: bool, n: int = 1, grads_done: bool = True
+) -> tuple[int, tuple[int, int], tuple[int, int]]:
     """Bytes of the blocks' gathered parameters and collective buffers at three moments, each the largest over the
     blocks in forward order (P_i: block i's padded numel in param_dtype, T_i: its trainable padded numel in
     reduce_dtype; ``flat`` 0 at world size 1, where no flat all-gather buffer exists). The two backward moments
@@ -59,19 +60,20 @@ def windows(blocks: list[Unit], d: Dtypes, flat: int, reshard: bool, n: int = 1,
     p = [u.padded * d.param for u in blocks] + [0]
     t = [u.trainable_padded * d.reduce for u in blocks] + [0]
     k = len(blocks)
-    g = [sum(u.trainable_shard(n) for u in blocks[i + 1:]) * d.orig if grads_done else 0 for i in range(k)]
+    g = [sum(u.trainable_shard(n) for u in blocks[i + 1 :]) * d.orig if grads_done else 0 for i in range(k)]
 
     def largest(buffers: list[int]) -> tuple[int, int]:
         i = max(range(k), key=lambda j: buffers[j] + g[j])
         return buffers[i], g[i]
 
     if not reshard:
-        held = [sum(p[:i + 1]) + t[i + 1] for i in range(k)]
+        held = [sum(p[: i + 1]) + t[i + 1] for i in range(k)]
         return sum(p[:k]) + flat * max(p[:k]), largest(held), largest(held)
     fwd = max(p[i] + flat * max(p[i], p[i + 1]) for i in range(k))
     bwd = [p[i] + flat * (p[i - 1] if i else 0) + t[i + 1] for i in range(k)]
     copy = [p[i] + flat * p[i] + t[i + 1] for i in range(k)]
     return fwd, largest(bwd), largest(copy)
+
 
 def step_phases(fs: FSDP2Rule, ctx: StrategyContext, micro_batch: int) -> tuple[list[Breakdown], int, int]:
     """(forward, backward, end of backward, optimizer step breakdowns; model-state bytes on the GPU; host bytes
@@ -85,8 +87,7 @@ def step_phases(fs: FSDP2Rule, ctx: StrategyContext, micro_batch: int) -> tuple[
     blk = max(blocks, key=lambda u: u.padded) if blocks else Unit(0, 0, 0, 0)
     # Frozen shards (a LoRA base) stay in the dtype they were loaded in, the trainable ones in theirs.
     frozen_elem = weight_bytes(stats, ctx.profile.spec.adapter, trace_mode(opts.precision, False)).frozen_elem
-    shard_params = sum((u.shard(n) - u.trainable_shard(n)) * frozen_elem + u.trainable_shard(n) * d.orig
-                       for u in us)
+    shard_params = sum((u.shard(n) - u.trainable_shard(n)) * frozen_elem + u.trainable_shard(n) * d.orig for u in us)
     shard_grads = sum(u.trainable_shard(n) for u in us) * d.orig
     optim = optimizer_state_bytes(opts.optimizer, sum(u.trainable_shard(n) for u in us), d.orig)
     accumulating = grad_accum_steps(ctx, fs.dp_size(ctx)) > 1
@@ -101,7 +102,8 @@ def step_phases(fs: FSDP2Rule, ctx: StrategyContext, micro_batch: int) -> tuple[
     # (they accumulate), else those of the blocks backward has passed (``windows``); none without sync.
     every = accumulating and not no_sync
     fwd_blocks, (bwd_blocks, bwd_done), (copy_out, copy_done) = windows(
-        blocks, d, flat, fs.reshard, n, grads_done=not (every or no_sync or fs.offload))
+        blocks, d, flat, fs.reshard, n, grads_done=not (every or no_sync or fs.offload)
+    )
     # Gradients in flight in backward: the root's (in param_dtype until the end of backward) and the current
     # block's (the previous block's reduce-scatter input is in ``windows``); HSDP holds one all-reduce buffer.
     root_grads = root.trainable_numel * d.param
@@ -119,9 +121,15 @@ def step_phases(fs: FSDP2Rule, ctx: StrategyContext, micro_batch: int) -> tuple[
     else:
         resident_params, resident_optim = shard_params + stats.buffer_bytes, optim
         upload = 0
-    fwd = Breakdown(params=resident_params, grads=fwd_shard_grads + held, optimizer_states=resident_optim,
-                    buffers=root_gathered + fwd_blocks + upload, activations=step.activations,
-                    other=max(0, step.fwd_peak - step.activations), phase="forward")
+    fwd = Breakdown(
+        params=resident_params,
+        grads=fwd_shard_grads + held,
+        optimizer_states=resident_optim,
+        buffers=root_gathered + fwd_blocks + upload,
+        activations=step.activations,
+        other=max(0, step.fwd_peak - step.activations),
+        phase="forward",
+    )
     # Where the traced backward peak falls, from the gradients made by then (the trace's own dtype per element).
     per_elem = step.grads / max(1, stats.num_trainable)
     blocks_made = sum(u.trainable_numel for u in blocks) * per_elem
@@ -139,32 +147,58 @@ def step_phases(fs: FSDP2Rule, ctx: StrategyContext, micro_batch: int) -> tuple[
         gathered = sum(u.padded for u in blocks) if not fs.reshard else (flat * blocks[-1].padded if blocks else 0)
         bwd_buffers, bwd_grads = gathered * d.param, 0
         when = "backward (loss and head, before the blocks)"
-    bwd = Breakdown(params=resident_params, grads=fwd_shard_grads + bwd_grads + held,
-                    optimizer_states=resident_optim, buffers=root_gathered + bwd_buffers + upload,
-                    activations=step.bwd_net_activations,
-                    other=max(0, step.bwd_net_peak - step.bwd_net_activations), phase=when)
+    bwd = Breakdown(
+        params=resident_params,
+        grads=fwd_shard_grads + bwd_grads + held,
+        optimizer_states=resident_optim,
+        buffers=root_gathered + bwd_buffers + upload,
+        activations=step.bwd_net_activations,
+        other=max(0, step.bwd_net_peak - step.bwd_net_activations),
+        phase=when,
+    )
     # A block's copy-out happens between ops (no backward temporaries), after the root's LM head / classifier
     # made its gradients (the input embedding's reaches .grad only at the end: ``ParamStats.fsdp_units``).
-    gather = Breakdown(params=resident_params, grads=fwd_shard_grads + copy_done + held + early_root_grads,
-                       optimizer_states=resident_optim, buffers=root_gathered + copy_out + rs_buffers + upload,
-                       activations=step.bwd_net_activations, phase="backward (a block's all-gather copy-out)")
+    gather = Breakdown(
+        params=resident_params,
+        grads=fwd_shard_grads + copy_done + held + early_root_grads,
+        optimizer_states=resident_optim,
+        buffers=root_gathered + copy_out + rs_buffers + upload,
+        activations=step.bwd_net_activations,
+        phase="backward (a block's all-gather copy-out)",
+    )
     # The root's post-backward (``FSDPParamGroup.post_backward``): it reshards (frees its gathered parameters)
     # first, then ``foreach_reduce`` allocates the reduce-scatter input and copies the unsharded gradients in,
     # frees them, and allocates the output (the root's sharded gradient). Before it, the other units' sharded
     # gradients (all of them when accumulating).
-    before = 0 if fs.offload or no_sync else (shard_grads if accumulating else
-                                                 shard_grads - root.trainable_shard(n) * d.orig)
+    before = (
+        0
+        if fs.offload or no_sync
+        else (shard_grads if accumulating else shard_grads - root.trainable_shard(n) * d.orig)
+    )
     root_in, root_out = root.trainable_padded * d.reduce, root.trainable_shard(n) * d.reduce
-    copy_in = Breakdown(params=resident_params, grads=before + held + root_grads, optimizer_states=resident_optim,
-                        buffers=root_in, phase="end of backward (root reduce-scatter copy-in)")
-    reduce = Breakdown(params=resident_params, grads=before + held, optimizer_states=resident_optim,
-                       buffers=root_in + root_out, phase="end of backward (root reduce-scatter)")
+    copy_in = Breakdown(
+        params=resident_params,
+        grads=before + held + root_grads,
+        optimizer_states=resident_optim,
+        buffers=root_in,
+        phase="end of backward (root reduce-scatter copy-in)",
+    )
+    reduce = Breakdown(
+        params=resident_params,
+        grads=before + held,
+        optimizer_states=resident_optim,
+        buffers=root_in + root_out,
+        phase="end of backward (root reduce-scatter)",
+    )
     phases = [fwd, bwd, gather, copy_in, reduce]
     if not fs.offload:
         largest_shard = -(-stats.largest_param_numel // n)
         temp = optimizer_step_temp_bytes(opts.optimizer, ctx.device, largest_shard, d.orig)
-        phases.append(Breakdown(params=resident_params, grads=shard_grads, optimizer_states=optim, other=temp,
-                                phase="optimizer step"))
+        phases.append(
+            Breakdown(
+                params=resident_params, grads=shard_grads, optimizer_states=optim, other=temp, phase="optimizer step"
+            )
+        )
     host = (shard_params + shard_grads + optim) * ctx.hardware.gpus_per_node if fs.offload else 0
     states = stats.buffer_bytes if fs.offload else shard_params + shard_grads + optim + stats.buffer_bytes
     return phases, states, host

@@ -39,8 +39,7 @@ def comm_bytes_per_step(fs: FSDP2Rule, ctx: StrategyContext, grad_accum_steps: i
     return total
 
 
-def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime,
-              grad_accum_steps: int) -> StepTime:
+def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime, grad_accum_steps: int) -> StepTime:
     """Time rule. Compute: the roofline of the 16-bit-parameters trace (MixedPrecisionPolicy casts at the
     gather; no autocast). Every micro-step gathers each unit in forward (and each block again in backward when
     resharding) and reduce-scatters the gradients in fp32 (every micro-step, or the last with
@@ -80,27 +79,55 @@ def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime,
         # The root's shard after backward, and any overrun; never more than the all-reduce itself.
         ar_exposed = min(ar, max(0.0, ar - c.bwd_s) + (ar / pieces))
     fwd_x = exposed_s(ag_f, c.fwd_s, pieces, first_s=ag_f / pieces)
-    bwd_x = exposed_s(ag_b + rs, c.bwd_s, pieces + len(rs_times), first_s=ag_b / pieces if ag_b else 0.0,
-                      last_s=rs_last)
+    bwd_x = exposed_s(
+        ag_b + rs, c.bwd_s, pieces + len(rs_times), first_s=ag_b / pieces if ag_b else 0.0, last_s=rs_last
+    )
     rs_only_x = exposed_s(rs, c.bwd_s, len(rs_times), last_s=rs_last)
     ag_b_only_x = exposed_s(ag_b, c.bwd_s, pieces, first_s=ag_b / pieces) if ag_b else 0.0
     # Per optimizer step: every micro-step gathers; the reduce-scatter runs on `syncs` of them.
     exposed = ga * fwd_x + syncs * bwd_x + (ga - syncs) * ag_b_only_x + syncs * ar_exposed
     comm = ga * (ag_f + ag_b) + syncs * (rs + ar)
     if ag_f:
-        coll.append(Collective(f"parameter all-gather in forward{' and in backward' if ag_b else ''} (every "
-                               f"micro-step, {len(us)} units)", "all_gather", "data-parallel", fwd_b,
-                               ga * (len(us) + (len(us) - 1 if ag_b else 0)), ga * (ag_f + ag_b),
-                               ga * fwd_x + (ga - syncs) * ag_b_only_x + syncs * max(0.0, bwd_x - rs_only_x),
-                               passes=ga * (2 if ag_b else 1)))
+        coll.append(
+            Collective(
+                f"parameter all-gather in forward{' and in backward' if ag_b else ''} (every "
+                f"micro-step, {len(us)} units)",
+                "all_gather",
+                "data-parallel",
+                fwd_b,
+                ga * (len(us) + (len(us) - 1 if ag_b else 0)),
+                ga * (ag_f + ag_b),
+                ga * fwd_x + (ga - syncs) * ag_b_only_x + syncs * max(0.0, bwd_x - rs_only_x),
+                passes=ga * (2 if ag_b else 1),
+            )
+        )
     if rs:
         when = "every micro-step" if syncs == ga else "last micro-step only"
-        coll.append(Collective(f"gradient reduce-scatter (fp32, {when})" if d.reduce == 4 else
-                               f"gradient reduce-scatter ({when})", "reduce_scatter", "data-parallel", rs_b,
-                               syncs * len(rs_times), syncs * rs, syncs * min(bwd_x, rs_only_x), passes=syncs))
+        coll.append(
+            Collective(
+                f"gradient reduce-scatter (fp32, {when})" if d.reduce == 4 else f"gradient reduce-scatter ({when})",
+                "reduce_scatter",
+                "data-parallel",
+                rs_b,
+                syncs * len(rs_times),
+                syncs * rs,
+                syncs * min(bwd_x, rs_only_x),
+                passes=syncs,
+            )
+        )
     if ar:
-        coll.append(Collective("all-reduce of the gradient shards across nodes", "all_reduce", "data-parallel",
-                               rs_b // n, syncs * pieces, syncs * ar, syncs * ar_exposed, passes=syncs))
+        coll.append(
+            Collective(
+                "all-reduce of the gradient shards across nodes",
+                "all_reduce",
+                "data-parallel",
+                rs_b // n,
+                syncs * pieces,
+                syncs * ar,
+                syncs * ar_exposed,
+                passes=syncs,
+            )
+        )
     part = sum(u.trainable_shard(n) for u in us)
     host = 0.0
     notes: list[str] = []
@@ -108,11 +135,30 @@ def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime,
         pcie = t.preset.pcie_gen
         up = pcie_transfer_s(sum(u.shard(n) for u in us) * d.orig, pcie) * (2 if fs.reshard else 1)
         down = pcie_transfer_s(part * d.orig, pcie)
-        coll.append(Collective("sharded parameters to the GPU before each gather (every micro-step)", "pcie",
-                               "host", sum(u.shard(n) for u in us) * d.orig, 2 * ga, ga * up, ga * up,
-                               passes=2 * ga))
-        coll.append(Collective("gradient shards to host memory", "pcie", "host", part * d.orig, syncs,
-                               syncs * down, syncs * down, passes=syncs))
+        coll.append(
+            Collective(
+                "sharded parameters to the GPU before each gather (every micro-step)",
+                "pcie",
+                "host",
+                sum(u.shard(n) for u in us) * d.orig,
+                2 * ga,
+                ga * up,
+                ga * up,
+                passes=2 * ga,
+            )
+        )
+        coll.append(
+            Collective(
+                "gradient shards to host memory",
+                "pcie",
+                "host",
+                part * d.orig,
+                syncs,
+                syncs * down,
+                syncs * down,
+                passes=syncs,
+            )
+        )
         comm += ga * up + syncs * down
         exposed += ga * up + syncs * down
         per_elem = (2 * d.orig + d.orig + 2 * states_per_element(opts.optimizer, d.orig)) * FOREACH_FACTOR
@@ -121,10 +167,23 @@ def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime,
         notes.append(f"CPU optimizer at {HOST_MEM_GBPS:g} GB/s of host memory bandwidth per node ({HOST_MEM_SOURCE})")
     else:
         opt = optimizer_step_s(ctx, t, part, d.orig, d.orig, d.orig)
-    overlap = ("each unit's all-gather prefetched behind the previous unit's compute, each reduce-scatter beside "
-               "the next unit's backward; exposed: each pass's first gather, the root's reduce-scatter and any "
-               "overrun")
-    return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s, comm_s=comm,
-                    exposed_comm_s=exposed, optimizer_s=opt, flops=ga * c.flops, model_flops=ga * c.model_flops,
-                    peak_flops_per_s=t.peak_flops_per_s, overlap=overlap, collectives=tuple(coll), host_s=host,
-                    notes=tuple(notes))
+    overlap = (
+        "each unit's all-gather prefetched behind the previous unit's compute, each reduce-scatter beside "
+        "the next unit's backward; exposed: each pass's first gather, the root's reduce-scatter and any "
+        "overrun"
+    )
+    return StepTime(
+        micro_batch=ctx.micro_batch_size,
+        micro_steps=ga,
+        compute_s=ga * c.total_s,
+        comm_s=comm,
+        exposed_comm_s=exposed,
+        optimizer_s=opt,
+        flops=ga * c.flops,
+        model_flops=ga * c.model_flops,
+        peak_flops_per_s=t.peak_flops_per_s,
+        overlap=overlap,
+        collectives=tuple(coll),
+        host_s=host,
+        notes=tuple(notes),
+    )

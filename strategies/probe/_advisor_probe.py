@@ -81,14 +81,20 @@ class Probe:
         if self.memory is not None:
             return
         if self.cuda:
-            self.memory = {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
-                           "peak_reserved_bytes": int(torch.cuda.max_memory_reserved())}
+            self.memory = {
+                "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+                "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+            }
             return
         self.cpu_meter.__exit__(None, None, None)
         m = self.cpu_meter
         # raw: the profiler's own running total, before the frees it did not see were put back (CpuPeakMeter)
-        self.memory = {"peak_allocated_bytes": int(m.peak_bytes), "peak_reserved_bytes": None,
-                       "raw_peak_allocated_bytes": int(m.raw_peak_bytes), "unseen_frees": m.unseen_frees}
+        self.memory = {
+            "peak_allocated_bytes": int(m.peak_bytes),
+            "peak_reserved_bytes": None,
+            "raw_peak_allocated_bytes": int(m.raw_peak_bytes),
+            "unseen_frees": m.unseen_frees,
+        }
 
     # --- wrapping -----------------------------------------------------------------------------------------------
     def install(self, train) -> None:
@@ -105,6 +111,7 @@ class Probe:
             def init(self, *a, **k):
                 f(self, *a, **k)
                 probe.steps = self
+
             return init
 
         def end_step(f):
@@ -115,9 +122,13 @@ class Probe:
                     if torch.distributed.is_initialized():
                         torch.distributed.barrier()  # ranks stop the meter at different times: go on together
                     if int(os.environ.get("RANK", "0")) == 0:
-                        print(f"advisor probe: memory meter stopped after step {probe.measured_steps}; the steps "
-                              "after it are timed only", flush=True)
+                        print(
+                            f"advisor probe: memory meter stopped after step {probe.measured_steps}; the steps "
+                            "after it are timed only",
+                            flush=True,
+                        )
                     self.restart_clock()  # the meter's export is not the next step's time
+
             return end
 
         def micro_step(f):
@@ -125,6 +136,7 @@ class Probe:
                 f(self, *a, **k)
                 probe.per_micro_step.append(probe.comm_calls)
                 probe.comm_calls = 0
+
             return micro
 
         wrap(train.StepLog, "__init__", step_log_init)
@@ -136,6 +148,7 @@ class Probe:
                 probe.epoch = epoch
                 probe.indices.setdefault(epoch, [])
                 return f(self, epoch, *a, **k)
+
             return set_
 
         def sampler_iter(f):
@@ -144,6 +157,7 @@ class Probe:
                 for i in f(self):
                     seen.append(int(i))
                     yield i
+
             return it
 
         wrap(train.ResumableSampler, "set_epoch", set_epoch)
@@ -155,6 +169,7 @@ class Probe:
                     auto = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
                     probe.trained = (weakref.ref(model), device, a, auto)
                 return f(model, batch, device, *a)
+
             return loss
 
         self.plain_compute_loss = train.compute_loss
@@ -241,12 +256,18 @@ class Probe:
                 first.register_post_accumulate_grad_hook(counted)
         self.comm_key = "reduce_scatters_per_micro_step"
         mesh = next(model.parameters()).device_mesh
-        self.extra.update({
-            "fsdp_units": len(blocks) + 1, "local_param_numel": sum(p.to_local().numel() for p in model.parameters()),
-            "full_param_numel": sum(p.numel() for p in model.parameters()),
-            "reshard_after_forward": train.RESHARD_AFTER_FORWARD, "cpu_offload": hasattr(train, "CPUOffloadPolicy"),
-            "mesh_shape": list(mesh.shape), "mesh_dim_names": list(mesh.mesh_dim_names),
-            "grad_sync": "every-micro-step"})
+        self.extra.update(
+            {
+                "fsdp_units": len(blocks) + 1,
+                "local_param_numel": sum(p.to_local().numel() for p in model.parameters()),
+                "full_param_numel": sum(p.numel() for p in model.parameters()),
+                "reshard_after_forward": train.RESHARD_AFTER_FORWARD,
+                "cpu_offload": hasattr(train, "CPUOffloadPolicy"),
+                "mesh_shape": list(mesh.shape),
+                "mesh_dim_names": list(mesh.mesh_dim_names),
+                "grad_sync": "every-micro-step",
+            }
+        )
         set_sync = model.set_requires_gradient_sync
 
         def setting_sync(requires_gradient_sync: bool, *a, **k):  # turned off: the script syncs on the last only
@@ -262,8 +283,12 @@ class Probe:
         self.extra.update({"zero_stage": stage, "offload": bool(engine.zero_offload_optimizer())})
         if stage == 3:  # this rank's partitions (ds_tensor) against the full parameters (ds_numel)
             params = list(engine.module.parameters())
-            self.extra.update({"local_param_numel": sum(p.ds_tensor.numel() for p in params),
-                               "full_param_numel": sum(p.ds_numel for p in params)})
+            self.extra.update(
+                {
+                    "local_param_numel": sum(p.ds_tensor.numel() for p in params),
+                    "full_param_numel": sum(p.ds_numel for p in params),
+                }
+            )
 
     def training_ended(self, train) -> None:
         """Before the final checkpoint: the meter stops, and the trained model's loss on the first micro-batch."""
@@ -291,8 +316,7 @@ class Probe:
         self.extra["final_eval_loss"] = loss.item()
         trainable = [p for p in module.parameters() if p.requires_grad]
         if len(trainable) < len(list(module.parameters())):  # adapters: what trains
-            self.extra["trainable_params"] = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
-                                                 for p in trainable)
+            self.extra["trainable_params"] = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in trainable)
 
     # --- the report ---------------------------------------------------------------------------------------------
     def write_report(self) -> None:
@@ -305,25 +329,40 @@ class Probe:
         rank = torch.distributed.get_rank() if distributed else 0
         world = torch.distributed.get_world_size() if distributed else 1
         measured = len(steps.losses) if self.measured_steps is None else min(self.measured_steps, len(steps.losses))
-        mine = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), **self.memory,
-                "losses": steps.losses[:measured], "step_times_s": steps.step_times,
-                "profiled_steps": 0 if self.cuda else measured, "grad_norms": steps.grad_norms,
-                "sample_indices": self.indices, **self.extra}
+        mine = {
+            "rank": rank,
+            "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+            **self.memory,
+            "losses": steps.losses[:measured],
+            "step_times_s": steps.step_times,
+            "profiled_steps": 0 if self.cuda else measured,
+            "grad_norms": steps.grad_norms,
+            "sample_indices": self.indices,
+            **self.extra,
+        }
         if self.comm_key:
             mine[self.comm_key] = self.per_micro_step
         if hasattr(train, "TP_DEGREE"):  # tp, tp_dp: the mesh is (data parallel, tensor parallel), TP ranks adjacent
-            mine.update({"tp_degree": train.TP_DEGREE, "dp_size": world // train.TP_DEGREE,
-                         "dp_rank": rank // train.TP_DEGREE})
+            mine.update(
+                {"tp_degree": train.TP_DEGREE, "dp_size": world // train.TP_DEGREE, "dp_rank": rank // train.TP_DEGREE}
+            )
         everyone = [None] * world
         if distributed:
             torch.distributed.all_gather_object(everyone, mine)
         else:
             everyone = [mine]
         if rank == 0:
-            report = {"strategy": train.STRATEGY, "device": "cuda" if self.cuda else "cpu", "world_size": world,
-                      "steps": measured, "precision": train.PRECISION, "micro_batch_size": train.MICRO_BATCH_SIZE,
-                      "gradient_accumulation_steps": train.GRAD_ACCUM_STEPS, "eval_losses": steps.eval_losses,
-                      "per_rank": everyone}
+            report = {
+                "strategy": train.STRATEGY,
+                "device": "cuda" if self.cuda else "cpu",
+                "world_size": world,
+                "steps": measured,
+                "precision": train.PRECISION,
+                "micro_batch_size": train.MICRO_BATCH_SIZE,
+                "gradient_accumulation_steps": train.GRAD_ACCUM_STEPS,
+                "eval_losses": steps.eval_losses,
+                "per_rank": everyone,
+            }
             out = self.args.out if self.args is not None else "."
             os.makedirs(out, exist_ok=True)
             path = os.path.join(out, "report.json")
@@ -343,7 +382,7 @@ def split_argv(argv: list[str]) -> tuple[int | None, str, list[str]]:
         i += 1
     if i == len(argv):
         raise SystemExit("usage: _advisor_probe.py [--measured-steps N] train.py [options]")
-    return measured, argv[i], [argv[i], *passed, *argv[i + 1:]]
+    return measured, argv[i], [argv[i], *passed, *argv[i + 1 :]]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,10 +43,11 @@ class Zero(Strategy):
         # QLoRA: ZeRO-3 partitions a 4-bit base stored in the module's dtype (``quantized_sizes``); stages 1-2 would
         # replicate it as DDP does, and are not verified with it.
         self.quantized_base = stage == 3 and not offload
-        self.comm_pattern = ("all-gather of the parameters in forward and in backward, reduce-scatter of the "
-                             "gradients" if stage == 3 else "reduce-scatter of the gradients (all-reduce in "
-                             "buckets), all-gather of the updated parameters") + (
-                                 "; gradients and optimizer states over PCIe to host RAM" if offload else "")
+        self.comm_pattern = (
+            "all-gather of the parameters in forward and in backward, reduce-scatter of the gradients"
+            if stage == 3
+            else "reduce-scatter of the gradients (all-reduce in buckets), all-gather of the updated parameters"
+        ) + ("; gradients and optimizer states over PCIe to host RAM" if offload else "")
 
     def not_applicable(self, ctx: StrategyContext) -> str | None:
         if ctx.options.precision == Precision.PURE_BF16:
@@ -56,8 +57,10 @@ class Zero(Strategy):
     def fine_tuning_blocker(self, ctx: StrategyContext) -> str | None:
         adapter = ctx.profile.spec.adapter
         if self.quantized_base and adapter is not None and adapter.quantize == Quant.INT8:
-            return ("ZeRO-3 partitions a 4-bit base (nf4, fp4) stored in the module's dtype (bnb_4bit_quant_storage); "
-                    "an int8 (LLM.int8()) base under ZeRO-3 is not modelled: use --quantize nf4, or ddp with int8")
+            return (
+                "ZeRO-3 partitions a 4-bit base (nf4, fp4) stored in the module's dtype (bnb_4bit_quant_storage); "
+                "an int8 (LLM.int8()) base under ZeRO-3 is not modelled: use --quantize nf4, or ddp with int8"
+            )
         return super().fine_tuning_blocker(ctx)
 
     def quantized_sizes(self, ctx: StrategyContext) -> QuantizedSizes | None:
@@ -67,8 +70,9 @@ class Zero(Strategy):
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         """Per-GPU bytes at ``micro_batch`` samples per GPU (``strategies.zero.memory.zero_memory``)."""
-        return zero_memory(ctx, micro_batch, self.stage, self.offload, self.quantized_base,
-                           self.trace_mode(ctx.options.precision))
+        return zero_memory(
+            ctx, micro_batch, self.stage, self.offload, self.quantized_base, self.trace_mode(ctx.options.precision)
+        )
 
     def load_host_bytes_per_node(self, ctx: StrategyContext) -> int:
         """ZeRO-3 builds the model inside ``deepspeed.zero.Init`` where the family allows it
@@ -97,17 +101,27 @@ class Zero(Strategy):
 
     def load_fix(self, ctx: StrategyContext | None = None) -> str:
         """ZeRO-3 loading ``--init-from`` under zero.Init: what rank 0 holds is the checkpoint itself."""
-        if (ctx is not None and ctx.options.init_from and self.stage == 3 and family_of(ctx.profile.spec).zero_init
-                and self.quantized_sizes(ctx) is None):
-            return ("rank 0 reads the whole checkpoint into host RAM while it copies it into the partitions: give node "
-                    "0 more host RAM, or save the checkpoint in 16 bits (half the bytes)")
+        if (
+            ctx is not None
+            and ctx.options.init_from
+            and self.stage == 3
+            and family_of(ctx.profile.spec).zero_init
+            and self.quantized_sizes(ctx) is None
+        ):
+            return (
+                "rank 0 reads the whole checkpoint into host RAM while it copies it into the partitions: give node "
+                "0 more host RAM, or save the checkpoint in 16 bits (half the bytes)"
+            )
         return super().load_fix(ctx)
 
     def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
         (frozen, p), n = rule_of_thumb_split(ctx.profile.stats, ctx.profile.spec.adapter), ctx.world_size
         # A frozen LoRA base is replicated by stages 1-2 and sharded by stage 3, like the 16-bit weights.
-        sharded = {1: frozen + 4 * p + 12 * p // n, 2: frozen + 2 * p + 14 * p // n,
-                   3: (frozen + RULE_OF_THUMB_BYTES_PER_PARAM * p) // n}
+        sharded = {
+            1: frozen + 4 * p + 12 * p // n,
+            2: frozen + 2 * p + 14 * p // n,
+            3: (frozen + RULE_OF_THUMB_BYTES_PER_PARAM * p) // n,
+        }
         if self.offload:
             return 2 * p if self.stage == 2 else 2 * p // n
         return sharded[self.stage]
@@ -128,8 +142,9 @@ class Zero(Strategy):
         t = timing_of(ctx)
         if t is None:
             return None
-        return timing.step_time(ctx, t, self.compute_time(ctx, t), row.grad_accum_steps or 1, self.stage,
-                                self.offload, self.quantized_base)
+        return timing.step_time(
+            ctx, t, self.compute_time(ctx, t), row.grad_accum_steps or 1, self.stage, self.offload, self.quantized_base
+        )
 
     def script_tags(self, job: ScriptJob) -> set[str]:
         """``ds`` (the deepspeed launcher's flags), ``zero3`` (partitioned weights: gathered to export),

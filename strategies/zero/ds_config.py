@@ -26,8 +26,9 @@ def bucket_elems(ctx: StrategyContext) -> dict[str, int]:
     }
 
 
-def build_ds_config(ctx: StrategyContext, stage: int, offload: bool, dp_size: int,
-                    grad_accum_steps: int) -> dict[str, object]:
+def build_ds_config(
+    ctx: StrategyContext, stage: int, offload: bool, dp_size: int, grad_accum_steps: int
+) -> dict[str, object]:
     """The ds_config.json matching the estimate of ZeRO ``stage`` (1-3, ``offload``: optimizer states, and under
     stage 3 parameters, in host memory) at ``dp_size`` data-parallel ranks and ``grad_accum_steps`` micro-steps
     per optimizer step (DeepSpeed config docs, "ZeRO optimizations"). A JSON document; batch sizes in samples,
@@ -48,10 +49,12 @@ def build_ds_config(ctx: StrategyContext, stage: int, offload: bool, dp_size: in
         # adapters: +15% of the peak with it, -0.4% against the estimate without it).
         zero["memory_efficient_linear"] = False
     if stage == 3:
-        zero.update(stage3_prefetch_bucket_size=b["stage3_prefetch_bucket_size"],
-                    stage3_param_persistence_threshold=100_000,
-                    stage3_max_live_parameters=b["stage3_max_live_parameters"],
-                    stage3_gather_16bit_weights_on_model_save=True)
+        zero.update(
+            stage3_prefetch_bucket_size=b["stage3_prefetch_bucket_size"],
+            stage3_param_persistence_threshold=100_000,
+            stage3_max_live_parameters=b["stage3_max_live_parameters"],
+            stage3_gather_16bit_weights_on_model_save=True,
+        )
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if stage == 3:

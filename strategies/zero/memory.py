@@ -60,8 +60,9 @@ def step_temp_bytes(ctx: StrategyContext, s: ZeroSizes) -> int:
     return optimizer_step_temp_bytes(ctx.options.optimizer, ctx.device, s.partition_numel, 4)
 
 
-def zero_memory(ctx: StrategyContext, micro_batch: int, stage: int, offload: bool, quantized_base: bool,
-                mode: TraceMode) -> StrategyMemory:
+def zero_memory(
+    ctx: StrategyContext, micro_batch: int, stage: int, offload: bool, quantized_base: bool, mode: TraceMode
+) -> StrategyMemory:
     """Per-GPU bytes of ZeRO ``stage`` (1-3; ``offload``: optimizer states, and under stage 3 parameters, in host
     memory) at ``micro_batch`` samples per GPU, on the traced step of trace ``mode``: the largest of the step's
     phases (``stage12_phases``, ``stage3_phases``; QLoRA with ``quantized_base``: also the loading of the whole
@@ -87,9 +88,17 @@ def zero_memory(ctx: StrategyContext, micro_batch: int, stage: int, offload: boo
     elif stage == 3:
         phases = stage3_phases(s, step, params, optim, offload, step_temp_bytes(ctx, s))
     else:
-        phases = stage12_phases(s, step, params, optim, stage, offload, step_temp_bytes(ctx, s),
-                                bucket_fills=bucket_elems(ctx)["reduce_bucket_size"] < ctx.profile.stats.num_trainable,
-                                accumulating=grad_accum_steps(ctx, ctx.world_size) > 1)
+        phases = stage12_phases(
+            s,
+            step,
+            params,
+            optim,
+            stage,
+            offload,
+            step_temp_bytes(ctx, s),
+            bucket_fills=bucket_elems(ctx)["reduce_bucket_size"] < ctx.profile.stats.num_trainable,
+            accumulating=grad_accum_steps(ctx, ctx.world_size) > 1,
+        )
     peak = peak_of(*phases)
     host = 0
     if offload:
@@ -98,9 +107,12 @@ def zero_memory(ctx: StrategyContext, micro_batch: int, stage: int, offload: boo
             per_rank += s.weights
         host = per_rank * ctx.hardware.gpus_per_node
     states = params if offload else params + optim + s.grads16 + s.grads32
-    return StrategyMemory(peak=peak, overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
-                          model_state_bytes=states,
-                          host_bytes_per_node=host)
+    return StrategyMemory(
+        peak=peak,
+        overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
+        model_state_bytes=states,
+        host_bytes_per_node=host,
+    )
 
 
 def _loading(ctx: StrategyContext, s: ZeroSizes, q: QuantizedSizes) -> Breakdown:
@@ -119,14 +131,20 @@ def _loading(ctx: StrategyContext, s: ZeroSizes, q: QuantizedSizes) -> Breakdown
     per_elem = CPU_QUANTIZE_BYTES_PER_ELEMENT if ctx.device == Device.CPU else w
     checkpoint = 4 * stats.num_frozen if ctx.device == Device.CPU else 0
     # The weights by part: the fused expert weights of a mixture of experts are in ``rest_full`` (in w bytes).
-    parts = quantized_base_parts(stats, q.full_storage + q.quant_states, w,
-                                 stats.num_params - stats.quantized_numel - stats.num_trainable,
-                                 extra=stats.num_trainable * w + stats.buffer_bytes)
-    return Breakdown(params=q.full_storage + q.quant_states + q.rest_full + stats.buffer_bytes,
-                     params_parts=parts,
-                     buffers=checkpoint, other=stats.largest_quantized_numel * per_elem,
-                     phase="loading (the whole quantized base, before deepspeed.initialize "
-                           "partitions it)")
+    parts = quantized_base_parts(
+        stats,
+        q.full_storage + q.quant_states,
+        w,
+        stats.num_params - stats.quantized_numel - stats.num_trainable,
+        extra=stats.num_trainable * w + stats.buffer_bytes,
+    )
+    return Breakdown(
+        params=q.full_storage + q.quant_states + q.rest_full + stats.buffer_bytes,
+        params_parts=parts,
+        buffers=checkpoint,
+        other=stats.largest_quantized_numel * per_elem,
+        phase="loading (the whole quantized base, before deepspeed.initialize partitions it)",
+    )
 
 
 def deepspeed_model_state_estimate(ctx: StrategyContext, stage: int, offload: bool) -> dict[str, int] | None:
@@ -141,13 +159,18 @@ def deepspeed_model_state_estimate(ctx: StrategyContext, stage: int, offload: bo
     if stage == 2:
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-        cpu, gpu = estimate_zero2_model_states_mem_needs(stats.num_params, hw.gpus_per_node, hw.num_nodes,
-                                                         cpu_offload=offload)
+        cpu, gpu = estimate_zero2_model_states_mem_needs(
+            stats.num_params, hw.gpus_per_node, hw.num_nodes, cpu_offload=offload
+        )
     else:
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
-        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(stats.num_params, stats.largest_module_params,
-                                                            hw.gpus_per_node, hw.num_nodes,
-                                                            cpu_offload=offload,
-                                                            cpu_offload_params=offload)
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+            stats.num_params,
+            stats.largest_module_params,
+            hw.gpus_per_node,
+            hw.num_nodes,
+            cpu_offload=offload,
+            cpu_offload_params=offload,
+        )
     return {"gpu_bytes": int(gpu), "host_bytes_per_node": int(cpu)}

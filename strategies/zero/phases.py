@@ -12,8 +12,17 @@ from advisor.trace import StepTrace
 from .sizes import ZeroSizes
 
 
-def stage12_phases(s: ZeroSizes, step: StepTrace, params: int, optim: int, stage: int, offload: bool, temp: int,
-                   bucket_fills: bool, accumulating: bool = False) -> list[Breakdown]:
+def stage12_phases(
+    s: ZeroSizes,
+    step: StepTrace,
+    params: int,
+    optim: int,
+    stage: int,
+    offload: bool,
+    temp: int,
+    bucket_fills: bool,
+    accumulating: bool = False,
+) -> list[Breakdown]:
     """The moments of a ZeRO-1/2 step (deepspeed/runtime/zero/stage_1_and_2.py, contiguous_gradients):
 
     * forward: weights + optimizer states + activations; no gradient buffers exist (the reduce
@@ -58,26 +67,56 @@ def stage12_phases(s: ZeroSizes, step: StepTrace, params: int, optim: int, stage
     else:  # each gradient is copied into the bucket and freed: the traced peak net of gradients
         act, grads_so_far = step.bwd_net_activations, step.bwd_net_grads
         in_flight = max(0, step.bwd_net_peak - act)
-    fwd = Breakdown(params=params, optimizer_states=optim, activations=step.activations,
-                    other=max(0, step.fwd_peak - step.activations), phase="forward")
+    fwd = Breakdown(
+        params=params,
+        optimizer_states=optim,
+        activations=step.activations,
+        other=max(0, step.fwd_peak - step.activations),
+        phase="forward",
+    )
     if offload:  # gradients go to host memory bucket by bucket
         bwd = Breakdown(params=params, buffers=bucket, activations=act, other=in_flight, phase="backward")
         return [fwd, bwd]
     later = []
     if stage == 1 and accumulating and not offload:
-        later = [Breakdown(params=params, grads=g16, optimizer_states=optim, buffers=bucket,
-                           activations=step.activations, other=max(0, step.fwd_peak - step.activations),
-                           phase="forward (later micro-step)"),
-                 Breakdown(params=params, grads=g16, optimizer_states=optim, buffers=bucket,
-                           activations=step.bwd_net_activations,
-                           other=max(0, step.bwd_net_peak - step.bwd_net_activations),
-                           phase="backward (later micro-step)")]
+        later = [
+            Breakdown(
+                params=params,
+                grads=g16,
+                optimizer_states=optim,
+                buffers=bucket,
+                activations=step.activations,
+                other=max(0, step.fwd_peak - step.activations),
+                phase="forward (later micro-step)",
+            ),
+            Breakdown(
+                params=params,
+                grads=g16,
+                optimizer_states=optim,
+                buffers=bucket,
+                activations=step.bwd_net_activations,
+                other=max(0, step.bwd_net_peak - step.bwd_net_activations),
+                phase="backward (later micro-step)",
+            ),
+        ]
     started = grads_so_far > 0
     bwd_grads = grads_so_far if stage == 1 else (g16 if started and bucket_fills else 0)
-    first = Breakdown(params=params, optimizer_states=optim, buffers=bucket, activations=step.activations,
-                      phase="backward (first gradient)")
-    bwd = Breakdown(params=params, grads=bwd_grads, optimizer_states=optim, buffers=bucket if started else 0,
-                    activations=act, other=in_flight, phase="backward")
+    first = Breakdown(
+        params=params,
+        optimizer_states=optim,
+        buffers=bucket,
+        activations=step.activations,
+        phase="backward (first gradient)",
+    )
+    bwd = Breakdown(
+        params=params,
+        grads=bwd_grads,
+        optimizer_states=optim,
+        buffers=bucket if started else 0,
+        activations=act,
+        other=in_flight,
+        phase="backward",
+    )
     part = s.grads16_partition
     extra = []
     if stage == 1:
@@ -89,17 +128,34 @@ def stage12_phases(s: ZeroSizes, step: StepTrace, params: int, optim: int, stage
         # partition (``copy_grads_in_partition`` allocates ``grads_in_partition`` at the first one); the gradients
         # outside the partition stay views of the reused bucket (counting g16 beside the bucket was
         # +22% on tests/data/small_llama.json at 2 ranks).
-        extra.append(Breakdown(params=params, grads=g16, optimizer_states=optim, buffers=bucket,
-                               phase="end of backward (every gradient, empty bucket)"))
+        extra.append(
+            Breakdown(
+                params=params,
+                grads=g16,
+                optimizer_states=optim,
+                buffers=bucket,
+                phase="end of backward (every gradient, empty bucket)",
+            )
+        )
         left = max(0, g16 - bucket)
         reduce_grads = max(left, max(0, g16 - 2 * bucket) + part) if left else 0
         filled = part
     else:
         reduce_grads, filled = (g16 if bucket_fills else 0), g16
-    reduce = Breakdown(params=params, grads=reduce_grads, optimizer_states=optim,
-                       buffers=bucket + s.reduce_copy, phase="end of backward (bucket reduction)")
-    epilogue = Breakdown(params=params, grads=filled, optimizer_states=optim, buffers=bucket,
-                         phase="end of backward (gradient partition filled)")
+    reduce = Breakdown(
+        params=params,
+        grads=reduce_grads,
+        optimizer_states=optim,
+        buffers=bucket + s.reduce_copy,
+        phase="end of backward (bucket reduction)",
+    )
+    epilogue = Breakdown(
+        params=params,
+        grads=filled,
+        optimizer_states=optim,
+        buffers=bucket,
+        phase="end of backward (gradient partition filled)",
+    )
     # The step first frees the gradients of parameters outside this rank's partition (stage 1 kept them
     # in the bucket), then flattens the partition's and casts that to fp32 (a second copy unless already fp32).
     cast = part if s.w == 4 else part + g32
@@ -108,8 +164,9 @@ def stage12_phases(s: ZeroSizes, step: StepTrace, params: int, optim: int, stage
     return [fwd, first, bwd, *later, *extra, reduce, epilogue, flatten, opt_step]
 
 
-def stage3_phases(s: ZeroSizes, step: StepTrace, params: int, optim: int, offload: bool, temp: int,
-                  dequant: tuple[int, int] = (0, 0)) -> list[Breakdown]:
+def stage3_phases(
+    s: ZeroSizes, step: StepTrace, params: int, optim: int, offload: bool, temp: int, dequant: tuple[int, int] = (0, 0)
+) -> list[Breakdown]:
     """The moments of a ZeRO-3 step (deepspeed/runtime/zero/stage3.py). Resident throughout: the
     weight partition, the reduce bucket and the gradient partition (``grad_partitions_flat_buffer``,
     zeros allocated in ``__init__``), the optimizer states; forward and backward add the gathered
@@ -125,13 +182,24 @@ def stage3_phases(s: ZeroSizes, step: StepTrace, params: int, optim: int, offloa
     resident = partial(Breakdown, params=params, grads=grads, optimizer_states=optim)
     buffers = s.bucket + s.gathered
     in_flight = max(0, step.bwd_net_peak - step.bwd_net_activations)
-    fwd = resident(buffers=buffers, activations=step.activations,
-                   other=max(0, step.fwd_peak - step.activations) + dequant[0], phase="forward")
-    bwd = resident(buffers=buffers, activations=step.bwd_net_activations, other=in_flight + dequant[1],
-                   phase="backward")
+    fwd = resident(
+        buffers=buffers,
+        activations=step.activations,
+        other=max(0, step.fwd_peak - step.activations) + dequant[0],
+        phase="forward",
+    )
+    bwd = resident(
+        buffers=buffers, activations=step.bwd_net_activations, other=in_flight + dequant[1], phase="backward"
+    )
     if offload:
         return [fwd, bwd]
     reduce = resident(buffers=s.bucket + 2 * s.reduce_copy, phase="end of backward (reduce-scatter)")
-    opt_step = Breakdown(params=params, grads=grads + s.grads32, optimizer_states=optim, buffers=s.bucket,
-                         other=temp, phase="optimizer step")
+    opt_step = Breakdown(
+        params=params,
+        grads=grads + s.grads32,
+        optimizer_states=optim,
+        buffers=s.bucket,
+        other=temp,
+        phase="optimizer step",
+    )
     return [fwd, bwd, reduce, opt_step]

@@ -128,10 +128,15 @@ def quantized_sizes(ctx: StrategyContext, quantized_base: bool) -> QuantizedSize
     rest = stats.num_params - stats.quantized_numel
     rest_persistent = stats.persistent_params - persistent_logical
     gathered_total += (rest - rest_persistent) * w
-    return QuantizedSizes(storage=storage, full_storage=full_storage, quant_states=states,
-                          rest=-(-(rest - rest_persistent) * w // n) + rest_persistent * w, rest_full=rest * w,
-                          gathered_elems=max(largest, stats.largest_unquantized_module_params),
-                          gathered_total=gathered_total)
+    return QuantizedSizes(
+        storage=storage,
+        full_storage=full_storage,
+        quant_states=states,
+        rest=-(-(rest - rest_persistent) * w // n) + rest_persistent * w,
+        rest_full=rest * w,
+        gathered_elems=max(largest, stats.largest_unquantized_module_params),
+        gathered_total=gathered_total,
+    )
 
 
 def zero_sizes(ctx: StrategyContext, stage: int, q: QuantizedSizes | None) -> ZeroSizes:

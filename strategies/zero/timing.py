@@ -46,8 +46,15 @@ def gathered_total(ctx: StrategyContext, quantized_base: bool) -> int:
     return (stats.num_params - stats.persistent_params) * module_dtype_bytes(ctx)
 
 
-def step_time(ctx: StrategyContext, t: Timing, c: ComputeTime, grad_accum_steps: int, stage: int, offload: bool,
-              quantized_base: bool) -> StepTime:
+def step_time(
+    ctx: StrategyContext,
+    t: Timing,
+    c: ComputeTime,
+    grad_accum_steps: int,
+    stage: int,
+    offload: bool,
+    quantized_base: bool,
+) -> StepTime:
     """Time rule (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py; DeepSpeed 0.19). Compute: the roofline
     of the 16-bit-weights trace (DeepSpeed casts the module, no autocast casts). Collectives in the 16-bit
     dtype (fp32 runs: 32-bit), buckets as the emitted ds_config sets them:
@@ -92,12 +99,24 @@ def step_time(ctx: StrategyContext, t: Timing, c: ComputeTime, grad_accum_steps:
         ag_s, _, ag_calls = run("all_gather", params, b["allgather_bucket_size"] * w)
         per = 1 if stage == 1 else ga
         if rs_s:
-            coll.append(Collective("gradient reduce-scatter" + (" (every micro-step)" if stage == 2 else ""),
-                                   "reduce_scatter", "data-parallel", grads, per * rs_calls, per * rs_s,
-                                   per * rs_s, passes=per))
+            coll.append(
+                Collective(
+                    "gradient reduce-scatter" + (" (every micro-step)" if stage == 2 else ""),
+                    "reduce_scatter",
+                    "data-parallel",
+                    grads,
+                    per * rs_calls,
+                    per * rs_s,
+                    per * rs_s,
+                    passes=per,
+                )
+            )
         if ag_s:
-            coll.append(Collective("all-gather of the updated parameters", "all_gather", "data-parallel", params,
-                                   ag_calls, ag_s, ag_s))
+            coll.append(
+                Collective(
+                    "all-gather of the updated parameters", "all_gather", "data-parallel", params, ag_calls, ag_s, ag_s
+                )
+            )
         comm = exposed = per * rs_s + ag_s
         overlap = "none: the emitted ds_config sets overlap_comm false for ZeRO-1/2"
     else:
@@ -109,17 +128,37 @@ def step_time(ctx: StrategyContext, t: Timing, c: ComputeTime, grad_accum_steps:
         fwd = exposed_s(ag_s, c.fwd_s, modules, first_s=first)
         bwd = exposed_s(ag_s + rs_s, c.bwd_s, modules + rs_calls, first_s=first, last_s=rs_last)
         if ag_s:
-            coll.append(Collective("parameter all-gather in forward and in backward (every micro-step, "
-                                   f"{modules} modules)", "all_gather", "data-parallel", gathered,
-                                   2 * ga * modules, 2 * ga * ag_s, ga * (fwd + bwd - min(bwd, rs_last)),
-                                   passes=2 * ga))
+            coll.append(
+                Collective(
+                    f"parameter all-gather in forward and in backward (every micro-step, {modules} modules)",
+                    "all_gather",
+                    "data-parallel",
+                    gathered,
+                    2 * ga * modules,
+                    2 * ga * ag_s,
+                    ga * (fwd + bwd - min(bwd, rs_last)),
+                    passes=2 * ga,
+                )
+            )
         if rs_s:
-            coll.append(Collective("gradient reduce-scatter (every micro-step)", "reduce_scatter", "data-parallel",
-                                   grads, ga * rs_calls, ga * rs_s, ga * min(bwd, rs_last), passes=ga))
+            coll.append(
+                Collective(
+                    "gradient reduce-scatter (every micro-step)",
+                    "reduce_scatter",
+                    "data-parallel",
+                    grads,
+                    ga * rs_calls,
+                    ga * rs_s,
+                    ga * min(bwd, rs_last),
+                    passes=ga,
+                )
+            )
         comm, exposed = ga * (2 * ag_s + rs_s), ga * (fwd + bwd)
-        overlap = ("parameter gathers prefetched behind the compute of the modules before them, the gradient "
-                   "reduce-scatter beside backward (overlap_comm); exposed: each pass's first gather, the last "
-                   "reduce bucket and any overrun")
+        overlap = (
+            "parameter gathers prefetched behind the compute of the modules before them, the gradient "
+            "reduce-scatter beside backward (overlap_comm); exposed: each pass's first gather, the last "
+            "reduce bucket and any overrun"
+        )
     k_opt = 0.0
     host = 0.0
     notes: list[str] = []
@@ -134,22 +173,45 @@ def step_time(ctx: StrategyContext, t: Timing, c: ComputeTime, grad_accum_steps:
         else:
             up_per_step = pcie_transfer_s(-(-stats.num_params // n) * w, pcie)
             up_what = "updated 16-bit partition back to the GPU"
-        coll.append(Collective("gradient partition to host memory (every micro-step)", "pcie", "host", part * w,
-                               ga, ga * down, ga * down, passes=ga))
+        coll.append(
+            Collective(
+                "gradient partition to host memory (every micro-step)",
+                "pcie",
+                "host",
+                part * w,
+                ga,
+                ga * down,
+                ga * down,
+                passes=ga,
+            )
+        )
         ups = 2 * ga if stage == 3 else 1
-        coll.append(Collective(up_what, "pcie", "host", -(-stats.num_params // n) * w, ups, up_per_step,
-                               up_per_step, passes=ups))
+        coll.append(
+            Collective(
+                up_what, "pcie", "host", -(-stats.num_params // n) * w, ups, up_per_step, up_per_step, passes=ups
+            )
+        )
         comm += ga * down + up_per_step
         exposed += ga * down + up_per_step
         per_elem = (2 * 4 + 4 + 2 * states_per_element(opts.optimizer, 4)) * FOREACH_FACTOR
         # Every rank of the node steps its partition on the same host at once.
         host = part * hw.gpus_per_node * per_elem / (HOST_MEM_GBPS * 1e9)
         k_opt = host
-        notes.append(f"CPU optimizer at {HOST_MEM_GBPS:g} GB/s of host memory bandwidth per node "
-                     f"({HOST_MEM_SOURCE})")
+        notes.append(f"CPU optimizer at {HOST_MEM_GBPS:g} GB/s of host memory bandwidth per node ({HOST_MEM_SOURCE})")
     else:
         k_opt = optimizer_step_s(ctx, t, part, 4, 4, 4, extra=12)
-    return StepTime(micro_batch=ctx.micro_batch_size, micro_steps=ga, compute_s=ga * c.total_s, comm_s=comm,
-                    exposed_comm_s=exposed, optimizer_s=k_opt, flops=ga * c.flops, model_flops=ga * c.model_flops,
-                    peak_flops_per_s=t.peak_flops_per_s, overlap=overlap, collectives=tuple(coll), host_s=host,
-                    notes=tuple(notes))
+    return StepTime(
+        micro_batch=ctx.micro_batch_size,
+        micro_steps=ga,
+        compute_s=ga * c.total_s,
+        comm_s=comm,
+        exposed_comm_s=exposed,
+        optimizer_s=k_opt,
+        flops=ga * c.flops,
+        model_flops=ga * c.model_flops,
+        peak_flops_per_s=t.peak_flops_per_s,
+        overlap=overlap,
+        collectives=tuple(coll),
+        host_s=host,
+        notes=tuple(notes),
+    )

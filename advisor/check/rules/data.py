@@ -4,7 +4,7 @@ an IterableDataset)."""
 from __future__ import annotations
 
 import ast
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..names import DATALOADER, ITERABLE_DATASET, SAMPLER, last_name
 from ..registry import Hit, rule
@@ -26,9 +26,13 @@ def _sampler_call(ctx: Context, expr: ast.AST | None) -> ast.Call | None:
     return _sampler_call(ctx, expr.args[0]) if expr.args else None
 
 
-@rule("MG002", "error", (3,), "DistributedSampler with shuffle=True",
-      "drop shuffle=True from the DataLoader (DistributedSampler shuffles) and call sampler.set_epoch(epoch) "
-      "each epoch")
+@rule(
+    "MG002",
+    "error",
+    (3,),
+    "DistributedSampler with shuffle=True",
+    "drop shuffle=True from the DataLoader (DistributedSampler shuffles) and call sampler.set_epoch(epoch) each epoch",
+)
 def sampler_and_shuffle(ctx: Context) -> Iterator[Hit]:
     """Catches ``DataLoader(..., shuffle=True, sampler=S)`` where ``S`` is a ``DistributedSampler(...)``
     call, or a name assigned one (also ``DistributedSampler(...) if c else None``). The DataLoader
@@ -104,7 +108,8 @@ def _use_kind(ctx: Context, use: ast.Name) -> str:
             return "escape" if _loader_escapes(ctx, parent) else "ok"
         return "ok" if isinstance(parent.func, ast.Name) and parent.func.id in _HARMLESS else "escape"
     if isinstance(parent, (ast.Compare, ast.UnaryOp)) or (
-            isinstance(parent, (ast.If, ast.While, ast.IfExp)) and use is parent.test):
+        isinstance(parent, (ast.If, ast.While, ast.IfExp)) and use is parent.test
+    ):
         return "ok"
     return "escape"
 
@@ -149,8 +154,13 @@ def _inline_samplers(ctx: Context) -> Iterator[ast.Call]:
             yield call
 
 
-@rule("MG003", "warning", (4,), "DistributedSampler without set_epoch",
-      "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
+@rule(
+    "MG003",
+    "warning",
+    (4,),
+    "DistributedSampler without set_epoch",
+    "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader",
+)
 def no_set_epoch(ctx: Context) -> Iterator[Hit]:
     """Catches ``name = DistributedSampler(...)`` (shuffling, the default) whose ``name.set_epoch(...)``
     is never called, or only with a literal outside any loop: every epoch then sees the same order.
@@ -170,21 +180,32 @@ def no_set_epoch(ctx: Context) -> Iterator[Hit]:
     another function, or escapes as above.
     """
     for call in _inline_samplers(ctx):
-        yield Hit(call, "this DataLoader's DistributedSampler never gets set_epoch(epoch): every epoch sees the "
-                        "same order", fix="keep the sampler in a variable (or use loader.sampler) and call "
-                                          "sampler.set_epoch(epoch) at the start of every epoch")
-    if any(isinstance(c.func, ast.Attribute) and c.func.attr == "set_epoch" and not isinstance(c.func.value, ast.Name)
-           for c in ctx.calls):
+        yield Hit(
+            call,
+            "this DataLoader's DistributedSampler never gets set_epoch(epoch): every epoch sees the same order",
+            fix="keep the sampler in a variable (or use loader.sampler) and call "
+            "sampler.set_epoch(epoch) at the start of every epoch",
+        )
+    if any(
+        isinstance(c.func, ast.Attribute) and c.func.attr == "set_epoch" and not isinstance(c.func.value, ast.Name)
+        for c in ctx.calls
+    ):
         return
     for stmt, name in _named_samplers(ctx):
         kinds = {_use_kind(ctx, u) for u in _visible_loads(ctx, ctx.scope_of(stmt), name)}
         if not kinds & {"epoch", "escape"}:
             if "once" in kinds:
-                yield Hit(stmt, f"`{name}` is a DistributedSampler and `{name}.set_epoch(...)` is called, but not "
-                                "inside the epoch loop (once, with a constant): every epoch sees the same order")
+                yield Hit(
+                    stmt,
+                    f"`{name}` is a DistributedSampler and `{name}.set_epoch(...)` is called, but not "
+                    "inside the epoch loop (once, with a constant): every epoch sees the same order",
+                )
             else:
-                yield Hit(stmt, f"`{name}` is a DistributedSampler but `{name}.set_epoch(epoch)` is never called: "
-                                "every epoch sees the same order")
+                yield Hit(
+                    stmt,
+                    f"`{name}` is a DistributedSampler but `{name}.set_epoch(epoch)` is never called: "
+                    "every epoch sees the same order",
+                )
 
 
 def _iterable_class(ctx: Context, name: str, seen: frozenset[str] = frozenset()) -> bool:
@@ -192,8 +213,10 @@ def _iterable_class(ctx: Context, name: str, seen: frozenset[str] = frozenset())
     cls = ctx.classes.get(name)
     if cls is None or name in seen:
         return False
-    return any(ctx.qualname(b) == ITERABLE_DATASET
-               or (isinstance(b, ast.Name) and _iterable_class(ctx, b.id, seen | {name})) for b in cls.bases)
+    return any(
+        ctx.qualname(b) == ITERABLE_DATASET or (isinstance(b, ast.Name) and _iterable_class(ctx, b.id, seen | {name}))
+        for b in cls.bases
+    )
 
 
 def _iterable_dataset(ctx: Context, expr: ast.AST) -> str | None:
@@ -212,9 +235,14 @@ def _iterable_dataset(ctx: Context, expr: ast.AST) -> str | None:
     return None
 
 
-@rule("MG014", "error", (5,), "DistributedSampler over an IterableDataset",
-      "drop the DistributedSampler and shard inside the IterableDataset by rank and DataLoader worker "
-      "(dist.get_rank(), torch.utils.data.get_worker_info())")
+@rule(
+    "MG014",
+    "error",
+    (5,),
+    "DistributedSampler over an IterableDataset",
+    "drop the DistributedSampler and shard inside the IterableDataset by rank and DataLoader worker "
+    "(dist.get_rank(), torch.utils.data.get_worker_info())",
+)
 def sampler_on_iterable(ctx: Context) -> Iterator[Hit]:
     """Catches ``DistributedSampler(ds)`` where ``ds`` (directly or through plain assignments) is an
     instance of a class in this file deriving from ``IterableDataset`` (also through other in-file

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..names import DATA_PARALLEL, DDP, INIT_PG, INITS, last_name
 from ..ranks import is_global_rank
@@ -13,8 +13,13 @@ from ..registry import Hit, rule
 from ..scope import FUNCTIONS, Context, argument, pos, text
 
 
-@rule("MG001", "error", (), "nn.DataParallel",
-      "wrap the model in DistributedDataParallel, one process per GPU launched with torchrun")
+@rule(
+    "MG001",
+    "error",
+    (),
+    "nn.DataParallel",
+    "wrap the model in DistributedDataParallel, one process per GPU launched with torchrun",
+)
 def data_parallel(ctx: Context) -> Iterator[Hit]:
     """Catches a call of ``nn.DataParallel`` / ``torch.nn.DataParallel`` (any import alias): the
     strategy rules say DDP, never DP (one process, GPU 0 gathers everything).
@@ -23,8 +28,11 @@ def data_parallel(ctx: Context) -> Iterator[Hit]:
     variable holding the class; ``isinstance(m, nn.DataParallel)`` is not a use and stays quiet.
     """
     for call in ctx.calls_to(DATA_PARALLEL):
-        yield Hit(call, "nn.DataParallel runs one process that scatters inputs and gathers outputs on GPU 0: "
-                        "slower than DDP, and GPU 0 runs out of memory first")
+        yield Hit(
+            call,
+            "nn.DataParallel runs one process that scatters inputs and gathers outputs on GPU 0: "
+            "slower than DDP, and GPU 0 runs out of memory first",
+        )
 
 
 def _elements(expr: ast.AST) -> list[ast.AST]:
@@ -64,16 +72,28 @@ def _string_sink(node: ast.AST) -> ast.AST | None:
             return value.value
     if isinstance(node, ast.BinOp) and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
         if (isinstance(node.op, ast.Add) and node.left.value == "cuda:") or (
-                isinstance(node.op, ast.Mod) and node.left.value in ("cuda:%d", "cuda:%s")):
+            isinstance(node.op, ast.Mod) and node.left.value in ("cuda:%d", "cuda:%s")
+        ):
             return node.right
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format"
-            and isinstance(node.func.value, ast.Constant) and node.func.value.value == "cuda:{}" and node.args):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "format"
+        and isinstance(node.func.value, ast.Constant)
+        and node.func.value.value == "cuda:{}"
+        and node.args
+    ):
         return node.args[0]
     return None
 
 
-@rule("MG004", "error", (2,), "global RANK used as the GPU index",
-      "index the GPU with int(os.environ['LOCAL_RANK']) (torch.cuda.set_device(local_rank), device_ids=[local_rank])")
+@rule(
+    "MG004",
+    "error",
+    (2,),
+    "global RANK used as the GPU index",
+    "index the GPU with int(os.environ['LOCAL_RANK']) (torch.cuda.set_device(local_rank), device_ids=[local_rank])",
+)
 def rank_as_device(ctx: Context) -> Iterator[Hit]:
     """Catches a GPU index taken from the global rank: ``torch.cuda.set_device(x)``,
     ``torch.cuda.device(x)``, ``torch.device("cuda", x)``, ``torch.device(x)``, ``device_ids=[x]``, ``output_device=x``,
@@ -95,12 +115,20 @@ def rank_as_device(ctx: Context) -> Iterator[Hit]:
         for value, what in pairs:
             if is_global_rank(ctx, value) and pos(node) not in seen:
                 seen.add(pos(node))
-                yield Hit(node, f"{what} gets `{text(value)}`, which comes from the global RANK, not LOCAL_RANK: "
-                                "on more than one node it names a GPU that does not exist")
+                yield Hit(
+                    node,
+                    f"{what} gets `{text(value)}`, which comes from the global RANK, not LOCAL_RANK: "
+                    "on more than one node it names a GPU that does not exist",
+                )
 
 
-@rule("MG005", "error", (1,), "DDP before init_process_group",
-      "call dist.init_process_group(...) before wrapping the model in DistributedDataParallel")
+@rule(
+    "MG005",
+    "error",
+    (1,),
+    "DDP before init_process_group",
+    "call dist.init_process_group(...) before wrapping the model in DistributedDataParallel",
+)
 def ddp_before_init(ctx: Context) -> Iterator[Hit]:
     """Catches ``DistributedDataParallel(...)`` written before the first ``init_process_group(...)``
     (or ``deepspeed.init_distributed()``) of the same function, or at module level before a
@@ -115,8 +143,11 @@ def ddp_before_init(ctx: Context) -> Iterator[Hit]:
         inits = [pos(c) for c in calls if ctx.call_name(c) in INITS]
         for call in calls:
             if inits and pos(call) < inits[0] and ctx.call_name(call) == DDP:
-                yield Hit(call, f"DistributedDataParallel is built before init_process_group (line {inits[0][0]}): "
-                                "it fails with 'Default process group has not been initialized'")
+                yield Hit(
+                    call,
+                    f"DistributedDataParallel is built before init_process_group (line {inits[0][0]}): "
+                    "it fails with 'Default process group has not been initialized'",
+                )
 
 
 _TEARDOWN = re.compile(r"cleanup|clean_up|destroy|teardown|tear_down|shutdown|finali[sz]e", re.IGNORECASE)
@@ -138,8 +169,11 @@ def _destroys(ctx: Context) -> bool:
         if _names_destroy(ctx, call.func):
             return True
         short = last_name(call.func) or ""
-        if (_TEARDOWN.search(short) and short not in ctx.functions
-                and not (ctx.call_name(call) or "").startswith("torch.")):
+        if (
+            _TEARDOWN.search(short)
+            and short not in ctx.functions
+            and not (ctx.call_name(call) or "").startswith("torch.")
+        ):
             return True
         handed = [*call.args, *(k.value for k in call.keywords)]
         if any(not isinstance(a, ast.Call) and _names_destroy(ctx, a) for a in handed):
@@ -147,8 +181,13 @@ def _destroys(ctx: Context) -> bool:
     return False
 
 
-@rule("MG013", "warning", (19,), "no destroy_process_group",
-      "call dist.destroy_process_group() at the end of training (after the last collective)")
+@rule(
+    "MG013",
+    "warning",
+    (19,),
+    "no destroy_process_group",
+    "call dist.destroy_process_group() at the end of training (after the last collective)",
+)
 def no_destroy(ctx: Context) -> Iterator[Hit]:
     """Catches a file that calls ``torch.distributed.init_process_group`` (any import alias) and never
     calls ``destroy_process_group``: NCCL may hang or warn at exit, and a later group in the same
@@ -182,6 +221,7 @@ def _is_entry_point(ctx: Context) -> bool:
         if isinstance(stmt, ast.If) and "__name__" in text(stmt.test) and "__main__" in text(stmt.test):
             return True
         if isinstance(stmt, (ast.Expr, ast.For, ast.While, ast.With)) and any(
-                isinstance(n, ast.Call) for n in ast.walk(stmt)):
+            isinstance(n, ast.Call) for n in ast.walk(stmt)
+        ):
             return True
     return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..guards import rank_zero_only
 from ..names import DATA_PARALLEL, DDP, INITS, SAMPLER, last_name
@@ -28,6 +28,7 @@ NOT_DISTRIBUTED = ("torch.distributed.algorithms._checkpoint",)
 def is_distributed(ctx: Context) -> bool:
     """Whether the file is a distributed script: it imports or uses ``torch.distributed``,
     ``deepspeed``, DistributedDataParallel or DistributedSampler, or calls an init."""
+
     def find() -> bool:
         markers = ("torch.distributed", "deepspeed")
         names = set(ctx.imports.modules) | set(ctx.imports.table.values())
@@ -43,8 +44,10 @@ def _nn_module_class(ctx: Context, name: str, seen: frozenset[str] = frozenset()
     cls = ctx.classes.get(name)
     if cls is None or name in seen:
         return False
-    return any(ctx.qualname(b) == "torch.nn.Module"
-               or (isinstance(b, ast.Name) and _nn_module_class(ctx, b.id, seen | {name})) for b in cls.bases)
+    return any(
+        ctx.qualname(b) == "torch.nn.Module" or (isinstance(b, ast.Name) and _nn_module_class(ctx, b.id, seen | {name}))
+        for b in cls.bases
+    )
 
 
 def module_construction(ctx: Context, expr: ast.AST) -> ast.Call | None:
@@ -60,12 +63,13 @@ def module_construction(ctx: Context, expr: ast.AST) -> ast.Call | None:
         return None
     name = ctx.call_name(expr) or ""
     parts = name.split(".")
-    if (name in _WRAPPERS or (parts[:2] == ["torch", "nn"] and len(parts) == 3 and parts[2][:1].isupper()
-                              and parts[2] != "Parameter")
-            or (name.startswith("torchvision.models.") and parts[-1][:1].islower() and "weight" not in parts[-1])
-            or (name.startswith("transformers.") and parts[-1] in ("from_pretrained", "from_config")
-                and "Model" in name)
-            or (isinstance(expr.func, ast.Name) and _nn_module_class(ctx, expr.func.id))):
+    if (
+        name in _WRAPPERS
+        or (parts[:2] == ["torch", "nn"] and len(parts) == 3 and parts[2][:1].isupper() and parts[2] != "Parameter")
+        or (name.startswith("torchvision.models.") and parts[-1][:1].islower() and "weight" not in parts[-1])
+        or (name.startswith("transformers.") and parts[-1] in ("from_pretrained", "from_config") and "Model" in name)
+        or (isinstance(expr.func, ast.Name) and _nn_module_class(ctx, expr.func.id))
+    ):
         return expr
     return None
 
@@ -94,8 +98,13 @@ def _saves_module(ctx: Context, obj: ast.AST) -> bool:
     return isinstance(base, ast.Name) and base.id in _CONVENTIONAL and not _state_like(ctx, base)
 
 
-@rule("MG006", "warning", (7,), "torch.save of a whole module",
-      "save model.module.state_dict() (DDP) or model.state_dict() and rebuild the model before loading")
+@rule(
+    "MG006",
+    "warning",
+    (7,),
+    "torch.save of a whole module",
+    "save model.module.state_dict() (DDP) or model.state_dict() and rebuild the model before loading",
+)
 def save_module(ctx: Context) -> Iterator[Hit]:
     """Catches ``torch.save(X, ...)`` (or ``torch.save({"model": X}, ...)``) where ``X`` or ``X.module``
     is visibly a module: a name assigned DDP/DP/FSDP(...), ``nn.Linear(...)``-style ``torch.nn``
@@ -110,8 +119,11 @@ def save_module(ctx: Context) -> Iterator[Hit]:
     for call in ctx.calls_to("torch.save"):
         for obj in _saved_objects(call):
             if _saves_module(ctx, obj):
-                yield Hit(obj, f"`{text(obj)}` is a module: torch.save pickles the whole object, not its "
-                               "state_dict, so loading needs the same class at the same import path")
+                yield Hit(
+                    obj,
+                    f"`{text(obj)}` is a module: torch.save pickles the whole object, not its "
+                    "state_dict, so loading needs the same class at the same import path",
+                )
 
 
 def _call_of(ctx: Context, use: ast.AST) -> ast.AST | None:
@@ -124,8 +136,12 @@ def _handed_elsewhere(ctx: Context, name: str) -> bool:
     """Whether ``name`` is an argument of some call other than torch.save (it may be rewritten there)."""
     for use in ctx.uses.get(name, []):
         call = _call_of(ctx, use)
-        if (isinstance(use, ast.Name) and isinstance(call, ast.Call) and use is not call.func
-                and ctx.call_name(call) != "torch.save"):
+        if (
+            isinstance(use, ast.Name)
+            and isinstance(call, ast.Call)
+            and use is not call.func
+            and ctx.call_name(call) != "torch.save"
+        ):
             return True
     return False
 
@@ -154,8 +170,13 @@ def _loads_into_ddp(ctx: Context) -> bool:
     return False
 
 
-@rule("MG007", "warning", (7,), "DDP state_dict saved with the module. prefix",
-      "save ddp_model.module.state_dict() so the keys load into the plain model")
+@rule(
+    "MG007",
+    "warning",
+    (7,),
+    "DDP state_dict saved with the module. prefix",
+    "save ddp_model.module.state_dict() so the keys load into the plain model",
+)
 def ddp_prefix(ctx: Context) -> Iterator[Hit]:
     """Catches ``torch.save(X.state_dict(), ...)`` (also as a dict value, or through ``sd = X.state_dict()``)
     where ``X`` was assigned ``DistributedDataParallel(...)`` (or DataParallel): every key gets a
@@ -192,8 +213,12 @@ def _load_target(ctx: Context, call: ast.Call) -> tuple[ast.AST | None, ast.AST 
     parent = ctx.parents.get(node)
     if isinstance(parent, ast.keyword):
         parent = ctx.parents.get(parent)
-    if (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute)
-            and parent.func.attr == "load_state_dict" and node is not parent.func):
+    if (
+        isinstance(parent, ast.Call)
+        and isinstance(parent.func, ast.Attribute)
+        and parent.func.attr == "load_state_dict"
+        and node is not parent.func
+    ):
         return parent.func.value, None
     if isinstance(parent, (ast.Assign, ast.AnnAssign)) and parent.value is node:
         targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
@@ -225,8 +250,13 @@ def _cpu_state_load(ctx: Context, call: ast.Call) -> bool:
     return False
 
 
-@rule("MG008", "warning", (7, 14), "torch.load without map_location",
-      "pass map_location (e.g. map_location='cpu' or {'cuda:0': f'cuda:{local_rank}'}) to torch.load")
+@rule(
+    "MG008",
+    "warning",
+    (7, 14),
+    "torch.load without map_location",
+    "pass map_location (e.g. map_location='cpu' or {'cuda:0': f'cuda:{local_rank}'}) to torch.load",
+)
 def load_without_map_location(ctx: Context) -> Iterator[Hit]:
     """Catches ``torch.load(f)`` with no ``map_location`` (keyword or second argument) in a distributed
     file (imports/uses torch.distributed, deepspeed, DDP or DistributedSampler): tensors saved from
@@ -250,10 +280,15 @@ def load_without_map_location(ctx: Context) -> Iterator[Hit]:
     if not is_distributed(ctx):
         return
     for call in ctx.calls_to("torch.load"):
-        if (argument(call, 1, "map_location") is None and not any(k.arg is None for k in call.keywords)
-                and not _cpu_state_load(ctx, call)):
-            yield Hit(call, "torch.load without map_location puts every rank's copy on the GPU it was saved from "
-                            "(usually cuda:0)")
+        if (
+            argument(call, 1, "map_location") is None
+            and not any(k.arg is None for k in call.keywords)
+            and not _cpu_state_load(ctx, call)
+        ):
+            yield Hit(
+                call,
+                "torch.load without map_location puts every rank's copy on the GPU it was saved from (usually cuda:0)",
+            )
 
 
 def _output_kind(ctx: Context, call: ast.Call) -> str | None:
@@ -283,8 +318,12 @@ def _tags_rank(ctx: Context, call: ast.Call) -> bool:
     ``"[GPU{}]".format(self.gpu_id)``, ``"%d" % dist.get_rank()``, ``logger.info("rank %d", rank)``):
     a per-rank line, which is what the fix recommends for output every rank should give."""
     args = [*call.args, *(k.value for k in call.keywords if k.arg not in _NOT_MESSAGE)]
-    return any(isinstance(n, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
-               and (is_rank_like(ctx, n) or last_name(n) in _RANK_TAGS) for arg in args for n in ast.walk(arg))
+    return any(
+        isinstance(n, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
+        and (is_rank_like(ctx, n) or last_name(n) in _RANK_TAGS)
+        for arg in args
+        for n in ast.walk(arg)
+    )
 
 
 _PRINT_SILENCERS = {"init_distributed_mode", "setup_for_distributed"}
@@ -300,8 +339,10 @@ def _per_rank_file(ctx: Context, call: ast.Call) -> bool:
     """Whether ``torch.save(obj, path)`` names its file by rank (``f"shard_rank{rank}.pt"``): every rank
     writes its own file (sharded checkpoints), which is correct."""
     path = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "f"), None)
-    return path is not None and any(isinstance(n, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
-                                    and is_rank_like(ctx, n) for n in ast.walk(path))
+    return path is not None and any(
+        isinstance(n, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) and is_rank_like(ctx, n)
+        for n in ast.walk(path)
+    )
 
 
 _PRINT_FIX = "do it on rank 0 only: `if dist.get_rank() == 0:` (or print per-rank lines with the rank in them)"
@@ -312,8 +353,13 @@ _OUTPUT = {
 }
 
 
-@rule("MG009", "warning", (12,), "torch.save (warning) or print/log (info) on every rank",
-      "do it on rank 0 only: `if dist.get_rank() == 0:` (then dist.barrier() before other ranks read the file)")
+@rule(
+    "MG009",
+    "warning",
+    (12,),
+    "torch.save (warning) or print/log (info) on every rank",
+    "do it on rank 0 only: `if dist.get_rank() == 0:` (then dist.barrier() before other ranks read the file)",
+)
 def output_on_every_rank(ctx: Context) -> Iterator[Hit]:
     """Catches, in a distributed file, ``torch.save(...)`` (warning) and ``print(...)`` to stdout or
     ``logging``/``logger`` ``info``/``debug`` calls (info: they print but do not fail the check) that

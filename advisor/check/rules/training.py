@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from ..guards import exits
 from ..names import DDP, last_name
@@ -13,8 +13,10 @@ from ..registry import Hit, rule
 from ..scope import FUNCTIONS, LOOPS, Context, argument, pos, source, text
 
 _BN_CLASSES = {f"torch.nn.{lazy}BatchNorm{d}d" for lazy in ("", "Lazy") for d in (1, 2, 3)}
-_BN_MODELS = re.compile(r"^(resnet\d+|resnext\w+|wide_resnet\w+|densenet\d+|vgg\d+_bn|mobilenet_v[23]\w*|"
-                        r"efficientnet_\w+|regnet_\w+|inception_v3|googlenet|shufflenet_v2\w*|mnasnet\w*)$")
+_BN_MODELS = re.compile(
+    r"^(resnet\d+|resnext\w+|wide_resnet\w+|densenet\d+|vgg\d+_bn|mobilenet_v[23]\w*|"
+    r"efficientnet_\w+|regnet_\w+|inception_v3|googlenet|shufflenet_v2\w*|mnasnet\w*)$"
+)
 _WORLD = re.compile(r"world|nranks|n_ranks|num_replicas|num_processes|n_?gpus|num_gpus|dp_size|^ws$", re.I)
 _GRAD_NAME = re.compile(r"(^|_)grads?$|^grads?_", re.I)
 _NOT_GRAD = re.compile(r"norm|num|count|none|clip|scale|hook|fn", re.I)
@@ -35,9 +37,14 @@ def _batchnorm(ctx: Context, call: ast.Call) -> str | None:
     return f"torchvision {model}" if _BN_MODELS.match(model) else None
 
 
-@rule("MG010", "info", (8,), "BatchNorm under DDP without SyncBatchNorm",
-      "with a small per-GPU batch (about 8-32) convert: model = nn.SyncBatchNorm.convert_sync_batchnorm(model) "
-      "before DDP, or use GroupNorm/LayerNorm")
+@rule(
+    "MG010",
+    "info",
+    (8,),
+    "BatchNorm under DDP without SyncBatchNorm",
+    "with a small per-GPU batch (about 8-32) convert: model = nn.SyncBatchNorm.convert_sync_batchnorm(model) "
+    "before DDP, or use GroupNorm/LayerNorm",
+)
 def batchnorm_not_synced(ctx: Context) -> Iterator[Hit]:
     """Catches, once per file, the first BatchNorm construction (``nn.BatchNorm1d/2d/3d``, the lazy
     variants, torchvision ``resnet*``, ``resnext*``, ``wide_resnet*``, ``densenet*``, ``vgg*_bn``,
@@ -79,8 +86,9 @@ def _conditional_step(ctx: Context, loop: ast.AST) -> bool:
     """The loop steps the optimizer only when an ``if`` with ``%`` allows it (in its body, or after
     an ``if ...%...: continue``)."""
     for node in _within(ctx, loop):
-        if not isinstance(node, ast.If) or not any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
-                                                   for n in ast.walk(node.test)):
+        if not isinstance(node, ast.If) or not any(
+            isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(node.test)
+        ):
             continue
         if any(_optimizer_step(n) for stmt in node.body for n in ast.walk(stmt)):
             return True
@@ -101,6 +109,7 @@ def _sync_helpers(ctx: Context) -> set[str]:
     """Names that stand for ``no_sync`` in this file: functions whose body mentions it (also through
     other such functions) and names or attributes assigned an expression that mentions it
     (``self.sync_context = model.no_sync``)."""
+
     def find() -> set[str]:
         helpers: set[str] = set()
         bodies = {fn: _names(ast.walk(fn)) for fns in ctx.functions.values() for fn in fns}
@@ -108,8 +117,13 @@ def _sync_helpers(ctx: Context) -> set[str]:
         while True:
             known = helpers | set(_SYNC_WORDS)
             grown = {fn.name for fn, names in bodies.items() if names & known}
-            grown |= {t.id if isinstance(t, ast.Name) else t.attr for names, targets in assigned if names & known
-                      for t in targets if isinstance(t, (ast.Name, ast.Attribute))}
+            grown |= {
+                t.id if isinstance(t, ast.Name) else t.attr
+                for names, targets in assigned
+                if names & known
+                for t in targets
+                if isinstance(t, (ast.Name, ast.Attribute))
+            }
             if grown <= helpers:
                 break
             helpers |= grown
@@ -123,13 +137,19 @@ def _skips_sync(ctx: Context, loop: ast.AST) -> bool:
     function (the module's own code at top level) mentions ``no_sync`` or
     ``require_backward_grad_sync``, or a name that stands for them (``_sync_helpers``)."""
     region = next((a for a in reversed(list(ctx.ancestors(loop))) if isinstance(a, FUNCTIONS)), ctx.tree)
-    names = ctx.remember(("region-names", region),
-                         lambda: _names(ast.walk(region) if region is not ctx.tree else ctx.in_scope(ctx.tree)))
+    names = ctx.remember(
+        ("region-names", region), lambda: _names(ast.walk(region) if region is not ctx.tree else ctx.in_scope(ctx.tree))
+    )
     return bool(names & (set(_SYNC_WORDS) | _sync_helpers(ctx)))
 
 
-@rule("MG011", "warning", (16,), "gradient accumulation without no_sync",
-      "wrap the non-final micro-steps in `with ddp_model.no_sync():` so only the last one all-reduces")
+@rule(
+    "MG011",
+    "warning",
+    (16,),
+    "gradient accumulation without no_sync",
+    "wrap the non-final micro-steps in `with ddp_model.no_sync():` so only the last one all-reduces",
+)
 def accumulation_without_no_sync(ctx: Context) -> Iterator[Hit]:
     """Catches a loop that calls ``.backward()`` and steps the optimizer only under an ``if`` whose
     test uses ``%`` (``if (i + 1) % accum == 0: optimizer.step()``, or ``if i % accum: continue``
@@ -150,11 +170,20 @@ def accumulation_without_no_sync(ctx: Context) -> Iterator[Hit]:
     if not ctx.calls_to(DDP):
         return
     for loop in (n for n in ctx.nodes if isinstance(n, LOOPS)):
-        backward = min((n for n in _within(ctx, loop) if isinstance(n, ast.Call)
-                        and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"), key=pos, default=None)
+        backward = min(
+            (
+                n
+                for n in _within(ctx, loop)
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
+            ),
+            key=pos,
+            default=None,
+        )
         if backward is not None and _conditional_step(ctx, loop) and not _skips_sync(ctx, loop):
-            yield Hit(backward, "gradient accumulation under DDP all-reduces on every backward(), "
-                                "not just before optimizer.step()")
+            yield Hit(
+                backward,
+                "gradient accumulation under DDP all-reduces on every backward(), not just before optimizer.step()",
+            )
 
 
 def _key(expr: ast.AST) -> str:
@@ -201,14 +230,27 @@ def _divisions(node: ast.AST) -> Iterator[tuple[ast.AST | None, ast.AST]]:
 def _divided(ctx: Context, region: ast.AST, key: str) -> bool:
     """Whether ``region`` divides the tensor ``key`` by anything, or anything by a world-size-like value."""
     # (what is divided, by a world size?) for each division, once per region
-    divisions = ctx.remember(("divisions", region), lambda: [
-        (None if divided is None else _key(divided), any(_WORLD.search(last_name(n) or "") for n in ast.walk(divisor)))
-        for node in ast.walk(region) for divided, divisor in _divisions(node)])
+    divisions = ctx.remember(
+        ("divisions", region),
+        lambda: [
+            (
+                None if divided is None else _key(divided),
+                any(_WORLD.search(last_name(n) or "") for n in ast.walk(divisor)),
+            )
+            for node in ast.walk(region)
+            for divided, divisor in _divisions(node)
+        ],
+    )
     return any(world or divided == key for divided, world in divisions)
 
 
-@rule("MG012", "error", (6,), "gradient all_reduce without division by world size",
-      "divide after the sum (p.grad /= dist.get_world_size()) or pass op=dist.ReduceOp.AVG")
+@rule(
+    "MG012",
+    "error",
+    (6,),
+    "gradient all_reduce without division by world size",
+    "divide after the sum (p.grad /= dist.get_world_size()) or pass op=dist.ReduceOp.AVG",
+)
 def allreduce_without_average(ctx: Context) -> Iterator[Hit]:
     """Catches ``dist.all_reduce(T)`` where ``T`` is a gradient (``p.grad``, ``p.grad.data``, a name
     like ``grad``/``grads``/``flat_grads``, or a name assigned from an expression with ``.grad``),
@@ -228,5 +270,8 @@ def allreduce_without_average(ctx: Context) -> Iterator[Hit]:
         if op is not None and ("AVG" in source(op) or "SUM" not in source(op)):
             continue
         if not _divided(ctx, ctx.function_of(call) or ctx.tree, _key(tensor)):
-            yield Hit(call, f"all_reduce sums `{text(tensor)}` over ranks and nothing divides it by the world size: "
-                            "the gradient is world-size times too large")
+            yield Hit(
+                call,
+                f"all_reduce sums `{text(tensor)}` over ranks and nothing divides it by the world size: "
+                "the gradient is world-size times too large",
+            )

@@ -39,8 +39,13 @@ class ModelFamily(ABC):
         """
 
     @abstractmethod
-    def make_batch(self, spec: ModelSpec, micro_batch: int, device: torch.device | str | None = None,
-                   dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    def make_batch(
+        self,
+        spec: ModelSpec,
+        micro_batch: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> dict[str, torch.Tensor]:
         """Synthetic inputs of the right shape for ``micro_batch`` samples."""
 
     @abstractmethod

@@ -36,8 +36,13 @@ class CustomFamily(ModelFamily):
             raise AdvisorError(f"--model-factory {spec.factory} returned {type(model).__name__}, not an nn.Module")
         return model
 
-    def make_batch(self, spec: ModelSpec, micro_batch: int, device: torch.device | str | None = None,
-                   dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    def make_batch(
+        self,
+        spec: ModelSpec,
+        micro_batch: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> dict[str, torch.Tensor]:
         import torch
 
         assert spec.input_shape is not None, "a custom spec has its input shape (advisor.models.resolve)"

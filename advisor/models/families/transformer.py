@@ -22,14 +22,25 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedModel
 
-_ENCODER_ONLY = ("bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
-                 "xlm-roberta", "camembert", "mpnet")
+_ENCODER_ONLY = (
+    "bert",
+    "roberta",
+    "distilbert",
+    "albert",
+    "electra",
+    "deberta",
+    "deberta-v2",
+    "xlm-roberta",
+    "camembert",
+    "mpnet",
+)
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
 DEFAULT_VOCAB = 32000  # when a config has no vocab_size (the Llama tokenizer's)
 
 
-def hf_config(spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1,
-              attn_impl: str = "sdpa") -> PretrainedConfig:
+def hf_config(
+    spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1, attn_impl: str = "sdpa"
+) -> PretrainedConfig:
     """The transformers config object for ``spec``, optionally truncated to ``layers`` blocks (per
     stack) and/or reshaped to one tensor-parallel rank's shard (heads, kv heads and MLP width / tp, the vocabulary
     ceil(V / tp): the embedding and LM head are vocab-sharded too).
@@ -109,8 +120,10 @@ def hf_model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
             if model_type in mapping:
                 name = mapping[model_type]
                 return getattr(transformers, name if isinstance(name, str) else name[0])
-    raise AdvisorError(f"model_type {model_type!r} has no causal-LM, masked-LM or seq2seq head in transformers: "
-                       "advisor cannot make a training step for it")
+    raise AdvisorError(
+        f"model_type {model_type!r} has no causal-LM, masked-LM or seq2seq head in transformers: "
+        "advisor cannot make a training step for it"
+    )
 
 
 def attention_implementation(cls: type, wanted: str = "sdpa") -> str:
@@ -137,11 +150,18 @@ class TransformerFamily(ModelFamily):
             except AdvisorError:
                 raise
             except Exception as err:
-                raise AdvisorError(f"transformers could not build {spec.name}: {err.__class__.__name__}: "
-                                   f"{str(err).splitlines()[0][:200]}")
+                raise AdvisorError(
+                    f"transformers could not build {spec.name}: {err.__class__.__name__}: "
+                    f"{str(err).splitlines()[0][:200]}"
+                )
 
-    def make_batch(self, spec: ModelSpec, micro_batch: int, device: torch.device | str | None = None,
-                   dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    def make_batch(
+        self,
+        spec: ModelSpec,
+        micro_batch: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> dict[str, torch.Tensor]:
         import torch
 
         assert spec.seq_len is not None, "a transformer spec has its sequence length (advisor.models.configs)"
@@ -179,8 +199,11 @@ class TransformerFamily(ModelFamily):
         if optimizer == Optimizer.ADAFACTOR:
             return 1e-3, "Adafactor at the T5 fine-tuning rate (Raffel et al. 2020)"
         lora = spec.adapter is not None
-        lr, why = (2e-4, "LoRA fine-tuning (QLoRA paper, appendix B)") if lora else (
-            2e-5, "full fine-tuning of a pretrained transformer (BERT appendix A.3, Alpaca)")
+        lr, why = (
+            (2e-4, "LoRA fine-tuning (QLoRA paper, appendix B)")
+            if lora
+            else (2e-5, "full fine-tuning of a pretrained transformer (BERT appendix A.3, Alpaca)")
+        )
         if optimizer == Optimizer.LION:
             return lr / 3, why + ", divided by 3 for Lion (Chen et al. 2023)"
         return lr, why
@@ -188,5 +211,10 @@ class TransformerFamily(ModelFamily):
     def script_constants(self, spec: ModelSpec) -> dict[str, object]:
         cls = hf_model_class(hf_config(spec))
         config = dict(spec.config or {})
-        return {"HF_CONFIG": config, "HF_MODEL_CLASS": cls.__name__, "ATTN_IMPLEMENTATION": attention_implementation(cls),
-                "SEQ_LEN": spec.seq_len, "VOCAB_SIZE": as_int(config.get("vocab_size") or 0)}
+        return {
+            "HF_CONFIG": config,
+            "HF_MODEL_CLASS": cls.__name__,
+            "ATTN_IMPLEMENTATION": attention_implementation(cls),
+            "SEQ_LEN": spec.seq_len,
+            "VOCAB_SIZE": as_int(config.get("vocab_size") or 0),
+        }

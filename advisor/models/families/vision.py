@@ -24,18 +24,26 @@ class VisionFamily(ModelFamily):
     def build(self, spec: ModelSpec, *, layers: int | None = None, tp_degree: int = 1) -> torch.nn.Module:
         import torchvision.models as tvm
 
-        assert spec.model_type is not None and spec.input_shape is not None, \
+        assert spec.model_type is not None and spec.input_shape is not None, (
             "a vision spec names its torchvision builder and input shape (advisor.models.resolve)"
+        )
         kwargs = {"image_size": spec.input_shape[-1]} if spec.model_type.startswith("vit_") else {}
         try:
             return tvm.get_model(spec.model_type, weights=None, **kwargs)
         except Exception as err:  # torchvision asserts on sizes (e.g. ViT patch divisibility)
-            raise AdvisorError(f"torchvision cannot build {spec.model_type} at --image-size "
-                               f"{spec.input_shape[-1]} ({err.__class__.__name__}: {str(err)[:120]}): "
-                               "choose another image size")
+            raise AdvisorError(
+                f"torchvision cannot build {spec.model_type} at --image-size "
+                f"{spec.input_shape[-1]} ({err.__class__.__name__}: {str(err)[:120]}): "
+                "choose another image size"
+            )
 
-    def make_batch(self, spec: ModelSpec, micro_batch: int, device: torch.device | str | None = None,
-                   dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    def make_batch(
+        self,
+        spec: ModelSpec,
+        micro_batch: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> dict[str, torch.Tensor]:
         import torch
 
         assert spec.input_shape is not None, "a vision spec has its input shape (advisor.models.resolve)"
