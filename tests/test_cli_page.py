@@ -72,7 +72,7 @@ def test_page_without_streamlit_is_one_line(popen: type[FakePopen], monkeypatch:
     code = main(["page", "--server.port", "8600"])
     out, err = capsys.readouterr()
     assert code != 0 and not popen.calls and out == ""
-    assert err == "advisor page needs streamlit: pip install 'advisor[app]'\n"
+    assert err == "advisor page needs streamlit: pip install streamlit (in a checkout: pip install '.[app]')\n"
 
 
 def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,7 @@
 """``advisor page [streamlit run options]``: serve the page of the installed package (``advisor/page/app.py``)
 with ``python -m streamlit run``, the same interpreter and the options passed through. Streamlit is optional
-(``pip install 'advisor[app]'``): without it, one line and a non-zero exit. Imports no Streamlit itself."""
+(``pip install streamlit``, or the checkout's ``app`` extra): without it, one line and a non-zero exit. Imports no
+Streamlit itself."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from advisor.faces import EXIT_INTERRUPTED
 
 PAGE = Path(__file__).resolve().with_name("app.py")
-NEEDS_STREAMLIT = "advisor page needs streamlit: pip install 'advisor[app]'"
+NEEDS_STREAMLIT = "advisor page needs streamlit: pip install streamlit (in a checkout: pip install '.[app]')"
 EXIT_NO_STREAMLIT = 1
 # The repository's .streamlit/config.toml, which a page served from elsewhere does not read: no usage statistics,
 # no file watcher (nothing to reload in an installed package), uploads up to 1 MB (a config.json or a script), a
