@@ -9,7 +9,7 @@ from .choices import Device
 from .hardware import Hardware
 from .models.limits import as_int
 from .profile import ModelProfile
-from .schema import TrainingOptions
+from .training_options import TrainingOptions
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Protocol
 from .errors import AdvisorError
 from .hardware import Hardware
 from .rows import Recommendation, StrategyRow
-from .schema import TrainingOptions
+from .training_options import TrainingOptions
 
 SHORT_OF = ("GPU memory", "host RAM", "host RAM unknown")
 # Phrases that ask the user to turn activation checkpointing on.

@@ -34,7 +34,8 @@ from .rows import (
     time_at,
     with_speedup,
 )
-from .schema import LORA_ALPHA, LORA_DROPOUT, PlanInputs, TrainingOptions, validate
+from .schema import PlanInputs, validate
+from .training_options import LORA_ALPHA, LORA_DROPOUT, TrainingOptions
 from .units import counted, fmt_count, fmt_s, gib
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from advisor.context import StrategyContext
 from advisor.hardware import Hardware
 from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM
-from advisor.schema import TrainingOptions
+from advisor.training_options import TrainingOptions
 
 RULE_OF_THUMB_SAFETY = 1.2
 

@@ -22,7 +22,6 @@ from advisor.hardware import Hardware
 from advisor.memory import StrategyMemory, bytes_per_element, states_per_element, trace_mode, weight_bytes
 from advisor.models import ModelSpec, family_of
 from advisor.models.families import ModelFamily
-from advisor.schema import TrainingOptions
 from advisor.timing.comm import Fabric
 from advisor.timing.compute import (
     ComputeTime,
@@ -34,6 +33,7 @@ from advisor.timing.compute import (
     rates,
 )
 from advisor.timing.step import StepTime, fused_step_bytes
+from advisor.training_options import TrainingOptions
 from advisor.units import fmt_gib
 
 from .launchers import TORCHRUN, Launcher

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from advisor.hardware import Hardware
     from advisor.memory import StrategyMemory
     from advisor.models import ModelSpec
-    from advisor.schema import TrainingOptions
     from advisor.timing.step import StepTime
+    from advisor.training_options import TrainingOptions
 
 
 class RenderedRow(PlannedRow, Protocol):

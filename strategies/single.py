@@ -15,8 +15,8 @@ from advisor.choices import Precision
 from advisor.context import StrategyContext
 from advisor.hardware import Hardware
 from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory, rule_of_thumb_split, weight_bytes
-from advisor.schema import TrainingOptions
 from advisor.timing.step import StepTime
+from advisor.training_options import TrainingOptions
 
 from .base import PlannedRow, Strategy, optimizer_step_s, timing_of
 from .ddp import replicated_memory

@@ -33,9 +33,9 @@ from advisor.memory import (
 )
 from advisor.models.families import ModelFamily
 from advisor.models.limits import as_int
-from advisor.schema import TrainingOptions
 from advisor.timing.comm import Fabric
 from advisor.timing.step import FOREACH_FACTOR, Collective, StepTime
+from advisor.training_options import TrainingOptions
 
 from .base import DCP_IMPORTS, PlannedRow, ScriptJob, Strategy, fabric_of, optimizer_step_s, timing_of
 from .ddp import replicated_memory

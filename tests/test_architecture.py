@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor import schema
+from advisor import schema, training_options
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # beside plan and may import only the bottom layer (and themselves).
 LAYERS: list[tuple[str, ...]] = [
     ("advisor", "advisor.choices", "advisor.errors", "advisor.units", "advisor.gpu_presets", "advisor.model_presets",
-     "advisor.schema", "advisor.fields", "advisor.free_text", "advisor.faces", "advisor.locks", "advisor.cache",
-     "advisor.cache_face", "advisor.processes"),
+     "advisor.schema", "advisor.training_options", "advisor.fields", "advisor.free_text", "advisor.faces",
+     "advisor.locks", "advisor.cache", "advisor.cache_face", "advisor.processes"),
     ("advisor.models", "advisor.hardware", "advisor.checkpointing", "advisor.measure", "advisor.trace",
      "advisor.memory", "advisor.profile", "advisor.context"),
     ("strategies",),
@@ -251,7 +251,8 @@ def test_schema_choices_become_enum_members():
     assert schema.TrainingOptions(precision="int4").precision == "int4"
     with pytest.raises(AdvisorError, match="got 'int4'"):
         schema.plan_inputs(model="gpt2", precision="int4")
-    assert all(type(c) is str for c in (*schema.PRECISIONS, *schema.OPTIMIZERS, *schema.ATTENTION_CHOICES))
+    choices = (*training_options.PRECISIONS, *training_options.OPTIMIZERS, *training_options.ATTENTION_CHOICES)
+    assert all(type(c) is str for c in choices)
 
 
 # ------------------------------------------------------------------------- a toy strategy, end to end
@@ -297,8 +298,8 @@ def test_help_lists_the_registries_choices():
     from strategies import strategy_names
 
     text = " ".join(build_parser().format_help().split())
-    for name in [*(p.name for p in GPU_PRESETS.values()), *NETWORKS, *strategy_names(), *schema.PRECISIONS,
-                 *schema.OPTIMIZERS, *schema.ATTENTION_CHOICES]:
+    for name in [*(p.name for p in GPU_PRESETS.values()), *NETWORKS, *strategy_names(),
+                 *training_options.PRECISIONS, *training_options.OPTIMIZERS, *training_options.ATTENTION_CHOICES]:
         assert name in text, name
 
 

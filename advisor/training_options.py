@@ -1,0 +1,338 @@
+"""How to train: the ``TrainingOptions`` group of the input schema (``advisor.schema``), its fields with their
+defaults, bounds, help and faces, the choices they list as plain strings, and the rules that name several of its
+fields (``validate_training``). Each field's own type, bounds and choices are checked by ``advisor.schema``'s
+``validate_group``, before these rules.
+
+Nothing here imports torch or any other layer of advisor but the bottom data modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .bnb_layout import OPTIMIZER_CHOICES, QUANT_CHOICES
+from .choices import Attention, Dtype, Framework, FsdpGradSync, Optimizer, Precision, Quant, values
+from .errors import AdvisorError
+from .fields import as_members
+from .fields import option as _f  # short: the dataclass body below calls it once per field
+from .free_text import init_from, lora_targets
+
+# The choices as plain strings (advisor.choices.values), in the order --help lists them.
+PRECISIONS = values(Precision)
+FRAMEWORKS = values(Framework)
+FSDP_GRAD_SYNC = values(FsdpGradSync)
+OPTIMIZERS = OPTIMIZER_CHOICES  # torch.optim's, bitsandbytes' and transformers' Adafactor (advisor.bnb_layout)
+QUANT_TYPES = QUANT_CHOICES
+ADAPTER_DTYPES = values(Dtype)
+COMPUTE_DTYPES = tuple(d.value for d in (Dtype.BF16, Dtype.FP16, Dtype.FP32))
+ATTENTION_CHOICES = values(Attention)
+LORA_ALPHA = 16.0  # LoRA's alpha when --lora-alpha is not given: the QLoRA paper's (Dettmers et al. 2023, appendix)
+LORA_DROPOUT = 0.05  # adapter input dropout when --lora-dropout is not given: the QLoRA paper's for 33B-65B
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """How to train (per GPU unless said otherwise)."""
+
+    precision: Precision | None = _f(
+        None,
+        flag="--precision",
+        label="Precision",
+        faces=("cli", "page", "bench"),
+        choices=PRECISIONS,
+        none="bf16; fp16 on GPUs without bf16; --verify on CPU: fp32",
+        help="bf16/fp16: mixed precision; fp32; pure-bf16",
+    )
+    optimizer: Optimizer = _f(
+        Optimizer.ADAMW,
+        flag="--optimizer",
+        label="Optimizer",
+        faces=("cli", "page", "bench"),
+        choices=OPTIMIZERS,
+        help="default adamw; adamw-8bit, paged-adamw-8bit, paged-adamw and "
+        "lion are bitsandbytes', adafactor transformers'",
+    )
+    init_from: str | None = _f(
+        None,
+        flag="--init-from",
+        label="Pretrained weights (path or hub id)",
+        faces=("cli", "page", "bench"),
+        metavar="PATH",
+        none="off: freshly initialised",
+        help="the generated script will load pretrained weights from PATH (a save_pretrained "
+        "directory or a state_dict file) or a hub id; sizes the host RAM that loading "
+        "takes (advisor never reads or downloads it)",
+    )
+    lora_rank: int | None = _f(
+        None,
+        flag="--lora-rank",
+        label="LoRA rank",
+        faces=("cli", "page", "bench"),
+        low=1,
+        high=4096,
+        none="off: full fine-tuning",
+        help="train LoRA adapters of this rank on a frozen base (peft) instead of every weight",
+    )
+    # None, not the default value, when not given: so "--lora-alpha 16" without --lora-rank is refused too.
+    lora_alpha: float | None = _f(
+        None,
+        flag="--lora-alpha",
+        label="LoRA alpha",
+        faces=("cli", "page", "bench"),
+        low=0.0,
+        high=1e6,
+        none=f"{LORA_ALPHA:g}, the QLoRA paper's",
+        help="LoRA scaling: updates are scaled by alpha / rank",
+    )
+    lora_dropout: float | None = _f(
+        None,
+        flag="--lora-dropout",
+        label="LoRA dropout",
+        faces=("cli", "page", "bench"),
+        high=0.9,
+        high_message="--lora-dropout must be between 0 and 0.9, got {value}",
+        none=f"{LORA_DROPOUT:g}",
+        help="dropout on the adapters' input, 0-0.9 (0 saves its mask)",
+    )
+    lora_targets: str | None = _f(
+        None,
+        flag="--lora-targets",
+        label="LoRA target modules",
+        faces=("cli", "page", "bench"),
+        metavar="NAMES",
+        none="peft's default for the architecture",
+        help="comma-separated module names (q_proj,v_proj) or all-linear; required for vision and custom models",
+    )
+    lora_dtype: Dtype = _f(
+        Dtype.AUTO,
+        flag="--lora-dtype",
+        label="LoRA adapters' dtype",
+        faces=("cli", "page", "bench"),
+        choices=ADAPTER_DTYPES,
+        help="the adapters' dtype (auto: fp32 under single, DDP and FSDP2, as peft upcasts them; "
+        "16-bit under DeepSpeed's bf16/fp16 modes, which cast the module)",
+    )
+    quantize: Quant | None = _f(
+        None,
+        flag="--quantize",
+        label="Quantize the frozen base (QLoRA)",
+        faces=("cli", "page", "bench"),
+        choices=QUANT_TYPES,
+        none="off",
+        help="QLoRA: hold the frozen base in 4 bits (nf4, fp4) or 8 bits (int8) with bitsandbytes; needs --lora-rank",
+    )
+    double_quant: bool = _f(
+        False,
+        flag="--double-quant",
+        label="Double quantization (QLoRA)",
+        faces=("cli", "page", "bench"),
+        help="QLoRA: quantize the 4-bit blocks' scales too (bnb_4bit_use_double_quant)",
+    )
+    bnb_compute_dtype: Dtype | None = _f(
+        None,
+        flag="--bnb-compute-dtype",
+        faces=("cli", "bench"),
+        choices=COMPUTE_DTYPES,
+        none="the precision's (bf16, fp16; fp32 under fp32)",
+        help="QLoRA: the dtype the quantized layers compute in (bnb_4bit_compute_dtype)",
+    )
+    micro_batch_size: int | None = _f(
+        None,
+        flag="--micro-batch-size",
+        label="Micro-batch size per GPU",
+        faces=("cli", "page", "bench"),
+        low=1,
+        high=2**20,
+        none="auto",
+        help="samples per GPU per step (default: the best throughput that fits the GPU; "
+        "1 for transformers and 32 for vision on CPU and in --verify)",
+    )
+    global_batch_size: int | None = _f(
+        None,
+        flag="--global-batch-size",
+        label="Global batch size",
+        faces=("cli", "page", "bench"),
+        low=1,
+        high=2**30,
+        none="no accumulation",
+        help="micro-batch x data-parallel size x accumulation steps (default: no accumulation)",
+    )
+    activation_checkpointing: bool = _f(
+        False,
+        flag="--activation-checkpointing",
+        label="Activation checkpointing",
+        faces=("cli", "page", "bench"),
+        help="recompute blocks in backward",
+    )
+    framework: Framework = _f(
+        Framework.ANY,
+        flag="--framework",
+        label="Framework",
+        faces=("cli", "page", "bench"),
+        choices=FRAMEWORKS,
+        help="limit the strategies to what one framework runs: torch (single, DDP, FSDP2, HSDP, "
+        "TP), deepspeed (ZeRO), any (default)",
+    )
+    fsdp_grad_sync: FsdpGradSync = _f(
+        FsdpGradSync.EVERY_MICRO_STEP,
+        flag="--fsdp-grad-sync",
+        faces=("cli", "bench"),
+        choices=FSDP_GRAD_SYNC,
+        help="FSDP2 with gradient accumulation: reduce-scatter the gradients on every "
+        "micro-step (default: least memory) or only on the last (less "
+        "communication; every rank keeps all unsharded fp32 gradients until then)",
+    )
+    attention: Attention = _f(
+        Attention.AUTO,
+        flag="--attention",
+        choices=ATTENTION_CHOICES,
+        help="attention kernel to model (auto: what the target GPU runs)",
+    )
+    tp_degree: int | None = _f(
+        None,
+        flag="--tp-degree",
+        low=1,
+        high=64,
+        help="tensor-parallel degree (default: pure TP the GPUs per node; TP x DP the "
+        "largest divisor of the heads and kv heads <= GPUs per node)",
+    )
+    safety_factor: float = _f(
+        1.2,
+        flag="--safety-factor",
+        low=1.0,
+        high=2.0,
+        help="multiplier for the 16-bytes-per-parameter rule of thumb, 1.0-2.0 (default 1.2)",
+    )
+    base_lr: float | None = _f(None, flag="--base-lr", low=0.0, help="learning rate tuned at --base-batch-size")
+    base_batch_size: int | None = _f(
+        None, flag="--base-batch-size", low=1, help="global batch the base LR was tuned at"
+    )
+    # Generated DDP scripts set it (PyTorch DDP docs); not a user choice.
+    gradient_as_bucket_view: bool = _f(True, faces=(), help="DDP gradients as views into its buckets")
+    # Step time: the efficiencies of the roofline and the training budget.
+    mfu: float | None = _f(
+        None,
+        flag="--mfu",
+        faces=("cli", "bench"),
+        low=0.0,
+        high=1.0,
+        metavar="FRACTION",
+        none="fitted per GPU generation",
+        help="compute efficiency: the share of the GPU's dense peak that matmuls, convolutions and "
+        "attention reach, 0-1 (takes precedence over the fitted value)",
+    )
+    bandwidth_efficiency: float | None = _f(
+        None,
+        flag="--bandwidth-efficiency",
+        faces=("cli", "bench"),
+        low=0.0,
+        high=4.0,
+        metavar="FACTOR",
+        none="fitted per GPU generation",
+        help="effective memory bandwidth of memory-bound ops as a share of the "
+        "GPU's (above 1 where kernels fuse ops or hit the L2 cache; 0.8 "
+        "models eager PyTorch), 0-4",
+    )
+    train_tokens: int | None = _f(
+        None,
+        flag="--train-tokens",
+        label="Training tokens",
+        faces=("cli", "page", "bench"),
+        low=1,
+        high=10**16,
+        none="not given",
+        help="tokens to train on (language models): adds training hours and GPU-hours",
+    )
+    train_samples: int | None = _f(
+        None,
+        flag="--train-samples",
+        faces=("cli", "bench"),
+        low=1,
+        high=10**15,
+        none="not given",
+        help="samples to train on: adds training hours and GPU-hours",
+    )
+    epochs: float | None = _f(
+        None,
+        flag="--epochs",
+        faces=("cli", "bench"),
+        low=0.0,
+        high=10**6,
+        none="not given",
+        help="epochs over --dataset-size samples: adds training hours and GPU-hours",
+    )
+    dataset_size: int | None = _f(
+        None,
+        flag="--dataset-size",
+        faces=("cli", "bench"),
+        low=1,
+        high=10**15,
+        none="not given",
+        help="samples in the dataset (with --epochs)",
+    )
+    gpu_hour_price: float | None = _f(
+        None,
+        flag="--gpu-hour-price",
+        label="Price per GPU-hour",
+        faces=("cli", "page", "bench"),
+        low=0.0,
+        high=10**4,
+        none="not given",
+        help="price of one GPU-hour (any currency): adds the training cost",
+    )
+
+    def __post_init__(self) -> None:
+        as_members(self)  # "bf16" from a face becomes Precision.BF16 (advisor.choices); bad values stay for validate
+
+
+def validate_training(t: TrainingOptions) -> None:
+    """The rules that name several training fields: the LR scaling pair, the training budget, the LoRA/QLoRA
+    flags against each other, then the free-text ``--lora-targets`` and ``--init-from``.
+
+    Raises:
+        AdvisorError: one line saying what is wrong and what to do.
+    """
+    if (t.base_lr is None) != (t.base_batch_size is None):
+        raise AdvisorError("--base-lr and --base-batch-size go together: give both or neither")
+    if (t.epochs is None) != (t.dataset_size is None):
+        raise AdvisorError("--epochs and --dataset-size go together: give both or neither")
+    budgets = [
+        n
+        for n, v in (("--train-tokens", t.train_tokens), ("--train-samples", t.train_samples), ("--epochs", t.epochs))
+        if v is not None
+    ]
+    if len(budgets) > 1:
+        raise AdvisorError(f"give one training budget, not {' and '.join(budgets)}")
+    _validate_adapter(t)
+    init_from(t.init_from)
+
+
+def _validate_adapter(t: TrainingOptions) -> None:
+    """The LoRA/QLoRA flags against each other (one place, naming every flag)."""
+    if t.lora_rank is None:
+        given = [
+            flag
+            for flag, on in (
+                ("--lora-targets", t.lora_targets is not None),
+                ("--lora-dtype", t.lora_dtype != Dtype.AUTO),
+                ("--lora-alpha", t.lora_alpha is not None),
+                ("--lora-dropout", t.lora_dropout is not None),
+                ("--quantize", t.quantize is not None),
+            )
+            if on
+        ]
+        if given:
+            raise AdvisorError(
+                f"{given[0]} configures LoRA adapters: add --lora-rank R (for example 16), or drop "
+                f"{given[0]} to size full fine-tuning"
+            )
+    if t.lora_dropout is not None and not 0.0 <= t.lora_dropout <= 0.9:
+        raise AdvisorError(f"--lora-dropout must be between 0 and 0.9, got {t.lora_dropout}")
+    if t.quantize is None and (t.double_quant or t.bnb_compute_dtype is not None):
+        flag, kinds = (
+            ("--double-quant", "nf4 (or fp4)") if t.double_quant else ("--bnb-compute-dtype", "nf4 (or fp4, int8)")
+        )
+        raise AdvisorError(f"{flag} configures QLoRA's quantized base: add --quantize {kinds}")
+    if t.double_quant and t.quantize == Quant.INT8:
+        raise AdvisorError("--double-quant applies to 4-bit bases (--quantize nf4 or fp4); int8 has per-row scales")
+    lora_targets(t.lora_targets)
