@@ -3,7 +3,8 @@
 The comparison uses an estimate recomputed for exactly what runs: the device (a CPU run has no
 CUDA context, uses the CPU attention kernel and optimizer loop, and reports peak allocated only),
 the world size after capping (CPU: at most ``MAX_CPU_RANKS``; CUDA: the GPUs present) and the
-precision (on CPU bf16 is emulated and very slow, so fp32 unless asked for explicitly).
+precision (on CPU bf16 is emulated and very slow, so fp32 unless asked for explicitly), as
+``advisor.verify_setup`` chooses them.
 One verification runs at a time per machine (a file lock); runs compete for the same cores/GPUs.
 """
 
@@ -16,18 +17,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
-from strategies import get_strategy, strategy_names
+from strategies import get_strategy
 from strategies.render import job_from_plan, render_job, write_files
 
-from .choices import Device, Precision
+from .choices import Device
 from .errors import AdvisorError
-from .hardware import HOST_DETECTED, Hardware, host_memory_bytes
-from .models import family_of
-from .plan import Plan, plan
+from .hardware import Hardware, host_memory_bytes
 from .processes import (
     MachineLock,
     VerifyBusy,
@@ -38,12 +37,12 @@ from .processes import (
 from .run_report import RunReport, failure_message, read_report, teardown_note
 from .schema import PlanInputs
 from .timing.calibrate import OtherCpu
+from .verify_setup import CPU_RANK_THREADS, verify_plan
 
 if TYPE_CHECKING:
     from .timing.step import StepTime
 
 __all__ = [
-    "MAX_CPU_RANKS",
     "TIMING_STEPS",
     "TOLERANCE",
     "WARMUP_STEPS",
@@ -51,7 +50,6 @@ __all__ = [
     "VerifyBusy",
     "VerifyResult",
     "add_step_time",
-    "calibrated",
     "conclude",
     "free_port",
     "lock_path",
@@ -61,8 +59,6 @@ __all__ = [
     "verify",
 ]
 
-MAX_CPU_RANKS = 4
-CPU_RANK_THREADS = 1  # intra-op threads of each CPU rank (OMP_NUM_THREADS), as the calibration measures them
 WARMUP_STEPS = 2  # optimizer steps left out of the measured step time (allocator, lazy init, optimizer states)
 TIMING_STEPS = 5  # steps run after the measured ones with the memory meter off: the measured step time's
 BUSY_SHARE = 0.10  # other processes' share of the CPUs during a run above which the step time is said inflated
@@ -151,62 +147,6 @@ def remove_deepspeed_shm(port: int, shm_dir: Path = Path("/dev/shm")) -> int:
         except OSError:
             pass
     return freed
-
-
-def run_hardware(requested: int, device: Device, notes: list[str]) -> Hardware:
-    """The hardware a verification really runs on, with capping noted."""
-    if device == Device.CUDA:
-        import torch
-
-        have = torch.cuda.device_count()
-        world = min(requested, have)
-        if world < requested:
-            notes.append(f"{requested} GPUs requested, {have} present: verifying at world size {world}")
-        props = torch.cuda.get_device_properties(0)
-        return Hardware(
-            gpu_name=props.name,
-            gpu_memory_bytes=int(props.total_memory),
-            gpus_per_node=world,
-            num_nodes=1,
-            interconnect="nvlink",
-            network=None,
-            bf16_tflops=0.0,
-            link_gbps=0.0,
-            host_mem_bytes=host_memory_bytes(),
-            sources={"gpu_name": "detected"},
-            host_mem_state=HOST_DETECTED,
-        )
-    world = min(requested, MAX_CPU_RANKS)
-    if world < requested:
-        notes.append(f"{requested} ranks requested; CPU runs are capped at {MAX_CPU_RANKS}: verifying at {world}")
-    host = host_memory_bytes()
-    # oneDNN's weight-gradient scratch of convolutions whose kernel is taller than their input (3x3 on a
-    # 2x2 map: resnet's layer4 at 64 px): on CPUs without AVX-512 its x64:gemm:jit kernel books
-    # threads x (4 x weight bytes + im2col columns) from the c10 allocator for the op's duration
-    # (oneDNN src/cpu/gemm_convolution_utils.cpp, init_conf: book<float>(key_conv_wei_reduction,
-    # nthr * weights_d.size()), size() already in bytes). Measured on AMD EPYC (AVX2), torch 2.14.1 /
-    # oneDNN 3.12: 37,822,720 B for one 512->512 3x3 convolution on a 2x2 map at 1 thread (75,645,184 B at 2);
-    # a resnet18 step at 64 px, batch 8, 2 threads: real backward peak 120,465,064 B, the trace 58,058,216 B
-    # without it. The value is the threads each rank runs with: verify() launches every rank with
-    # OMP_NUM_THREADS=1. 0 with AVX-512/AMX, without mkldnn, or on other ISAs
-    # (``advisor.trace.onednn_gemm_bwd_weights_machine``).
-    from .trace import onednn_gemm_bwd_weights_machine
-
-    scratch_threads = 1 if onednn_gemm_bwd_weights_machine() else 0
-    return Hardware(
-        gpu_name="CPU",
-        gpu_memory_bytes=host // max(1, world),
-        gpus_per_node=world,
-        num_nodes=1,
-        interconnect="nvlink",
-        network=None,
-        bf16_tflops=0.0,
-        link_gbps=0.0,
-        host_mem_bytes=host,
-        sources={"gpu_name": "this machine's CPU (gloo)"},
-        host_mem_state=HOST_DETECTED,
-        cpu_conv_scratch_threads=scratch_threads,
-    )
 
 
 def _launch(
@@ -398,89 +338,6 @@ def _compare(result: VerifyResult, report: RunReport) -> VerifyResult:
         "completed" if result.ok else f"report has {len(result.per_rank)} ranks, expected {result.world_size}"
     )
     return result
-
-
-def verify_plan(
-    inputs: PlanInputs,
-    strategy: str | None,
-    device: Device,
-    precision_explicit: bool = False,
-    use_cache: bool = True,
-    say: Callable[[str], None] = lambda _m: None,
-) -> tuple[str, Plan, Hardware, list[str]]:
-    """The plan a verification on ``device`` runs: the target plan's row ``strategy`` (default: the recommended
-    one) re-planned for this machine (``run_hardware``, the strategy's ``verify_cluster``, fp32 on CPU unless the
-    precision was explicit, and on CPU this machine's calibration, ``calibrated``). Returns (the strategy's name,
-    the plan, its hardware, notes for the user). Used by ``verify`` and by bench's re-prediction of step times (no run).
-
-    Raises:
-        AdvisorError: nothing fits and no strategy was named; an unknown strategy; the row does not apply here.
-    """
-    target = plan(inputs)
-    name = strategy or target.recommendation.strategy
-    if name is None:
-        raise AdvisorError(
-            "nothing fits the target hardware, so there is no recommended strategy to verify: "
-            "pass --strategy NAME to verify one anyway"
-        )
-    notes: list[str] = []
-    opts = target.options
-    if device == Device.CPU and opts.precision != Precision.FP32 and not precision_explicit:
-        notes.append(
-            f"CPU run: {opts.precision} is emulated and slow on CPUs without native bf16, so this "
-            "verification runs fp32 (pass --precision explicitly to force it)"
-        )
-        opts = replace(opts, precision=Precision.FP32)
-    if (
-        device == Device.CPU
-        and inputs.training.micro_batch_size is None
-        and opts.micro_batch_size != (family_default := family_of(target.spec).default_micro_batch)
-    ):
-        # The target GPU's throughput choice (hundreds of samples for a small model) would take minutes per step and
-        # gigabytes on CPU ranks: the family's default instead.
-        notes.append(
-            f"CPU run: micro-batch {family_default} (the default for the model) instead of the "
-            f"{opts.micro_batch_size} chosen for throughput on {target.hardware.gpu_name}; pass "
-            "--micro-batch-size to set it"
-        )
-        opts = replace(opts, micro_batch_size=family_default)
-    if name not in strategy_names():
-        raise AdvisorError(f"--strategy must be one of {', '.join(strategy_names())}, got {name!r}")
-    hw = run_hardware(target.hardware.num_gpus, device, notes)
-    hw, opts = get_strategy(name).verify_cluster(hw, opts, target.row(name))
-    hw = calibrated(hw, device, use_cache, say, notes)
-    run_plan = plan(replace(inputs, training=opts), device=device, hardware=hw)
-    if not run_plan.row(name).applicable:
-        raise AdvisorError(f"cannot verify {name}: {run_plan.row(name).reason}")
-    return name, run_plan, hw, notes
-
-
-def calibrated(hw: Hardware, device: Device, use_cache: bool, say: Callable[[str], None], notes: list[str]) -> Hardware:
-    """``hw`` with this machine's CPU calibration (``advisor.timing.calibrate``) for a CPU run, so the plan's
-    step times predict this machine's ranks (``CPU_RANK_THREADS`` threads each); a GPU run is timed by its
-    preset and comes back unchanged. A failed calibration leaves the run untimed, with a note."""
-    if device != Device.CPU:
-        return hw
-    from .cache import open_cache
-    from .timing.calibrate import cached_calibration, cpu_calibration
-
-    cache = open_cache(use_cache)
-    if cached_calibration(hw.gpus_per_node, CPU_RANK_THREADS, cache) is None:
-        say(
-            f"calibrating this machine's CPU for the step-time prediction ({hw.gpus_per_node} rank(s), about 10 s; "
-            "cached)"
-        )
-    try:
-        cal = cpu_calibration(hw.gpus_per_node, CPU_RANK_THREADS, cache=cache)
-    except RuntimeError as err:
-        notes.append(f"no predicted step time: {err}")
-        return hw
-    if cal.contended:
-        notes.append(
-            "other processes kept the CPUs busy during the CPU calibration: the predicted step time is "
-            "rough (it is measured again in 10 minutes)"
-        )
-    return replace(hw, calibration=cal)
 
 
 def predicted_step_s(hw: Hardware, t: StepTime | None) -> float | None:

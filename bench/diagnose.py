@@ -168,7 +168,8 @@ def _case(case_id: str):
 def render_case(case, run_dir: Path):
     """Write the files ``verify`` would write for ``case`` (same plan, hardware and precision)."""
     from advisor.plan import plan
-    from advisor.verify import free_port, run_hardware
+    from advisor.verify import free_port
+    from advisor.verify_setup import run_hardware
     from strategies import get_strategy
     from strategies.render import job_from_plan, render_job, write_files
 

@@ -316,13 +316,14 @@ def summarize_step_time(rows: list[dict]) -> dict:
 
 def repredict(data: dict, log) -> dict:
     """``data`` (a results.json) with every measured case's predicted step time computed again by today's step-time
-    model and this machine's CPU calibration, as ``verify`` would predict it (``advisor.verify.verify_plan``), no
+    model and this machine's CPU calibration, as ``verify`` would predict it (``advisor.verify_setup.verify_plan``), no
     training run: the measured step times keep the date and the CPU contention of their runs. Cases measured
     while other processes took more than ``CONTENDED_SHARE`` of the CPUs stay in the table and are counted
     separately in the summary (``report``)."""
     from dataclasses import fields
 
-    from advisor.verify import predicted_step_s, verify_plan
+    from advisor.verify import predicted_step_s
+    from advisor.verify_setup import verify_plan
 
     names = {f.name for f in fields(Case)}
     for row in data["cases"]:

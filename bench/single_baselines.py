@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL_LLAMA = ROOT / "tests" / "data" / "small_llama.json"
 STEPS = 3
 SEED = 1234
-THREADS = 1  # advisor.verify.CPU_RANK_THREADS
+THREADS = 1  # advisor.verify_setup.CPU_RANK_THREADS
 CASE_TIMEOUT_S = 900
 MiB = 2**20
 # gpt2 as advisor's preset (and openai-community/gpt2's config.json) sizes it; the rest are transformers' defaults.
@@ -105,7 +105,7 @@ def estimate(case: Case) -> dict:
 
     from advisor.plan import plan
     from advisor.schema import plan_inputs
-    from advisor.verify import run_hardware
+    from advisor.verify_setup import run_hardware
 
     values = dict(
         gpus=1,

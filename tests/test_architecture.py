@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("advisor.rows", "advisor.candidates", "advisor.explain", "advisor.recommend", "advisor.invariants"),
     ("advisor.plan",),
     ("advisor.document",),
-    ("advisor.verify", "advisor.run_report"),
+    ("advisor.verify", "advisor.verify_setup", "advisor.run_report"),
     ("advisor.cli", "advisor.__main__", "advisor.text_table", "advisor.page", "app", "bench"),
 ]
 BESIDE = ("advisor.check", "advisor.doctor")

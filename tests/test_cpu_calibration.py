@@ -74,7 +74,7 @@ def test_calibrated_cpu_hardware_is_timed():
     """A CPU plan has no GPU preset to time it with; with a calibration it is timed by the measured rates."""
     from advisor.plan import plan
     from advisor.schema import plan_inputs
-    from advisor.verify import run_hardware
+    from advisor.verify_setup import run_hardware
 
     tiny = str(Path(__file__).resolve().parent / "data" / "small_llama.json")
     inputs = plan_inputs(config_path=tiny, seq_len=32, gpus=2, detect_hardware=False, precision="fp32",

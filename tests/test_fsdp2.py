@@ -186,7 +186,7 @@ def _tracker_llama(world: int, param_dtype, reshard: bool) -> int:
 
 
 def _cpu_plan(world: int, **inputs):
-    from advisor.verify import run_hardware
+    from advisor.verify_setup import run_hardware
 
     hw = dataclasses.replace(run_hardware(world, "cpu", []), cpu_conv_scratch_threads=0)  # the tracker sees no oneDNN
     return plan(plan_inputs(gpus=world, detect_hardware=False, micro_batch_size=2, **inputs), device="cpu", hardware=hw)

@@ -309,7 +309,7 @@ def test_pure_bf16_vision_ddp_casts_its_inputs(tmp_path):
 def test_cpu_verification_runs_the_models_default_micro_batch():
     """Without --micro-batch-size the target GPU's throughput choice (128 for this model on an A100) is not run on
     CPU ranks: the family's default is, with a note."""
-    from advisor.verify import verify_plan
+    from advisor.verify_setup import verify_plan
 
     inputs = plan_inputs(config_path=TINY, seq_len=32, gpus=2, precision="fp32", detect_hardware=False)
     assert plan(inputs).options.micro_batch_size > 1

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from advisor.schema import plan_inputs
-from advisor.verify import verify_plan
+from advisor.verify_setup import verify_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_LLAMA = ROOT / "tests" / "data" / "small_llama.json"
