@@ -22,18 +22,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .choices import Precision
 from .errors import AdvisorError
 from .faces import OneLineParser, finite_float, positive_float, positive_int, quiet_library_logs, run_face
 from .fields import Field, resolve_choices
 from .free_text import parse_shape
 from .schema import GROUP_TITLES, PlanInputs, RunOptions, fields_for, inputs_from_values
-from .text_table import amount, fits_word, gib_cell, short_phase, table
-from .units import counted, fmt_count, gib
+from .text_report import render_text
+from .units import gib
 
 if TYPE_CHECKING:
     from .plan import Plan
-    from .rows import StrategyRow
     from .verify import VerifyResult
 
 VERIFY_STEPS, VERIFY_TIMEOUT_S = 6, 600.0
@@ -87,7 +85,7 @@ def build_parser(strategy_names: tuple[str, ...] | None = None) -> argparse.Argu
         "training script (read as a syntax tree, never run); 'advisor doctor' runs the pre-flight "
         "checks of this machine (GPUs, driver, NCCL/gloo, a 2-rank all-reduce, port, directories); "
         "'advisor cache info|clear' shows or empties the trace cache; 'advisor page [streamlit run options]' "
-        "serves the Streamlit page (needs advisor[app]). Each has --help.",
+        "serves the Streamlit page (needs streamlit). Each has --help.",
     )
     p.add_argument("--version", action="store_true", help="print advisor's version and exit")
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -131,218 +129,6 @@ def inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, RunOptions]:
         AdvisorError: as ``advisor.schema.validate``.
     """
     return inputs_from_values(_values(args))
-
-
-def render_text(p: Plan, strategy: str | None = None) -> str:
-    """The human-readable report: inputs, a breakdown table (GiB), the recommendation, and the launch
-    line of ``strategy`` (default: the recommended one)."""
-    spec, st, hw, o = p.spec, p.profile.stats, p.hardware, p.options
-    act = p.profile.activations(p.model_mode)
-    host = "unknown (give --host-mem)" if hw.host_mem_bytes is None else f"{gib(hw.host_mem_bytes):.0f} GiB/node"
-    lines = [
-        f"Model      {spec.name} ({spec.source})",
-        f"           {fmt_count(st.num_params)} parameters ({st.num_params:,}; trainable {st.num_trainable:,}"
-        + (
-            f"; {fmt_count(st.num_active_params)} active per token, top-{st.experts_per_token} of "
-            f"{st.num_experts} experts"
-            if st.num_experts
-            else ""
-        )
-        + "), "
-        f"{spec.shape_text}, {act.flops_per_sample / 1e9:.1f} GFLOP/sample fwd+bwd"
-        + (" (recompute included; MFU counts without it)" if p.options.activation_checkpointing else "")
-        + ", "
-        f"activations {gib(act.activation_bytes_per_sample):.3f} GiB/sample",
-        f"Hardware   {hw.num_gpus} x {hw.gpu_name} ({hw.gpus_per_node} per node x {counted(hw.num_nodes, 'node')}), "
-        f"{gib(hw.gpu_memory_bytes):.2f} GiB usable each [{hw.sources.get('gpu_memory_bytes')}], "
-        f"{hw.interconnect} [{hw.sources.get('interconnect')}]"
-        + (f", network {hw.network} [{hw.sources.get('network')}]" if hw.network else "")
-        # an unknown host RAM's source already says what to give
-        + (
-            f", host RAM {host} [{hw.sources.get('host_mem_bytes')}]"
-            if hw.host_mem_bytes is not None
-            else f", host RAM {hw.sources.get('host_mem_bytes') or host}"
-        ),
-        f"Training   {o.precision}, {o.optimizer}, micro-batch {o.micro_batch_size}/GPU"
-        + (
-            " (chosen for throughput)"
-            if p.inputs.training.micro_batch_size is None and p.recommendation.micro_batch_note
-            else ""
-        )
-        + ", "
-        f"activation checkpointing {'on' if o.activation_checkpointing else 'off'}, attention {act.attention}, "
-        f"rule-of-thumb safety factor {o.safety_factor}",
-        "",
-        "Per-GPU memory, GiB (peak allocated = sum of the components; device total adds CUDA context, NCCL, "
-        "fragmentation)",
-    ]
-    columns = [
-        ("strategy", "<", 15, ""),
-        *((name, ">", 8, "") for name in ("params", "grads", "optim", "activ", "buffers", "other", "peak", "device")),
-        ("fits", "<", 5, "  "),
-        ("16B/p", ">", 8, ""),
-        ("max mb", ">", 7, ""),
-        ("GA", ">", 4, ""),
-        ("peak in", "<", 10, "  "),
-        ("host/node", "<", 0, ""),
-    ]
-    cells: list[list[str] | str] = []
-    for r in p.rows:
-        if not r.applicable:
-            cells.append(f"{r.name} n/a: {r.reason}")
-            continue
-        m = r.memory
-        assert m is not None and r.rule_of_thumb_bytes is not None, "a row that applies is sized"
-        b = m.peak
-        rule = f"{gib(r.rule_of_thumb_bytes):.1f}{'' if r.rule_of_thumb_fits else '!'}"
-        cells.append(
-            [
-                r.name,
-                *map(
-                    gib_cell,
-                    (b.params, b.grads, b.optimizer_states, b.activations, b.buffers, b.other, b.total, m.device_total),
-                ),
-                fits_word(r.fits, r.short_of),
-                rule,
-                str(r.max_micro_batch_size),
-                str(r.grad_accum_steps),
-                short_phase(b.phase),
-                gib_cell(m.host_bytes_per_node) if m.host_bytes_per_node else "-",
-            ]
-        )
-        if r.deepspeed_estimate:
-            de = r.deepspeed_estimate
-            cells.append(
-                f"DeepSpeed's estimator (model states only): {gib_cell(de['gpu_bytes'])} GiB/GPU, "
-                f"{gib_cell(de['host_bytes_per_node'])} GiB host/node"
-            )
-    lines += table(columns, cells)
-    lines.append("16B/p: 16 bytes/parameter x safety factor, sharded per strategy ('!' = over the GPU memory)")
-    if any(r.applicable and r.fits is None for r in p.rows):
-        lines.append(
-            "fits ?: the strategy keeps model states in host RAM and the target's host RAM is unknown: "
-            "give --host-mem GIB"
-        )
-    short: dict[str | None, list[str]] = {}
-    for r in p.rows:
-        if r.applicable and r.fits is False and r.short_of == "host RAM":
-            short.setdefault(r.fit_note, []).append(r.name)
-    lines += [f"RAM! {', '.join(names)}: {note}" for note, names in short.items()]
-    load = _load_line(p.rows, p.options.init_from, p.spec.adapter is not None and p.options.precision != Precision.FP32)
-    if load:
-        lines.append(load)
-    lines.append(
-        "peak in: the moment of the step with the largest total (fwd, bwd, bwd-end: gradient reduction, "
-        "step; step-flat: DeepSpeed flattening the gradients for the optimizer)"
-    )
-    if o.precision is not None and o.precision.is_mixed and p.spec.adapter is None:  # a LoRA base is 16-bit: no copies
-        lines.append(
-            f"DDP/TP activ or other include autocast's {o.precision} copies of the weights (cached until the "
-            "forward ends, kept for backward; about 2 bytes per parameter); ZeRO keeps 16-bit weights and "
-            "FSDP2 gathers them in 16 bits (buffers), so they have none"
-        )
-    lines += _time_lines(p)
-    rec = p.recommendation
-    lines.append("")
-    if rec.strategy:
-        lines.append(f"Recommendation: {p.row(rec.strategy).title} ({rec.strategy})")
-    else:
-        lines.append("Recommendation: none - nothing fits this hardware")
-    lines += [f"  - {reason}" for reason in rec.reasons]
-    for w in p.warnings + rec.warnings:
-        lines.append(f"  ! {w}")
-    launch = _launch_line(p, strategy or rec.strategy)
-    if launch:
-        lines += ["", f"Launch{'' if strategy in (None, rec.strategy) else f' ({strategy})'}: {launch}"]
-    return "\n".join(lines)
-
-
-def _time_lines(p: Plan) -> list[str]:
-    """The step-time table: one optimizer step at each row's global batch, its parts, throughput, MFU and the
-    speed-up over one GPU (issue 13). Empty when no row could be timed (a GPU without a preset)."""
-    from .document import time_to_dict
-    from .units import fmt_rate, fmt_s
-
-    timed = [(r, d) for r in p.rows if r.applicable and r.time is not None and (d := time_to_dict(p, r)) is not None]
-    if not timed:
-        return []
-    lm = any(d["tokens_per_s"] is not None for _, d in timed)
-    unit = "tokens/s" if lm else "samples/s"
-    budget = any("train_hours" in d for _, d in timed)
-    columns = [
-        ("strategy", "<", 15, ""),
-        *((name, ">", 9, "") for name in ("step", "compute", "comm", "exposed", "optim")),
-        (unit, ">", 11, ""),
-        ("per GPU", ">", 9, ""),
-        ("MFU", ">", 6, ""),
-        ("speedup", ">", 9, ""),
-    ]
-    if budget:
-        columns += [("hours", ">", 9, ""), ("GPU-h", ">", 9, ""), ("cost", ">", 10, "")]
-    cells: list[list[str] | str] = []
-    for r, d in timed:
-        rate = d["tokens_per_s"] if lm else d["samples_per_s"]
-        per = d["tokens_per_s_per_gpu"] if lm else d["samples_per_s_per_gpu"]
-        speed = "-" if d["speedup_vs_single_gpu"] is None else f"{d['speedup_vs_single_gpu']:.2f}x"
-        mfu = "-" if d["mfu"] is None else f"{100 * d['mfu']:.0f}%"
-        row = [
-            r.name,
-            *(fmt_s(d[k]) for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "optimizer_s")),
-            fmt_rate(rate or 0),
-            fmt_rate(per or 0),
-            mfu,
-            speed,
-        ]
-        if budget:
-            row += [amount(d.get("train_hours")), amount(d.get("gpu_hours")), amount(d.get("cost"), cents=True)]
-        cells.append(row)
-    lines = [
-        "",
-        f"Step time of one optimizer step at global batch {timed[0][0].global_batch_size} (compute + "
-        "communication not hidden + optimizer step). Data loading is not modelled.",
-        *table(columns, cells),
-    ]
-    lines.append(
-        "comm: all communication per step; exposed: the part compute does not hide; speedup: against the "
-        "fastest recipe that fits one GPU, at the same global batch by accumulation (plain single runs "
-        "autocast's weight casts, which ZeRO's 16-bit module skips, so it can read below 1.00x; '-': one GPU "
-        "cannot hold the model)"
-    )
-    return lines
-
-
-def _load_line(rows: list[StrategyRow], init_from: str | None = None, base_16bit: bool = False) -> str | None:
-    """Host RAM each strategy's script needs per node while it builds the model (``init_from``: while it loads the
-    pretrained weights), grouped by value. ``base_16bit``: a LoRA base loaded in 16 bits (``from_pretrained(...,
-    dtype=)`` under bf16/fp16; ``strategies.base.pretrained_bytes``)."""
-    groups: dict[int, list[str]] = {}
-    for r in rows:
-        if r.applicable and r.load_host_bytes_per_node:
-            groups.setdefault(r.load_host_bytes_per_node, []).append(r.name)
-    if not groups:
-        return None
-    parts = [f"{'/'.join(names)} {gib(n):.2f}" for n, names in sorted(groups.items(), reverse=True)]
-    if init_from:
-        dtype = "16 bits (the LoRA base)" if base_16bit else "fp32"
-        return (
-            "host RAM per node while the script loads the pretrained weights from --init-from (each rank loads "
-            f"them on the CPU in {dtype}, twice over where a torch.load'ed state_dict sits beside the model; "
-            "ZeRO-3 under zero.Init: rank 0 alone reads the checkpoint; FSDP2: the shards plus rank 0's whole "
-            "copy, which it broadcasts into them, on node 0; single is one process), GiB: " + ", ".join(parts)
-        )
-    return (
-        "host RAM per node while the script builds the model (each rank builds it on the CPU in fp32; "
-        "ZeRO-3 partitions as it builds; FSDP2 builds on the meta device and materialises only its shards; "
-        "single is one process), GiB: " + ", ".join(parts)
-    )
-
-
-def _launch_line(p: Plan, strategy: str | None) -> str | None:
-    if not strategy:
-        return None
-    from strategies.render import launch_command
-
-    return launch_command(p, strategy)
 
 
 def _check_run_flags(run: RunOptions) -> RunOptions:

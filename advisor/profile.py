@@ -11,24 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable
-from concurrent.futures import Future
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Generic, TypedDict, TypeVar
+from typing import TYPE_CHECKING, TypedDict
 
 from .cache import DiskCache, NullCache
 from .choices import Attention, TraceMode
 from .locks import MODEL_BUILD_LOCK
 from .models import ModelSpec, build_model, family_of
+from .once_cache import OnceCache
 from .trace import ActivationProfile, profile_activations
 from .trace.keys import activation_profile_from_json, dataclass_from_json, model_key, to_json
 
 if TYPE_CHECKING:
     import torch
-
-V = TypeVar("V")
 
 # DeepSpeed ZeRO-3 keeps parameters smaller than this gathered on every rank
 # (``stage3_param_persistence_threshold`` default 1e5, DeepSpeed ZeRO config docs).
@@ -223,57 +219,6 @@ def routed_experts(model: torch.nn.Module) -> list[tuple[torch.nn.Module, int, i
         ):
             found.append((m, n, k))
     return found
-
-
-class OnceCache(Generic[V]):
-    """``key -> value`` computed at most once at a time per key, thread-safe.
-
-    ``get(key, compute)`` returns the stored value; otherwise the first caller runs ``compute()`` (outside
-    the lock) while concurrent callers of the same key wait for it and receive the same object (or the
-    same exception; failures are not stored, so a later call tries again). ``maxsize``: keep that many
-    values, least recently used dropped first (None: all).
-    """
-
-    def __init__(self, maxsize: int | None = None) -> None:
-        self._lock = threading.Lock()
-        self._done: OrderedDict[Hashable, V] = OrderedDict()
-        self._running: dict[Hashable, Future[V]] = {}
-        self._maxsize = maxsize
-
-    def get(self, key: Hashable, compute: Callable[[], V]) -> V:
-        with self._lock:
-            if key in self._done:
-                self._done.move_to_end(key)
-                return self._done[key]
-            running = self._running.get(key)
-            if running is None:
-                future: Future[V] = Future()
-                self._running[key] = future
-        if running is not None:
-            return running.result()
-        try:
-            value = compute()
-        except BaseException as err:
-            with self._lock:
-                del self._running[key]
-            future.set_exception(err)
-            raise
-        with self._lock:
-            self._done[key] = value
-            del self._running[key]
-            while self._maxsize is not None and len(self._done) > self._maxsize:
-                self._done.popitem(last=False)
-        future.set_result(value)
-        return value
-
-    def clear(self) -> None:
-        """Drop the stored values (computations in progress still finish and store theirs)."""
-        with self._lock:
-            self._done.clear()
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._done)
 
 
 @dataclass

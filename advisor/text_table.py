@@ -1,4 +1,4 @@
-"""The text tables of the CLI's report (``advisor.cli.render_text``): the column layout, and the few-character
+"""The text tables of the CLI's report (``advisor.text_report.render_text``): the column layout, and the few-character
 cells the tables show (GiB, hours and costs, the fits verdict, the phase of the peak)."""
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[tuple[str, ...]] = [
     ("advisor", "advisor.choices", "advisor.errors", "advisor.units", "advisor.gpu_presets", "advisor.model_presets",
      "advisor.schema", "advisor.training_options", "advisor.fields", "advisor.free_text", "advisor.faces",
-     "advisor.locks", "advisor.cache", "advisor.cache_face", "advisor.processes"),
+     "advisor.locks", "advisor.cache", "advisor.cache_face", "advisor.processes", "advisor.once_cache"),
     ("advisor.models", "advisor.hardware", "advisor.checkpointing", "advisor.measure", "advisor.trace",
      "advisor.memory", "advisor.profile", "advisor.context"),
     ("strategies",),
@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("advisor.plan",),
     ("advisor.document",),
     ("advisor.verify", "advisor.verify_setup", "advisor.run_report"),
-    ("advisor.cli", "advisor.__main__", "advisor.text_table", "advisor.page", "app", "bench"),
+    ("advisor.cli", "advisor.__main__", "advisor.text_table", "advisor.text_report", "advisor.page", "app", "bench"),
 ]
 BESIDE = ("advisor.check", "advisor.doctor")
 

@@ -307,9 +307,9 @@ def test_tables_stay_aligned_on_a_huge_cluster():
     """Issue 25: at --nodes 100000 the GA column ran into the next ("0100000") and step times into each other
     ("72071.92 s72071.88 s"). Column widths come from the data: every column ends where its title ends, and a
     space always separates it from the next."""
-    from advisor.cli import render_text
     from advisor.plan import plan
     from advisor.schema import plan_inputs
+    from advisor.text_report import render_text
 
     text = render_text(plan(plan_inputs(model="llama-2-7b", gpu="H100-80GB", nodes=100_000, detect_hardware=False)))
     lines = text.splitlines()

@@ -138,7 +138,7 @@ def test_messages_say_it_is_for_loading_the_pretrained_weights(llama, capsys):
     assert "FSDP2, where rank 0 alone loads them" in ddp.fit_note
     assert "rank 0 holds a whole copy of the pretrained model" in fsdp2.fit_note
     assert "rank 0 reads the whole checkpoint" in zero3.fit_note
-    from advisor.cli import render_text
+    from advisor.text_report import render_text
 
     text = render_text(init)
     assert "host RAM per node while the script loads the pretrained weights from --init-from" in text

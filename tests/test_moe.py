@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from advisor.cli import render_text
 from advisor.document import plan_to_dict
 from advisor.models import build_model, resolve_model
 from advisor.plan import plan
 from advisor.profile import param_stats
 from advisor.schema import plan_inputs
+from advisor.text_report import render_text
 
 MIXTRAL = Path(__file__).parent / "data" / "configs" / "mixtral-8x7b-v0.1.json"
 TINY = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

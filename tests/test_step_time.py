@@ -248,7 +248,7 @@ def test_json_time_object_and_training_budget():
 
 
 def test_text_shows_step_time_and_throughput():
-    from advisor.cli import render_text
+    from advisor.text_report import render_text
 
     text = render_text(_plan(config_path=SMALL, seq_len=64, gpus=2, gpu="A100-80GB", micro_batch_size=4))
     assert "Step time of one optimizer step" in text and "tokens/s" in text and "Data loading is not modelled" in text
