@@ -16,13 +16,13 @@ from .candidates import Alternative, Checkpointed, eligible, fastest_fitting, pi
 from .context import StrategyContext
 from .explain import (
     HEADROOM_WARN,
-    alternative_reason,
     baseline_reason,
     cluster_warnings,
     fit_reasons,
     fit_warnings,
     memory_parts_text,
 )
+from .lora_text import alternative_reason
 from .rows import Recommendation, StrategyRow, fit_verdict, fits, max_micro_batch, time_at
 from .units import fmt_gib, fmt_rate
 
