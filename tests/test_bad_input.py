@@ -251,6 +251,7 @@ def test_choice_flags_accept_any_case(tmp_path, capsys):
     assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["stage"] == 3
 
 
+@pytest.mark.slow  # about 15 s: a fresh process imports torch, transformers, peft and bitsandbytes
 def test_qlora_plan_prints_no_bitsandbytes_hub_kernel_warning():
     """Issue 25: planning QLoRA imported bitsandbytes (through peft), whose CPU backend logged "Failed to load CPU
     gemm_4bit_forward from kernels-community" on stderr on a CPU with AVX-512 bf16, as this machine's."""

@@ -13,6 +13,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "data" / "tiny_llama.json")
 
@@ -61,6 +63,7 @@ def _first_difference(a, b, path: str = "") -> str:
     return f"{path}: serial {str(a)[:120]} vs threads {str(b)[:120]}"
 
 
+@pytest.mark.slow  # about 40 s on 2 busy cores: every one of its 8 plans traces, in threads and in a process
 def test_concurrent_plans_equal_serial_plans(tmp_path, monkeypatch):
     from advisor.document import plan_to_dict
     from advisor.profile import clear_trace_cache

@@ -90,7 +90,8 @@ def _measure_cpu_step(spec, micro_batch: int):
 # weight bytes, from the c10 allocator, mostly never written) is a CPU-only allocation no GPU run makes
 # (measured here, AMD EPYC AVX2: +62 MB on a 58 MB peak; none at 96 px, where every map is >= 3x3).
 @pytest.mark.parametrize("name, kw, micro_batch", [("resnet18", {"image_size": 96}, 8),
-                                                   ("gpt2", {"seq_len": 64}, 2)])
+                                                   pytest.param("gpt2", {"seq_len": 64}, 2,
+                                                                marks=pytest.mark.slow)])  # over 20 s
 def test_trace_matches_real_cpu_step(name, kw, micro_batch):
     """Tolerances: backward peak 5% (same ops, same allocator sizes); activations 10% (the CPU SDPA
     kernel keeps a little more than the fused-kernel stand-in: measured 7% on gpt2 at seq 128)."""

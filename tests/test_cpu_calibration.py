@@ -21,6 +21,7 @@ FAKE = CpuCalibration(ranks=2, threads=1, matmul_fp32_flops_per_s=50e9, matmul_b
                       cpu="test cpu", torch="0", measured_s=0.0)
 
 
+@pytest.mark.slow  # about 12 s: measures this machine (two worker processes importing torch)
 def test_calibration_is_positive_and_cached(monkeypatch, tmp_path):
     monkeypatch.setenv("ADVISOR_VERIFY_LOCK", str(tmp_path / "lock"))  # measuring takes the machine lock
     monkeypatch.setattr(calibrate, "CONTENDED_TTL_S", float("inf"))  # reuse it even if the machine was busy

@@ -57,6 +57,7 @@ cases = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.slow  # about 30 s on 2 busy cores: models of its own, 6 plans with cluster searches
 @SETTINGS
 @given(case=cases)
 def test_every_answer_holds_the_invariants(tmp_path_factory, case):
@@ -80,6 +81,7 @@ def test_invariants_catch_a_negative_component():
     assert any("negative" in v for v in violations(p))
 
 
+@pytest.mark.slow  # over 10 s on 2 busy cores: a model of its own (Qwen2.5-14B's shape) at seq 2048
 def test_deep_stack_split_is_never_negative(tmp_path):
     """Issue 12: Qwen2.5-14B shape, seq 2048, activation checkpointing, ZeRO-1 showed grads 116.36 and
     activ -58.09 GiB (the depth extrapolation mixed the one-block trace's peak at the start of
@@ -101,6 +103,7 @@ def test_deep_stack_split_is_never_negative(tmp_path):
     assert violations(p) == []
 
 
+@pytest.mark.slow  # over 10 s on 2 busy cores: llama-2-7b at seq 4096, traces of its own
 def test_nothing_fits_names_checkpointing_before_a_larger_cluster(tmp_path, no_what_if_traces):
     """Issue 12: "ZeRO-3 would fit on 234 x RTX3090 (117 nodes)" for a 3.8B model at seq 4096, where the
     answer is activation checkpointing. Now the checkpointing figure comes first."""
@@ -175,6 +178,7 @@ def test_too_large_micro_batch_is_named_before_more_gpus():
     assert violations(p) == []
 
 
+@pytest.mark.slow  # over 10 s on 2 busy cores: the only plan of the llama-3.1-8b preset
 def test_two_nodes_over_1gbe_say_one_node_is_faster():
     """A fresh user's case: 2 x 8 A100 over 1 GbE for an 8B model trained about 16x slower than one node with no
     warning (one GPU cannot hold the model, so there is no single-GPU baseline): the warning compares nodes."""
@@ -216,9 +220,13 @@ def test_mixtral_qlora_floor_names_the_fused_experts(no_what_if_traces):
 # (Mixtral, Qwen1.5-MoE) and GPT-2's Conv1D. (All 13 x 3 took 6 minutes of the suite's budget here.)
 QUOTED_CASES = [(c, "full") for c in VENDORED] + [(c, t) for c in ("mixtral-8x7b-v0.1.json", "qwen1.5-moe-a2.7b-chat.json",
                                                                   "gpt2.json") for t in ("lora", "qlora")]
+# Over 10 s each on 2 busy cores (the traces of their LoRA and QLoRA offers too): run with the slow tests.
+SLOW_QUOTED = {(c, "full") for c in ("t5-small.json", "mixtral-8x7b-v0.1.json", "gemma-2-9b-it.json",
+                                     "qwen1.5-moe-a2.7b-chat.json", "qwen3-8b.json", "qwen2.5-14b.json")}
+QUOTED_PARAMS = [pytest.param(*case, marks=pytest.mark.slow) if case in SLOW_QUOTED else case for case in QUOTED_CASES]
 
 
-@pytest.mark.parametrize("config, tuning", QUOTED_CASES)
+@pytest.mark.parametrize("config, tuning", QUOTED_PARAMS)
 def test_quoted_totals_add_up_over_the_vendored_configs(no_what_if_traces, config, tuning):
     """On a 1 GiB GPU (nothing fits, so the "nothing fits" lines are written), full fine-tuning, LoRA and QLoRA: every
     line that quotes a total per GPU lists parts summing to it (``advisor.invariants.parts_do_not_add_up``, part of

@@ -202,6 +202,7 @@ def test_llama_7b_lora_fits_ddp_on_4_rtx4090_full_does_not():
     assert "where full fine-tuning does not fit on this cluster" in text
 
 
+@pytest.mark.slow  # over 10 s on 2 busy cores: the only 65B model of the suite
 def test_qlora_65b_fits_one_48gb_gpu(no_what_if_traces):
     """The QLoRA paper's headline: 65B Llama architecture, nf4 + double quantization, rank 64 on all linear layers,
     bf16 adapters, paged AdamW, seq 512, micro-batch 1, activation checkpointing: under 48 GB on one 48 GB GPU;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -84,6 +85,7 @@ def test_random_cli_flags(capsys, flags):
         _check_consistent(json.loads(out))
 
 
+@pytest.mark.slow  # over 10 s on 2 busy cores
 @settings(SETTINGS, max_examples=6)  # each example traces a new random model (about 3 s): 6 keep CI short
 @given(config=tiny_configs, gpus=st.integers(1, 8), micro=st.integers(1, 4),
        precision=st.sampled_from(["bf16", "fp32"]))

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -237,25 +238,46 @@ def test_every_strategy_renders_valid_python():
 
 
 # --- CLI: emit refusal and a crashing script -------------------------------------------------------
-def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "advisor", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+@dataclass
+class _Done:
+    """What a CLI run left: its exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_emit_refuses_non_empty_dir(tmp_path):
+def _cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> _Done:
+    """``python -m advisor ARGS`` from the checkout's root, run in this process (``advisor.cli.main``: its exit code
+    and output are the process's; a real process only adds the interpreter's start-up and a second import of torch).
+    An exception escaping ``main`` fails the test here, as its traceback would show in a process's stderr."""
+    from advisor.cli import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # what the ranks of a --verify run import the model factory from
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as stop:  # argparse's exit
+        code = stop.code if isinstance(stop.code, int) else 2
+    out, err = capsys.readouterr()
+    return _Done(code, out, err)
+
+
+def test_emit_refuses_non_empty_dir(tmp_path, capsys, monkeypatch):
     keep = tmp_path / "notes.txt"
     keep.write_text("mine")
-    r = _cli("resnet18", "--gpus", "2", "--emit", str(tmp_path))
+    r = _cli(capsys, monkeypatch, "resnet18", "--gpus", "2", "--emit", str(tmp_path))
     assert r.returncode == 2 and "not empty" in r.stderr and "Traceback" not in r.stderr
     assert keep.read_text() == "mine" and not (tmp_path / "train.py").exists()
-    r = _cli("resnet18", "--gpus", "2", "--emit", str(tmp_path), "--force")
+    r = _cli(capsys, monkeypatch, "resnet18", "--gpus", "2", "--emit", str(tmp_path), "--force")
     assert r.returncode == 0 and (tmp_path / "train.py").exists() and keep.read_text() == "mine"
 
 
-def test_verify_reports_a_crash_cleanly(tmp_path):
-    r = _cli("--model-factory", "tests.fixtures.factories:crashing_model", "--image-size", "16", "--gpus", "2",
-             "--precision", "fp32", "--verify", "--strategy", "ddp", "--steps", "2", "--timeout", "300",
-             "--emit", str(tmp_path / "run"), cwd=str(ROOT))
+def test_verify_reports_a_crash_cleanly(tmp_path, capsys, monkeypatch):
+    r = _cli(capsys, monkeypatch, "--model-factory", "tests.fixtures.factories:crashing_model", "--image-size", "16",
+             "--gpus", "2", "--precision", "fp32", "--verify", "--strategy", "ddp", "--steps", "2", "--timeout", "300",
+             "--emit", str(tmp_path / "run"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "failed with exit code" in r.stdout and "run.log" in r.stdout
     assert "RuntimeError: boom" in r.stdout

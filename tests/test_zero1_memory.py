@@ -24,9 +24,11 @@ MEASURED_ZERO1_FP32 = 40_197_784
 
 
 def _row(strategy: str, precision: str = "fp32"):
+    # verify_plan's cache is the CPU calibration's (the step times; no memory figure reads it): the session's one,
+    # not a calibration measured for each call.
     inputs = plan_inputs(config_path=str(SMALL_LLAMA), seq_len=32, micro_batch_size=2, gpus=2, nodes=1,
                          precision=precision, detect_hardware=False)
-    _, p, _, _ = verify_plan(inputs, strategy, "cpu", precision_explicit=True, use_cache=False, say=lambda s: None)
+    _, p, _, _ = verify_plan(inputs, strategy, "cpu", precision_explicit=True, say=lambda s: None)
     return p, next(r for r in p.rows if r.name == strategy)
 
 
@@ -123,7 +125,7 @@ def test_zero1_accumulating_keeps_every_gradient_and_the_bucket_between_micro_st
     (-11.2%); the backward of the second micro-step, net of the gradients it adds into, is now the peak."""
     inputs = plan_inputs(config_path=str(SMALL_LLAMA), seq_len=32, micro_batch_size=2, global_batch_size=8, gpus=2,
                          nodes=1, precision="fp32", detect_hardware=False)
-    _, p, _, _ = verify_plan(inputs, "zero1", "cpu", precision_explicit=True, use_cache=False, say=lambda s: None)
+    _, p, _, _ = verify_plan(inputs, "zero1", "cpu", precision_explicit=True, say=lambda s: None)
     row = p.row("zero1")
     assert row.grad_accum_steps == 2
     n = p.profile.stats.num_trainable
