@@ -21,8 +21,14 @@ APP = Path(__file__).resolve().parents[1] / "app.py"
 TIMEOUT = 120  # seconds per run: generous, the first plan imports torch and transformers
 
 SMALL_LLAMA: dict[str, Any] = {
-    "model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 512,
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
 }
 
 
@@ -60,8 +66,14 @@ def chart_spec(at: AppTest) -> dict[str, Any]:
 
 def page_messages(at: AppTest) -> list[str]:
     """Every message and table cell the page shows (not code blocks: the launch line is a CLI command)."""
-    found = [*texts(at.markdown), *texts(at.error), *texts(at.warning), *texts(at.info), *texts(at.success),
-             *texts(at.caption)]
+    found = [
+        *texts(at.markdown),
+        *texts(at.error),
+        *texts(at.warning),
+        *texts(at.info),
+        *texts(at.success),
+        *texts(at.caption),
+    ]
     for table in at.table:
         found += [re.sub(r"\\(.)", r"\1", str(v)) for v in table.value.to_numpy().ravel()]
     return found
@@ -124,14 +136,18 @@ def test_uploaded_config_is_used(at: AppTest) -> None:
     assert metric(at, "Parameters") == f"{transformers_param_count(SMALL_LLAMA):,}"
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"model_type": "llama", "hidden_size": ', "malformed JSON at line 1"),
-    ("[1, 2, 3]", "must be a JSON object"),
-    ('{"model_type": "not-a-model", "hidden_size": 8}', "unknown model_type"),
-    ('{"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 100000000}', "absurd"),
-    ('{"model_type": "chatglm", "auto_map": {"AutoModel": "evil.Model"}}', "needs remote code"),
-    ('{"model_type": "llama", "notes": "' + "x" * 2**20 + '"}', "over 1 MiB"),
-], ids=["malformed", "not-an-object", "unknown-model-type", "absurd", "remote-code", "too-large"])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"model_type": "llama", "hidden_size": ', "malformed JSON at line 1"),
+        ("[1, 2, 3]", "must be a JSON object"),
+        ('{"model_type": "not-a-model", "hidden_size": 8}', "unknown model_type"),
+        ('{"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 100000000}', "absurd"),
+        ('{"model_type": "chatglm", "auto_map": {"AutoModel": "evil.Model"}}', "needs remote code"),
+        ('{"model_type": "llama", "notes": "' + "x" * 2**20 + '"}', "over 1 MiB"),
+    ],
+    ids=["malformed", "not-an-object", "unknown-model-type", "absurd", "remote-code", "too-large"],
+)
 def test_bad_config_is_a_one_line_error(at: AppTest, text: str, message: str) -> None:
     at.text_area(key="config_dict").input(text).run()
     assert not at.exception, texts(at.exception)
@@ -194,7 +210,10 @@ def test_scripts_offered_for_download_when_render_works(at: AppTest, monkeypatch
     at.run()
     assert not at.exception, texts(at.exception)
     assert [b.label for b in at.download_button] == [
-        "Download train.py", "Download ds_config.json", "Download launch.sh"]
+        "Download train.py",
+        "Download ds_config.json",
+        "Download launch.sh",
+    ]
 
 
 def _fake_verify_module(busy: bool, calls: list[dict[str, Any]] | None = None) -> types.ModuleType:
@@ -205,10 +224,20 @@ def _fake_verify_module(busy: bool, calls: list[dict[str, Any]] | None = None) -
     class VerifyBusy(AdvisorError):
         pass
 
-    def verify(inputs: Any, strategy: str, *, steps: int, timeout_s: float, progress: Any,
-               out_dir: str | None = None, force: bool = False) -> Any:
+    def verify(
+        inputs: Any,
+        strategy: str,
+        *,
+        steps: int,
+        timeout_s: float,
+        progress: Any,
+        out_dir: str | None = None,
+        force: bool = False,
+    ) -> Any:
         if calls is not None:
-            calls.append({"out_dir": out_dir, "force": force, "existed": out_dir is not None and Path(out_dir).exists()})
+            calls.append(
+                {"out_dir": out_dir, "force": force, "existed": out_dir is not None and Path(out_dir).exists()}
+            )
         if busy:
             raise VerifyBusy("another verification is running on this machine: wait for it to finish")
         # The page's default: gpt2 on one GPU, where plain one-process training is recommended.
@@ -217,8 +246,13 @@ def _fake_verify_module(busy: bool, calls: list[dict[str, Any]] | None = None) -
         progress(0.5)
         progress(3, 3, "step 3/3")
         per_rank = [{"rank": 0, "measured_peak_bytes": 11 * 2**30, "estimated_peak_bytes": 10 * 2**30}]
-        return types.SimpleNamespace(ok=True, message="estimate within 10% of the measured peak",
-                                     per_rank=per_rank, relative_error=-0.0909, log_dir="/tmp/advisor-runs/x")
+        return types.SimpleNamespace(
+            ok=True,
+            message="estimate within 10% of the measured peak",
+            per_rank=per_rank,
+            relative_error=-0.0909,
+            log_dir="/tmp/advisor-runs/x",
+        )
 
     module.VerifyBusy, module.verify = VerifyBusy, verify
     return module
@@ -351,8 +385,9 @@ def test_na_rows_show_na_and_the_whole_reason(at: AppTest) -> None:
     assert not at.dataframe or all("note" not in d.value.columns for d in at.dataframe)
 
 
-def test_verify_writes_a_new_folder_in_the_chosen_runs_folder(at: AppTest, monkeypatch: pytest.MonkeyPatch,
-                                                             tmp_path: Path) -> None:
+def test_verify_writes_a_new_folder_in_the_chosen_runs_folder(
+    at: AppTest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from advisor.page import runner
 
     default = at.text_input(key="runs_dir")
@@ -416,7 +451,9 @@ def test_check_tab_clean_script_and_syntax_error(at: AppTest) -> None:
 
 
 def test_check_tab_uploaded_file(at: AppTest) -> None:
-    at.file_uploader(key="check_file").upload("my_train.py", (CHECK_DATA / "mg013_bad.py").read_bytes(), "text/x-python")
+    at.file_uploader(key="check_file").upload(
+        "my_train.py", (CHECK_DATA / "mg013_bad.py").read_bytes(), "text/x-python"
+    )
     at.run()
     assert not at.exception, texts(at.exception)
     frame = next(d.value for d in at.dataframe if "rule" in d.value.columns)

@@ -18,14 +18,44 @@ ROOT = Path(__file__).resolve().parents[1]
 # Layers, bottom first. A module may import its own layer and the ones below; check and doctor stand
 # beside plan and may import only the bottom layer (and themselves).
 LAYERS: list[tuple[str, ...]] = [
-    ("advisor", "advisor.choices", "advisor.errors", "advisor.units", "advisor.gpu_presets", "advisor.model_presets",
-     "advisor.schema", "advisor.training_options", "advisor.fields", "advisor.free_text", "advisor.faces",
-     "advisor.locks", "advisor.cache", "advisor.cache_face", "advisor.processes", "advisor.once_cache"),
-    ("advisor.models", "advisor.hardware", "advisor.checkpointing", "advisor.measure", "advisor.trace",
-     "advisor.memory", "advisor.profile", "advisor.context"),
+    (
+        "advisor",
+        "advisor.choices",
+        "advisor.errors",
+        "advisor.units",
+        "advisor.gpu_presets",
+        "advisor.model_presets",
+        "advisor.schema",
+        "advisor.training_options",
+        "advisor.fields",
+        "advisor.free_text",
+        "advisor.faces",
+        "advisor.locks",
+        "advisor.cache",
+        "advisor.cache_face",
+        "advisor.processes",
+        "advisor.once_cache",
+    ),
+    (
+        "advisor.models",
+        "advisor.hardware",
+        "advisor.checkpointing",
+        "advisor.measure",
+        "advisor.trace",
+        "advisor.memory",
+        "advisor.profile",
+        "advisor.context",
+    ),
     ("strategies",),
-    ("advisor.rows", "advisor.candidates", "advisor.lora_text", "advisor.explain", "advisor.recommend",
-     "advisor.invariants", "advisor.variants"),
+    (
+        "advisor.rows",
+        "advisor.candidates",
+        "advisor.lora_text",
+        "advisor.explain",
+        "advisor.recommend",
+        "advisor.invariants",
+        "advisor.variants",
+    ),
     ("advisor.plan",),
     ("advisor.document",),
     ("advisor.verify", "advisor.verify_setup", "advisor.run_report"),
@@ -43,8 +73,12 @@ def _module_name(path: Path) -> str:
 
 def _sources() -> dict[str, Path]:
     # advisor/ with its packages (advisor/page: the Streamlit page) and the repository's app.py shim.
-    files = [ROOT / "app.py", *(ROOT / "advisor").rglob("*.py"), *(ROOT / "strategies").rglob("*.py"),
-             *(ROOT / "bench").glob("*.py")]
+    files = [
+        ROOT / "app.py",
+        *(ROOT / "advisor").rglob("*.py"),
+        *(ROOT / "strategies").rglob("*.py"),
+        *(ROOT / "bench").glob("*.py"),
+    ]
     # Fragments, templates and the probe are text pasted into (or run beside) generated scripts, not modules of
     # this program.
     text = ("fragments", "templates", "probe")
@@ -178,8 +212,11 @@ def _name_comparisons(path: Path, words: set[str]) -> list[str]:
         if isinstance(node, ast.Compare):
             for side in [node.left, *node.comparators]:
                 consts += side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr in ("startswith", "endswith")):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("startswith", "endswith")
+        ):
             for arg in node.args:
                 consts += arg.elts if isinstance(arg, ast.Tuple) else [arg]
         hits = [c.value for c in consts if isinstance(c, ast.Constant) and c.value in words]
@@ -193,15 +230,21 @@ def test_no_strategy_name_is_compared_outside_strategies():
     the strategy's own attributes. advisor/check reads users' scripts (their variables are often called
     ``ddp``), so it is not scanned."""
     words = _strategy_words()
-    offenders = [o for name, path in _sources().items() if not name.startswith(("strategies", "advisor.check"))
-                 for o in _name_comparisons(path, words)]
+    offenders = [
+        o
+        for name, path in _sources().items()
+        if not name.startswith(("strategies", "advisor.check"))
+        for o in _name_comparisons(path, words)
+    ]
     assert not offenders, "\n".join(offenders)
 
 
 def test_the_name_scan_catches_a_name_comparison(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text('if s.name.startswith("zero"):\n    pass\nif s.name in ("tp", "tp_dp"):\n    pass\n'
-                   'ok = s.name == "zero3_offload"\nfine = s.offload\n')
+    bad.write_text(
+        'if s.name.startswith("zero"):\n    pass\nif s.name in ("tp", "tp_dp"):\n    pass\n'
+        'ok = s.name == "zero3_offload"\nfine = s.offload\n'
+    )
     assert len(_name_comparisons(bad, _strategy_words())) == 3
 
 
@@ -221,16 +264,22 @@ def test_no_choice_value_is_compared_outside_choices():
     users' scripts (their strings are not these values) and bench is no part of the program: neither is scanned."""
     words = _choice_values()
     skip = ("advisor.choices", "advisor.check", "bench")
-    offenders = [o for name, path in _sources().items() if not any(name == s or name.startswith(s + ".") for s in skip)
-                 for o in _name_comparisons(path, words)]
+    offenders = [
+        o
+        for name, path in _sources().items()
+        if not any(name == s or name.startswith(s + ".") for s in skip)
+        for o in _name_comparisons(path, words)
+    ]
     assert not offenders, "\n".join(offenders)
 
 
 def test_the_value_scan_catches_a_value_comparison(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text('if opts.precision == "pure-bf16":\n    pass\nif opt not in ("adam", "adamw"):\n    pass\n'
-                   'on_cpu = t.device.type != "cpu"\nds = launcher.name.endswith("deepspeed")\n'
-                   'ok = opts.precision == Precision.PURE_BF16\nlabel = "bf16"\nfine = opts.optimizer.is_paged\n')
+    bad.write_text(
+        'if opts.precision == "pure-bf16":\n    pass\nif opt not in ("adam", "adamw"):\n    pass\n'
+        'on_cpu = t.device.type != "cpu"\nds = launcher.name.endswith("deepspeed")\n'
+        'ok = opts.precision == Precision.PURE_BF16\nlabel = "bf16"\nfine = opts.optimizer.is_paged\n'
+    )
     assert len(_name_comparisons(bad, _choice_values())) == 4
 
 
@@ -242,13 +291,27 @@ def test_schema_choices_become_enum_members():
     from advisor.choices import Attention, Dtype, Optimizer, Precision, Quant
     from advisor.errors import AdvisorError
 
-    t = schema.plan_inputs(model="gpt2", precision="pure-bf16", optimizer="paged-adamw", attention="math",
-                           lora_rank=8, lora_dtype="bf16", quantize="nf4").training
+    t = schema.plan_inputs(
+        model="gpt2",
+        precision="pure-bf16",
+        optimizer="paged-adamw",
+        attention="math",
+        lora_rank=8,
+        lora_dtype="bf16",
+        quantize="nf4",
+    ).training
     assert (t.precision, t.optimizer, t.attention, t.lora_dtype, t.quantize) == (
-        Precision.PURE_BF16, Optimizer.PAGED_ADAMW, Attention.MATH, Dtype.BF16, Quant.NF4)
+        Precision.PURE_BF16,
+        Optimizer.PAGED_ADAMW,
+        Attention.MATH,
+        Dtype.BF16,
+        Quant.NF4,
+    )
     assert type(t.precision) is Precision and type(replace(t, precision="fp16").precision) is Precision
-    assert type(schema.TrainingOptions().optimizer) is Optimizer and schema.echo(schema.plan_inputs(
-        model="gpt2"))["training"]["optimizer"] == "adamw"
+    assert (
+        type(schema.TrainingOptions().optimizer) is Optimizer
+        and schema.echo(schema.plan_inputs(model="gpt2"))["training"]["optimizer"] == "adamw"
+    )
     assert schema.TrainingOptions(precision="int4").precision == "int4"
     with pytest.raises(AdvisorError, match="got 'int4'"):
         schema.plan_inputs(model="gpt2", precision="int4")
@@ -299,8 +362,14 @@ def test_help_lists_the_registries_choices():
     from strategies import strategy_names
 
     text = " ".join(build_parser().format_help().split())
-    for name in [*(p.name for p in GPU_PRESETS.values()), *NETWORKS, *strategy_names(),
-                 *training_options.PRECISIONS, *training_options.OPTIMIZERS, *training_options.ATTENTION_CHOICES]:
+    for name in [
+        *(p.name for p in GPU_PRESETS.values()),
+        *NETWORKS,
+        *strategy_names(),
+        *training_options.PRECISIONS,
+        *training_options.OPTIMIZERS,
+        *training_options.ATTENTION_CHOICES,
+    ]:
         assert name in text, name
 
 
@@ -335,17 +404,20 @@ def test_every_schema_field_is_documented_and_typed():
             assert f.opt.flag and f.opt.flag.startswith("--"), f.name
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"model": "gpt2", "gpus": 0}, "--gpus must be between 1 and 64"),
-    ({"model": "gpt2", "nodes": 10**6}, "--nodes 1000000 is absurd"),
-    ({"model": "gpt2", "precision": "int4"}, "--precision must be one of bf16, fp16, fp32, pure-bf16"),
-    ({"model": "gpt2", "network": "carrier-pigeon"}, "--network must be one of ib-ndr"),
-    ({"model": "gpt2", "safety_factor": 3.0}, "--safety-factor must be between 1.0 and 2.0"),
-    ({"model": "gpt2", "host_mem_gib": -1.0}, "--host-mem must be between 0.0 and"),
-    ({"model": "gpt2", "micro_batch_size": 2.5}, "--micro-batch-size must be an integer"),
-    ({"model": "gpt2", "base_lr": 0.1}, "--base-lr and --base-batch-size go together"),
-    ({"model": "resnet50", "input_shape": (3, 32, 32)}, "--input-shape applies to --model-factory"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"model": "gpt2", "gpus": 0}, "--gpus must be between 1 and 64"),
+        ({"model": "gpt2", "nodes": 10**6}, "--nodes 1000000 is absurd"),
+        ({"model": "gpt2", "precision": "int4"}, "--precision must be one of bf16, fp16, fp32, pure-bf16"),
+        ({"model": "gpt2", "network": "carrier-pigeon"}, "--network must be one of ib-ndr"),
+        ({"model": "gpt2", "safety_factor": 3.0}, "--safety-factor must be between 1.0 and 2.0"),
+        ({"model": "gpt2", "host_mem_gib": -1.0}, "--host-mem must be between 0.0 and"),
+        ({"model": "gpt2", "micro_batch_size": 2.5}, "--micro-batch-size must be an integer"),
+        ({"model": "gpt2", "base_lr": 0.1}, "--base-lr and --base-batch-size go together"),
+        ({"model": "resnet50", "input_shape": (3, 32, 32)}, "--input-shape applies to --model-factory"),
+    ],
+)
 def test_one_validation_place_names_the_flag(values, message):
     from advisor.errors import AdvisorError
 
@@ -357,8 +429,9 @@ def test_one_validation_place_names_the_flag(values, message):
 def test_inputs_are_echoed_in_the_json(capsys):
     from advisor.cli import main
 
-    assert main(["resnet18", "--image-size", "32", "--gpus", "2", "--gpu", "L4-24GB", "--host-mem", "64",
-                 "--json"]) == 0
+    assert (
+        main(["resnet18", "--image-size", "32", "--gpus", "2", "--gpu", "L4-24GB", "--host-mem", "64", "--json"]) == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema_version"] == 2
     assert doc["inputs"]["model"]["model"] == "resnet18" and doc["inputs"]["model"]["image_size"] == 32

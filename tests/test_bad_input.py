@@ -4,8 +4,8 @@ One table; a new case is one line."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +29,9 @@ def files(tmp_path_factory) -> dict[str, str]:
         "empty.json": "",
         "no_type.json": json.dumps({"hidden_size": 64}),
         "unknown_type.json": json.dumps({"model_type": "llamaa", "hidden_size": 64}),
-        "remote.json": json.dumps(tiny | {"model_type": "chatglm", "auto_map": {"AutoModelForCausalLM": "modeling_x.X"}}),
+        "remote.json": json.dumps(
+            tiny | {"model_type": "chatglm", "auto_map": {"AutoModelForCausalLM": "modeling_x.X"}}
+        ),
         "layers.json": json.dumps(tiny | {"num_hidden_layers": 10**6}),
         "hidden.json": json.dumps(tiny | {"hidden_size": 10**7}),
         "string_size.json": json.dumps(tiny | {"hidden_size": "big"}),
@@ -37,8 +39,15 @@ def files(tmp_path_factory) -> dict[str, str]:
         "nan.json": '{"model_type": "llama", "hidden_size": NaN}',
         "huge_int.json": '{"model_type": "llama", "num_hidden_layers": ' + "9" * 5001 + "}",
         "huge_int_small.json": json.dumps(tiny | {"num_hidden_layers": 10**40}),
-        "kv5.json": json.dumps({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 32,
-                                "num_key_value_heads": 5, "num_hidden_layers": 2}),
+        "kv5.json": json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 256,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 5,
+                "num_hidden_layers": 2,
+            }
+        ),
     }
     paths = {}
     for name, text in content.items():
@@ -90,14 +99,16 @@ CASES = [
     (["resnet50", "--network", "carrier-pigeon"], ["--network", "ib-hdr"]),
     (["resnet50", "--interconnect", "usb"], ["--interconnect", "invalid choice"]),
     (["resnet50", "--precision", "int4"], ["--precision"]),
-    (["resnet50\"; import os #"], ["model name", "cannot have"]),
+    (['resnet50"; import os #'], ["model name", "cannot have"]),
     (["resnet50", "--strategy", "ddp"], ["--emit", "--verify"]),
     (["resnet50", "--strategy", "zero4", "--emit", "{dir}/x"], ["--strategy", "zero3"]),
     (["resnet50", "--emit", "{afile}"], ["not a directory"]),
     (["resnet50", "--emit", "{dir}"], ["not empty", "--force"]),
     (["resnet50", "--gpus", "2", "--emit", "{dir}/tp", "--strategy", "tp"], ["tp does not apply", "CNN"]),
-    (["llama-2-7b", "--gpus", "8", "--nodes", "2", "--emit", "{dir}/tp2", "--strategy", "tp"],
-     ["tp does not apply", "one node"]),
+    (
+        ["llama-2-7b", "--gpus", "8", "--nodes", "2", "--emit", "{dir}/tp2", "--strategy", "tp"],
+        ["tp does not apply", "one node"],
+    ),
     (["--model-factory", "os.system"], ["package.module:function"]),
     (["--config", "{huge_int.json}"], ["number too large"]),
     (["--config", "{huge_int_small.json}"], ["num_hidden_layers", "more than 30 digits"]),
@@ -198,20 +209,31 @@ IGNORED = [
     (["resnet50", "--attention", "math"], "--attention math changes nothing: resnet50 calls no scaled-dot-product"),
     (["resnet50", "--gpus", "4", "--tp-degree", "2"], "--tp-degree 2 is not used"),
     (["--config", "{quant.json}", "--gpus", "2"], "quantization_config (bitsandbytes) is ignored"),
-    (["--config", "{arch.json}", "--gpus", "2"], "architectures says GPT2LMHeadModel (a gpt-sw3 / gpt2 model) but model_type is 'llama'"),
+    (
+        ["--config", "{arch.json}", "--gpus", "2"],
+        "architectures says GPT2LMHeadModel (a gpt-sw3 / gpt2 model) but model_type is 'llama'",
+    ),
     # issue 12: a config with only model_type plans on 8 GPUs (was KeyError: 'num_attention_heads')
-    (["--config", "{bare.json}", "--gpus", "8"], "config.json lacks num_hidden_layers, hidden_size, num_attention_heads"),
-    (["--config", "{automap.json}", "--gpus", "2"], "auto_map (remote code) is ignored: transformers ships model_type 'llama'"),
+    (
+        ["--config", "{bare.json}", "--gpus", "8"],
+        "config.json lacks num_hidden_layers, hidden_size, num_attention_heads",
+    ),
+    (
+        ["--config", "{automap.json}", "--gpus", "2"],
+        "auto_map (remote code) is ignored: transformers ships model_type 'llama'",
+    ),
 ]
 
 
 @pytest.mark.parametrize("argv, warning", IGNORED, ids=[" ".join(a)[:50] for a, _ in IGNORED])
 def test_ignored_input_is_said(argv, warning, tmp_path, capsys):
     tiny = json.loads(TINY.read_text())
-    files = {"quant.json": tiny | {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
-             "arch.json": tiny | {"architectures": ["GPT2LMHeadModel"]},
-             "bare.json": {"model_type": "mistral"},
-             "automap.json": tiny | {"auto_map": {"AutoModelForCausalLM": "modeling_x.X"}}}
+    files = {
+        "quant.json": tiny | {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
+        "arch.json": tiny | {"architectures": ["GPT2LMHeadModel"]},
+        "bare.json": {"model_type": "mistral"},
+        "automap.json": tiny | {"auto_map": {"AutoModelForCausalLM": "modeling_x.X"}},
+    }
     for name, doc in files.items():
         (tmp_path / name).write_text(json.dumps(doc))
     code = main(_fill(argv, {k: str(tmp_path / k) for k in files}) + ["--json"])
@@ -232,8 +254,8 @@ def test_list_models_json(capsys):
 
 
 def test_emit_never_writes_outside_its_directory(tmp_path):
-    from strategies.render import write_files
     from advisor.errors import AdvisorError
+    from strategies.render import write_files
 
     with pytest.raises(AdvisorError):
         write_files({"../escape.py": "x"}, tmp_path / "out")
@@ -256,15 +278,24 @@ def test_qlora_plan_prints_no_bitsandbytes_hub_kernel_warning():
     """Issue 25: planning QLoRA imported bitsandbytes (through peft), whose CPU backend logged "Failed to load CPU
     gemm_4bit_forward from kernels-community" on stderr on a CPU with AVX-512 bf16, as this machine's."""
     small = Path(__file__).resolve().parent / "data" / "small_llama.json"
-    r = subprocess.run([sys.executable, "-m", "advisor", "--config", str(small), "--lora-rank", "8", "--quantize",
-                        "nf4", "--json"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "advisor", "--config", str(small), "--lora-rank", "8", "--quantize", "nf4", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "kernels-community" not in r.stderr and "Failed to load" not in r.stderr, r.stderr
 
 
 def test_subprocess_has_no_traceback_and_exit_2(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "advisor", "--config", str(tmp_path / "missing.json")],
-                       capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    r = subprocess.run(
+        [sys.executable, "-m", "advisor", "--config", str(tmp_path / "missing.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -296,7 +327,8 @@ def test_factory_with_another_source_is_refused_before_import(other, tmp_path, m
     mod = "advisor_marker_factory_mod"
     (tmp_path / f"{mod}.py").write_text(
         f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n\n"
-        "def build():\n    import torch\n    return torch.nn.Linear(4, 4)\n")
+        "def build():\n    import torch\n    return torch.nn.Linear(4, 4)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     code = main([*other, "--model-factory", f"{mod}:build", "--gpus", "2"])
     err = capsys.readouterr().err.strip()
@@ -317,11 +349,17 @@ def test_tables_stay_aligned_on_a_huge_cluster():
     checked = 0
     for start in (i for i, line in enumerate(lines) if line.startswith("strategy ")):
         head = lines[start]
-        ends = [m.end() for m in re.finditer(r"(params|grads|optim|activ|buffers|other|peak(?! in)|device|16B/p|max mb|GA"
-                                             r"|step|compute|comm|exposed|tokens/s|samples/s|per GPU|MFU|speedup)"
-                                             r"(?= |$)", head)]
+        ends = [
+            m.end()
+            for m in re.finditer(
+                r"(params|grads|optim|activ|buffers|other|peak(?! in)|device|16B/p|max mb|GA"
+                r"|step|compute|comm|exposed|tokens/s|samples/s|per GPU|MFU|speedup)"
+                r"(?= |$)",
+                head,
+            )
+        ]
         assert lines[start + 1] == "-" * len(head)
-        for line in lines[start + 2:]:
+        for line in lines[start + 2 :]:
             if not line.strip() or not re.match(r"[a-z0-9_]+ +\S", line) or " n/a: " in line:
                 break
             for end in ends:

@@ -18,8 +18,13 @@ from bench.cases import SMOKE
 @pytest.mark.slow
 def test_bench_smoke(tmp_path, root):
     case_id = next(c.case_id for c in SMOKE if c.strategy == "ddp")
-    proc = subprocess.run([sys.executable, "-m", "bench.run", "--only", case_id, "--no-cli", "--out", str(tmp_path)],
-                          cwd=root, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--only", case_id, "--no-cli", "--out", str(tmp_path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["suite"] == "partial" and [c["case_id"] for c in data["cases"]] == [case_id]
@@ -42,8 +47,21 @@ def test_bench_smoke(tmp_path, root):
     # The step time is measured and predicted; --repredict computes the prediction again without a run.
     case = data["cases"][0]
     assert case["measured_step_s"] > 0 and case["predicted_step_s"] > 0
-    again = subprocess.run([sys.executable, "-m", "bench.run", "--repredict", str(tmp_path / "results.json"),
-                            "--out", str(tmp_path / "again")], cwd=root, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.run",
+            "--repredict",
+            str(tmp_path / "results.json"),
+            "--out",
+            str(tmp_path / "again"),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     redone = json.loads((tmp_path / "again" / "results.json").read_text())
     assert redone["step_time_repredicted"] and redone["cases"][0]["measured_step_s"] == case["measured_step_s"]

@@ -66,8 +66,9 @@ def test_4bit_weight_bytes_match_bitsandbytes(qt: str, dq: bool) -> None:
     torch.manual_seed(0)
     codes = []
     for out_f, in_f in SHAPES_4BIT:
-        lin = bnb.nn.Linear4bit(in_f, out_f, bias=False, compute_dtype=torch.bfloat16, quant_type=qt,
-                                compress_statistics=dq)
+        lin = bnb.nn.Linear4bit(
+            in_f, out_f, bias=False, compute_dtype=torch.bfloat16, quant_type=qt, compress_statistics=dq
+        )
         w = torch.randn(out_f, in_f, dtype=torch.bfloat16)
         lin.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type=qt, compress_statistics=dq)
         lin = lin.to("cpu")
@@ -167,11 +168,15 @@ def _real_state_bytes(opt, params) -> int:
     return total
 
 
-_OPT_DTYPES = [(name, torch.float32) for name in OPTIMIZER_CHOICES] + [
-    (name, dt)
-    for name in ("adamw", "adam", "sgd-momentum", "paged-adamw", "lion", "adafactor", "adamw-8bit")
-    for dt in (torch.bfloat16,)
-] + [("adafactor", torch.float64), ("adamw", torch.float64)]
+_OPT_DTYPES = (
+    [(name, torch.float32) for name in OPTIMIZER_CHOICES]
+    + [
+        (name, dt)
+        for name in ("adamw", "adam", "sgd-momentum", "paged-adamw", "lion", "adafactor", "adamw-8bit")
+        for dt in (torch.bfloat16,)
+    ]
+    + [("adafactor", torch.float64), ("adamw", torch.float64)]
+)
 
 
 @pytest.mark.parametrize(("name", "dtype"), _OPT_DTYPES, ids=lambda x: str(x).replace("torch.", ""))
@@ -233,8 +238,17 @@ def test_state_bytes_per_element() -> None:
 
 
 def test_optimizer_names_and_errors() -> None:
-    assert OPTIMIZER_CHOICES == ("adamw", "adam", "sgd-momentum", "sgd", "adamw-8bit", "paged-adamw-8bit",
-                                 "paged-adamw", "adafactor", "lion")
+    assert OPTIMIZER_CHOICES == (
+        "adamw",
+        "adam",
+        "sgd-momentum",
+        "sgd",
+        "adamw-8bit",
+        "paged-adamw-8bit",
+        "paged-adamw",
+        "adafactor",
+        "lion",
+    )
     assert PAGED == {"paged-adamw-8bit", "paged-adamw"} and PAGED <= BNB_OPTIMIZERS
     assert BNB_OPTIMIZERS == {"adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion"}
     assert optimizer_source("adamw-8bit") == "bitsandbytes.optim.AdamW8bit"
@@ -243,8 +257,11 @@ def test_optimizer_names_and_errors() -> None:
         src = optimizer_source(name)
         assert "\n" not in src and src.startswith(("bitsandbytes.", "torch.", "transformers."))
         assert src.startswith("bitsandbytes.") == (name in BNB_OPTIMIZERS)
-    for fn in (lambda: optimizer_state_bytes("rmsprop", [(2,)], 4), lambda: state_bytes_per_element("adamw8", 2),
-               lambda: optimizer_source("AdamW")):
+    for fn in (
+        lambda: optimizer_state_bytes("rmsprop", [(2,)], 4),
+        lambda: state_bytes_per_element("adamw8", 2),
+        lambda: optimizer_source("AdamW"),
+    ):
         with pytest.raises(ValueError, match="unknown optimizer"):
             fn()
     with pytest.raises(ValueError, match="elem_bytes"):
@@ -254,7 +271,9 @@ def test_optimizer_names_and_errors() -> None:
 
 
 def test_module_stays_light() -> None:
-    code = ("import sys, advisor.bnb_layout; "
-            "bad = [m for m in ('torch', 'bitsandbytes', 'transformers') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, advisor.bnb_layout; "
+        "bad = [m for m in ('torch', 'bitsandbytes', 'transformers') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(bl.__file__).rsplit("/advisor/", 1)[0])

@@ -35,15 +35,33 @@ def _update_docs(shot: Path) -> None:
     if os.environ.get("ADVISOR_UPDATE_DOCS") == "1":
         (ROOT / "docs").mkdir(exist_ok=True)
         shutil.copyfile(shot, ROOT / "docs" / shot.name)
+
+
 CHROMIUM = "/usr/bin/chromium"
 # TinyLlama-1.1B's shape: large enough that the bars are visible next to an 80 GiB line.
-PASTED = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
-          "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048}
+PASTED = {
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+    "max_position_embeddings": 2048,
+}
 SERVER_START_S = 90
 PAGE_WAIT_S = 120
-CHROME_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1400,2200")
+CHROME_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,2200",
+)
 
 
 def _free_port() -> int:
@@ -67,9 +85,23 @@ def server(tmp_path: Path) -> Iterator[str]:
     """The page served on a free localhost port; the server is always stopped afterwards."""
     port = _free_port()
     log = (tmp_path / "streamlit.log").open("w")
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
-           "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-           "--server.fileWatcherType", "none"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(ROOT / "app.py"),
+        "--server.headless",
+        "true",
+        "--server.port",
+        str(port),
+        "--server.address",
+        "127.0.0.1",
+        "--browser.gatherUsageStats",
+        "false",
+        "--server.fileWatcherType",
+        "none",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -105,8 +137,9 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
     options.binary_location = CHROMIUM
     for flag in CHROME_FLAGS + (f"--user-data-dir={tmp_path / 'chromium-profile'}",):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=driver_path, log_output=str(tmp_path / "driver.log")),
-                              options=options)
+    driver = webdriver.Chrome(
+        service=Service(executable_path=driver_path, log_output=str(tmp_path / "driver.log")), options=options
+    )
     try:
         yield driver
     finally:
@@ -142,9 +175,15 @@ def test_paste_config_in_browser(browser: webdriver.Chrome, server: str, tmp_pat
     wait.until(ec.presence_of_element_located(metric))
     wait.until(_run_finished)
     rec = wait.until(ec.visibility_of_element_located((By.XPATH, "//*[contains(text(), 'Recommendation: ')]")))
-    chart = wait.until(ec.visibility_of_element_located(
-        (By.CSS_SELECTOR, "[data-testid='stVegaLiteChart'] canvas, [data-testid='stVegaLiteChart'] svg, "
-                          ".vega-embed canvas, .vega-embed svg")))
+    chart = wait.until(
+        ec.visibility_of_element_located(
+            (
+                By.CSS_SELECTOR,
+                "[data-testid='stVegaLiteChart'] canvas, [data-testid='stVegaLiteChart'] svg, "
+                ".vega-embed canvas, .vega-embed svg",
+            )
+        )
+    )
     assert rec.text.startswith("Recommendation: ")
     assert chart.size["height"] > 100
     assert not browser.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")
@@ -158,8 +197,11 @@ def test_paste_config_in_browser(browser: webdriver.Chrome, server: str, tmp_pat
     gpus.click()
     gpus.send_keys("4", Keys.ENTER)
     t0 = time.monotonic()
-    wait.until(ec.presence_of_element_located(
-        (By.XPATH, "//*[@data-testid='stMetricValue']//*[starts-with(normalize-space(text()), '4 x ')]")))
+    wait.until(
+        ec.presence_of_element_located(
+            (By.XPATH, "//*[@data-testid='stMetricValue']//*[starts-with(normalize-space(text()), '4 x ')]")
+        )
+    )
     wait.until(_run_finished)
     second_s = time.monotonic() - t0
     print(f"second interaction (GPUs per node -> 4): {second_s:.2f} s")
@@ -181,15 +223,19 @@ def test_check_tab_in_browser(browser: webdriver.Chrome, server: str, tmp_path: 
     expected = len(check_source(script, "train.py"))
     wait = WebDriverWait(browser, PAGE_WAIT_S)
     browser.get(server)
-    tab = wait.until(ec.element_to_be_clickable(
-        (By.XPATH, "//*[@role='tab'][contains(., 'Check my training script')]")))
+    tab = wait.until(
+        ec.element_to_be_clickable((By.XPATH, "//*[@role='tab'][contains(., 'Check my training script')]"))
+    )
     tab.click()
-    area = wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "textarea[aria-label='Paste your training script']")))
+    area = wait.until(
+        ec.element_to_be_clickable((By.CSS_SELECTOR, "textarea[aria-label='Paste your training script']"))
+    )
     area.click()
     area.send_keys(script)
     area.send_keys(Keys.CONTROL, Keys.ENTER)
-    wait.until(ec.visibility_of_element_located(
-        (By.XPATH, f"//*[contains(text(), '{expected} finding(s) in train.py')]")))
+    wait.until(
+        ec.visibility_of_element_located((By.XPATH, f"//*[contains(text(), '{expected} finding(s) in train.py')]"))
+    )
     wait.until(_run_finished)
     assert not browser.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")
     shot = tmp_path / "streamlit_check.png"

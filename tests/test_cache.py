@@ -28,10 +28,25 @@ from advisor.cache import (
 from advisor.cache_face import main
 
 ROOT = Path(__file__).resolve().parents[1]
-KEY = {"model": "llama-2-70b", "micro_batch": 2, "mode": "autocast", "checkpointing": False,
-       "tp": 8, "seq_len": 4096.0, "layers": [1, 2], "versions": {"torch": "2.14.1", "advisor": "0.1.0"}}
-VALUE = {"fwd": [[1, 2, 3], [4, 5, 6]], "activations": 123456789, "flops": 1.5e15, "label": "flash",
-         "ok": True, "none": None, "nested": {"a": [{"b": -1}]}}
+KEY = {
+    "model": "llama-2-70b",
+    "micro_batch": 2,
+    "mode": "autocast",
+    "checkpointing": False,
+    "tp": 8,
+    "seq_len": 4096.0,
+    "layers": [1, 2],
+    "versions": {"torch": "2.14.1", "advisor": "0.1.0"},
+}
+VALUE = {
+    "fwd": [[1, 2, 3], [4, 5, 6]],
+    "activations": 123456789,
+    "flops": 1.5e15,
+    "label": "flash",
+    "ok": True,
+    "none": None,
+    "nested": {"a": [{"b": -1}]},
+}
 
 
 def entry_files(directory: Path) -> list[Path]:
@@ -50,6 +65,7 @@ def write_raw(path: Path, record: dict) -> None:
 
 
 # ---- hits and misses ---------------------------------------------------------------------------
+
 
 def test_hit_returns_exactly_the_stored_value(tmp_path):
     c = DiskCache(tmp_path)
@@ -70,8 +86,14 @@ def test_every_changed_key_field_is_a_miss(tmp_path, field):
     c.put("trace", KEY, VALUE)
     changed = dict(KEY)
     old = KEY[field]
-    change = {str: lambda v: v + "x", bool: lambda v: not v, int: lambda v: v + 1, float: lambda v: v + 0.5,
-              list: lambda v: v + [3], dict: lambda v: {**v, "torch": "2.15.0"}}
+    change = {
+        str: lambda v: v + "x",
+        bool: lambda v: not v,
+        int: lambda v: v + 1,
+        float: lambda v: v + 0.5,
+        list: lambda v: v + [3],
+        dict: lambda v: {**v, "torch": "2.15.0"},
+    }
     changed[field] = change[type(old)](old)
     assert changed != KEY
     assert c.get("trace", changed) is None
@@ -129,8 +151,10 @@ def test_bad_arguments_raise(tmp_path):
 
 # ---- corrupt entries ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "other_key", "unknown_format",
-                                    "not_json", "no_value"])
+
+@pytest.mark.parametrize(
+    "damage", ["garbage", "truncated", "empty", "other_key", "unknown_format", "not_json", "no_value"]
+)
 def test_corrupt_entry_is_a_miss_deleted_and_rewritten(tmp_path, damage):
     c = DiskCache(tmp_path)
     c.put("trace", KEY, VALUE)
@@ -158,6 +182,7 @@ def test_corrupt_entry_is_a_miss_deleted_and_rewritten(tmp_path, damage):
 
 
 # ---- atomic writes -----------------------------------------------------------------------------
+
 
 def test_crash_in_replace_leaves_no_entry_and_no_partial_file(tmp_path, monkeypatch):
     c = DiskCache(tmp_path)
@@ -220,6 +245,7 @@ def test_stale_temp_files_are_removed_on_put_and_ignored_by_info(tmp_path):
 
 
 # ---- concurrency -------------------------------------------------------------------------------
+
 
 def _readers(c: DiskCache, value: dict, stop: threading.Event, n: int = 3):
     """Start ``n`` reader threads; returns (threads, results) with results[i] = (hits, misses, bad)."""
@@ -291,8 +317,17 @@ def test_four_processes_write_one_key_while_readers_read(tmp_path):
     stop = threading.Event()
     readers, results = _readers(c, value, stop)
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(n)], env=env, cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(tmp_path), str(n)],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     outs = [p.communicate(timeout=60) for p in procs]
     stop.set()
     for t in readers:
@@ -305,6 +340,7 @@ def test_four_processes_write_one_key_while_readers_read(tmp_path):
 
 
 # ---- eviction ----------------------------------------------------------------------------------
+
 
 def test_lru_evicts_least_recently_used_not_least_recently_written(tmp_path):
     value = {"blob": "x" * 1000}
@@ -360,6 +396,7 @@ def test_eviction_keeps_the_entry_just_written_even_if_oldest(tmp_path, monkeypa
 
 # ---- NullCache, open_cache ---------------------------------------------------------------------
 
+
 def test_null_cache_neither_reads_nor_writes(tmp_path, monkeypatch):
     monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path / "c"))
     disk = open_cache(True)
@@ -384,6 +421,7 @@ def test_null_cache_neither_reads_nor_writes(tmp_path, monkeypatch):
 
 
 # ---- I/O trouble -------------------------------------------------------------------------------
+
 
 def test_directory_that_is_a_regular_file_gives_misses(tmp_path):
     f = tmp_path / "file"
@@ -444,6 +482,7 @@ def test_permission_errors_are_misses_and_skipped_writes(tmp_path, monkeypatch):
 
 # ---- cache_dir, library_versions, import cost --------------------------------------------------
 
+
 def test_cache_dir_env_precedence(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("ADVISOR_CACHE_DIR", raising=False)
@@ -485,16 +524,20 @@ def test_library_versions(monkeypatch):
 
 
 def test_import_is_light():
-    code = ("import sys, time; t = time.perf_counter(); import advisor.cache; t = time.perf_counter() - t; "
-            "print(sorted(m for m in ('torch', 'transformers', 'torchvision', 'numpy') if m in sys.modules), t)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                         check=False)
+    code = (
+        "import sys, time; t = time.perf_counter(); import advisor.cache; t = time.perf_counter() - t; "
+        "print(sorted(m for m in ('torch', 'transformers', 'torchvision', 'numpy') if m in sys.modules), t)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
     heavy, seconds = out.stdout.split("]")
     assert heavy + "]" == "[]", out.stderr
     assert float(seconds) < 0.5  # measured 40-50 ms cold here (dataclasses, tempfile, hashlib)
 
 
 # ---- the face ----------------------------------------------------------------------------------
+
 
 def test_face_info_json_and_clear(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path))
@@ -504,15 +547,23 @@ def test_face_info_json_and_clear(tmp_path, monkeypatch, capsys):
     c.put("params", {"i": 0}, VALUE)
     (tmp_path / "trace" / ".tmp-inflight").write_bytes(b"x")
     (tmp_path / "README").write_text("not ours")
-    sizes = {ns: sum(p.stat().st_size for p in (tmp_path / ns).iterdir() if not p.name.startswith("."))
-             for ns in ("trace", "params")}
+    sizes = {
+        ns: sum(p.stat().st_size for p in (tmp_path / ns).iterdir() if not p.name.startswith("."))
+        for ns in ("trace", "params")
+    }
 
     assert main(["info", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data == {"directory": str(tmp_path), "entries": 4, "total_bytes": sizes["trace"] + sizes["params"],
-                    "max_bytes": DEFAULT_MAX_BYTES,
-                    "by_namespace": {"params": {"entries": 1, "bytes": sizes["params"]},
-                                     "trace": {"entries": 3, "bytes": sizes["trace"]}}}
+    assert data == {
+        "directory": str(tmp_path),
+        "entries": 4,
+        "total_bytes": sizes["trace"] + sizes["params"],
+        "max_bytes": DEFAULT_MAX_BYTES,
+        "by_namespace": {
+            "params": {"entries": 1, "bytes": sizes["params"]},
+            "trace": {"entries": 3, "bytes": sizes["trace"]},
+        },
+    }
 
     assert main(["info"]) == 0
     lines = capsys.readouterr().out.splitlines()

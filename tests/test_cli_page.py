@@ -39,8 +39,20 @@ def popen(monkeypatch: pytest.MonkeyPatch) -> type[FakePopen]:
 def test_page_runs_the_installed_page_with_streamlit(popen: type[FakePopen]) -> None:
     assert main(["page", "--server.port", "8600", "--server.headless", "true"]) == 0
     page = Path(advisor.__file__).parent / "page" / "app.py"
-    assert popen.calls == [[sys.executable, "-m", "streamlit", "run", str(launch.PAGE), *launch.SETTINGS,
-                            "--server.port", "8600", "--server.headless", "true"]]
+    assert popen.calls == [
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(launch.PAGE),
+            *launch.SETTINGS,
+            "--server.port",
+            "8600",
+            "--server.headless",
+            "true",
+        ]
+    ]
     assert "--browser.gatherUsageStats" in launch.SETTINGS  # .streamlit/config.toml's settings, as from the checkout
     assert launch.PAGE == page.resolve() and launch.PAGE.is_file()  # the page inside the imported package
 
@@ -65,8 +77,9 @@ def test_page_after_ctrl_c_waits_for_streamlit_to_stop(popen: type[FakePopen], m
     assert waits == [None, launch.STOP_WAIT_S]
 
 
-def test_page_without_streamlit_is_one_line(popen: type[FakePopen], monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_page_without_streamlit_is_one_line(
+    popen: type[FakePopen], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a))
     code = main(["page", "--server.port", "8600"])
@@ -80,8 +93,9 @@ def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[st
     assert capsys.readouterr().out == f"advisor {importlib.metadata.version('advisor')}\n"
 
 
-def test_version_without_distribution_metadata(monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_version_without_distribution_metadata(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     def missing(name: str) -> str:
         raise importlib.metadata.PackageNotFoundError(name)
 
@@ -91,8 +105,13 @@ def test_version_without_distribution_metadata(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_version_from_the_command_line() -> None:
-    done = subprocess.run([sys.executable, "-m", "advisor", "--version"], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "advisor", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=120,
+    )
     assert done.returncode == 0 and done.stdout.startswith("advisor ") and done.stderr == ""
 
 
@@ -101,6 +120,9 @@ def test_page_settings_are_the_checkouts_streamlit_config() -> None:
 
     config = tomllib.loads((Path(__file__).resolve().parents[1] / ".streamlit" / "config.toml").read_text())
     given = dict(zip(launch.SETTINGS[::2], launch.SETTINGS[1::2]))
-    wanted = {f"--{section}.{key}": str(value).lower() for section, options in config.items()
-              for key, value in options.items()}
+    wanted = {
+        f"--{section}.{key}": str(value).lower()
+        for section, options in config.items()
+        for key, value in options.items()
+    }
     assert given == wanted

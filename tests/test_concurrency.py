@@ -47,8 +47,14 @@ print(json.dumps(docs))
 
 def _serial_in_fresh_process(cache_dir: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), ADVISOR_CACHE_DIR=str(cache_dir))
-    return subprocess.Popen([sys.executable, "-c", _SERIAL, json.dumps(CASES)], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", _SERIAL, json.dumps(CASES)],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _first_difference(a, b, path: str = "") -> str:
@@ -94,8 +100,11 @@ def test_concurrent_plans_equal_serial_plans(tmp_path, monkeypatch):
     assert serial.returncode == 0, err[-3000:]
     reference = json.loads(out)
     assert set(reference) == set(threaded) == set(CASES)
-    differ = {name: _first_difference(json.loads(reference[name]), json.loads(threaded[name]))
-              for name in CASES if reference[name] != threaded[name]}
+    differ = {
+        name: _first_difference(json.loads(reference[name]), json.loads(threaded[name]))
+        for name in CASES
+        if reference[name] != threaded[name]
+    }
     assert not differ, differ
     print(f"{len(CASES)} threaded plans in {threaded_s:.1f} s")
 
@@ -166,8 +175,27 @@ def test_busy_verify_lock_exits_75_and_names_its_holder(tmp_path, monkeypatch, c
     monkeypatch.setenv("ADVISOR_VERIFY_LOCK", str(tmp_path / "verify.lock"))
     small = str(Path(__file__).resolve().parent / "data" / "small_llama.json")
     with MachineLock():
-        code = main(["--config", small, "--seq-len", "32", "--micro-batch-size", "2", "--gpus", "2", "--precision",
-                     "fp32", "--strategy", "ddp", "--verify", "--steps", "1", "--emit", str(tmp_path / "run")])
+        code = main(
+            [
+                "--config",
+                small,
+                "--seq-len",
+                "32",
+                "--micro-batch-size",
+                "2",
+                "--gpus",
+                "2",
+                "--precision",
+                "fp32",
+                "--strategy",
+                "ddp",
+                "--verify",
+                "--steps",
+                "1",
+                "--emit",
+                str(tmp_path / "run"),
+            ]
+        )
     err = capsys.readouterr().err
     assert code == 75, err
     line = next(x for x in err.splitlines() if x.startswith("advisor: error:"))

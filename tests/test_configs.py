@@ -60,8 +60,14 @@ def _meta_count(config: dict) -> int:
 def test_bare_config_takes_class_defaults_and_says_so():
     spec = spec_from_hf_config({"model_type": "mistral"}, "bare", "bare.json", None)
     cfg = spec.config
-    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
-            cfg["intermediate_size"], cfg["vocab_size"]) == (4096, 32, 32, 8, 14336, 32000)
+    assert (
+        cfg["hidden_size"],
+        cfg["num_hidden_layers"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["intermediate_size"],
+        cfg["vocab_size"],
+    ) == (4096, 32, 32, 8, 14336, 32000)
     assert spec.seq_len == 2048  # min(MistralConfig's 131072 positions, 2048), not the 512 of "no maximum"
     notes = [w for w in spec.warnings if "lacks" in w]
     assert len(notes) == 1
@@ -74,7 +80,11 @@ def test_bare_config_plans_on_eight_gpus_with_tensor_parallel_shards():
     spec = spec_from_hf_config({"model_type": "mistral"}, "bare", "bare.json", 128)
     shard = hf_config(spec, tp_degree=8)
     assert (shard.num_attention_heads, shard.num_key_value_heads, shard.intermediate_size, shard.head_dim) == (
-        4, 1, 1792, 128)
+        4,
+        1,
+        1792,
+        128,
+    )
     p = _plan(config_dict={"model_type": "mistral"}, seq_len=128, gpus=8, gpu="A100-80GB", precision="fp32")
     assert p.profile.stats.num_params == _meta_count({"model_type": "mistral"}) == 7_241_732_096
     assert any("lacks" in w for w in p.warnings)
@@ -85,8 +95,9 @@ def test_bare_config_plans_on_eight_gpus_with_tensor_parallel_shards():
 def test_raw_tp_reshape_needs_no_size_fields():
     """hf_config reads sizes from the config object even for a dict that skipped spec_from_hf_config."""
     spec = resolve_model("llama-2-7b")
-    bare = type(spec)(name="bare", family="transformer", source="test", model_type="llama",
-                      config={"model_type": "llama"}, seq_len=64)
+    bare = type(spec)(
+        name="bare", family="transformer", source="test", model_type="llama", config={"model_type": "llama"}, seq_len=64
+    )
     assert hf_config(bare, tp_degree=4).num_attention_heads == 8
     assert hf_config(bare, layers=1).num_hidden_layers == 1
 
@@ -116,12 +127,36 @@ def test_t5_without_decoder_start_token_id_plans():
 
 # The size fields of bigscience/T0_3B (a t5-3b shape) and bigscience/mt0-xxl (an mt5-xxl shape) as issue 31 gives
 # them, both with tie_word_embeddings false (not vendored: no public copy was found in the time given).
-_T0_3B = dict(model_type="t5", d_model=1024, d_ff=16384, d_kv=128, num_heads=32, num_layers=24, num_decoder_layers=24,
-              vocab_size=32128, feed_forward_proj="relu", tie_word_embeddings=False, decoder_start_token_id=0,
-              pad_token_id=0, eos_token_id=1)
-_MT0_XXL = dict(model_type="mt5", d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24,
-                num_decoder_layers=24, vocab_size=250112, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
-                decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+_T0_3B = dict(
+    model_type="t5",
+    d_model=1024,
+    d_ff=16384,
+    d_kv=128,
+    num_heads=32,
+    num_layers=24,
+    num_decoder_layers=24,
+    vocab_size=32128,
+    feed_forward_proj="relu",
+    tie_word_embeddings=False,
+    decoder_start_token_id=0,
+    pad_token_id=0,
+    eos_token_id=1,
+)
+_MT0_XXL = dict(
+    model_type="mt5",
+    d_model=4096,
+    d_ff=10240,
+    d_kv=64,
+    num_heads=64,
+    num_layers=24,
+    num_decoder_layers=24,
+    vocab_size=250112,
+    feed_forward_proj="gated-gelu",
+    tie_word_embeddings=False,
+    decoder_start_token_id=0,
+    pad_token_id=0,
+    eos_token_id=1,
+)
 
 
 @pytest.mark.parametrize("cfg", [_T0_3B, _MT0_XXL], ids=["T0_3B", "mt0-xxl"])
@@ -145,10 +180,13 @@ def test_untied_flag_honoured_by_the_class_gives_no_tie_note():
 
 
 # --- remote code ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("model_type,table", [
-    ("whisper", lambda m: m.model.decoder.embed_positions),  # WhisperForCausalLM: the 448-position text decoder
-    ("speech_to_text", None),
-])
+@pytest.mark.parametrize(
+    "model_type,table",
+    [
+        ("whisper", lambda m: m.model.decoder.embed_positions),  # WhisperForCausalLM: the 448-position text decoder
+        ("speech_to_text", None),
+    ],
+)
 def test_decoder_position_limit_caps_the_sequence_length(model_type, table):
     """Issue 25: a bare Whisper config planned seq-len 512 past its decoder's 448 learned positions. The default
     is the table the built model has, and a longer --seq-len is refused in one line."""
@@ -173,8 +211,9 @@ def test_native_model_type_with_auto_map_is_built_and_noted():
     assert "auto_map" in cfg
     spec = spec_from_hf_config(cfg, "phi3", "phi3.json", None)
     assert "auto_map" not in spec.config
-    assert any(w.startswith("auto_map (remote code) is ignored: transformers ships model_type 'phi3'")
-               for w in spec.warnings)
+    assert any(
+        w.startswith("auto_map (remote code) is ignored: transformers ships model_type 'phi3'") for w in spec.warnings
+    )
     assert param_stats(spec).num_params == 3_821_079_552
 
 
@@ -250,8 +289,11 @@ PUBLISHED = {
     "t5-small.json": (60_500_000, False),
 }
 REFUSED = {"chatglm2-6b.json"}  # model_type transformers does not ship, auto_map: remote code
-CLUSTERS = [{"gpus": 1, "gpu": "A100-80GB"}, {"gpus": 8, "gpu": "A100-80GB"},
-            {"gpus": 8, "nodes": 2, "gpu": "H100-80GB", "network": "ib-ndr"}]
+CLUSTERS = [
+    {"gpus": 1, "gpu": "A100-80GB"},
+    {"gpus": 8, "gpu": "A100-80GB"},
+    {"gpus": 8, "nodes": 2, "gpu": "H100-80GB", "network": "ib-ndr"},
+]
 
 
 def test_vendored_configs_are_documented_and_varied():

@@ -9,8 +9,8 @@ from advisor.candidates import TIE
 from advisor.memory import zero_paper_model_states
 from advisor.models import build_model, resolve_model
 from advisor.plan import plan
-from advisor.schema import plan_inputs
 from advisor.profile import param_stats
+from advisor.schema import plan_inputs
 
 
 def _plan(model: str, **kw):
@@ -89,9 +89,10 @@ def _measure_cpu_step(spec, micro_batch: int):
 # oneDNN then computes their weight gradient with its gemm kernel, whose scratch buffer (4 x threads x the
 # weight bytes, from the c10 allocator, mostly never written) is a CPU-only allocation no GPU run makes
 # (measured here, AMD EPYC AVX2: +62 MB on a 58 MB peak; none at 96 px, where every map is >= 3x3).
-@pytest.mark.parametrize("name, kw, micro_batch", [("resnet18", {"image_size": 96}, 8),
-                                                   pytest.param("gpt2", {"seq_len": 64}, 2,
-                                                                marks=pytest.mark.slow)])  # over 20 s
+@pytest.mark.parametrize(
+    "name, kw, micro_batch",
+    [("resnet18", {"image_size": 96}, 8), pytest.param("gpt2", {"seq_len": 64}, 2, marks=pytest.mark.slow)],
+)  # over 20 s
 def test_trace_matches_real_cpu_step(name, kw, micro_batch):
     """Tolerances: backward peak 5% (same ops, same allocator sizes); activations 10% (the CPU SDPA
     kernel keeps a little more than the fused-kernel stand-in: measured 7% on gpt2 at seq 128)."""
@@ -158,14 +159,20 @@ def test_fused_attention_stand_in_lays_its_output_out_as_the_cpu_kernel(layout):
     from advisor.trace.live_bytes import _LiveBytes
 
     b, s, h, d = 2, 32, 4, 16
-    make = {"transposed": lambda: torch.randn(b, s, h, d).transpose(1, 2), "contiguous": lambda: torch.randn(b, h, s, d)}
+    make = {
+        "transposed": lambda: torch.randn(b, s, h, d).transpose(1, 2),
+        "contiguous": lambda: torch.randn(b, h, s, d),
+    }
     q, k, v = make[layout](), make[layout](), make[layout]()
     real = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0]
     with _attention_mode_class()("flash", _LiveBytes([])):
         stand_in = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert stand_in.shape == real.shape == (b, h, s, d)
-    assert stand_in.stride() == real.stride() == ((s * h * d, d, h * d, 1) if layout == "transposed"
-                                                  else (h * s * d, s * d, d, 1))
+    assert (
+        stand_in.stride()
+        == real.stride()
+        == ((s * h * d, d, h * d, 1) if layout == "transposed" else (h * s * d, s * d, d, 1))
+    )
     # and so the out-projection's input is a view of it, as of the real output
     merged = stand_in.transpose(1, 2).reshape(b, s, h * d)
     assert (merged.data_ptr() == stand_in.data_ptr()) == (layout == "transposed")
@@ -203,8 +210,14 @@ def test_gpt2_xl_ddp_does_not_fit_24gb():
 
 
 def test_llama2_7b_on_8_a100_is_sharded_not_ddp():
-    p = _plan("llama-2-7b", gpu="A100-80GB", gpus=8, seq_len=2048, host_mem_gib=1024,
-              training={"micro_batch_size": 1, "activation_checkpointing": True})
+    p = _plan(
+        "llama-2-7b",
+        gpu="A100-80GB",
+        gpus=8,
+        seq_len=2048,
+        host_mem_gib=1024,
+        training={"micro_batch_size": 1, "activation_checkpointing": True},
+    )
     assert not p.row("ddp").fits
     # By time (issue 13): over NVLink ZeRO-3's prefetched gathers hide behind compute, while the emitted ZeRO-1/2
     # config (overlap_comm false) exposes its reduce-scatter and all-gather: ZeRO-3 is the faster that fits.
@@ -216,8 +229,14 @@ def test_llama2_7b_on_8_a100_is_sharded_not_ddp():
 
 
 def test_llama2_7b_on_8_rtx4090_is_zero3_never_tp():
-    p = _plan("llama-2-7b", gpu="RTX4090", gpus=8, seq_len=2048, host_mem_gib=1024,
-              training={"micro_batch_size": 1, "activation_checkpointing": True})
+    p = _plan(
+        "llama-2-7b",
+        gpu="RTX4090",
+        gpus=8,
+        seq_len=2048,
+        host_mem_gib=1024,
+        training={"micro_batch_size": 1, "activation_checkpointing": True},
+    )
     assert p.recommendation.strategy == "zero3"
     # TP over PCIe applies (issue 13) and is ranked by time: its activation all-reduces over PCIe make it slower.
     tp = p.row("tp")
@@ -226,8 +245,7 @@ def test_llama2_7b_on_8_rtx4090_is_zero3_never_tp():
 
 
 def test_nothing_fits_gives_min_gpus():
-    p = _plan("llama-2-70b", gpu="T4-16GB", gpus=1, host_mem_gib=64,
-              training={"activation_checkpointing": True})
+    p = _plan("llama-2-70b", gpu="T4-16GB", gpus=1, host_mem_gib=64, training={"activation_checkpointing": True})
     rec = p.recommendation
     assert rec.strategy is None
     assert rec.min_gpus and rec.min_gpus > 8
@@ -243,15 +261,15 @@ def test_breakdown_sums_and_zero_states_shrink_with_gpus():
             assert b.total == b.params + b.grads + b.optimizer_states + b.activations + b.buffers + b.other
             assert r.memory.device_total >= b.total
     for name in ("zero1", "zero2", "zero3"):
-        s, l = small.row(name).memory.peak, large.row(name).memory.peak
-        assert l.optimizer_states < s.optimizer_states
+        s, big = small.row(name).memory.peak, large.row(name).memory.peak
+        assert big.optimizer_states < s.optimizer_states
 
 
 # --- hardware probing, registry, --compare --------------------------------------------------------------
 def test_parse_nvidia_smi_topo():
     from advisor.hardware import parse_topo_matrix
 
-    nvlink = ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV12\t0-31\nGPU1\tNV12\t X \t0-31\n\nLegend:\n  X = Self\n")
+    nvlink = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV12\t0-31\nGPU1\tNV12\t X \t0-31\n\nLegend:\n  X = Self\n"
     pcie = "\tGPU0\tGPU1\nGPU0\t X \tPHB\nGPU1\tPHB\t X \n"
     assert parse_topo_matrix(nvlink) == "nvlink"
     assert parse_topo_matrix(pcie) == "pcie"

@@ -13,12 +13,28 @@ from advisor.timing import calibrate
 from advisor.timing.calibrate import CpuCalibration, cpu_calibration
 from advisor.verify import VerifyResult, add_step_time, median_step_s, step_time_line
 
-FAKE = CpuCalibration(ranks=2, threads=1, matmul_fp32_flops_per_s=50e9, matmul_bf16_flops_per_s=1e9,
-                      conv_fp32_flops_per_s=40e9, mem_bytes_per_s=20e9, dram_bytes_per_s=10e9, op_overhead_s=3e-6,
-                      exp_bytes_per_s=5e9, attention_fp32_flops_per_s=30e9, attention_bf16_flops_per_s=3e9,
-                      eager_op_s=15e-6, adamw_bytes_per_s=7e9, allreduce_busbw_gbps=1.0,
-                      reduce_scatter_busbw_gbps=0.3, all_gather_busbw_gbps=0.6, allreduce_latency_s=200e-6,
-                      cpu="test cpu", torch="0", measured_s=0.0)
+FAKE = CpuCalibration(
+    ranks=2,
+    threads=1,
+    matmul_fp32_flops_per_s=50e9,
+    matmul_bf16_flops_per_s=1e9,
+    conv_fp32_flops_per_s=40e9,
+    mem_bytes_per_s=20e9,
+    dram_bytes_per_s=10e9,
+    op_overhead_s=3e-6,
+    exp_bytes_per_s=5e9,
+    attention_fp32_flops_per_s=30e9,
+    attention_bf16_flops_per_s=3e9,
+    eager_op_s=15e-6,
+    adamw_bytes_per_s=7e9,
+    allreduce_busbw_gbps=1.0,
+    reduce_scatter_busbw_gbps=0.3,
+    all_gather_busbw_gbps=0.6,
+    allreduce_latency_s=200e-6,
+    cpu="test cpu",
+    torch="0",
+    measured_s=0.0,
+)
 
 
 @pytest.mark.slow  # about 12 s: measures this machine (two worker processes importing torch)
@@ -32,11 +48,23 @@ def test_calibration_is_positive_and_cached(monkeypatch, tmp_path):
     took = time.perf_counter() - t0
     assert calibrate.MEASUREMENTS == before + 1 and not cal.cached
     assert took < 30, took  # about 10 s on 2 cores, most of it the workers' import torch
-    for figure in (cal.matmul_fp32_flops_per_s, cal.matmul_bf16_flops_per_s, cal.conv_fp32_flops_per_s,
-                   cal.mem_bytes_per_s, cal.dram_bytes_per_s, cal.op_overhead_s, cal.exp_bytes_per_s,
-                   cal.attention_fp32_flops_per_s, cal.attention_bf16_flops_per_s, cal.eager_op_s,
-                   cal.adamw_bytes_per_s, cal.allreduce_busbw_gbps, cal.reduce_scatter_busbw_gbps,
-                   cal.all_gather_busbw_gbps, cal.allreduce_latency_s):
+    for figure in (
+        cal.matmul_fp32_flops_per_s,
+        cal.matmul_bf16_flops_per_s,
+        cal.conv_fp32_flops_per_s,
+        cal.mem_bytes_per_s,
+        cal.dram_bytes_per_s,
+        cal.op_overhead_s,
+        cal.exp_bytes_per_s,
+        cal.attention_fp32_flops_per_s,
+        cal.attention_bf16_flops_per_s,
+        cal.eager_op_s,
+        cal.adamw_bytes_per_s,
+        cal.allreduce_busbw_gbps,
+        cal.reduce_scatter_busbw_gbps,
+        cal.all_gather_busbw_gbps,
+        cal.allreduce_latency_s,
+    ):
         assert figure is not None and figure > 0
     assert cal.ranks == 2 and cal.threads == 1 and cal.torch
     again = cpu_calibration(2, 1, cache=cache)
@@ -59,9 +87,12 @@ def test_median_step_time_after_warmup_and_profiler():
 def test_add_step_time_takes_the_slowest_rank():
     result = VerifyResult(strategy="ddp", device="cpu", world_size=2, steps=2, log_dir=".", predicted_step_s=0.5)
     result.per_rank = [{"rank": 0}, {"rank": 1}]
-    report = {"per_rank": [
-        {"rank": 0, "losses": [1.0, 0.9], "profiled_steps": 2, "step_times_s": [3.0, 2.0, 0.4, 0.5, 0.6]},
-        {"rank": 1, "losses": [1.0, 0.9], "profiled_steps": 2, "step_times_s": [3.0, 2.0, 0.6, 0.7, 0.8]}]}
+    report = {
+        "per_rank": [
+            {"rank": 0, "losses": [1.0, 0.9], "profiled_steps": 2, "step_times_s": [3.0, 2.0, 0.4, 0.5, 0.6]},
+            {"rank": 1, "losses": [1.0, 0.9], "profiled_steps": 2, "step_times_s": [3.0, 2.0, 0.6, 0.7, 0.8]},
+        ]
+    }
     add_step_time(result, report)
     assert [r["measured_step_s"] for r in result.per_rank] == pytest.approx([0.5, 0.7])
     assert result.measured_step_s == pytest.approx(0.7)
@@ -78,13 +109,21 @@ def test_calibrated_cpu_hardware_is_timed():
     from advisor.verify_setup import run_hardware
 
     tiny = str(Path(__file__).resolve().parent / "data" / "small_llama.json")
-    inputs = plan_inputs(config_path=tiny, seq_len=32, gpus=2, detect_hardware=False, precision="fp32",
-                         micro_batch_size=2)
+    inputs = plan_inputs(
+        config_path=tiny, seq_len=32, gpus=2, detect_hardware=False, precision="fp32", micro_batch_size=2
+    )
     hw = run_hardware(2, "cpu", [])
     assert plan(inputs, device="cpu", hardware=hw).row("ddp").time is None
     slow = plan(inputs, device="cpu", hardware=replace(hw, calibration=FAKE)).row("ddp").time
-    fast = plan(inputs, device="cpu", hardware=replace(hw, calibration=replace(
-        FAKE, matmul_fp32_flops_per_s=2 * FAKE.matmul_fp32_flops_per_s))).row("ddp").time
+    fast = (
+        plan(
+            inputs,
+            device="cpu",
+            hardware=replace(hw, calibration=replace(FAKE, matmul_fp32_flops_per_s=2 * FAKE.matmul_fp32_flops_per_s)),
+        )
+        .row("ddp")
+        .time
+    )
     assert slow.step_s > 0 and slow.comm_s > 0 and fast.compute_s < slow.compute_s
     assert slow.peak_flops_per_s == pytest.approx(FAKE.matmul_fp32_flops_per_s)
     # gloo's measured latency replaces NCCL's: one all-reduce of the first 1 MiB bucket at least pays it

@@ -18,8 +18,9 @@ from advisor.trace import cpu_conv_scratch_bytes, onednn_gemm_bwd_weights_machin
 NEEDS_GEMM_KERNEL = pytest.mark.skipif(
     not onednn_gemm_bwd_weights_machine(),
     reason="needs oneDNN's gemm weight-gradient kernel: an AVX2 CPU without AVX-512/AMX and mkldnn enabled "
-           f"(here: capability {torch.backends.cpu.get_cpu_capability()}, "
-           f"mkldnn {torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled})")
+    f"(here: capability {torch.backends.cpu.get_cpu_capability()}, "
+    f"mkldnn {torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled})",
+)
 
 
 def conv512():
@@ -41,8 +42,10 @@ def test_formula_by_hand():
     assert cpu_conv_scratch_bytes(shape, weight, (1, 1), (1, 1), (1, 1), threads=0) == 0
     # Outer threading needs OH * OW / T < 256: a (5, 1) kernel on a 3 x 600 map runs 1 thread at T = 2.
     w, cols = 16 * 16 * 5 * 4, 4 * 16 * 5 * 3 * 600
-    assert cpu_conv_scratch_bytes((2, 16, 3, 600), (16, 16, 5, 1), (1, 1), (2, 0), (1, 1), threads=2) == \
-        4 * w + cols + align
+    assert (
+        cpu_conv_scratch_bytes((2, 16, 3, 600), (16, 16, 5, 1), (1, 1), (2, 0), (1, 1), threads=2)
+        == 4 * w + cols + align
+    )
 
 
 def _measure_cpu_step(spec, micro_batch: int) -> int:
@@ -88,13 +91,14 @@ def test_resnet18_64px_step_matches_real_cpu_backward():
 def _resnet18_inputs(**kw):
     from advisor.schema import plan_inputs
 
-    return plan_inputs(model="resnet18", image_size=64, optimizer="sgd-momentum", micro_batch_size=8,
-                       detect_hardware=False, **kw)
+    return plan_inputs(
+        model="resnet18", image_size=64, optimizer="sgd-momentum", micro_batch_size=8, detect_hardware=False, **kw
+    )
 
 
 def test_gpu_plan_ignores_the_field():
-    from advisor.hardware import resolve_hardware
     from advisor.document import plan_to_dict
+    from advisor.hardware import resolve_hardware
     from advisor.plan import plan
 
     inputs = _resnet18_inputs(gpu="RTX4090", gpus=2, host_mem_gib=64)
@@ -114,8 +118,18 @@ def test_cpu_plan_adds_the_scratch_and_keys_every_cache(monkeypatch, tmp_path):
     from advisor.plan import plan
 
     monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
-    hw = Hardware(gpu_name="CPU", gpu_memory_bytes=2**34, gpus_per_node=1, num_nodes=1, interconnect="nvlink",
-                  network=None, bf16_tflops=0.0, link_gbps=0.0, host_mem_bytes=2**34, host_mem_state=HOST_DETECTED)
+    hw = Hardware(
+        gpu_name="CPU",
+        gpu_memory_bytes=2**34,
+        gpus_per_node=1,
+        num_nodes=1,
+        interconnect="nvlink",
+        network=None,
+        bf16_tflops=0.0,
+        link_gbps=0.0,
+        host_mem_bytes=2**34,
+        host_mem_state=HOST_DETECTED,
+    )
     inputs = _resnet18_inputs(precision="fp32")
     peaks = []
     for threads in (0, 1, 0):

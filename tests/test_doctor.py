@@ -81,8 +81,15 @@ def test_cpu_path_passes(real_run):
     out = real_run["out"]
     assert real_run["code"] == 0, out + real_run["err"]
     st = _statuses(out)
-    assert st == {"gpus": WARN, "cuda-driver": WARN, "backend": PASS, "allreduce": PASS, "master-port": PASS,
-                  "data": PASS, "ckpt-dir": PASS}, out
+    assert st == {
+        "gpus": WARN,
+        "cuda-driver": WARN,
+        "backend": PASS,
+        "allreduce": PASS,
+        "master-port": PASS,
+        "data": PASS,
+        "ckpt-dir": PASS,
+    }, out
     assert "no GPU: CPU/gloo only" in out
     assert "PASS  backend: gloo (CPU)" in out
     assert re.search(r"PASS  allreduce: 2 ranks over gloo \(CPU\) via torchrun .* \d+\.\d s$", out, re.M), out
@@ -119,8 +126,9 @@ def test_taken_port_fails_with_fix(stub_allreduce):
         port = s.getsockname()[1]
         code, out, _ = _main(["--master-port", str(port)])
     assert code == 1
-    assert f"FAIL  master-port: port {port} is taken (a stale torchrun/deepspeed process? `ss -ltnp | grep {port}`)" \
-        in out
+    assert (
+        f"FAIL  master-port: port {port} is taken (a stale torchrun/deepspeed process? `ss -ltnp | grep {port}`)" in out
+    )
     fix = _fix_after(out, "master-port")
     assert "ss -ltnp" in fix and "--master_port" in fix
 
@@ -130,8 +138,9 @@ def test_paths_fail_and_warn(tmp_path, stub_allreduce):
     blocker.write_text("not a directory")
     (tmp_path / "empty").mkdir()
     # A path under a regular file cannot be created, even by root.
-    code, out, _ = _main(["--master-port", str(free_port()), "--data", str(tmp_path / "missing"),
-                          "--ckpt-dir", str(blocker / "ckpt")])
+    code, out, _ = _main(
+        ["--master-port", str(free_port()), "--data", str(tmp_path / "missing"), "--ckpt-dir", str(blocker / "ckpt")]
+    )
     assert code == 1
     assert f"FAIL  ckpt-dir: {blocker / 'ckpt'}: not a directory ({blocker} is a file)" in out
     assert "directory path" in _fix_after(out, "ckpt-dir")
@@ -154,8 +163,9 @@ def test_ckpt_dir_states(tmp_path):
     c = doctor.check_data(str(tmp_path / "x" / "y"))
     assert c.status == FAIL
     (tmp_path / "f").write_text("x")
-    assert doctor.check_data(str(tmp_path / "f")) == Check("data", FAIL, f"{tmp_path / 'f'}: not a directory",
-                                                            "pass the directory that holds the data files")
+    assert doctor.check_data(str(tmp_path / "f")) == Check(
+        "data", FAIL, f"{tmp_path / 'f'}: not a directory", "pass the directory that holds the data files"
+    )
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permission bits; the under-a-file case covers root")
@@ -179,26 +189,32 @@ def bad_files(tmp_path) -> dict[str, str]:
     (tmp_path / "slots").write_text("node-1 slots=zero\n")
     (tmp_path / "twice").write_text("node-1\nnode-1 slots=2\n")
     (tmp_path / "shell").write_text("node-1; rm -rf ~\n")
-    return {"dir": str(tmp_path), "missing": str(tmp_path / "nope"),
-            **{name: str(tmp_path / name) for name in ("binary", "comments", "slots", "twice", "shell")}}
+    return {
+        "dir": str(tmp_path),
+        "missing": str(tmp_path / "nope"),
+        **{name: str(tmp_path / name) for name in ("binary", "comments", "slots", "twice", "shell")},
+    }
 
 
-@pytest.mark.parametrize("argv, needles", [
-    (["--master-port", "70000"], ["--master-port", "between 1 and 65535"]),
-    (["--master-port", "abc"], ["--master-port", "not an integer"]),
-    (["--master-port", "0"], ["--master-port", "positive"]),
-    (["--timeout", "0"], ["--timeout"]),
-    (["--timeout", "nan"], ["--timeout"]),
-    (["--data", ""], ["--data", "needs a path"]),
-    (["--bogus"], ["unrecognized arguments"]),
-    (["--nodes-file", "{missing}"], ["--nodes-file", "no such file"]),
-    (["--nodes-file", "{dir}"], ["is a directory"]),
-    (["--nodes-file", "{binary}"], ["not a text file"]),
-    (["--nodes-file", "{comments}"], ["lists no host"]),
-    (["--nodes-file", "{slots}"], ["line 1", "slots=N"]),
-    (["--nodes-file", "{twice}"], ["line 2", "listed twice"]),
-    (["--nodes-file", "{shell}"], ["line 1"]),
-])
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["--master-port", "70000"], ["--master-port", "between 1 and 65535"]),
+        (["--master-port", "abc"], ["--master-port", "not an integer"]),
+        (["--master-port", "0"], ["--master-port", "positive"]),
+        (["--timeout", "0"], ["--timeout"]),
+        (["--timeout", "nan"], ["--timeout"]),
+        (["--data", ""], ["--data", "needs a path"]),
+        (["--bogus"], ["unrecognized arguments"]),
+        (["--nodes-file", "{missing}"], ["--nodes-file", "no such file"]),
+        (["--nodes-file", "{dir}"], ["is a directory"]),
+        (["--nodes-file", "{binary}"], ["not a text file"]),
+        (["--nodes-file", "{comments}"], ["lists no host"]),
+        (["--nodes-file", "{slots}"], ["line 1", "slots=N"]),
+        (["--nodes-file", "{twice}"], ["line 2", "listed twice"]),
+        (["--nodes-file", "{shell}"], ["line 1"]),
+    ],
+)
 def test_bad_input_is_one_line(argv, needles, bad_files, monkeypatch):
     monkeypatch.setattr(doctor, "run_checks", lambda *a, **k: pytest.fail("checks ran on bad input"))
     code, out, err = _main([a.format(**bad_files) for a in argv])
@@ -210,8 +226,9 @@ def test_bad_input_is_one_line(argv, needles, bad_files, monkeypatch):
 
 @pytest.mark.parametrize("entry", [["advisor", "doctor"], ["advisor.doctor"]])
 def test_bad_input_from_the_command_line(entry):
-    proc = subprocess.run([sys.executable, "-m", *entry, "--master-port", "abc"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", *entry, "--master-port", "abc"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("advisor: error: ")
 
@@ -237,15 +254,20 @@ def test_nodes_file_prints_a_command_per_host(tmp_path, stub_allreduce):
 
 
 def test_compare_command_finds_differences(tmp_path):
-    base = {"checks": [{"name": "gpus", "status": PASS, "detail": "8 GPU(s)", "fix": None}],
-            "versions": {"python": "3.11.7", "torch": "2.14.1", "driver": "550.1"}}
-    other = {"checks": [{"name": "data", "status": FAIL, "detail": "/d does not exist", "fix": "x"}],
-             "versions": {"python": "3.11.7", "torch": "2.13.0", "driver": "535.0"}}
+    base = {
+        "checks": [{"name": "gpus", "status": PASS, "detail": "8 GPU(s)", "fix": None}],
+        "versions": {"python": "3.11.7", "torch": "2.14.1", "driver": "550.1"},
+    }
+    other = {
+        "checks": [{"name": "data", "status": FAIL, "detail": "/d does not exist", "fix": "x"}],
+        "versions": {"python": "3.11.7", "torch": "2.13.0", "driver": "535.0"},
+    }
     (tmp_path / "doctor-a.json").write_text(json.dumps(base))
     (tmp_path / "doctor-b.json").write_text(json.dumps(other))
     (tmp_path / "doctor-c.json").write_text("")
-    proc = subprocess.run(["bash", "-c", doctor.compare_command()], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        ["bash", "-c", doctor.compare_command()], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert "DIFFERS torch" in proc.stdout and "DIFFERS driver" not in proc.stdout
     assert "doctor-b.json FAIL data: /d does not exist" in proc.stdout
@@ -255,18 +277,21 @@ def test_compare_command_finds_differences(tmp_path):
 # ---------------------------------------------------------------- GPU facts without a GPU
 
 
-@pytest.mark.parametrize("nvml, torch_count, cvd, status, needle", [
-    (4, 4, None, PASS, "4 GPU(s) visible"),
-    (4, 2, None, FAIL, "GPU counts disagree"),
-    (2, 0, None, FAIL, "torch.cuda.device_count() = 0"),
-    (4, 2, "0,1", PASS, "CUDA_VISIBLE_DEVICES='0,1'"),
-    (4, 3, "0,1", FAIL, "CUDA_VISIBLE_DEVICES='0,1' should expose 2"),
-    (4, 1, "2,7,1", PASS, "CUDA_VISIBLE_DEVICES"),  # CUDA stops at the first invalid index
-    (4, 0, "", WARN, "hides them all"),
-    (None, 0, None, WARN, "no GPU: CPU/gloo only"),
-    (0, 0, None, WARN, "no GPU: CPU/gloo only"),
-    (None, 2, None, WARN, "NVML cannot be read"),
-])
+@pytest.mark.parametrize(
+    "nvml, torch_count, cvd, status, needle",
+    [
+        (4, 4, None, PASS, "4 GPU(s) visible"),
+        (4, 2, None, FAIL, "GPU counts disagree"),
+        (2, 0, None, FAIL, "torch.cuda.device_count() = 0"),
+        (4, 2, "0,1", PASS, "CUDA_VISIBLE_DEVICES='0,1'"),
+        (4, 3, "0,1", FAIL, "CUDA_VISIBLE_DEVICES='0,1' should expose 2"),
+        (4, 1, "2,7,1", PASS, "CUDA_VISIBLE_DEVICES"),  # CUDA stops at the first invalid index
+        (4, 0, "", WARN, "hides them all"),
+        (None, 0, None, WARN, "no GPU: CPU/gloo only"),
+        (0, 0, None, WARN, "no GPU: CPU/gloo only"),
+        (None, 2, None, WARN, "NVML cannot be read"),
+    ],
+)
 def test_gpu_count_comparison(nvml, torch_count, cvd, status, needle):
     c = doctor.compare_gpu_counts(nvml, torch_count, cvd, nvml_error="NVMLError_LibraryNotFound")
     assert c.status == status and needle in c.detail, c
@@ -279,17 +304,26 @@ def test_gpu_disagreement_end_to_end(monkeypatch, stub_allreduce):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     code, out, _ = _main(["--master-port", str(free_port())])
     assert code == 1
-    assert "FAIL  gpus: GPU counts disagree: NVML nvmlDeviceGetCount = 8, torch.cuda.device_count() = 4, " \
-           "CUDA_VISIBLE_DEVICES='0,1'" in out
+    assert (
+        "FAIL  gpus: GPU counts disagree: NVML nvmlDeviceGetCount = 8, torch.cuda.device_count() = 4, "
+        "CUDA_VISIBLE_DEVICES='0,1'" in out
+    )
     assert "CUDA_VISIBLE_DEVICES" in _fix_after(out, "gpus")
     assert re.search(r"^  NVIDIA driver +550\.54\.15$", out, re.M) and re.search(r"^  driver CUDA +12\.4$", out, re.M)
 
 
-@pytest.mark.parametrize("driver_cuda, torch_cuda, status", [
-    (12040, "12.1", PASS), (12040, "12.4", PASS), (13000, "12.8", PASS),
-    (12020, "12.4", WARN),  # minor-version compatibility
-    (11080, "12.1", FAIL), (None, "13.0", WARN), (12040, None, WARN),
-])
+@pytest.mark.parametrize(
+    "driver_cuda, torch_cuda, status",
+    [
+        (12040, "12.1", PASS),
+        (12040, "12.4", PASS),
+        (13000, "12.8", PASS),
+        (12020, "12.4", WARN),  # minor-version compatibility
+        (11080, "12.1", FAIL),
+        (None, "13.0", WARN),
+        (12040, None, WARN),
+    ],
+)
 def test_cuda_driver_comparison(driver_cuda, torch_cuda, status):
     c = doctor.compare_cuda_versions(driver_cuda, torch_cuda)
     assert c.status == status, c
@@ -346,8 +380,9 @@ def test_allreduce_failure_names_the_root_cause(tmp_path, monkeypatch):
     worker = tmp_path / "worker.py"
     # One rank fails, as when a peer is unreachable. (When both raise at once, their tracebacks can
     # interleave in the shared launcher log: a CI run read "RuntimeErrorRuntimeError: : ...".)
-    worker.write_text("import os\nif os.environ['RANK'] == '1':\n"
-                      "    raise RuntimeError('simulated: connection refused by rank 1')\n")
+    worker.write_text(
+        "import os\nif os.environ['RANK'] == '1':\n    raise RuntimeError('simulated: connection refused by rank 1')\n"
+    )
     monkeypatch.setattr(launch, "_WORKER", worker)
     c = doctor.check_allreduce(0, 60.0)
     assert c.status == FAIL, c
@@ -361,13 +396,16 @@ def test_allreduce_failure_names_the_root_cause(tmp_path, monkeypatch):
 def test_ranks_in_their_own_session_are_killed(tmp_path):
     """torchrun starts ranks with start_new_session; the group kill misses them, the pid kill does not."""
     rank = "import os, sys, time; print('DOCTOR_PID', os.getpid(), flush=True); time.sleep(120)"
-    launcher = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}, {str(tmp_path)!r}], "
-                "start_new_session=True); time.sleep(120)")
+    launcher = (
+        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}, {str(tmp_path)!r}], "
+        "start_new_session=True); time.sleep(120)"
+    )
     from advisor.processes import kill_group
 
     log = tmp_path / "run.log"
-    rc, timed_out = launch._run_group([sys.executable, "-c", launcher], tmp_path, log, dict(os.environ), 3.0,
-                                      kill_group)
+    rc, timed_out = launch._run_group(
+        [sys.executable, "-c", launcher], tmp_path, log, dict(os.environ), 3.0, kill_group
+    )
     assert (rc, timed_out) == (None, True)
     pids = re.findall(r"^DOCTOR_PID (\d+)$", log.read_text(), re.M)
     assert pids, log.read_text()

@@ -26,8 +26,9 @@ CASES = {
     "llama-lora": dict(LLAMA, gpus=2, precision="bf16", lora_rank=4),
     "llama-qlora": dict(LLAMA, gpus=2, precision="bf16", lora_rank=4, quantize="nf4"),
     "llama-pure-bf16": dict(LLAMA, gpus=2, precision="pure-bf16", host_mem_gib=64),
-    "llama-hsdp": dict(LLAMA, gpus=2, nodes=2, precision="bf16", global_batch_size=16,
-                       fsdp_grad_sync="last-micro-step"),
+    "llama-hsdp": dict(
+        LLAMA, gpus=2, nodes=2, precision="bf16", global_batch_size=16, fsdp_grad_sync="last-micro-step"
+    ),
     "resnet18": dict(model="resnet18", gpus=2, precision="fp32"),
     "resnet18-lora": dict(model="resnet18", gpus=2, precision="fp32", lora_rank=4, lora_targets="fc"),
     "factory": dict(model_factory="tests.fixtures.factories:small_cnn", image_size=16, gpus=2, precision="fp32"),
@@ -48,8 +49,16 @@ def emitted(tmp_path_factory) -> dict[str, str]:
 
 def test_every_family_strategy_and_mode_is_emitted(emitted):
     # Each family's scripts exist for the strategies that apply to it (TP needs a TP-capable transformer).
-    for needed in ("llama-fp32-tp_dp", "llama-fp32-zero3", "llama-lora-fsdp2", "llama-qlora-ddp", "resnet18-fsdp2",
-                   "resnet18-lora-zero2", "factory-ddp", "llama-fp32-single"):
+    for needed in (
+        "llama-fp32-tp_dp",
+        "llama-fp32-zero3",
+        "llama-lora-fsdp2",
+        "llama-qlora-ddp",
+        "resnet18-fsdp2",
+        "resnet18-lora-zero2",
+        "factory-ddp",
+        "llama-fp32-single",
+    ):
         assert needed in emitted, sorted(emitted)
     assert len(emitted) >= 40, len(emitted)
 
@@ -59,21 +68,23 @@ def test_each_script_carries_only_its_own_mode(emitted):
     offload, HSDP's 2-D mesh and FSDP2's last-micro-step sync each appear in the scripts of that mode alone."""
     zero3 = ("zero3", "zero3_offload")
     fsdp2_rows = ("fsdp2", "fsdp2_noreshard", "fsdp2_offload", "hsdp")
-    marks = {"model.to(torch.bfloat16)": lambda n: "pure-bf16" in n and "zero" not in n,  # DeepSpeed casts itself
-             # transformers only, and not a quantized base (from_pretrained builds those whole)
-             "deepspeed.zero.Init": lambda n: n.endswith(zero3) and n.startswith("llama") and "qlora" not in n,
-             "def load_quantized_base": lambda n: "qlora" in n and not n.endswith(zero3),
-             # the full weights (a QLoRA script exports the adapters alone: no merged export)
-             "_zero3_consolidated_16bit_state_dict": lambda n: n.endswith(zero3) and "qlora" not in n,
-             'make_optimizer(params, torch.device("cpu"))': lambda n: n.endswith("offload"),
-             "CPUOffloadPolicy": lambda n: n.endswith("fsdp2_offload"),
-             "REPLICATE_DEGREE": lambda n: n.endswith("-hsdp"),
-             # several accumulation micro-steps and --fsdp-grad-sync last-micro-step: FSDP2's rows of that case
-             "set_requires_gradient_sync": lambda n: n.removeprefix("llama-hsdp-") in fsdp2_rows,
-             'PRECISION == "pure-bf16"': lambda n: False,
-             # DeepSpeed starts its own process group and steps through its engine
-             "def init_torchrun": lambda n: "zero" not in n and "single" not in n,
-             "def optimizer_step": lambda n: "zero" not in n}
+    marks = {
+        "model.to(torch.bfloat16)": lambda n: "pure-bf16" in n and "zero" not in n,  # DeepSpeed casts itself
+        # transformers only, and not a quantized base (from_pretrained builds those whole)
+        "deepspeed.zero.Init": lambda n: n.endswith(zero3) and n.startswith("llama") and "qlora" not in n,
+        "def load_quantized_base": lambda n: "qlora" in n and not n.endswith(zero3),
+        # the full weights (a QLoRA script exports the adapters alone: no merged export)
+        "_zero3_consolidated_16bit_state_dict": lambda n: n.endswith(zero3) and "qlora" not in n,
+        'make_optimizer(params, torch.device("cpu"))': lambda n: n.endswith("offload"),
+        "CPUOffloadPolicy": lambda n: n.endswith("fsdp2_offload"),
+        "REPLICATE_DEGREE": lambda n: n.endswith("-hsdp"),
+        # several accumulation micro-steps and --fsdp-grad-sync last-micro-step: FSDP2's rows of that case
+        "set_requires_gradient_sync": lambda n: n.removeprefix("llama-hsdp-") in fsdp2_rows,
+        'PRECISION == "pure-bf16"': lambda n: False,
+        # DeepSpeed starts its own process group and steps through its engine
+        "def init_torchrun": lambda n: "zero" not in n and "single" not in n,
+        "def optimizer_step": lambda n: "zero" not in n,
+    }
     for mark, owner in marks.items():
         have = sorted(name for name, text in emitted.items() if mark in text)
         want = sorted(name for name in emitted if owner(name))
@@ -88,8 +99,13 @@ def test_ruff_default_rules_find_nothing(emitted, tmp_path):
     for name, text in emitted.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "train.py").write_text(text)
-    done = subprocess.run([ruff, "check", "--isolated", "--output-format", "concise", "."], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [ruff, "check", "--isolated", "--output-format", "concise", "."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 

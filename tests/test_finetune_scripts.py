@@ -50,7 +50,8 @@ def pretrained(tmp_path_factory) -> Path:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator(lines, trainers.WordLevelTrainer(special_tokens=["<unk>", "<eos>"]))
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>").save_pretrained(
-        root / "base")
+        root / "base"
+    )
     return root
 
 
@@ -76,8 +77,20 @@ def _run_script(job_dir: Path, strategy: str, *script_args: str, steps: int = ST
 
 def _emit(tmp_path_factory, strategy: str, **inputs) -> Path:
     job_dir = tmp_path_factory.mktemp(strategy)
-    p = plan(plan_inputs(gpus=2, interconnect="nvlink", detect_hardware=False, precision="fp32", micro_batch_size=2,
-                         base_lr=2e-3, base_batch_size=8, global_batch_size=8, **inputs), device="cpu")
+    p = plan(
+        plan_inputs(
+            gpus=2,
+            interconnect="nvlink",
+            detect_hardware=False,
+            precision="fp32",
+            micro_batch_size=2,
+            base_lr=2e-3,
+            base_batch_size=8,
+            global_batch_size=8,
+            **inputs,
+        ),
+        device="cpu",
+    )
     write_files(render_files(p, strategy), job_dir, force=True)
     return job_dir
 
@@ -89,11 +102,12 @@ def _first_step_loss(script, dataset, model, world: int, accum: int) -> float:
     model.eval()
     for rank in range(world):
         sampler = torch.utils.data.distributed.DistributedSampler(
-            dataset, num_replicas=world, rank=rank, shuffle=True, seed=script.DATA_SEED, drop_last=True)
+            dataset, num_replicas=world, rank=rank, shuffle=True, seed=script.DATA_SEED, drop_last=True
+        )
         sampler.set_epoch(0)
         order = list(sampler)
         for micro in range(accum):
-            idx = order[micro * script.MICRO_BATCH_SIZE:(micro + 1) * script.MICRO_BATCH_SIZE]
+            idx = order[micro * script.MICRO_BATCH_SIZE : (micro + 1) * script.MICRO_BATCH_SIZE]
             batch = torch.utils.data.default_collate([dataset[i] for i in idx])
             with torch.no_grad():
                 losses.append(script.compute_loss(model, batch, torch.device("cpu")).item())
@@ -106,8 +120,18 @@ LM_STRATEGIES = ["ddp", "zero2", "zero3", "tp"]
 def _data_args(pretrained: Path) -> list[str]:
     """Fine-tune from the tiny pretrained model on the text file; evaluate and checkpoint every 2 steps, keeping both
     checkpoints (the resume test continues from the first)."""
-    return ["--init-from", str(pretrained / "base"), "--data", str(pretrained / "train.txt"), "--eval-every", "2",
-            "--save-every", "2", "--keep-checkpoints", "2"]
+    return [
+        "--init-from",
+        str(pretrained / "base"),
+        "--data",
+        str(pretrained / "train.txt"),
+        "--eval-every",
+        "2",
+        "--save-every",
+        "2",
+        "--keep-checkpoints",
+        "2",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +141,9 @@ def lm_runs(tmp_path_factory, pretrained):
 
     def get(strategy: str):
         if strategy not in runs:
-            job_dir = _emit(tmp_path_factory, strategy, config_path=str(pretrained / "base" / "config.json"),
-                            seq_len=SEQ_LEN)
+            job_dir = _emit(
+                tmp_path_factory, strategy, config_path=str(pretrained / "base" / "config.json"), seq_len=SEQ_LEN
+            )
             runs[strategy] = strategy, job_dir, _run_script(job_dir, strategy, *_data_args(pretrained))
         return runs[strategy]
 
@@ -139,9 +164,13 @@ def test_fine_tuning_starts_from_the_pretrained_weights(lm_run, pretrained):
     train, held_out = script.load_real_dataset(args)
     assert len(train) > 10 * len(held_out) > 0 and train[0]["input_ids"].shape == (SEQ_LEN,)
     base = transformers.LlamaForCausalLM.from_pretrained(pretrained / "base", dtype=torch.float32)
-    expected = _first_step_loss(script, train, base, report["world_size"] // script.TP_DEGREE
-                                if hasattr(script, "TP_DEGREE") else report["world_size"],
-                                report["gradient_accumulation_steps"])
+    expected = _first_step_loss(
+        script,
+        train,
+        base,
+        report["world_size"] // script.TP_DEGREE if hasattr(script, "TP_DEGREE") else report["world_size"],
+        report["gradient_accumulation_steps"],
+    )
     first = report["per_rank"][0]["losses"][0]
     # A fresh init of the same config gives a different loss: the weights were loaded, not re-drawn.
     assert first == pytest.approx(expected, rel=1e-4), (strategy, first, expected)
@@ -163,8 +192,10 @@ def test_fine_tuned_weights_load_into_the_plain_model(lm_run, pretrained):
     assert type(model) is transformers.LlamaForCausalLM
     state = model.state_dict()
     tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
-    assert tokenizer("hello")["input_ids"] == transformers.AutoTokenizer.from_pretrained(pretrained / "base")(
-        "hello")["input_ids"]
+    assert (
+        tokenizer("hello")["input_ids"]
+        == transformers.AutoTokenizer.from_pretrained(pretrained / "base")("hello")["input_ids"]
+    )
     # The exported model is the trained one: its loss on the first micro-batch is the probe's figure for the
     # model in memory at the end of training (ZeRO exports DeepSpeed's 16-bit module weights: fp32 here).
     script = _load_script(job_dir / "train.py")
@@ -177,8 +208,10 @@ def test_fine_tuned_weights_load_into_the_plain_model(lm_run, pretrained):
     assert loss == pytest.approx(report["per_rank"][0]["final_eval_loss"], rel=1e-4), strategy
     # Trained: the weights moved away from the pretrained ones.
     pretrained_state = transformers.LlamaForCausalLM.from_pretrained(pretrained / "base").state_dict()
-    assert not torch.equal(state["model.layers.0.self_attn.q_proj.weight"].float(),
-                           pretrained_state["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        state["model.layers.0.self_attn.q_proj.weight"].float(),
+        pretrained_state["model.layers.0.self_attn.q_proj.weight"],
+    )
     if strategy == "zero3":
         # ZeRO-3 loaded through zero.Init: every rank held only its partition of the parameters.
         for rank in report["per_rank"]:
@@ -201,8 +234,9 @@ def vision_run(tmp_path_factory):
     torch.manual_seed(0)
     torch.save(torchvision.models.resnet18().state_dict(), root / "resnet18.pt")
     job_dir = _emit(tmp_path_factory, "ddp", model="resnet18", image_size=32)
-    report = _run_script(job_dir, "ddp", "--init-from", str(root / "resnet18.pt"), "--data", str(root / "data"),
-                         "--eval-every", "2")
+    report = _run_script(
+        job_dir, "ddp", "--init-from", str(root / "resnet18.pt"), "--data", str(root / "data"), "--eval-every", "2"
+    )
     return job_dir, root, report
 
 
@@ -228,8 +262,13 @@ def test_vision_fine_tuning_reads_an_image_folder(vision_run):
 
 def test_data_without_a_tokenizer_says_what_to_pass(tmp_path_factory, pretrained):
     job_dir = _emit(tmp_path_factory, "single", config_path=str(pretrained / "base" / "config.json"), seq_len=SEQ_LEN)
-    done = subprocess.run([sys.executable, "train.py", "--data", str(pretrained / "train.txt"), "--steps", "1"],
-                          cwd=job_dir, capture_output=True, text=True, timeout=200)
+    done = subprocess.run(
+        [sys.executable, "train.py", "--data", str(pretrained / "train.txt"), "--steps", "1"],
+        cwd=job_dir,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "--data needs a tokenizer: pass --tokenizer DIR" in done.stderr
 
@@ -247,7 +286,10 @@ def test_resume_continues_with_the_same_losses(strategy, lm_runs, pretrained, tm
     saved = job_dir / "out" / "checkpoints"
     # (DeepSpeed also writes its zero_to_fp32.py converter beside its checkpoints)
     assert sorted(p.name for p in saved.iterdir() if p.name.startswith(("step-", "latest"))) == [
-        "latest", "step-2", f"step-{STEPS}"]
+        "latest",
+        "step-2",
+        f"step-{STEPS}",
+    ]
     assert (saved / "latest").read_text() == f"step-{STEPS}"
     shutil.copytree(saved / "step-2", resume_dir / "out" / "checkpoints" / "step-2")
     (resume_dir / "out" / "checkpoints" / "latest").write_text("step-2")
@@ -267,8 +309,9 @@ def test_resume_continues_with_the_same_losses(strategy, lm_runs, pretrained, tm
 def test_resume_past_the_last_step_says_so(lm_runs, pretrained):
     _, job_dir, _ = lm_runs("ddp")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    argv = get_strategy("ddp").launcher.verify_argv(2, 29913, [*_data_args(pretrained), "--resume", "--steps", "3",
-                                                                "--out", "out"])
+    argv = get_strategy("ddp").launcher.verify_argv(
+        2, 29913, [*_data_args(pretrained), "--resume", "--steps", "3", "--out", "out"]
+    )
     done = subprocess.run(argv, cwd=job_dir, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert f"is at step {STEPS} and --steps is 3: raise --steps to train further" in done.stdout + done.stderr
@@ -282,8 +325,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_0(lm_runs, pretrained):
 
     _, job_dir, _ = lm_runs("ddp")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    argv = get_strategy("ddp").launcher.verify_argv(2, 29911, [*_data_args(pretrained), "--steps", "100000",
-                                                                "--save-every", "0", "--out", "sigterm"])
+    argv = get_strategy("ddp").launcher.verify_argv(
+        2, 29911, [*_data_args(pretrained), "--steps", "100000", "--save-every", "0", "--out", "sigterm"]
+    )
     proc = subprocess.Popen(argv, cwd=job_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:

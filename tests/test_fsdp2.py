@@ -37,14 +37,18 @@ def _hand_units(world: int) -> tuple[list[int], list[int]]:
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg))
     in_blocks = {id(p) for p in model.model.layers.parameters()}
-    groups = [[p for p in model.parameters() if id(p) not in in_blocks]] + [list(b.parameters()) for b in model.model.layers]
+    groups = [[p for p in model.parameters() if id(p) not in in_blocks]] + [
+        list(b.parameters()) for b in model.model.layers
+    ]
     padded = [sum(math.ceil(p.shape[0] / world) * world * (p.numel() // p.shape[0]) for p in g) for g in groups]
     return padded, [sum(p.numel() for p in g) for g in groups]
 
 
 def test_units_pad_dim0_to_a_multiple_of_the_world_size():
     stats = _plan().context().profile.stats
-    made = dataclasses.replace(stats, fsdp_units=(((10, 10, True, False),), ((3, 12, True, False), (5, 5, False, False))))
+    made = dataclasses.replace(
+        stats, fsdp_units=(((10, 10, True, False),), ((3, 12, True, False), (5, 5, False, False)))
+    )
     root, block = units(made, 4)
     assert (root.padded, root.numel, root.trainable_padded) == (12, 10, 12)  # 10 rows -> 12
     assert (block.padded, block.numel) == (4 * 4 + 8, 17)  # 3 rows of 4 -> 4 rows; 5 rows of 1 -> 8
@@ -104,8 +108,9 @@ def test_accumulation_without_sync_holds_every_unsharded_gradient():
     micro-step on). Sync on the last only: every unit's unsharded gradients, in fp32 (reduce_dtype), instead."""
     padded, numel = _hand_units(2)
     every = get_strategy("fsdp2").phases(_plan(2, global_batch_size=8).context(), 2)[0][0]
-    last = get_strategy("fsdp2").phases(_plan(2, global_batch_size=8, fsdp_grad_sync="last-micro-step").context(),
-                                        2)[0][0]
+    last = get_strategy("fsdp2").phases(_plan(2, global_batch_size=8, fsdp_grad_sync="last-micro-step").context(), 2)[
+        0
+    ][0]
     assert every.grads == 4 * sum(x // 2 for x in padded)
     assert last.grads == 4 * sum(numel)
     p_every, p_last = _plan(2, global_batch_size=8), _plan(2, global_batch_size=8, fsdp_grad_sync="last-micro-step")
@@ -181,8 +186,16 @@ def _tracker_llama(world: int, param_dtype, reshard: bool) -> int:
         ids = torch.randint(0, cfg["vocab_size"], (b, 32))
         return {"input_ids": ids, "labels": ids}
 
-    return tracker_peak(build, batch, lambda m, b: m(**b).loss, world, 2, param_dtype=param_dtype,
-                        reshard_after_forward=reshard, blocks=lambda m: list(m.model.layers))["peak_bytes"]
+    return tracker_peak(
+        build,
+        batch,
+        lambda m, b: m(**b).loss,
+        world,
+        2,
+        param_dtype=param_dtype,
+        reshard_after_forward=reshard,
+        blocks=lambda m: list(m.model.layers),
+    )["peak_bytes"]
 
 
 def _cpu_plan(world: int, **inputs):
@@ -207,10 +220,14 @@ def test_resnet_estimate_matches_fsdp_mem_tracker():
     from advisor.checkpointing import repeated_blocks
     from tests.fixtures.fsdp_tracker import tracker_peak
 
-    measured = tracker_peak(lambda: torchvision.models.resnet18(), lambda b: {"x": torch.randn(b, 3, 64, 64),
-                                                                             "y": torch.randint(0, 1000, (b,))},
-                            lambda m, b: torch.nn.functional.cross_entropy(m(b["x"]), b["y"]), 2, 2,
-                            blocks=repeated_blocks)["peak_bytes"]
+    measured = tracker_peak(
+        lambda: torchvision.models.resnet18(),
+        lambda b: {"x": torch.randn(b, 3, 64, 64), "y": torch.randint(0, 1000, (b,))},
+        lambda m, b: torch.nn.functional.cross_entropy(m(b["x"]), b["y"]),
+        2,
+        2,
+        blocks=repeated_blocks,
+    )["peak_bytes"]
     est = _cpu_plan(2, model="resnet18", image_size=64, precision="fp32").row("fsdp2").memory.peak.total
     assert -TRACKER_BELOW <= est / measured - 1 <= TRACKER_ABOVE, (est, measured)
 

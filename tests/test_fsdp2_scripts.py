@@ -71,8 +71,9 @@ def _llama(**kw) -> dict:
 def _run(tmp_path_factory, name: str, inputs, strategy: str | None):
     """verify() the strategy (None: the recommended one)."""
     base = tmp_path_factory.mktemp(name)
-    result = verify(inputs, strategy, steps=STEPS, timeout_s=300, out_dir=str(base / "run"),
-                    precision_explicit=True, timing_steps=0)
+    result = verify(
+        inputs, strategy, steps=STEPS, timeout_s=300, out_dir=str(base / "run"), precision_explicit=True, timing_steps=0
+    )
     assert result.ok, result.message
     return result, base / "run"
 
@@ -95,8 +96,10 @@ def _check_fsdp2_memory(result, out: Path) -> None:
     report = _report(out)
     for r, mine in zip(result.per_rank, report["per_rank"]):
         measured = r["measured_peak_bytes"]
-        figures = (f"rank {r['rank']}: estimate {est / 2**20:.2f} MiB, measured {measured / 2**20:.2f} MiB "
-                   f"(raw {mine['raw_peak_allocated_bytes'] / 2**20:.2f} MiB, {mine['unseen_frees']} unseen frees)")
+        figures = (
+            f"rank {r['rank']}: estimate {est / 2**20:.2f} MiB, measured {measured / 2**20:.2f} MiB "
+            f"(raw {mine['raw_peak_allocated_bytes'] / 2**20:.2f} MiB, {mine['unseen_frees']} unseen frees)"
+        )
         assert mine["raw_peak_allocated_bytes"] >= measured, figures
         assert abs(est - measured) / measured <= TOLERANCE, figures
 
@@ -150,9 +153,18 @@ def init_probe(llama_run, cnn_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("probe")
     (out / "probe.py").write_text(_INIT_PROBE)
     scripts = [llama_run[1] / "train.py", cnn_run[1] / "train.py"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(out / "probe.py"), str(out / "init.pt"),
-           *map(str, scripts)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        str(out / "probe.py"),
+        str(out / "init.pt"),
+        *map(str, scripts),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -55,5 +55,8 @@ def test_the_added_fields_are_there():
     doc = plan_case(CASES["llama_small-4xH200-offload-host"])
     assert doc["schema_version"] == 2 and doc["hardware"]["host_mem_state"] == "given"
     assert {r["name"]: r.get("short_of") for r in doc["strategies"] if r["applicable"]}["zero3_offload"] in (
-        None, "host RAM", "GPU memory")
+        None,
+        "host RAM",
+        "GPU memory",
+    )
     assert all({"framework", "launcher"} <= set(r) for r in doc["strategies"])

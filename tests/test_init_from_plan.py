@@ -26,8 +26,8 @@ import pytest
 from advisor.cli import build_parser, main
 from advisor.document import plan_to_dict
 from advisor.errors import AdvisorError
-from advisor.plan import plan
 from advisor.free_text import INIT_FROM_MAX_CHARS
+from advisor.plan import plan
 from advisor.schema import echo, get_field, plan_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,8 +51,11 @@ def llama():
 
 @pytest.fixture(scope="module")
 def resnet():
-    return plan(plan_inputs(model="resnet18", image_size=64, micro_batch_size=1, gpus=G, detect_hardware=False,
-                            init_from="resnet18.pt"))
+    return plan(
+        plan_inputs(
+            model="resnet18", image_size=64, micro_batch_size=1, gpus=G, detect_hardware=False, init_from="resnet18.pt"
+        )
+    )
 
 
 def _meta_llama():
@@ -83,9 +86,17 @@ def test_llama_host_ram_while_loading(llama):
     p, b, largest = stats.num_params, stats.buffer_bytes, stats.largest_module_params
     copy = 4 * p + b  # one fp32 copy with the buffers: 8,918,144 bytes
     shards = G * (-(-4 * p // G) + b)
-    expected_fresh = {"single": copy, "ddp": G * copy, "zero1": G * copy, "zero2": G * copy, "tp": G * copy,
-                      "zero3": G * 4 * largest, "fsdp2": shards + copy, "fsdp2_noreshard": shards + copy,
-                      "fsdp2_offload": shards + copy}
+    expected_fresh = {
+        "single": copy,
+        "ddp": G * copy,
+        "zero1": G * copy,
+        "zero2": G * copy,
+        "tp": G * copy,
+        "zero3": G * 4 * largest,
+        "fsdp2": shards + copy,
+        "fsdp2_noreshard": shards + copy,
+        "fsdp2_offload": shards + copy,
+    }
     # --init-from moves only ZeRO-3's figure: FSDP2's rank 0 holds one whole copy either way
     expected_init = dict(expected_fresh, zero3=max(G * 4 * largest, copy), zero3_offload=max(G * 4 * largest, copy))
     for name, want in expected_fresh.items():
@@ -160,20 +171,23 @@ def test_the_field_and_its_faces(llama):
         assert plan_inputs(model="gpt2", init_from=ok).training.init_from == ok
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("a\nb", "on one line"),
-    ("a\rb", "control characters"),
-    ("a\tb", "control characters"),
-    ("a\x00b", "control characters"),
-    ("a\u202eb", "control characters"),  # a bidirectional override
-    ("a\u2028b", "on one line"),
-    ('dir"/x', "quotes"),
-    ("it's", "quotes"),
-    ("C:\\models\\x", "backslashes"),
-    ("", "needs a path or hub id"),
-    ("   ", "needs a path or hub id"),
-    ("x" * (INIT_FROM_MAX_CHARS + 1), "more than 512"),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("a\nb", "on one line"),
+        ("a\rb", "control characters"),
+        ("a\tb", "control characters"),
+        ("a\x00b", "control characters"),
+        ("a\u202eb", "control characters"),  # a bidirectional override
+        ("a\u2028b", "on one line"),
+        ('dir"/x', "quotes"),
+        ("it's", "quotes"),
+        ("C:\\models\\x", "backslashes"),
+        ("", "needs a path or hub id"),
+        ("   ", "needs a path or hub id"),
+        ("x" * (INIT_FROM_MAX_CHARS + 1), "more than 512"),
+    ],
+)
 def test_bad_values_one_line_exit_2(value, expected, capsys):
     with pytest.raises(AdvisorError) as err:
         plan_inputs(model="gpt2", init_from=value)
@@ -191,8 +205,14 @@ def test_not_text_is_refused():
 
 def test_subprocess_newline_exits_2_with_one_line():
     """``.venv/bin/python -m advisor gpt2 --init-from $'a\\nb'``."""
-    r = subprocess.run([sys.executable, "-m", "advisor", "gpt2", "--init-from", "a\nb"], check=False,
-                       capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    r = subprocess.run(
+        [sys.executable, "-m", "advisor", "gpt2", "--init-from", "a\nb"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "--init-from" in r.stderr and "one line" in r.stderr

@@ -27,16 +27,31 @@ pytestmark = pytest.mark.slow
 def _build_wheel(where: Path) -> Path:
     """A wheel built from a copy of the checkout's files (tracked and untracked, not ignored): building in the
     checkout itself would reuse a stale ``build/`` folder and hide a module the package list misses."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.splitlines()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     source = where / "source"
     for f in files:
         if (ROOT / f).is_file():
             (source / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, source / f)
     # --no-build-isolation: build with this venv's setuptools (no download); the wheel is the same.
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
-                    "-w", str(where)], check=True, cwd=where)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(source),
+            "-w",
+            str(where),
+        ],
+        check=True,
+        cwd=where,
+    )
     (wheel,) = where.glob("advisor-*.whl")
     return wheel
 
@@ -50,21 +65,38 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel of this checkout, installed with ``pip install --no-deps --target``; returns the target."""
     target = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
-                    "--target", str(target), str(wheel)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+    )
     return target
 
 
 def _run(target: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"PYTHONPATH": f"{target}{os.pathsep}{sysconfig.get_paths()['purelib']}"}
-    return subprocess.run([sys.executable, "-S", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run([sys.executable, "-S", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_the_wheel_holds_every_module_of_the_checkout(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "advisor", "strategies"], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "advisor", "strategies"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     missing = [f for f in tracked if f.endswith(".py") and f not in names]
     assert not missing, f"not in the wheel: {missing}"
 
@@ -82,8 +114,9 @@ def test_the_installed_copy_plans_emits_and_checks(installed: Path, tmp_path: Pa
     assert doc["recommendation"]["strategy"]
 
     out = tmp_path / "emitted"
-    emitted = _run(installed, tmp_path, "-m", "advisor", "resnet50", "--gpus", "2", "--strategy", "ddp",
-                   "--emit", str(out))
+    emitted = _run(
+        installed, tmp_path, "-m", "advisor", "resnet50", "--gpus", "2", "--strategy", "ddp", "--emit", str(out)
+    )
     assert emitted.returncode == 0, emitted.stderr[-2000:]
     assert {"train.py", "launch.sh", "slurm.sbatch"} <= {p.name for p in out.iterdir()}
     compile((out / "train.py").read_text(), "train.py", "exec")

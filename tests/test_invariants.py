@@ -19,11 +19,17 @@ from advisor.schema import plan_inputs
 # 6 examples (each plans 13 strategy rows, several with a cluster search); two model shapes (one traced whole,
 # one extrapolated in depth) so traces repeat from the in-process cache.
 # No shrinking: a failing example is printed as found (shrinking a plan search took minutes).
-SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
-                    phases=[Phase.explicit, Phase.generate])
+SETTINGS = settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=True,
+    phases=[Phase.explicit, Phase.generate],
+)
 
 SHAPES = [  # (hidden, layers, heads, kv heads, vocab): deep ones go through the depth extrapolation
-    (64, 2, 4, 4, 256), (96, 12, 4, 1, 384),
+    (64, 2, 4, 4, 256),
+    (96, 12, 4, 1, 384),
 ]
 
 
@@ -35,26 +41,38 @@ def _config(tmp_path_factory, shape) -> str:
     path = tmp_path_factory.getbasetemp() / "invariant-configs" / ("llama-" + "-".join(map(str, shape)) + ".json")
     if not path.exists():
         path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps({"model_type": "llama", "hidden_size": hidden, "intermediate_size": 2 * hidden,
-                                    "num_hidden_layers": layers, "num_attention_heads": heads,
-                                    "num_key_value_heads": kv, "vocab_size": vocab,
-                                    "max_position_embeddings": 512}))
+        path.write_text(
+            json.dumps(
+                {
+                    "model_type": "llama",
+                    "hidden_size": hidden,
+                    "intermediate_size": 2 * hidden,
+                    "num_hidden_layers": layers,
+                    "num_attention_heads": heads,
+                    "num_key_value_heads": kv,
+                    "vocab_size": vocab,
+                    "max_position_embeddings": 512,
+                }
+            )
+        )
     return str(path)
 
 
-cases = st.fixed_dictionaries({
-    "shape": st.sampled_from(SHAPES),
-    "seq_len": st.just(64),
-    "precision": st.sampled_from(["bf16", "fp32", "pure-bf16", "fp16"]),
-    "optimizer": st.sampled_from(["adamw", "sgd"]),
-    "activation_checkpointing": st.booleans(),
-    "micro_batch_size": st.integers(1, 64),
-    "gpus": st.sampled_from([1, 2, 4, 8]),
-    "nodes": st.sampled_from([1, 1, 2]),
-    # Tiny GPUs so that every branch shows up: fits, does not fit, offload, nothing fits.
-    "gpu_mem_gib": st.sampled_from([0.02, 0.05, 0.2, 2.0]),
-    "host_mem_gib": st.sampled_from([None, 0.01, 1.0, 64.0]),
-})
+cases = st.fixed_dictionaries(
+    {
+        "shape": st.sampled_from(SHAPES),
+        "seq_len": st.just(64),
+        "precision": st.sampled_from(["bf16", "fp32", "pure-bf16", "fp16"]),
+        "optimizer": st.sampled_from(["adamw", "sgd"]),
+        "activation_checkpointing": st.booleans(),
+        "micro_batch_size": st.integers(1, 64),
+        "gpus": st.sampled_from([1, 2, 4, 8]),
+        "nodes": st.sampled_from([1, 1, 2]),
+        # Tiny GPUs so that every branch shows up: fits, does not fit, offload, nothing fits.
+        "gpu_mem_gib": st.sampled_from([0.02, 0.05, 0.2, 2.0]),
+        "host_mem_gib": st.sampled_from([None, 0.01, 1.0, 64.0]),
+    }
+)
 
 
 @pytest.mark.slow  # about 30 s on 2 busy cores: models of its own, 6 plans with cluster searches
@@ -87,14 +105,23 @@ def test_deep_stack_split_is_never_negative(tmp_path):
     activ -58.09 GiB (the depth extrapolation mixed the one-block trace's peak at the start of
     backward with the two-block trace's peak at its end). ZeRO-1's model states are 16-bit weights and
     gradients plus the fp32 partition: its peak is about the states plus the reduce bucket."""
-    cfg = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 5120, "intermediate_size": 13824,
-           "max_position_embeddings": 131072, "model_type": "qwen2", "num_attention_heads": 40,
-           "num_hidden_layers": 48, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
-           "tie_word_embeddings": False, "vocab_size": 152064}
+    cfg = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "hidden_size": 5120,
+        "intermediate_size": 13824,
+        "max_position_embeddings": 131072,
+        "model_type": "qwen2",
+        "num_attention_heads": 40,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "vocab_size": 152064,
+    }
     path = tmp_path / "qwen2.5-14b.json"
     path.write_text(json.dumps(cfg))
-    p = plan(plan_inputs(config_path=str(path), seq_len=2048, activation_checkpointing=True, gpus=8,
-                         gpu="A100-80GB"))
+    p = plan(plan_inputs(config_path=str(path), seq_len=2048, activation_checkpointing=True, gpus=8, gpu="A100-80GB"))
     z1 = p.row("zero1").memory
     assert min(z1.peak.as_dict().values()) >= 0
     params = p.profile.stats.num_params
@@ -117,8 +144,16 @@ def test_nothing_fits_names_checkpointing_before_a_larger_cluster(tmp_path, no_w
 
 
 def test_no_checkpointing_advice_when_it_is_on():
-    p = plan(plan_inputs(model="llama-2-7b", seq_len=4096, gpus=1, gpu="RTX3090", activation_checkpointing=True,
-                         precision="pure-bf16"))
+    p = plan(
+        plan_inputs(
+            model="llama-2-7b",
+            seq_len=4096,
+            gpus=1,
+            gpu="RTX3090",
+            activation_checkpointing=True,
+            precision="pure-bf16",
+        )
+    )
     for t in p.recommendation.reasons + p.recommendation.warnings:
         assert "--activation-checkpointing" not in t and "turn on activation checkpointing" not in t, t
     assert not any("ZeRO-3 would fit" in t for t in p.recommendation.reasons)  # ZeRO does not apply to pure bf16
@@ -135,8 +170,7 @@ def test_one_gpu_cluster_search_stays_in_the_node():
 
 def test_host_ram_while_loading_is_checked_when_known():
     """DDP-family scripts build the fp32 model in every rank: 8 ranks x 4 bytes x 6.74B > 128 GiB."""
-    p = plan(plan_inputs(model="llama-2-7b", gpus=8, gpu="A100-80GB", host_mem_gib=128,
-                         activation_checkpointing=True))
+    p = plan(plan_inputs(model="llama-2-7b", gpus=8, gpu="A100-80GB", host_mem_gib=128, activation_checkpointing=True))
     stats = p.profile.stats
     ddp, z3 = p.row("zero2"), p.row("zero3")
     assert ddp.load_host_bytes_per_node == 8 * (4 * stats.num_params + stats.buffer_bytes)
@@ -151,8 +185,9 @@ def test_headroom_warning_over_90_percent():
     p = plan(plan_inputs(model="gpt2", gpus=1, gpu="A100-80GB", seq_len=1024, micro_batch_size=1))
     best = p.row(p.recommendation.strategy)
     cap = best.memory.device_total / 0.95  # a GPU the plan fills to 95%
-    tight = plan(plan_inputs(model="gpt2", gpus=1, gpu="A100-80GB", seq_len=1024, micro_batch_size=1,
-                             gpu_mem_gib=cap / 2**30))
+    tight = plan(
+        plan_inputs(model="gpt2", gpus=1, gpu="A100-80GB", seq_len=1024, micro_batch_size=1, gpu_mem_gib=cap / 2**30)
+    )
     assert any("of the GPU's memory" in w for w in tight.recommendation.warnings)
     assert not any("of the GPU's memory" in w for w in p.recommendation.warnings)
 
@@ -182,8 +217,11 @@ def test_too_large_micro_batch_is_named_before_more_gpus():
 def test_two_nodes_over_1gbe_say_one_node_is_faster():
     """A fresh user's case: 2 x 8 A100 over 1 GbE for an 8B model trained about 16x slower than one node with no
     warning (one GPU cannot hold the model, so there is no single-GPU baseline): the warning compares nodes."""
-    p = plan(plan_inputs(model="llama-3.1-8b", gpus=8, nodes=2, network="1gbe", gpu="A100-80GB",
-                         activation_checkpointing=True))
+    p = plan(
+        plan_inputs(
+            model="llama-3.1-8b", gpus=8, nodes=2, network="1gbe", gpu="A100-80GB", activation_checkpointing=True
+        )
+    )
     line = next(w for w in p.recommendation.warnings if w.startswith("2 nodes over 1gbe train"))
     assert "use one node" in line
 
@@ -202,13 +240,22 @@ def test_mixtral_qlora_floor_names_the_fused_experts(no_what_if_traces):
     elements in bf16), which bitsandbytes does not quantize: the line now names them, and the device overhead."""
     from advisor.invariants import listed_parts, parts_do_not_add_up
 
-    p = plan(plan_inputs(config_path=str(CONFIGS / "mixtral-8x7b-v0.1.json"), lora_rank=16, quantize="nf4",
-                         precision="bf16", gpu="A100-80GB", gpus=1, seq_len=2048))
+    p = plan(
+        plan_inputs(
+            config_path=str(CONFIGS / "mixtral-8x7b-v0.1.json"),
+            lora_rank=16,
+            quantize="nf4",
+            precision="bf16",
+            gpu="A100-80GB",
+            gpus=1,
+            seq_len=2048,
+        )
+    )
     assert p.profile.stats.unquantized_expert_numel == 8 * 32 * 3 * 4096 * 14336 == 45_097_156_608
     line = next(t for t in p.recommendation.reasons if "per GPU in all" in t)
     assert "fused expert weights, which bitsandbytes does not quantize, in 16 bits 84.00 GiB" in line, line
     assert "CUDA context, communicator buffers and allocator fragmentation 9.36 GiB" in line, line
-    (parts, total), = listed_parts(line)
+    ((parts, total),) = listed_parts(line)
     assert total == 94.60 and round(sum(parts), 2) == 94.59, line  # six parts, each rounded to 0.01 GiB
     assert parts_do_not_add_up(line) is None
     # the fix it names is the one for a load-time peak, not "shorten the sequence"
@@ -218,11 +265,21 @@ def test_mixtral_qlora_floor_names_the_fused_experts(no_what_if_traces):
 # Full fine-tuning of every vendored config (nothing fits 1 GiB, so the plan also sizes its LoRA and QLoRA offers);
 # LoRA and QLoRA asked for directly on the configs whose weights they treat differently: fused MoE experts
 # (Mixtral, Qwen1.5-MoE) and GPT-2's Conv1D. (All 13 x 3 took 6 minutes of the suite's budget here.)
-QUOTED_CASES = [(c, "full") for c in VENDORED] + [(c, t) for c in ("mixtral-8x7b-v0.1.json", "qwen1.5-moe-a2.7b-chat.json",
-                                                                  "gpt2.json") for t in ("lora", "qlora")]
+QUOTED_CASES = [(c, "full") for c in VENDORED] + [
+    (c, t) for c in ("mixtral-8x7b-v0.1.json", "qwen1.5-moe-a2.7b-chat.json", "gpt2.json") for t in ("lora", "qlora")
+]
 # Over 10 s each on 2 busy cores (the traces of their LoRA and QLoRA offers too): run with the slow tests.
-SLOW_QUOTED = {(c, "full") for c in ("t5-small.json", "mixtral-8x7b-v0.1.json", "gemma-2-9b-it.json",
-                                     "qwen1.5-moe-a2.7b-chat.json", "qwen3-8b.json", "qwen2.5-14b.json")}
+SLOW_QUOTED = {
+    (c, "full")
+    for c in (
+        "t5-small.json",
+        "mixtral-8x7b-v0.1.json",
+        "gemma-2-9b-it.json",
+        "qwen1.5-moe-a2.7b-chat.json",
+        "qwen3-8b.json",
+        "qwen2.5-14b.json",
+    )
+}
 QUOTED_PARAMS = [pytest.param(*case, marks=pytest.mark.slow) if case in SLOW_QUOTED else case for case in QUOTED_CASES]
 
 
@@ -234,8 +291,18 @@ def test_quoted_totals_add_up_over_the_vendored_configs(no_what_if_traces, confi
     from advisor.invariants import parts_do_not_add_up
 
     try:
-        p = plan(plan_inputs(config_path=str(CONFIGS / config), gpus=1, gpu="A100-80GB", gpu_mem_gib=1, seq_len=128,
-                             micro_batch_size=1, precision="bf16", **FINE_TUNING[tuning]))
+        p = plan(
+            plan_inputs(
+                config_path=str(CONFIGS / config),
+                gpus=1,
+                gpu="A100-80GB",
+                gpu_mem_gib=1,
+                seq_len=128,
+                micro_batch_size=1,
+                precision="bf16",
+                **FINE_TUNING[tuning],
+            )
+        )
     except AdvisorError as err:  # a combination refused in one line (an encoder-decoder under QLoRA, say)
         assert "internal consistency" not in str(err), err
         return

@@ -19,9 +19,17 @@ from advisor.schema import ModelSource, plan_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "data" / "small_llama.json")
-QWEN2 = {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 3,
-         "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 512,
-         "tie_word_embeddings": True}
+QWEN2 = {
+    "model_type": "qwen2",
+    "hidden_size": 256,
+    "intermediate_size": 704,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+}
 
 
 def _spec(adapter: AdapterSpec | None, **source):
@@ -65,22 +73,32 @@ def _hand_lora(cfg: dict, rank: int, targets: tuple[str, ...]) -> int:
     h, layers, ffn = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
     heads = cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads", heads) * cfg.get("head_dim", h // heads)
-    shapes = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h), "gate_proj": (h, ffn),
-              "up_proj": (h, ffn), "down_proj": (ffn, h)}
+    shapes = {
+        "q_proj": (h, h),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (h, h),
+        "gate_proj": (h, ffn),
+        "up_proj": (h, ffn),
+        "down_proj": (ffn, h),
+    }
     chosen = shapes if targets == ("all-linear",) else {k: v for k, v in shapes.items() if k in targets}
     return layers * sum(rank * (i + o) for i, o in chosen.values())
 
 
-@pytest.mark.parametrize("source, targets", [
-    ({"model": "gpt2"}, ("c_attn",)),
-    ({"model": "gpt2"}, ("all-linear",)),
-    ({"model": "llama-2-7b"}, ("q_proj", "v_proj")),
-    ({"model": "llama-2-7b"}, ("all-linear",)),
-    ({"model": "mistral-7b"}, ("q_proj", "v_proj")),
-    ({"model": "mistral-7b"}, ("all-linear",)),
-    ({"config_dict": QWEN2}, ("q_proj", "v_proj")),
-    ({"config_dict": QWEN2}, ("all-linear",)),
-])
+@pytest.mark.parametrize(
+    "source, targets",
+    [
+        ({"model": "gpt2"}, ("c_attn",)),
+        ({"model": "gpt2"}, ("all-linear",)),
+        ({"model": "llama-2-7b"}, ("q_proj", "v_proj")),
+        ({"model": "llama-2-7b"}, ("all-linear",)),
+        ({"model": "mistral-7b"}, ("q_proj", "v_proj")),
+        ({"model": "mistral-7b"}, ("all-linear",)),
+        ({"config_dict": QWEN2}, ("q_proj", "v_proj")),
+        ({"config_dict": QWEN2}, ("all-linear",)),
+    ],
+)
 @pytest.mark.parametrize("rank", [8, 64])
 def test_trainable_counts_equal_peft_and_the_hand_formula(source, targets, rank):
     spec = _spec(AdapterSpec(rank=rank, targets=targets), **source)
@@ -120,8 +138,12 @@ def test_quantized_base_bytes_equal_bitsandbytes_layers(tmp_path):
     model_type = cfg.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **cfg)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    q = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                        bnb_4bit_compute_dtype=torch.bfloat16)
+    q = transformers.BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=q, device_map={"": "cpu"})
     import bitsandbytes as bnb
 
@@ -149,8 +171,18 @@ def test_memory_terms_by_hand():
     """DDP, LoRA bf16 plan: the frozen base in bf16 (2 bytes), fp32 adapters with fp32 gradients and two fp32 Adam
     moments; ZeRO-3 shards the whole 16-bit module (adapters cast too); FSDP2 shards the base in bf16 and the
     adapters in fp32."""
-    p = plan(plan_inputs(config_path=TINY, seq_len=32, gpus=2, detect_hardware=False, precision="bf16",
-                         micro_batch_size=2, lora_rank=8, lora_targets="q_proj,v_proj"))
+    p = plan(
+        plan_inputs(
+            config_path=TINY,
+            seq_len=32,
+            gpus=2,
+            detect_hardware=False,
+            precision="bf16",
+            micro_batch_size=2,
+            lora_rank=8,
+            lora_targets="q_proj,v_proj",
+        )
+    )
     st = p.profile.stats
     frozen, t = st.num_frozen, st.num_trainable
     ddp = p.row("ddp").memory
@@ -185,8 +217,19 @@ def test_adamw_8bit_states_in_the_plan():
 
 def test_llama_7b_lora_fits_ddp_on_4_rtx4090_full_does_not():
     """The issue's case: LoRA rank 8 on q_proj,v_proj, seq 512, micro-batch 1, bf16, no checkpointing."""
-    p = plan(plan_inputs(model="llama-2-7b", gpus=4, gpu="RTX4090", detect_hardware=False, seq_len=512,
-                         micro_batch_size=1, precision="bf16", lora_rank=8, lora_targets="q_proj,v_proj"))
+    p = plan(
+        plan_inputs(
+            model="llama-2-7b",
+            gpus=4,
+            gpu="RTX4090",
+            detect_hardware=False,
+            seq_len=512,
+            micro_batch_size=1,
+            precision="bf16",
+            lora_rank=8,
+            lora_targets="q_proj,v_proj",
+        )
+    )
     ddp = p.row("ddp")
     assert ddp.fits is True
     # 12.55 GiB of bf16 base + adapters, states and 2.8 GiB of activations: 17.9 GiB with the CUDA context.
@@ -207,20 +250,43 @@ def test_qlora_65b_fits_one_48gb_gpu(no_what_if_traces):
     """The QLoRA paper's headline: 65B Llama architecture, nf4 + double quantization, rank 64 on all linear layers,
     bf16 adapters, paged AdamW, seq 512, micro-batch 1, activation checkpointing: under 48 GB on one 48 GB GPU;
     full fine-tuning of the same does not fit (named in the reasons)."""
-    cfg = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 22016, "num_hidden_layers": 80,
-           "num_attention_heads": 64, "num_key_value_heads": 64, "vocab_size": 32000, "max_position_embeddings": 2048}
-    p = plan(plan_inputs(config_dict=cfg, gpus=1, gpu="RTXA6000", detect_hardware=False, seq_len=512,
-                         micro_batch_size=1, precision="bf16", activation_checkpointing=True, lora_rank=64,
-                         lora_targets="all-linear", lora_dtype="bf16", quantize="nf4", double_quant=True,
-                         optimizer="paged-adamw"))
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 8192,
+        "intermediate_size": 22016,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "vocab_size": 32000,
+        "max_position_embeddings": 2048,
+    }
+    p = plan(
+        plan_inputs(
+            config_dict=cfg,
+            gpus=1,
+            gpu="RTXA6000",
+            detect_hardware=False,
+            seq_len=512,
+            micro_batch_size=1,
+            precision="bf16",
+            activation_checkpointing=True,
+            lora_rank=64,
+            lora_targets="all-linear",
+            lora_dtype="bf16",
+            quantize="nf4",
+            double_quant=True,
+            optimizer="paged-adamw",
+        )
+    )
     single = p.row("single")
     assert single.memory.peak.total < 48e9
     assert p.recommendation.strategy == "single"
     st = p.profile.stats
     # 4-bit weights (0.5 byte + about 1/64 byte of 8-bit scales per parameter), the rest fp32, bf16 adapters.
     assert st.quantized_bytes == pytest.approx(st.quantized_numel * (0.5 + 1 / 64), rel=0.01)
-    assert "where full fine-tuning (with activation checkpointing, as here) does not fit on this cluster" in \
-        " ".join(p.recommendation.reasons)
+    assert "where full fine-tuning (with activation checkpointing, as here) does not fit on this cluster" in " ".join(
+        p.recommendation.reasons
+    )
     # 16 bytes per trainable parameter plus the base as held (about 0.5 byte per quantized weight), unsharded
     frozen = st.quantized_bytes + 4 * (st.num_frozen - st.quantized_numel)
     assert single.rule_of_thumb_bytes == int((frozen + 16 * st.num_trainable) * 1.2)
@@ -228,8 +294,9 @@ def test_qlora_65b_fits_one_48gb_gpu(no_what_if_traces):
 
 
 def test_nothing_fits_names_lora_and_qlora_before_more_gpus(no_what_if_traces):
-    p = plan(plan_inputs(model="llama-2-7b", gpus=1, gpu="RTX4090", detect_hardware=False, seq_len=512,
-                         micro_batch_size=1))
+    p = plan(
+        plan_inputs(model="llama-2-7b", gpus=1, gpu="RTX4090", detect_hardware=False, seq_len=512, micro_batch_size=1)
+    )
     assert p.recommendation.strategy is None
     reasons = p.recommendation.reasons
     lora = next(i for i, r in enumerate(reasons) if r.startswith("fine-tune with LoRA instead"))
@@ -239,8 +306,17 @@ def test_nothing_fits_names_lora_and_qlora_before_more_gpus(no_what_if_traces):
     assert "Single GPU then fits without offload" in reasons[lora]
     # With host RAM given, an offload row fits at a micro-batch chosen for it (dozens); the offers are still
     # judged at the user's micro-batch, where QLoRA fits a 24 GB GPU (a fresh user saw "QLoRA would not fit").
-    offload = plan(plan_inputs(model="llama-2-7b", gpus=1, gpu="RTX4090", detect_hardware=False, seq_len=512,
-                               activation_checkpointing=True, host_mem_gib=256))
+    offload = plan(
+        plan_inputs(
+            model="llama-2-7b",
+            gpus=1,
+            gpu="RTX4090",
+            detect_hardware=False,
+            seq_len=512,
+            activation_checkpointing=True,
+            host_mem_gib=256,
+        )
+    )
     assert offload.row(offload.recommendation.strategy).strategy.offload
     assert offload.recommendation.micro_batch_size > 1
     said = " ".join(offload.recommendation.reasons)
@@ -251,5 +327,8 @@ def test_bad_adapter_inputs():
     with pytest.raises(AdvisorError, match="--lora-targets"):
         plan(plan_inputs(model="resnet18", gpus=1, detect_hardware=False, lora_rank=8))
     with pytest.raises(AdvisorError, match="peft could not add"):
-        plan(plan_inputs(config_path=TINY, seq_len=32, gpus=1, detect_hardware=False, lora_rank=8,
-                         lora_targets="no_such_module"))
+        plan(
+            plan_inputs(
+                config_path=TINY, seq_len=32, gpus=1, detect_hardware=False, lora_rank=8, lora_targets="no_such_module"
+            )
+        )

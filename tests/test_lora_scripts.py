@@ -36,17 +36,33 @@ from tests.fixtures.tiny_llama import save_tiny_llama
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_LLAMA = str(ROOT / "tests" / "data" / "small_llama.json")
 # A base small enough that a run is mostly process start-up: 2 blocks of width 64, a 256-token vocabulary.
-TINY_CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64,
-               "tie_word_embeddings": False}
+TINY_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
 LORA = {"lora_rank": 8, "lora_targets": "q_proj,v_proj"}
 STEPS = 16
 LR = 0.03  # the adapters of a random base learn the fixed synthetic set slowly at the usual 3e-4
 LORA_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp2", "fsdp2_noreshard")
 QLORA_STRATEGIES = ("single", "ddp", "zero3")  # zero3: the 4-bit storage partitioned (tests/test_qlora_zero3.py)
-OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "sgd-momentum": "SGD", "adamw-8bit": "AdamW8bit",
-              "paged-adamw-8bit": "PagedAdamW8bit", "paged-adamw": "PagedAdamW", "lion": "Lion",
-              "adafactor": "Adafactor"}
+OPTIMIZERS = {
+    "adamw": "AdamW",
+    "adam": "Adam",
+    "sgd": "SGD",
+    "sgd-momentum": "SGD",
+    "adamw-8bit": "AdamW8bit",
+    "paged-adamw-8bit": "PagedAdamW8bit",
+    "paged-adamw": "PagedAdamW",
+    "lion": "Lion",
+    "adafactor": "Adafactor",
+}
 # What LoRA adds to a script; none of it may appear in a full fine-tuning one.
 LORA_WORDS = ("LORA_", "peft", "add_lora", "--export-merged", "adapter", "QUANTIZE", "# [")
 
@@ -54,8 +70,7 @@ LORA_WORDS = ("LORA_", "peft", "add_lora", "--export-merged", "adapter", "QUANTI
 def _inputs(config: str, gpus: int, **training):
     opts = {"precision": "fp32", "micro_batch_size": 4, "base_lr": LR, "base_batch_size": 4 * gpus}
     opts.update(training)
-    return plan_inputs(config_path=config, seq_len=32, gpus=gpus, interconnect="nvlink", detect_hardware=False,
-                       **opts)
+    return plan_inputs(config_path=config, seq_len=32, gpus=gpus, interconnect="nvlink", detect_hardware=False, **opts)
 
 
 def _load_script(path: Path):
@@ -152,7 +167,7 @@ def test_make_optimizer_builds_every_optimizer(tmp_path):
         opt = script.make_optimizer([w], torch.device("cpu"))
         assert type(opt).__name__ == cls, name
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5)
-        (w ** 2).sum().backward()
+        (w**2).sum().backward()
         opt.step()
         sched.step()
         assert opt.param_groups[0]["lr"] == pytest.approx(script.LR * 0.5), name
@@ -179,13 +194,35 @@ def _run(tmp_path_factory, tiny, strategy: str, gpus: int, export: bool = True, 
     port = free_port()
     # evaluation every 4 steps: training must go on after an eval-mode forward (bitsandbytes repacks 4-bit weights
     # for CPU inference there)
-    args = ["--steps", str(STEPS), "--out", "out", "--init-from", str(base), "--eval-every", "4",
-            *(["--export-merged"] if export else [])]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=str(ROOT), **dict(launcher.cpu_env))
+    args = [
+        "--steps",
+        str(STEPS),
+        "--out",
+        "out",
+        "--init-from",
+        str(base),
+        "--eval-every",
+        "4",
+        *(["--export-merged"] if export else []),
+    ]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=str(ROOT),
+        **dict(launcher.cpu_env),
+    )
     try:
-        proc = subprocess.run(launcher.verify_argv(gpus, port, args, probe=[]), cwd=run, env=env, capture_output=True,
-                              text=True, timeout=300, check=False)
+        proc = subprocess.run(
+            launcher.verify_argv(gpus, port, args, probe=[]),
+            cwd=run,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
     finally:
         remove_deepspeed_shm(port)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -217,8 +254,12 @@ RUNS = ["ddp_run", "zero3_run", "qlora_run"]
 
 
 def _adapted_keys() -> set[str]:
-    return {f"base_model.model.model.layers.{i}.self_attn.{m}.lora_{ab}.weight"
-            for i in range(TINY_CONFIG["num_hidden_layers"]) for m in ("q_proj", "v_proj") for ab in "AB"}
+    return {
+        f"base_model.model.model.layers.{i}.self_attn.{m}.lora_{ab}.weight"
+        for i in range(TINY_CONFIG["num_hidden_layers"])
+        for m in ("q_proj", "v_proj")
+        for ab in "AB"
+    }
 
 
 @pytest.mark.slow
@@ -279,8 +320,11 @@ def _fresh_loss(script, base: Path, adapter: Path) -> float:
     import peft
     from transformers import AutoModelForCausalLM
 
-    extra = ({"quantization_config": script.quantization_config(), "device_map": {"": "cpu"}}
-             if hasattr(script, "QUANTIZE") else {})
+    extra = (
+        {"quantization_config": script.quantization_config(), "device_map": {"": "cpu"}}
+        if hasattr(script, "QUANTIZE")
+        else {}
+    )
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, **extra)
     model = peft.PeftModel.from_pretrained(model, adapter)
     return _eval_loss(script, model)

@@ -18,9 +18,19 @@ from advisor.schema import plan_inputs
 from advisor.text_report import render_text
 
 MIXTRAL = Path(__file__).parent / "data" / "configs" / "mixtral-8x7b-v0.1.json"
-TINY = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
-        "vocab_size": 1000, "max_position_embeddings": 32, "tie_word_embeddings": False}
+TINY = {
+    "model_type": "mixtral",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 32,
+    "tie_word_embeddings": False,
+}
 
 
 def _mixtral_expert_params(cfg: dict) -> int:
@@ -51,15 +61,16 @@ def test_dense_model_active_equals_total():
 def test_mixtral_8x7b_plans(precision):
     """It used to fail in bf16 and fp32: FakeTensor's meta kernel of aten::_grouped_mm (transformers' default
     experts path) rejects the fp32 operands that fp32 weights give."""
-    p = plan(plan_inputs(config_path=str(MIXTRAL), gpus=8, gpu="A100-80GB", precision=precision,
-                         detect_hardware=False))
+    p = plan(plan_inputs(config_path=str(MIXTRAL), gpus=8, gpu="A100-80GB", precision=precision, detect_hardware=False))
     doc = plan_to_dict(p)["model"]
     assert doc["num_params"] == 46_702_792_704 and doc["num_active_params"] == 12_879_925_248
     assert doc["activation_bytes_per_sample"] > 0
     # forward + backward = 3 x 2 x tokens x active matmul weights, roughly (attention adds a few per cent)
     assert 6 * 2048 * 12.75e9 < doc["flops_per_sample"] < 1.1 * 6 * 2048 * 12.75e9
-    assert "46.70B parameters (46,702,792,704; trainable 46,702,792,704; 12.88B active per token, top-2 of 8 " \
-           "experts)" in render_text(p)
+    assert (
+        "46.70B parameters (46,702,792,704; trainable 46,702,792,704; 12.88B active per token, top-2 of 8 "
+        "experts)" in render_text(p)
+    )
 
 
 @pytest.mark.parametrize("mode", ["autocast", "fp32", "half"])
@@ -89,10 +100,12 @@ def test_grouped_mm_fp32_stand_in_matches_the_real_kernel():
     from advisor.trace.grouped_mm import _grouped_mm_flops, _grouped_mm_fp32
 
     offs = torch.tensor([3, 7, 16], dtype=torch.int32)
-    cases = [(torch.randn(16, 8), torch.randn(3, 8, 4), offs, 2 * 16 * 8 * 4),
-             (torch.randn(3, 4, 8), torch.randn(8, 16), offs, 2 * 4 * 8 * 16),
-             (torch.randn(16, 4).t(), torch.randn(16, 8), offs, 2 * 4 * 16 * 8),
-             (torch.randn(3, 4, 8), torch.randn(3, 8, 4), None, 2 * 3 * 4 * 8 * 4)]
+    cases = [
+        (torch.randn(16, 8), torch.randn(3, 8, 4), offs, 2 * 16 * 8 * 4),
+        (torch.randn(3, 4, 8), torch.randn(8, 16), offs, 2 * 4 * 8 * 16),
+        (torch.randn(16, 4).t(), torch.randn(16, 8), offs, 2 * 4 * 16 * 8),
+        (torch.randn(3, 4, 8), torch.randn(3, 8, 4), None, 2 * 3 * 4 * 8 * 4),
+    ]
     for a, b, o, flops in cases:
         real = torch._grouped_mm(a, b, offs=o)
         with torch.device("meta"):

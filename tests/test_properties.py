@@ -13,34 +13,72 @@ from advisor.cli import main
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 
-tiny_configs = st.fixed_dictionaries({
-    "model_type": st.sampled_from(["llama", "mistral", "qwen2"]),
-    "hidden_size": st.sampled_from([32, 64, 96]),
-    "intermediate_size": st.sampled_from([64, 128]),
-    "num_hidden_layers": st.integers(1, 3),
-    "num_attention_heads": st.just(4),
-    "num_key_value_heads": st.sampled_from([1, 2, 4]),
-    "vocab_size": st.integers(16, 512),
-    "max_position_embeddings": st.just(256),
-})
+tiny_configs = st.fixed_dictionaries(
+    {
+        "model_type": st.sampled_from(["llama", "mistral", "qwen2"]),
+        "hidden_size": st.sampled_from([32, 64, 96]),
+        "intermediate_size": st.sampled_from([64, 128]),
+        "num_hidden_layers": st.integers(1, 3),
+        "num_attention_heads": st.just(4),
+        "num_key_value_heads": st.sampled_from([1, 2, 4]),
+        "vocab_size": st.integers(16, 512),
+        "max_position_embeddings": st.just(256),
+    }
+)
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(allow_nan=False) | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers(-(10**12), 10**12) | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 hostile_configs = st.one_of(
     json_values,
-    st.dictionaries(st.sampled_from(["model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                     "vocab_size", "intermediate_size", "auto_map", "n_layer"]),
-                    json_values, max_size=6),
-    tiny_configs.flatmap(lambda c: st.fixed_dictionaries(
-        {k: st.just(v) for k, v in c.items()} | {"num_hidden_layers": st.integers(-5, 10**7)})),
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "model_type",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "vocab_size",
+                "intermediate_size",
+                "auto_map",
+                "n_layer",
+            ]
+        ),
+        json_values,
+        max_size=6,
+    ),
+    tiny_configs.flatmap(
+        lambda c: st.fixed_dictionaries(
+            {k: st.just(v) for k, v in c.items()} | {"num_hidden_layers": st.integers(-5, 10**7)}
+        )
+    ),
 )
 
 flag_values = st.one_of(st.integers(-3, 64).map(str), st.sampled_from(["", "x", "1e9", "-0", "nan", "3.5"]))
-random_flags = st.lists(st.tuples(st.sampled_from([
-    "--gpus", "--nodes", "--micro-batch-size", "--global-batch-size", "--seq-len", "--tp-degree",
-    "--safety-factor", "--gpu-mem", "--precision", "--optimizer", "--gpu", "--network"]), flag_values), max_size=4)
+random_flags = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "--gpus",
+                "--nodes",
+                "--micro-batch-size",
+                "--global-batch-size",
+                "--seq-len",
+                "--tp-degree",
+                "--safety-factor",
+                "--gpu-mem",
+                "--precision",
+                "--optimizer",
+                "--gpu",
+                "--network",
+            ]
+        ),
+        flag_values,
+    ),
+    max_size=4,
+)
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -87,10 +125,12 @@ def test_random_cli_flags(capsys, flags):
 
 @pytest.mark.slow  # over 10 s on 2 busy cores
 @settings(SETTINGS, max_examples=6)  # each example traces a new random model (about 3 s): 6 keep CI short
-@given(config=tiny_configs, gpus=st.integers(1, 8), micro=st.integers(1, 4),
-       precision=st.sampled_from(["bf16", "fp32"]))
-def test_zero_states_shrink_and_activations_linear(tmp_path_factory, capsys, no_what_if_traces, config, gpus, micro,
-                                                   precision):
+@given(
+    config=tiny_configs, gpus=st.integers(1, 8), micro=st.integers(1, 4), precision=st.sampled_from(["bf16", "fp32"])
+)
+def test_zero_states_shrink_and_activations_linear(
+    tmp_path_factory, capsys, no_what_if_traces, config, gpus, micro, precision
+):
     path = tmp_path_factory.mktemp("cfg") / "config.json"
     path.write_text(json.dumps(config))
     base = ["--config", str(path), "--seq-len", "32", "--precision", precision, "--json"]

@@ -27,11 +27,22 @@ def test_gpt2_xl_ddp_does_not_fit_24gb_cards_even_at_micro_batch_1():
     replicates all of it on every GPU. An RTX 3090 has 24576 MiB (nvidia-smi)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    counted = _count_params(GPT2Config, GPT2LMHeadModel, n_embd=1600, n_layer=48, n_head=25, vocab_size=50257,
-                            n_positions=1024)
+    counted = _count_params(
+        GPT2Config, GPT2LMHeadModel, n_embd=1600, n_layer=48, n_head=25, vocab_size=50257, n_positions=1024
+    )
     assert counted == pytest.approx(1.5e9, rel=0.05)  # the paper's "1.5B"
-    p = plan(plan_inputs(model="gpt2-xl", seq_len=1024, gpu="RTX3090", gpus=2, detect_hardware=False,
-                         precision="fp16", optimizer="adamw", micro_batch_size=1))
+    p = plan(
+        plan_inputs(
+            model="gpt2-xl",
+            seq_len=1024,
+            gpu="RTX3090",
+            gpus=2,
+            detect_hardware=False,
+            precision="fp16",
+            optimizer="adamw",
+            micro_batch_size=1,
+        )
+    )
     row = p.row("ddp")
     peak = row.memory.peak
     states = peak.params + peak.grads + peak.optimizer_states
@@ -61,8 +72,19 @@ def test_bert_large_fp32_adamw_on_v100_16gb_matches_hf_model_memory_anatomy():
     * fragmentation: we add 10% of the peak allocated; nvidia-smi shows what the caching allocator
       reserved, which that run does not report separately.
     """
-    p = plan(plan_inputs(model="bert-large", seq_len=512, gpu="V100-16GB", gpus=1, detect_hardware=False,
-                         precision="fp32", optimizer="adamw", micro_batch_size=4, attention="math"))
+    p = plan(
+        plan_inputs(
+            model="bert-large",
+            seq_len=512,
+            gpu="V100-16GB",
+            gpus=1,
+            detect_hardware=False,
+            precision="fp32",
+            optimizer="adamw",
+            micro_batch_size=4,
+            attention="math",
+        )
+    )
     assert p.attention == "math"
     row = p.row("ddp")
     measured_used = 14949 * MiB
@@ -72,9 +94,18 @@ def test_bert_large_fp32_adamw_on_v100_16gb_matches_hf_model_memory_anatomy():
 
 
 ROBERTA_BASE = {  # https://huggingface.co/FacebookAI/roberta-base/blob/main/config.json
-    "model_type": "roberta", "vocab_size": 50265, "hidden_size": 768, "num_hidden_layers": 12,
-    "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 514, "type_vocab_size": 1,
-    "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "layer_norm_eps": 1e-5,
+    "model_type": "roberta",
+    "vocab_size": 50265,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 514,
+    "type_vocab_size": 1,
+    "pad_token_id": 1,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "layer_norm_eps": 1e-5,
 }
 
 
@@ -89,9 +120,23 @@ def test_roberta_base_gradient_as_bucket_view_saves_one_gradient_copy():
     trainable = _count_params(RobertaConfig, RobertaForMaskedLM, **cfg)
 
     def ddp(bucket_view: bool):
-        return plan(plan_inputs(config_dict=dict(ROBERTA_BASE), seq_len=512, gpu="A100-80GB", gpus=2,
-                                detect_hardware=False, precision="bf16", optimizer="adamw", micro_batch_size=8,
-                                gradient_as_bucket_view=bucket_view)).row("ddp").memory
+        return (
+            plan(
+                plan_inputs(
+                    config_dict=dict(ROBERTA_BASE),
+                    seq_len=512,
+                    gpu="A100-80GB",
+                    gpus=2,
+                    detect_hardware=False,
+                    precision="bf16",
+                    optimizer="adamw",
+                    micro_batch_size=8,
+                    gradient_as_bucket_view=bucket_view,
+                )
+            )
+            .row("ddp")
+            .memory
+        )
 
     views, copies = ddp(True), ddp(False)
     assert copies.peak.total - views.peak.total >= 4 * trainable

@@ -35,9 +35,17 @@ from strategies.render import render_files, write_files
 from tests.fixtures.tiny_llama import save_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 1024, "num_hidden_layers": 1,
-          "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 256, "max_position_embeddings": 64,
-          "tie_word_embeddings": False}
+CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 1024,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "vocab_size": 256,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
 QLORA = {"lora_rank": 8, "lora_targets": "q_proj,v_proj", "quantize": "nf4"}
 QUANTIZED = 7  # q, k, v, o, gate, up, down: every Linear but the LM head (transformers' bnb integration)
 STEPS = 12
@@ -46,7 +54,7 @@ LR = 0.03
 # Run in place of the probe: records each rank's packed storage once deepspeed.initialize has partitioned it, then
 # runs advisor's probe (which runs train.py unchanged). The deepspeed launcher puts --local_rank=N right after the
 # program: it is handed on after the probe's path, where the probe expects it.
-WRAPPER = '''
+WRAPPER = """
 import json, os, runpy, sys
 import deepspeed
 
@@ -70,7 +78,7 @@ launcher = [a for a in args if a.startswith("--local_rank")]
 rest = [a for a in args if not a.startswith("--local_rank")]
 sys.argv = [rest[0], *launcher, *rest[1:]]
 runpy.run_path(rest[0], run_name="__main__")
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +89,21 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def planned(tiny):
-    return plan(plan_inputs(config_path=tiny[0], seq_len=32, gpus=2, interconnect="nvlink", detect_hardware=False,
-                            precision="fp32", micro_batch_size=4, base_lr=LR, base_batch_size=8, **QLORA),
-                device="cpu")
+    return plan(
+        plan_inputs(
+            config_path=tiny[0],
+            seq_len=32,
+            gpus=2,
+            interconnect="nvlink",
+            detect_hardware=False,
+            precision="fp32",
+            micro_batch_size=4,
+            base_lr=LR,
+            base_batch_size=8,
+            **QLORA,
+        ),
+        device="cpu",
+    )
 
 
 def _by_hand(shape: tuple[int, int], storage_bytes: int, ranks: int) -> tuple[int, int, int]:
@@ -101,8 +121,14 @@ def test_layout_matches_bitsandbytes():
 
     shape = (1024, 1024)
     # BitsAndBytesConfig's defaults: no double quantization, 64-element blocks
-    p = bnb.nn.Params4bit(torch.randn(shape), requires_grad=False, quant_type="nf4", compress_statistics=False,
-                          blocksize=64, quant_storage=torch.float32).to("cpu")
+    p = bnb.nn.Params4bit(
+        torch.randn(shape),
+        requires_grad=False,
+        quant_type="nf4",
+        compress_statistics=False,
+        blocksize=64,
+        quant_storage=torch.float32,
+    ).to("cpu")
     assert p.dtype == torch.float32 and p.numel() == quant_storage_numel(shape, 4) == 131_072
     qs = p.quant_state
     states = qs.absmax.numel() * qs.absmax.element_size() + qs.code.numel() * qs.code.element_size()
@@ -141,12 +167,22 @@ def test_emitted_zero3_qlora_script_trains_two_ranks(tiny, planned, tmp_path):
     (run / "wrapper.py").write_text(WRAPPER)
     launcher = get_strategy("zero3").launcher
     port = free_port()
-    argv = launcher.verify_argv(2, port, ["--steps", str(STEPS), "--out", "out", "--init-from", str(tiny[1]),
-                                          "--eval-every", str(STEPS)], probe=[])
+    argv = launcher.verify_argv(
+        2,
+        port,
+        ["--steps", str(STEPS), "--out", "out", "--init-from", str(tiny[1]), "--eval-every", str(STEPS)],
+        probe=[],
+    )
     argv[argv.index(str(PROBE))] = str(run / "wrapper.py")
     argv.insert(argv.index(str(run / "wrapper.py")) + 1, str(PROBE))
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT),
-               **dict(launcher.cpu_env))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=str(ROOT),
+        **dict(launcher.cpu_env),
+    )
     try:
         proc = subprocess.run(argv, cwd=run, env=env, capture_output=True, text=True, timeout=300, check=False)
     finally:
@@ -163,9 +199,12 @@ def test_emitted_zero3_qlora_script_trains_two_ranks(tiny, planned, tmp_path):
         assert held["tensors"] == QUANTIZED and held["dtypes"] == ["torch.float32"], held
         assert held["local_bytes"] == q.storage and 2 * held["local_bytes"] == held["full_bytes"], held
         measured = r["peak_allocated_bytes"]
-        print(f"rank {r['rank']}: peak measured {measured:,} B, estimated {estimate:,} B "
-              f"({(estimate - measured) / measured:+.1%}); packed storage held {held['local_bytes']:,} of "
-              f"{held['full_bytes']:,} B", file=sys.stderr)
+        print(
+            f"rank {r['rank']}: peak measured {measured:,} B, estimated {estimate:,} B "
+            f"({(estimate - measured) / measured:+.1%}); packed storage held {held['local_bytes']:,} of "
+            f"{held['full_bytes']:,} B",
+            file=sys.stderr,
+        )
         # the loading moment dominates this tiny base (the whole quantized base and, on the CPU, the mapped
         # checkpoint); the CPU meter may miss the mapping's release on a rank, so the smoke bound of
         # tests/test_lora_scripts.py

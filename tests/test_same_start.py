@@ -31,8 +31,9 @@ def _first_loss(out: Path, strategy: str, p) -> float:
     write_files(render_files(p, strategy), out)
     launcher = get_strategy(strategy).launcher
     port = free_port()
-    cmd = launcher.verify_argv(1 if strategy == "single" else 2, port,
-                               ["--steps", "1", "--eval-every", "0", "--no-save", "--out", "out"])
+    cmd = launcher.verify_argv(
+        1 if strategy == "single" else 2, port, ["--steps", "1", "--eval-every", "0", "--no-save", "--out", "out"]
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", **dict(launcher.cpu_env))
     try:
         proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -48,8 +49,18 @@ def _first_loss(out: Path, strategy: str, p) -> float:
 @pytest.fixture(scope="module")
 def first_loss(tmp_path_factory):
     """``first_loss(strategy)``: that strategy's first loss, each strategy run once for the whole module."""
-    inputs = plan_inputs(config_path=SMALL_LLAMA, seq_len=32, gpus=2, interconnect="nvlink", detect_hardware=False,
-                         precision="fp32", micro_batch_size=2, base_lr=2e-3, base_batch_size=8, global_batch_size=4)
+    inputs = plan_inputs(
+        config_path=SMALL_LLAMA,
+        seq_len=32,
+        gpus=2,
+        interconnect="nvlink",
+        detect_hardware=False,
+        precision="fp32",
+        micro_batch_size=2,
+        base_lr=2e-3,
+        base_batch_size=8,
+        global_batch_size=4,
+    )
     p, found = plan(inputs), {}
 
     def get(strategy: str) -> float:
@@ -67,8 +78,9 @@ def first_loss(tmp_path_factory):
 ZERO3_INIT = pytest.mark.xfail(strict=True, reason="zero.Init: transformers' _init_weights writes empty partitions")
 
 
-@pytest.mark.parametrize("strategy", [pytest.param(s, marks=ZERO3_INIT) if s == "zero3" else s
-                                      for s in STRATEGIES if s != "ddp"])
+@pytest.mark.parametrize(
+    "strategy", [pytest.param(s, marks=ZERO3_INIT) if s == "zero3" else s for s in STRATEGIES if s != "ddp"]
+)
 def test_first_loss_equals_ddps(first_loss, strategy):
     """The step log prints 4 decimals: equal initial weights give figures at most one last digit apart (fp32, 4
     samples; only the order of the sums differs between strategies, by far less than that digit); different ones

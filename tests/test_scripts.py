@@ -38,8 +38,15 @@ def _run(tmp_path_factory, strategy: str, gpus: int = 2, timing_steps: int = 0, 
     """verify() ``strategy``: ``steps`` measured steps, then ``timing_steps`` timed ones (only the step-time test
     needs them: CI time)."""
     out = tmp_path_factory.mktemp(strategy) / "run"
-    result = verify(_inputs(gpus, **training), strategy, steps=steps, timeout_s=300, out_dir=str(out),
-                    precision_explicit=True, timing_steps=timing_steps)
+    result = verify(
+        _inputs(gpus, **training),
+        strategy,
+        steps=steps,
+        timeout_s=300,
+        out_dir=str(out),
+        precision_explicit=True,
+        timing_steps=timing_steps,
+    )
     assert result.ok, result.message
     return result, out
 
@@ -56,7 +63,8 @@ def ddp_run(tmp_path_factory):
         f"        with _open({str(audit / 'writes.log')!r}, 'a') as f:\n"
         "            f.write(os.environ['RANK'] + ' ' + str(file) + '\\n')\n"
         "    return _open(file, mode, *a, **k)\n"
-        "builtins.open = _audited\n")
+        "builtins.open = _audited\n"
+    )
     old = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(audit), old]))
     try:
@@ -188,8 +196,16 @@ def test_ddp_accumulation_skips_allreduce(ddp_run):
 
 
 def test_sync_batchnorm_decision(tmp_path):
-    p = plan(plan_inputs(model_factory="tests.fixtures.factories:small_cnn", image_size=16, gpus=2,
-                         detect_hardware=False, precision="fp32", micro_batch_size=4))
+    p = plan(
+        plan_inputs(
+            model_factory="tests.fixtures.factories:small_cnn",
+            image_size=16,
+            gpus=2,
+            detect_hardware=False,
+            precision="fp32",
+            micro_batch_size=4,
+        )
+    )
     write_files(render_files(p, "ddp"), tmp_path)
     script = _load_script(tmp_path / "train.py")
     bn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
@@ -203,8 +219,17 @@ def test_sync_batchnorm_decision(tmp_path):
 # --- offload scripts: emitted, parsed, config checked ---------------------------------------------
 @pytest.mark.parametrize("strategy", ["zero2_offload", "zero3_offload"])
 def test_offload_scripts_and_config(tmp_path, strategy):
-    p = plan(plan_inputs(model="gpt2-xl", gpu="RTX3090", gpus=2, seq_len=1024, detect_hardware=False,
-                         precision="fp16", micro_batch_size=4))
+    p = plan(
+        plan_inputs(
+            model="gpt2-xl",
+            gpu="RTX3090",
+            gpus=2,
+            seq_len=1024,
+            detect_hardware=False,
+            precision="fp16",
+            micro_batch_size=4,
+        )
+    )
     files = render_files(p, strategy)
     ast.parse(files["train.py"])
     cfg = json.loads(files["ds_config.json"])
@@ -219,8 +244,11 @@ def test_offload_scripts_and_config(tmp_path, strategy):
 
 
 def test_every_strategy_renders_valid_python():
-    p = plan(plan_inputs(model="llama-2-7b", gpu="A100-80GB", gpus=8, nodes=2, network="ib-hdr", seq_len=512,
-                        detect_hardware=False))
+    p = plan(
+        plan_inputs(
+            model="llama-2-7b", gpu="A100-80GB", gpus=8, nodes=2, network="ib-hdr", seq_len=512, detect_hardware=False
+        )
+    )
     for name in strategy_names():
         row = p.row(name)
         if not row.applicable:
@@ -231,8 +259,11 @@ def test_every_strategy_renders_valid_python():
             assert ast.get_docstring(tree).count("--nnodes") or "hostfile" in files
         else:
             assert "python train.py" in ast.get_docstring(tree) and "torchrun" not in files["launch.sh"]
-        consts = {n.targets[0].id: n.value for n in tree.body
-                  if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id.isupper()}
+        consts = {
+            n.targets[0].id: n.value
+            for n in tree.body
+            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id.isupper()
+        }
         for key in ("HF_CONFIG", "MICRO_BATCH_SIZE", "MODEL"):
             ast.literal_eval(consts[key])  # values are literals, never code
 
@@ -275,9 +306,27 @@ def test_emit_refuses_non_empty_dir(tmp_path, capsys, monkeypatch):
 
 
 def test_verify_reports_a_crash_cleanly(tmp_path, capsys, monkeypatch):
-    r = _cli(capsys, monkeypatch, "--model-factory", "tests.fixtures.factories:crashing_model", "--image-size", "16",
-             "--gpus", "2", "--precision", "fp32", "--verify", "--strategy", "ddp", "--steps", "2", "--timeout", "300",
-             "--emit", str(tmp_path / "run"))
+    r = _cli(
+        capsys,
+        monkeypatch,
+        "--model-factory",
+        "tests.fixtures.factories:crashing_model",
+        "--image-size",
+        "16",
+        "--gpus",
+        "2",
+        "--precision",
+        "fp32",
+        "--verify",
+        "--strategy",
+        "ddp",
+        "--steps",
+        "2",
+        "--timeout",
+        "300",
+        "--emit",
+        str(tmp_path / "run"),
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "failed with exit code" in r.stdout and "run.log" in r.stdout
     assert "RuntimeError: boom" in r.stdout
@@ -291,10 +340,32 @@ def test_ctrl_c_during_verify_leaves_no_process(tmp_path):
     import time
 
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "advisor", "--config", TINY, "--seq-len", "32", "--gpus", "2",
-                             "--precision", "fp32", "--verify", "--strategy", "ddp", "--steps", "5000",
-                             "--emit", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "advisor",
+            "--config",
+            TINY,
+            "--seq-len",
+            "32",
+            "--gpus",
+            "2",
+            "--precision",
+            "fp32",
+            "--verify",
+            "--strategy",
+            "ddp",
+            "--steps",
+            "5000",
+            "--emit",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # wait until the ranks are training
         log = run_dir / "run.log"
@@ -318,12 +389,35 @@ def test_ctrl_c_during_verify_leaves_no_process(tmp_path):
 def test_pure_bf16_vision_ddp_casts_its_inputs(tmp_path):
     """Pure bf16 has no autocast to cast a float input: the DDP script casts the images itself (it crashed with
     'Input type (torch.FloatTensor) and weight type (CPUBFloat16Type) should be the same' before)."""
-    p = plan(plan_inputs(model="resnet18", image_size=32, gpus=2, precision="pure-bf16", micro_batch_size=2,
-                         detect_hardware=False), device="cpu")
+    p = plan(
+        plan_inputs(
+            model="resnet18", image_size=32, gpus=2, precision="pure-bf16", micro_batch_size=2, detect_hardware=False
+        ),
+        device="cpu",
+    )
     write_files(render_files(p, "ddp"), tmp_path)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29581",
-                           "train.py", "--steps", "1", "--eval-every", "0", "--no-save", "--out", str(tmp_path / "o")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port=29581",
+            "train.py",
+            "--steps",
+            "1",
+            "--eval-every",
+            "0",
+            "--no-save",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1/1 loss" in done.stdout
 

@@ -39,8 +39,18 @@ if [ -n "${STUB_EXTRA_HOSTS:-}" ]; then seq -f 'node%g' "$STUB_EXTRA_HOSTS"; fi
 def jobs():
     """Jobs for a tiny Llama planned on 2 nodes x 4 GPUs: single (python launcher), ddp (torchrun), zero3
     (DeepSpeed, with script arguments)."""
-    p = plan(plan_inputs(config_path=TINY, seq_len=32, gpus=4, nodes=2, interconnect="nvlink",
-                         detect_hardware=False, precision="fp32", micro_batch_size=2))
+    p = plan(
+        plan_inputs(
+            config_path=TINY,
+            seq_len=32,
+            gpus=4,
+            nodes=2,
+            interconnect="nvlink",
+            detect_hardware=False,
+            precision="fp32",
+            micro_batch_size=2,
+        )
+    )
     return {s: job_from_plan(p, s, master_port=PORT) for s in ("single", "ddp", "zero2", "zero3")}
 
 
@@ -48,8 +58,9 @@ def _header(text: str) -> dict[str, str]:
     return dict(m.groups() for m in re.finditer(r"^#SBATCH --([a-z-]+)=(\S+)$", text, re.MULTILINE))
 
 
-def _run(tmp_path: Path, text: str, *args: str, env_extra: dict[str, str] | None = None,
-         slurm_env: bool = True) -> tuple[subprocess.CompletedProcess, Path]:
+def _run(
+    tmp_path: Path, text: str, *args: str, env_extra: dict[str, str] | None = None, slurm_env: bool = True
+) -> tuple[subprocess.CompletedProcess, Path]:
     """Write ``text`` as slurm.sbatch in a job dir and run it with bash from elsewhere, stubs first on PATH."""
     job_dir, stubs, logs, elsewhere = (tmp_path / d for d in ("job", "bin", "log", "elsewhere"))
     for d in (job_dir, stubs, logs, elsewhere):
@@ -62,11 +73,13 @@ def _run(tmp_path: Path, text: str, *args: str, env_extra: dict[str, str] | None
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PATH=f"{stubs}{os.pathsep}{env['PATH']}", STUB_LOG=str(logs))
     if slurm_env:
-        env.update(SLURM_JOB_NODELIST="node[A-B]", SLURM_JOB_NUM_NODES="2", SLURM_JOB_ID="77",
-                   SLURM_SUBMIT_DIR=str(job_dir))
+        env.update(
+            SLURM_JOB_NODELIST="node[A-B]", SLURM_JOB_NUM_NODES="2", SLURM_JOB_ID="77", SLURM_SUBMIT_DIR=str(job_dir)
+        )
     env.update(env_extra or {})
-    proc = subprocess.run(["bash", str(script), *args], cwd=elsewhere, env=env, capture_output=True, text=True, check=False,
-                          timeout=30)
+    proc = subprocess.run(
+        ["bash", str(script), *args], cwd=elsewhere, env=env, capture_output=True, text=True, check=False, timeout=30
+    )
     return proc, logs
 
 
@@ -75,8 +88,16 @@ def _argv(logs: Path, name: str) -> list[str]:
 
 
 def _torchrun(port: int = PORT, gpus: int = 4) -> list[str]:
-    return ["--kill-on-bad-exit=1", "torchrun", "--nnodes=2", f"--nproc_per_node={gpus}", "--rdzv_id=77",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint=nodeA:{port}", "train.py"]
+    return [
+        "--kill-on-bad-exit=1",
+        "torchrun",
+        "--nnodes=2",
+        f"--nproc_per_node={gpus}",
+        "--rdzv_id=77",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint=nodeA:{port}",
+        "train.py",
+    ]
 
 
 @pytest.mark.parametrize("strategy", ["single", "ddp", "zero3"])
@@ -113,8 +134,15 @@ def test_deepspeed_runs_torchrun_with_its_config(jobs, tmp_path, strategy):
     assert job.strategy_unit.launcher.name == "deepspeed"
     proc, logs = _run(tmp_path, render_slurm(job), "--steps", "5", "--out", "run dir")
     assert proc.returncode == 0, proc.stderr
-    assert _argv(logs, "srun") == [*_torchrun(), "--deepspeed_config", "ds_config.json",
-                                   "--steps", "5", "--out", "run dir"]
+    assert _argv(logs, "srun") == [
+        *_torchrun(),
+        "--deepspeed_config",
+        "ds_config.json",
+        "--steps",
+        "5",
+        "--out",
+        "run dir",
+    ]
     assert "deepspeed " not in render_slurm(job).split("set -euo pipefail")[1]  # never the deepspeed launcher
 
 
@@ -135,8 +163,15 @@ def test_single_runs_python_on_one_gpu(jobs, tmp_path):
 def test_header(jobs, strategy):
     text = render_slurm(jobs[strategy], time_limit_s=3601)
     head = _header(text)
-    assert head == {"job-name": "small_llama", "nodes": "2", "ntasks-per-node": "1", "gpus-per-node": "4",
-                    "time": "01:01:00", "signal": "TERM@120", "output": "slurm-%j.out"}
+    assert head == {
+        "job-name": "small_llama",
+        "nodes": "2",
+        "ntasks-per-node": "1",
+        "gpus-per-node": "4",
+        "time": "01:01:00",
+        "signal": "TERM@120",
+        "output": "slurm-%j.out",
+    }
     assert re.search(r"^##SBATCH --cpus-per-task=\d+$", text, re.MULTILINE)  # a hint, commented out
     assert _header(render_slurm(jobs[strategy]))["time"] == "24:00:00"
 
@@ -150,9 +185,19 @@ def test_header_follows_the_job(jobs, tmp_path):
     assert _argv(logs, "srun") == _torchrun(port=30001, gpus=8)  # --nnodes comes from SLURM (2 here)
 
 
-@pytest.mark.parametrize("seconds, expected", [(3601, "01:01:00"), (3600, "01:00:00"), (60, "00:10:00"),
-                                               (599.5, "00:10:00"), (601, "00:11:00"), (None, "24:00:00"),
-                                               (90000, "25:00:00"), (7 * 24 * 3600, "168:00:00")])
+@pytest.mark.parametrize(
+    "seconds, expected",
+    [
+        (3601, "01:01:00"),
+        (3600, "01:00:00"),
+        (60, "00:10:00"),
+        (599.5, "00:10:00"),
+        (601, "00:11:00"),
+        (None, "24:00:00"),
+        (90000, "25:00:00"),
+        (7 * 24 * 3600, "168:00:00"),
+    ],
+)
 def test_time(seconds, expected):
     assert slurm_time(seconds) == expected
 
@@ -163,8 +208,10 @@ def test_bad_time_limit(jobs, bad):
         render_slurm(jobs["ddp"], time_limit_s=bad)
 
 
-@pytest.mark.parametrize("field, value", [("num_nodes", 0), ("gpus_per_node", "4; rm -rf ~"),
-                                          ("master_port", 70000), ("gpus_per_node", True)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("num_nodes", 0), ("gpus_per_node", "4; rm -rf ~"), ("master_port", 70000), ("gpus_per_node", True)],
+)
 def test_bad_sizes(jobs, field, value):
     with pytest.raises(AdvisorError, match=field):
         render_slurm(dataclasses.replace(jobs["ddp"], **{field: value}))

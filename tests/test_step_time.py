@@ -60,8 +60,9 @@ def test_roofline_per_op_is_linear_in_the_micro_batch():
 
 def test_cpu_rates_bound_attention_and_transcendental_ops_and_add_overhead_per_op():
     gpu = Rates(flops_per_s=1e12, conv_flops_per_s=2e12, bytes_per_s=1e9, dispatch_s=1e-3)
-    cpu = replace(gpu, attention_flops_per_s=0.5e12, transcendental_bytes_per_s=0.25e9, op_overhead_s=0.01,
-                  dispatch_s=0.0)
+    cpu = replace(
+        gpu, attention_flops_per_s=0.5e12, transcendental_bytes_per_s=0.25e9, op_overhead_s=0.01, dispatch_s=0.0
+    )
     attention, exp = (10**12, 10**8, ATTENTION), (0, 10**9, TRANSCENDENTAL)
     # GPU: attention at the matmul peak, exp at memory bandwidth; 2 ops x 1 ms of dispatch is below 2 s of work.
     assert roofline_s([attention, exp], [attention, exp], 2, 2, gpu) == 1.0 + 1.0
@@ -78,8 +79,11 @@ def test_a_deep_stack_never_computes_faster_at_a_larger_micro_batch():
     applied per traced depth and then extrapolated made micro-batch 16 faster than micro-batch 1)."""
     per_micro = []
     for mb in (1, 4, 8, 16, 32):
-        t = _plan(model="gpt2", seq_len=128, gpus=1, gpu="H100-80GB", precision="bf16",
-                  micro_batch_size=mb).row("single").time
+        t = (
+            _plan(model="gpt2", seq_len=128, gpus=1, gpu="H100-80GB", precision="bf16", micro_batch_size=mb)
+            .row("single")
+            .time
+        )
         per_micro.append(t.compute_s / t.micro_steps)
     assert per_micro == sorted(per_micro), per_micro
 
@@ -87,8 +91,16 @@ def test_a_deep_stack_never_computes_faster_at_a_larger_micro_batch():
 def test_speedup_is_against_the_same_recipe_and_single_counts_one_gpu():
     """A fresh user's finds: FSDP2's 16-bit parameters against autocast's single made 8 GPUs 10x faster than one;
     the single row's per-GPU throughput and GPU-hours counted all 8 GPUs."""
-    p = _plan(model="gpt2", seq_len=128, gpus=8, gpu="H100-80GB", precision="bf16", micro_batch_size=8,
-              train_tokens=10**9, gpu_hour_price=2.0)
+    p = _plan(
+        model="gpt2",
+        seq_len=128,
+        gpus=8,
+        gpu="H100-80GB",
+        precision="bf16",
+        micro_batch_size=8,
+        train_tokens=10**9,
+        gpu_hour_price=2.0,
+    )
     d = {s["name"]: s["time"] for s in plan_to_dict(p)["strategies"] if s.get("time")}
     for name, t in d.items():
         assert t["speedup_vs_single_gpu"] is None or t["speedup_vs_single_gpu"] <= 8 * 1.0001, (name, t)
@@ -146,8 +158,15 @@ def test_trace_records_every_flop_per_op_and_the_recompute():
 
 # ------------------------------------------------------------------------------------ strategies' collectives
 def test_ddp_all_reduces_fp32_gradients_once_per_step_and_nothing_on_one_gpu():
-    p = _plan(config_path=SMALL, seq_len=64, gpus=4, gpu="A100-80GB", precision="bf16", micro_batch_size=2,
-              global_batch_size=32)
+    p = _plan(
+        config_path=SMALL,
+        seq_len=64,
+        gpus=4,
+        gpu="A100-80GB",
+        precision="bf16",
+        micro_batch_size=2,
+        global_batch_size=32,
+    )
     r, t = p.row("ddp"), p.row("ddp").time
     trainable = p.profile.stats.num_trainable
     assert r.grad_accum_steps == 4 and t.micro_steps == 4
@@ -174,21 +193,36 @@ def test_ddp_last_bucket_is_the_input_embeddings_gradient(tmp_path):
 
     config = tmp_path / "big_vocab.json"
     config.write_text(json.dumps(json.loads(Path(SMALL).read_text()) | {"vocab_size": 32000}))
-    p = _plan(config_path=str(config), seq_len=64, gpus=2, gpu="A100-80GB", interconnect="pcie", precision="bf16",
-              micro_batch_size=2)
+    p = _plan(
+        config_path=str(config),
+        seq_len=64,
+        gpus=2,
+        gpu="A100-80GB",
+        interconnect="pcie",
+        precision="bf16",
+        micro_batch_size=2,
+    )
     assert p.profile.stats.late_trainable_numel == 32000 * 256
     t = p.row("ddp").time
     late_s = allreduce_s(4 * 32000 * 256, Fabric.from_preset(get_gpu_preset("A100-80GB"), 2, interconnect="pcie"))
-    even_last_s = bucketed_allreduce(4 * p.profile.stats.num_trainable,
-                                     Fabric.from_preset(get_gpu_preset("A100-80GB"), 2, interconnect="pcie")).last_s
+    even_last_s = bucketed_allreduce(
+        4 * p.profile.stats.num_trainable, Fabric.from_preset(get_gpu_preset("A100-80GB"), 2, interconnect="pcie")
+    ).last_s
     assert late_s > even_last_s  # the embedding's bucket is the larger one here
     assert t.exposed_comm_s >= late_s * (1 - 1e-9)
 
 
 def test_zero3_traffic_scales_with_accumulation_steps_and_zero1_does_not():
     def rows(global_batch):
-        p = _plan(config_path=SMALL, seq_len=64, gpus=2, gpu="A100-80GB", precision="bf16", micro_batch_size=2,
-                  global_batch_size=global_batch)
+        p = _plan(
+            config_path=SMALL,
+            seq_len=64,
+            gpus=2,
+            gpu="A100-80GB",
+            precision="bf16",
+            micro_batch_size=2,
+            global_batch_size=global_batch,
+        )
         return p, {r.name: r for r in p.rows}
 
     p1, one = rows(4)
@@ -211,8 +245,15 @@ def test_zero3_traffic_scales_with_accumulation_steps_and_zero1_does_not():
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_tp_all_reduces_activations_per_block(checkpointing):
     seq, mb, hidden, layers = 128, 2, 256, 2
-    p = _plan(config_path=SMALL, seq_len=seq, gpus=2, gpu="H100-80GB", precision="bf16", micro_batch_size=mb,
-              activation_checkpointing=checkpointing)
+    p = _plan(
+        config_path=SMALL,
+        seq_len=seq,
+        gpus=2,
+        gpu="H100-80GB",
+        precision="bf16",
+        micro_batch_size=mb,
+        activation_checkpointing=checkpointing,
+    )
     r = p.row("tp")
     assert r.applicable and r.dp_size == 1 and r.grad_accum_steps == 2  # accumulates to the global batch 2 x 2
     c = r.time.collectives[0]  # the blocks' all-reduces (the vocab-parallel ones: tests/test_tp_vocab.py)
@@ -224,8 +265,15 @@ def test_tp_all_reduces_activations_per_block(checkpointing):
 
 # ----------------------------------------------------------------------------------------------- outputs
 def test_json_time_object_and_training_budget():
-    p = _plan(config_path=SMALL, seq_len=64, gpus=2, gpu="A100-80GB", micro_batch_size=4, train_tokens=10**9,
-              gpu_hour_price=2.0)
+    p = _plan(
+        config_path=SMALL,
+        seq_len=64,
+        gpus=2,
+        gpu="A100-80GB",
+        micro_batch_size=4,
+        train_tokens=10**9,
+        gpu_hour_price=2.0,
+    )
     doc = plan_to_dict(p)
     assert doc["timing"]["gpu_preset"] == "A100-80GB" and doc["recommendation"]["micro_batch_size"] == 4
     for s in doc["strategies"]:
@@ -233,15 +281,31 @@ def test_json_time_object_and_training_budget():
             assert s["time"] is None
             continue
         t = s["time"]
-        assert {"compute_s", "comm_s", "exposed_comm_s", "optimizer_s", "step_s", "samples_per_s",
-                "samples_per_s_per_gpu", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "speedup_vs_single_gpu",
-                "scaling_efficiency", "train_hours", "gpu_hours", "cost"} <= set(t)
+        assert {
+            "compute_s",
+            "comm_s",
+            "exposed_comm_s",
+            "optimizer_s",
+            "step_s",
+            "samples_per_s",
+            "samples_per_s_per_gpu",
+            "tokens_per_s",
+            "tokens_per_s_per_gpu",
+            "mfu",
+            "speedup_vs_single_gpu",
+            "scaling_efficiency",
+            "train_hours",
+            "gpu_hours",
+            "cost",
+        } <= set(t)
         assert t["step_s"] == pytest.approx(t["compute_s"] + t["exposed_comm_s"] + t["optimizer_s"])
         assert t["tokens_per_s"] == pytest.approx(t["samples_per_s"] * 64)
         steps = 10**9 / 64 / s["global_batch_size"]
         assert t["train_hours"] == pytest.approx(steps * t["step_s"] / 3600)
         gpus = 1 if s["name"] == "single" else 2  # plain training runs on one of the two GPUs
-        assert t["gpu_hours"] == pytest.approx(gpus * t["train_hours"]) and t["cost"] == pytest.approx(2 * t["gpu_hours"])
+        assert t["gpu_hours"] == pytest.approx(gpus * t["train_hours"]) and t["cost"] == pytest.approx(
+            2 * t["gpu_hours"]
+        )
         assert 0 < t["mfu"] < 1 and t["speedup_vs_single_gpu"] > 0
     vision = plan_to_dict(_plan(model="resnet18", image_size=32, gpus=2, gpu="A100-80GB", micro_batch_size=8))
     assert all(s["time"]["tokens_per_s"] is None for s in vision["strategies"] if s["applicable"])
@@ -259,8 +323,18 @@ def _timed_row(name, order, step_s, total):
     class S:
         comm_order, offload, distributes = order, False, True
 
-    t = StepTime(micro_batch=1, micro_steps=1, compute_s=step_s, comm_s=0.0, exposed_comm_s=0.0, optimizer_s=0.0,
-                 flops=1, model_flops=1, peak_flops_per_s=1.0, overlap="")
+    t = StepTime(
+        micro_batch=1,
+        micro_steps=1,
+        compute_s=step_s,
+        comm_s=0.0,
+        exposed_comm_s=0.0,
+        optimizer_s=0.0,
+        flops=1,
+        model_flops=1,
+        peak_flops_per_s=1.0,
+        overlap="",
+    )
 
     class M:
         device_total = total
@@ -368,12 +442,15 @@ def test_hint_when_activation_checkpointing_is_not_needed():
     assert len(hints) == 1, on.warnings
     found = re.search(r"not needed: (.+?) fits without it at micro-batch (\d+)", hints[0])
     title, micro = found.group(1), int(found.group(2))
-    off = _plan(model="llama-2-7b", gpus=8, gpu="A100-80GB", micro_batch_size=micro,
-                global_batch_size=best.global_batch_size)
+    off = _plan(
+        model="llama-2-7b", gpus=8, gpu="A100-80GB", micro_batch_size=micro, global_batch_size=best.global_batch_size
+    )
     plain = next(r for r in off.rows if r.title == title)
     assert plain.fits is True
-    assert (f"takes {fmt_s(plain.time.step_s)} per optimizer step instead of {best.title}'s "
-            f"{fmt_s(best.time.step_s)} with it") in hints[0]
+    assert (
+        f"takes {fmt_s(plain.time.step_s)} per optimizer step instead of {best.title}'s "
+        f"{fmt_s(best.time.step_s)} with it"
+    ) in hints[0]
     assert f"{gib(plain.memory.device_total):.2f} GiB of 80.00 GiB per GPU" in hints[0]
     assert best.time.step_s / plain.time.step_s > 1.2  # the recompute of the forward: about a third of the FLOPs
     # where it is needed (a 24 GB GPU cannot hold llama-2-7b's activations without it), no hint
@@ -389,10 +466,25 @@ def test_h100_borrowed_error_band_holds_on_a_published_run():
     H100 80GB, FSDP FULL_SHARD, bf16, mb 24, gbs 384, seq 2048, 63,147 tokens/s/GPU (published_runs.md F23)."""
     from advisor.timing.compute import BORROWED_BAND
 
-    cfg = dict(model_type="mpt", expansion_ratio=4, max_seq_len=2048, vocab_size=50368, no_bias=True, d_model=1536,
-               n_heads=12, n_layers=24)
-    p = _plan(config_dict=cfg, seq_len=2048, gpus=8, gpu="H100-80GB", precision="bf16", micro_batch_size=24,
-              global_batch_size=384)
+    cfg = dict(
+        model_type="mpt",
+        expansion_ratio=4,
+        max_seq_len=2048,
+        vocab_size=50368,
+        no_bias=True,
+        d_model=1536,
+        n_heads=12,
+        n_layers=24,
+    )
+    p = _plan(
+        config_dict=cfg,
+        seq_len=2048,
+        gpus=8,
+        gpu="H100-80GB",
+        precision="bf16",
+        micro_batch_size=24,
+        global_batch_size=384,
+    )
     row = p.row("fsdp2")
     ratio = row.global_batch_size * 2048 / row.time.step_s / 8 / 63_147
     low, high, runs = BORROWED_BAND["hopper"]

@@ -5,11 +5,30 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.gpu_presets import (FIGURES, GPU_PRESETS, NETWORK_SPECS, NETWORKS, PCIE_HOST_GBPS, PCIE_RING_BUSBW_GBPS,
-                                 get_gpu_preset)
-from advisor.timing.comm import (DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, Fabric, all_gather_fabric_s,
-                                 all_gather_s, allreduce_s, bucketed_allreduce, ddp_bucket_sizes, pcie_transfer_s,
-                                 reduce_scatter_fabric_s, reduce_scatter_s, ring_allreduce_s, ring_latency_s)
+from advisor.gpu_presets import (
+    FIGURES,
+    GPU_PRESETS,
+    NETWORK_SPECS,
+    NETWORKS,
+    PCIE_HOST_GBPS,
+    PCIE_RING_BUSBW_GBPS,
+    get_gpu_preset,
+)
+from advisor.timing.comm import (
+    DDP_BUCKET_CAP_BYTES,
+    DDP_FIRST_BUCKET_BYTES,
+    Fabric,
+    all_gather_fabric_s,
+    all_gather_s,
+    allreduce_s,
+    bucketed_allreduce,
+    ddp_bucket_sizes,
+    pcie_transfer_s,
+    reduce_scatter_fabric_s,
+    reduce_scatter_s,
+    ring_allreduce_s,
+    ring_latency_s,
+)
 
 GiB, MiB = 2**30, 2**20
 
@@ -96,7 +115,8 @@ def test_hierarchical_wins_over_a_single_slow_nic():
     assert reduce_scatter_fabric_s(GiB, fabric) == pytest.approx(0.08388608, rel=1e-12)
     assert all_gather_fabric_s(GiB, fabric) == pytest.approx(0.08388608, rel=1e-12)
     assert reduce_scatter_fabric_s(GiB, fabric, "hierarchical") == pytest.approx(
-        0.00469762048 + 0.5 * 2**30 / 12e9, rel=1e-12)
+        0.00469762048 + 0.5 * 2**30 / 12e9, rel=1e-12
+    )
 
 
 def test_one_gpu_per_node_is_a_ring_over_the_network():
@@ -197,8 +217,17 @@ def test_older_attributes_still_read_the_same():
     assert (a100.memory_mib, a100.interconnect, a100.link_gbps) == (81920, "nvlink", 600.0)
     assert a100.memory_bytes == 81920 * 2**20 and "A100" in a100.source
     assert get_gpu_preset("RTX4090").interconnect == "pcie"
-    assert NETWORKS == {"ib-ndr": 50.0, "ib-hdr": 25.0, "ib-edr": 12.5, "400gbe": 50.0, "200gbe": 25.0,
-                        "100gbe": 12.5, "25gbe": 3.125, "10gbe": 1.25, "1gbe": 0.125}
+    assert NETWORKS == {
+        "ib-ndr": 50.0,
+        "ib-hdr": 25.0,
+        "ib-edr": 12.5,
+        "400gbe": 50.0,
+        "200gbe": 25.0,
+        "100gbe": 12.5,
+        "25gbe": 3.125,
+        "10gbe": 1.25,
+        "1gbe": 0.125,
+    }
     assert set(NETWORK_SPECS) == set(NETWORKS)
     for n in NETWORK_SPECS.values():
         assert 0 < n.nic_gbps <= n.line_gbps and n.latency_s > 0 and n.source.strip()

@@ -14,15 +14,34 @@ from advisor.timing.comm import Fabric
 # BLOOM's width and vocabulary (published_runs.md O33: h 14336, 64 heads; BLOOM's 250,880-token vocabulary, tied
 # embeddings) on a llama block, 6 layers: the embedding's pipeline stage of O33's 72 layers over PP 12.
 H, FFN, LAYERS, VOCAB, T = 14336, 57344, 6, 250880, 8
-BLOOM_STAGE = dict(model_type="llama", hidden_size=H, intermediate_size=FFN, num_hidden_layers=LAYERS,
-                   num_attention_heads=64, num_key_value_heads=64, vocab_size=VOCAB, max_position_embeddings=2048,
-                   tie_word_embeddings=True)
+BLOOM_STAGE = dict(
+    model_type="llama",
+    hidden_size=H,
+    intermediate_size=FFN,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=64,
+    num_key_value_heads=64,
+    vocab_size=VOCAB,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
 
 
 @pytest.fixture(scope="module")
 def bloom_tp8():
-    return plan(plan_inputs(config_dict=BLOOM_STAGE, seq_len=2048, gpus=8, gpu="A100-80GB", detect_hardware=False,
-                            precision="bf16", micro_batch_size=1, global_batch_size=8, strategy="tp"))
+    return plan(
+        plan_inputs(
+            config_dict=BLOOM_STAGE,
+            seq_len=2048,
+            gpus=8,
+            gpu="A100-80GB",
+            detect_hardware=False,
+            precision="bf16",
+            micro_batch_size=1,
+            global_batch_size=8,
+            strategy="tp",
+        )
+    )
 
 
 def test_bloom_vocab_is_sharded_over_tp_ranks(bloom_tp8):

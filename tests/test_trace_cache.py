@@ -54,16 +54,23 @@ def test_what_if_questions_reuse_every_trace(counted):
     assert counted["traces"] and counted["counts"]
     counted["traces"].clear()
     counted["counts"] = 0
-    for change in (dict(micro_batch_size=4), dict(global_batch_size=8), dict(nodes=2, network="ib-hdr"),
-                   dict(network="1gbe", nodes=2), dict(gpu="H100-80GB"), dict(gpus=4, tp_degree=2)):
+    for change in (
+        dict(micro_batch_size=4),
+        dict(global_batch_size=8),
+        dict(nodes=2, network="ib-hdr"),
+        dict(network="1gbe", nodes=2),
+        dict(gpu="H100-80GB"),
+        dict(gpus=4, tp_degree=2),
+    ):
         doc = _doc(**change)
         assert doc["strategies"], change
     assert counted["traces"] == [] and counted["counts"] == 0
     assert _doc() == first  # the answer from the cache is the answer
 
 
-@pytest.mark.parametrize("change", [dict(seq_len=32), dict(precision="fp32"), dict(activation_checkpointing=True),
-                                    dict(attention="math")])
+@pytest.mark.parametrize(
+    "change", [dict(seq_len=32), dict(precision="fp32"), dict(activation_checkpointing=True), dict(attention="math")]
+)
 def test_every_key_component_misses(counted, change):
     _doc()
     counted["traces"].clear()
@@ -77,8 +84,10 @@ def test_another_gpu_count_finds_its_tp_shard_already_traced(counted):
     here; 8 does not divide the kv heads), and the question with 4 GPUs traces nothing."""
     small = dict(config_path=str(ROOT / "bench" / "llama_small.json"), seq_len=32)
     _doc(**small)
-    assert {t for t in counted["traces"] if t[3] > 1} == {("autocast", "flash", False, 2),
-                                                         ("autocast", "flash", False, 4)}
+    assert {t for t in counted["traces"] if t[3] > 1} == {
+        ("autocast", "flash", False, 2),
+        ("autocast", "flash", False, 4),
+    }
     counted["traces"].clear()
     doc = _doc(**small, gpus=4)
     assert counted["traces"] == []
@@ -146,7 +155,9 @@ def test_no_cache_neither_reads_nor_writes(counted, tmp_path, capsys):
     assert not (tmp_path / "cache").exists()
     assert main(argv) == 0
     info = DiskCache().info()
-    assert info.by_namespace["activations"][0] >= 1 and info.by_namespace["param_stats"][0] == 2  # the model and its TP shard
+    assert (
+        info.by_namespace["activations"][0] >= 1 and info.by_namespace["param_stats"][0] == 2
+    )  # the model and its TP shard
     profile.clear_trace_cache()
     counted["traces"].clear()
     assert main(argv + ["--no-cache"]) == 0

@@ -23,7 +23,7 @@ from strategies.launchers import DEEPSPEED, TORCHRUN
 
 STEPS = 2
 
-STANDIN = r'''
+STANDIN = r"""
 import json, os, resource, sys, time
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -64,12 +64,13 @@ else:
     time.sleep(0.5)  # rank 0 has closed the file
 if mode == "abort_after_report" and rank == 1:
     os.abort()  # SIGABRT in "teardown", after the figures are on disk
-'''
+"""
 
 
 def _result(run_dir: Path) -> VerifyResult:
-    return VerifyResult(strategy="standin", device="cpu", world_size=2, steps=STEPS, log_dir=str(run_dir),
-                        estimated_peak_bytes=1000)
+    return VerifyResult(
+        strategy="standin", device="cpu", world_size=2, steps=STEPS, log_dir=str(run_dir), estimated_peak_bytes=1000
+    )
 
 
 def _launch_standin(tmp_path: Path, launcher, mode: str) -> tuple[int | None, VerifyResult]:
@@ -88,9 +89,12 @@ def _deepspeed_launcher_available() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
 
-LAUNCHERS = [pytest.param(TORCHRUN, id="torchrun"),
-             pytest.param(DEEPSPEED, id="deepspeed",
-                          marks=pytest.mark.skipif(not _deepspeed_launcher_available(), reason="no deepspeed"))]
+LAUNCHERS = [
+    pytest.param(TORCHRUN, id="torchrun"),
+    pytest.param(
+        DEEPSPEED, id="deepspeed", marks=pytest.mark.skipif(not _deepspeed_launcher_available(), reason="no deepspeed")
+    ),
+]
 
 
 @pytest.mark.slow
@@ -103,8 +107,9 @@ def test_abort_after_every_rank_reported_is_measured_with_a_note(launcher, tmp_p
     assert [r["measured_peak_bytes"] for r in result.per_rank] == [1000, 1001]
     assert result.losses == pytest.approx([2.0, 1.9])
     assert result.message == "completed"
-    assert "all ranks reported, then rank 1 exited with -6 (SIGABRT) during teardown: figures are valid" \
-        in result.notes, (result.notes, log[-2000:])
+    assert (
+        "all ranks reported, then rank 1 exited with -6 (SIGABRT) during teardown: figures are valid" in result.notes
+    ), (result.notes, log[-2000:])
 
 
 @pytest.mark.slow
@@ -141,12 +146,15 @@ def test_report_left_by_an_earlier_run_does_not_count(tmp_path):
     assert "earlier run" in read_report(run_dir / "out" / "report.json", 2, STEPS, time.time())[1]
 
 
-@pytest.mark.parametrize("report, why", [
-    (_report(ranks=(0,)), "the report has ranks [0], expected 0..1"),
-    (_report(steps=1), "rank 0 reported 1 of 2 steps"),
-    ('{"per_rank": [{"rank": 0, "peak', "cut short"),
-    ({"per_rank": None}, "no per-rank list"),
-])
+@pytest.mark.parametrize(
+    "report, why",
+    [
+        (_report(ranks=(0,)), "the report has ranks [0], expected 0..1"),
+        (_report(steps=1), "rank 0 reported 1 of 2 steps"),
+        ('{"per_rank": [{"rank": 0, "peak', "cut short"),
+        ({"per_rank": None}, "no per-rank list"),
+    ],
+)
 def test_incomplete_report_is_a_failure_even_with_exit_0(report, why, tmp_path):
     run_dir = _run_dir(tmp_path, report)
     result = conclude(_result(run_dir), 0, False, 60, time.time() - 5)
@@ -168,17 +176,27 @@ def test_clean_run_has_no_note(tmp_path):
 def test_hang_in_teardown_after_reporting_is_measured(tmp_path):
     result = conclude(_result(_run_dir(tmp_path, _report())), None, True, 60, time.time() - 5)
     assert result.ok
-    assert result.notes == [("all ranks reported, then the run did not exit within 60 s (stuck in teardown) and "
-                             "was stopped: figures are valid")]
+    assert result.notes == [
+        (
+            "all ranks reported, then the run did not exit within 60 s (stuck in teardown) and "
+            "was stopped: figures are valid"
+        )
+    ]
 
 
 def test_teardown_note_reads_each_launchers_summary():
-    ds = ("[2026-12-01 11:06:15,267] [ERROR] [launch.py:325:sigkill_handler] ['/v/bin/python3.11', '-u', "
-          "'train.py', '--local_rank=1', '--steps', '3'] exits with return code = -6\n")
-    assert teardown_note(ds, 250, False, 60) == \
-        "all ranks reported, then rank 1 exited with -6 (SIGABRT) during teardown: figures are valid"
-    tr = ("[0]:\n  time      : 2026-12-01_11:06:15\n  host      : h\n  rank      : 1 (local_rank: 1)\n"
-          "  exitcode  : -11 (pid: 42)\n")
+    ds = (
+        "[2026-12-01 11:06:15,267] [ERROR] [launch.py:325:sigkill_handler] ['/v/bin/python3.11', '-u', "
+        "'train.py', '--local_rank=1', '--steps', '3'] exits with return code = -6\n"
+    )
+    assert (
+        teardown_note(ds, 250, False, 60)
+        == "all ranks reported, then rank 1 exited with -6 (SIGABRT) during teardown: figures are valid"
+    )
+    tr = (
+        "[0]:\n  time      : 2026-12-01_11:06:15\n  host      : h\n  rank      : 1 (local_rank: 1)\n"
+        "  exitcode  : -11 (pid: 42)\n"
+    )
     assert "rank 1 exited with -11 (SIGSEGV)" in teardown_note(tr, 1, False, 60)
     assert "the launcher exited with code 1 during teardown" in teardown_note("", 1, False, 60)
 
@@ -189,8 +207,10 @@ def test_deepspeed_cpu_launch_says_it_will_compile_when_the_op_is_not_cached(tmp
     the pre-launch note says so and where it is cached; torchrun scripts and GPU runs get no note."""
     env = {"TORCH_EXTENSIONS_DIR": str(tmp_path)}
     note = DEEPSPEED.first_use_note("cpu", env)
-    assert note == ("DeepSpeed builds its CPU communication op on first use: a C++ compile of a few minutes (2.5 on "
-                    f"2 cores), once, silent until it is done; cached in {tmp_path / 'deepspeed_shm_comm'}")
+    assert note == (
+        "DeepSpeed builds its CPU communication op on first use: a C++ compile of a few minutes (2.5 on "
+        f"2 cores), once, silent until it is done; cached in {tmp_path / 'deepspeed_shm_comm'}"
+    )
     assert DEEPSPEED.first_use_note("cuda", env) is None
     assert TORCHRUN.first_use_note("cpu", env) is None
 
@@ -221,9 +241,20 @@ def test_deepspeed_launch_sh_says_so_on_a_cpu(tmp_path):
     from strategies.render import render_files
 
     tiny = str(Path(__file__).resolve().parents[1] / "tests" / "data" / "small_llama.json")
-    p = plan(plan_inputs(config_path=tiny, seq_len=32, gpus=2, interconnect="nvlink", detect_hardware=False,
-                         precision="fp32", micro_batch_size=2))
+    p = plan(
+        plan_inputs(
+            config_path=tiny,
+            seq_len=32,
+            gpus=2,
+            interconnect="nvlink",
+            detect_hardware=False,
+            precision="fp32",
+            micro_batch_size=2,
+        )
+    )
     zero = render_files(p, "zero2")["launch.sh"]
-    assert ('  export DS_ACCELERATOR=cpu\n  echo "the first run compiles DeepSpeed\'s CPU communication op (C++, a few '
-            'minutes, once; cached in torch\'s extension directory): nothing is printed until it is done"\nfi\n') in zero
+    assert (
+        "  export DS_ACCELERATOR=cpu\n  echo \"the first run compiles DeepSpeed's CPU communication op (C++, a few "
+        "minutes, once; cached in torch's extension directory): nothing is printed until it is done\"\nfi\n"
+    ) in zero
     assert "compiles" not in render_files(p, "ddp")["launch.sh"]

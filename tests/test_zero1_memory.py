@@ -26,8 +26,15 @@ MEASURED_ZERO1_FP32 = 40_197_784
 def _row(strategy: str, precision: str = "fp32"):
     # verify_plan's cache is the CPU calibration's (the step times; no memory figure reads it): the session's one,
     # not a calibration measured for each call.
-    inputs = plan_inputs(config_path=str(SMALL_LLAMA), seq_len=32, micro_batch_size=2, gpus=2, nodes=1,
-                         precision=precision, detect_hardware=False)
+    inputs = plan_inputs(
+        config_path=str(SMALL_LLAMA),
+        seq_len=32,
+        micro_batch_size=2,
+        gpus=2,
+        nodes=1,
+        precision=precision,
+        detect_hardware=False,
+    )
     _, p, _, _ = verify_plan(inputs, strategy, "cpu", precision_explicit=True, say=lambda s: None)
     return p, next(r for r in p.rows if r.name == strategy)
 
@@ -101,10 +108,29 @@ def test_zero1_reductions_of_a_model_larger_than_the_bucket(zero1_fp32):
 
     p, _ = zero1_fp32
     b = 1000
-    s = ZeroSizes(weights=20 * b, gathered=0, master=10 * b, moments=20 * b, grads16=20 * b, grads16_partition=5 * b,
-                  grads32=10 * b, bucket=2 * b, reduce_copy=2 * b, partition_numel=2500, w=2)
-    step = SimpleNamespace(activations=0, fwd_peak=0, bwd_activations=0, bwd_grads=0, bwd_peak=0,
-                           bwd_net_activations=0, bwd_net_grads=0, bwd_net_peak=0)
+    s = ZeroSizes(
+        weights=20 * b,
+        gathered=0,
+        master=10 * b,
+        moments=20 * b,
+        grads16=20 * b,
+        grads16_partition=5 * b,
+        grads32=10 * b,
+        bucket=2 * b,
+        reduce_copy=2 * b,
+        partition_numel=2500,
+        w=2,
+    )
+    step = SimpleNamespace(
+        activations=0,
+        fwd_peak=0,
+        bwd_activations=0,
+        bwd_grads=0,
+        bwd_peak=0,
+        bwd_net_activations=0,
+        bwd_net_grads=0,
+        bwd_net_peak=0,
+    )
     phases = _stage1_phases(p, s, step)
     reduce = phases["end of backward (bucket reduction)"]
     assert (reduce.grads, reduce.buffers) == (21 * b, 4 * b)
@@ -123,8 +149,16 @@ def test_zero1_accumulating_keeps_every_gradient_and_the_bucket_between_micro_st
     ``independent_gradient_partition_epilogue`` -> ``_release_ipg_buffers``: from the second micro-step on, the
     forward and backward run beside every gradient (4P) and the bucket (4P). Estimated 40,197,256 bytes before
     (-11.2%); the backward of the second micro-step, net of the gradients it adds into, is now the peak."""
-    inputs = plan_inputs(config_path=str(SMALL_LLAMA), seq_len=32, micro_batch_size=2, global_batch_size=8, gpus=2,
-                         nodes=1, precision="fp32", detect_hardware=False)
+    inputs = plan_inputs(
+        config_path=str(SMALL_LLAMA),
+        seq_len=32,
+        micro_batch_size=2,
+        global_batch_size=8,
+        gpus=2,
+        nodes=1,
+        precision="fp32",
+        detect_hardware=False,
+    )
     _, p, _, _ = verify_plan(inputs, "zero1", "cpu", precision_explicit=True, say=lambda s: None)
     row = p.row("zero1")
     assert row.grad_accum_steps == 2
