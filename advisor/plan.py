@@ -241,7 +241,7 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
         )
     mb_note, asked_micro_batch = None, opts.micro_batch_size  # the user's, else the family's default
     if inputs.training.micro_batch_size is None and device == Device.CUDA:
-        # Unless the user set it, the micro-batch with the best throughput among those that fit (issue 13).
+        # Unless the user set it, the micro-batch with the best throughput among those that fit.
         chosen = choose_micro_batch(ctx, rows)
         if chosen is not None:
             mb_note = chosen[1]

@@ -140,7 +140,7 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
 
 def _time_lines(p: Plan) -> list[str]:
     """The step-time table: one optimizer step at each row's global batch, its parts, throughput, MFU and the
-    speed-up over one GPU (issue 13). Empty when no row could be timed (a GPU without a preset)."""
+    speed-up over one GPU. Empty when no row could be timed (a GPU without a preset)."""
     from .document import time_to_dict
     from .units import fmt_rate, fmt_s
 

@@ -107,7 +107,7 @@ def checkpointing_not_needed(
     )
 
 
-# What the nothing-fits answer offers a full fine-tuning of a transformer (issue 16): LoRA at rank 16 on peft's default
+# What the nothing-fits answer offers a full fine-tuning of a transformer: LoRA at rank 16 on peft's default
 # targets for the architecture (the QLoRA paper's and peft's examples use ranks 8-64), on a 16-bit base and on an
 # nf4 base with double quantization (the QLoRA paper's recipe).
 _LORA_OFFERS = (("LoRA", AdapterSpec(rank=16)), ("QLoRA", AdapterSpec(rank=16, quantize=Quant.NF4, double_quant=True)))

@@ -114,7 +114,7 @@ TIME_PARTS: tuple[tuple[Literal["compute_s", "exposed_comm_s", "optimizer_s"], s
 
 
 def time_frame(doc: PlanDoc) -> pd.DataFrame:
-    """Long-form seconds per optimizer step by part for every timed strategy (issue 13)."""
+    """Long-form seconds per optimizer step by part for every timed strategy."""
     rows = []
     for s in doc["strategies"]:
         t = s.get("time")

@@ -71,7 +71,7 @@ def hf_config(
                 cfg_dict["num_attention_heads"] = heads // tp_degree
                 cfg_dict["num_key_value_heads"] = kv // tp_degree
                 cfg_dict["intermediate_size"] = int(config.intermediate_size) // tp_degree
-                # The vocabulary too (issue 31): the emitted plan (strategies/templates/tp.py) shards the LM head's
+                # The vocabulary too: the emitted plan (strategies/templates/tp.py) shards the LM head's
                 # rows over the TP ranks for the vocab-parallel cross-entropy (loss_parallel; Megatron-LM's
                 # VocabParallelEmbedding and vocab_parallel_cross_entropy) and the input embedding with it, so a
                 # rank holds and computes logits for ceil(V / t) rows: DTensor's Shard(0) splits as torch.chunk
