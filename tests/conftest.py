@@ -25,9 +25,10 @@ def root() -> Path:
 def one_cpu_calibration_per_session() -> Iterator[None]:
     """Verification runs reuse the session's CPU calibration (``advisor.timing.calibrate``, one per rank count, in the
     session's cache) however busy the machine was while it was measured. A calibration measured beside other load is
-    ``contended`` and, for users, measured again after ``CONTENDED_TTL_S`` (10 minutes): on a shared machine each
-    verifying test file after the first paid another one (two worker processes importing torch, 10-20 s). No test
-    reads the predicted step time's value; tests/test_cpu_calibration.py tests the renewal with its own ages."""
+    ``contended`` and, for users, measured again after ``CONTENDED_TTL_S`` (10 minutes): on a shared machine every
+    verification more than 10 minutes after the last measurement paid another one (worker processes importing torch,
+    10-20 s). No test reads the predicted step time's value; tests/test_cpu_calibration.py tests the renewal with
+    ages of its own."""
     from advisor.timing import calibrate
 
     with pytest.MonkeyPatch.context() as mp:
