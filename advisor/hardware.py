@@ -16,6 +16,7 @@ from .schema import ClusterSpec
 
 if TYPE_CHECKING:
     from .timing.calibrate import CpuCalibration
+    from .timing.gpu_model import GpuModel
 
 # Where the host RAM figure comes from: this machine's (planning for its own GPUs), the user's
 # (--host-mem / the page's field), or nobody's (planning for a preset GPU elsewhere).
@@ -62,6 +63,9 @@ class Hardware:
     # which the step-time model uses in place of a GPU preset's figures (``strategies.base.timing_of``). None:
     # time a GPU by its preset.
     calibration: CpuCalibration | None = field(default=None, compare=False, repr=False)
+    # GPU plans only: the compute model's constants to time this GPU with (``advisor.timing.gpu_model.GpuModel``:
+    # a calibration of this machine's GPU, or a fit's trial values). None: the GPU generation's fitted constants.
+    gpu_model: GpuModel | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_gpus(self) -> int:
