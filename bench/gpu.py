@@ -3,6 +3,7 @@
     python -m bench.gpu prepare --out bench/gpu_cases          # here (CPU): plan, emit, expected.json per case
     python -m bench.gpu run --cases bench/gpu_cases --out $OUT  # there (GPU): calibrate, run each case, measure
     python -m bench.gpu render --results DIR                   # here: DIR's results -> bench/GPU.md
+    python -m bench.gpu wheels --out .whl                      # here: deepspeed and a slim bitsandbytes to carry
 
 How to carry the cases (and optional wheels) to the lent machine: bench/README.md, "GPU truth run".
 """
@@ -29,9 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, required=True, help="folder for machine.json, results.jsonl, logs")
     run.add_argument("--deadline", type=positive_float, default=None, help="seconds for the whole run (default 480)")
     run.add_argument("--no-calibrate", action="store_true", help="skip `advisor calibrate`")
+    run.add_argument("--only", action="append", default=[], metavar="REGEX", help="cases whose id matches")
     ren = sub.add_parser("render", help="write bench/GPU.md from a run's folder")
     ren.add_argument("--results", type=Path, required=True, help="the folder run wrote ($OUT, fetched)")
     ren.add_argument("--md", type=Path, default=None, help="where to write (default bench/GPU.md)")
+    whl = sub.add_parser("wheels", help="download/build the wheels to carry (deepspeed, slim bitsandbytes)")
+    whl.add_argument("--out", type=Path, default=Path(".whl"), help="folder for the wheels")
     return p
 
 
@@ -54,11 +58,21 @@ def _main(argv: list[str]) -> int:
         if not (args.cases / ".").is_dir():
             raise AdvisorError(f"--cases {args.cases}: no such folder (run `python -m bench.gpu prepare` first)")
         try:
-            results = run(args.cases, args.out, args.deadline or DEADLINE_S, calibrate=not args.no_calibrate)
+            results = run(
+                args.cases, args.out, args.deadline or DEADLINE_S, calibrate=not args.no_calibrate, only=args.only
+            )
         except ValueError as err:
             raise AdvisorError(str(err)) from None
         done = sum(r["status"] == "ok" for r in results)
         print(f"{done} of {len(results)} cases measured; results in {args.out}")
+        return 0
+    if args.command == "wheels":
+        from .gpu_wheels import build
+
+        try:
+            build(args.out)
+        except RuntimeError as err:
+            raise AdvisorError(str(err)) from None
         return 0
     from .gpu_render import GPU_MD, write
 

@@ -40,6 +40,7 @@ OPTIONAL_PACKAGES = ("transformers", "peft", "deepspeed", "bitsandbytes", "torch
 # schedule, not model constants: each result records its wall time, so the next schedule can use those.
 STARTUP_S = {LauncherKind.PYTHON: 30.0, LauncherKind.TORCHRUN: 35.0, LauncherKind.DEEPSPEED: 50.0}
 STEP_MARGIN = 3.0
+STAND_IN_BASE_S = 20.0  # QLoRA without --init-from first saves a random base and loads it quantized (5 GB for 1B)
 TIMEOUT_FACTOR = 2.5  # a case is stopped at this x its budget (and never after the whole run's deadline)
 _PORT = 29555  # a placeholder port, replaced by ``{port}`` in the command
 _PROBE_OPTS = ("--measured-steps",)
@@ -63,25 +64,27 @@ def _lm(model: str, seq: int, strategy: str, mb: int, steps: int = STEPS, adapte
     )
 
 
-# In run order: the 1B model's strategies first (GEMM-bound at seq 2048, micro-batch 4), those needing deepspeed or
-# bitsandbytes after the torch-only ones, then gpt2 at its longest sequence (1024) and micro-batch 8. A case whose
-# packages are missing there is skipped at no cost; the schedule skips the rest once the budget runs out.
+# In run order, most telling first: the 1B model (GEMM-bound at seq 2048, micro-batch 4) under each family of
+# strategy, then the variants that repeat one (DDP at one rank is single plus a wrapper, ZeRO-1 is ZeRO-2's
+# memory), then gpt2 at its longest sequence (1024) and micro-batch 8. A case whose packages are missing there is
+# skipped at no cost, so without deepspeed and bitsandbytes the torch-only cases run in the same order; the schedule
+# skips any case whose budget no longer fits before the deadline.
 CASES: tuple[Case, ...] = (
     _lm(LLAMA_1B, 2048, "single", 4),
-    _lm(LLAMA_1B, 2048, "ddp", 4),
     _lm(LLAMA_1B, 2048, "fsdp2", 4),
-    _lm(LLAMA_1B, 2048, "single", 4, adapter="lora"),
-    _lm("gpt2", 1024, "single", 8),
-    _lm("gpt2", 1024, "ddp", 8),
-    _lm("gpt2", 1024, "fsdp2", 8),
-    _lm("gpt2", 1024, "single", 8, adapter="lora"),
-    _lm(LLAMA_1B, 2048, "zero1", 4),
     _lm(LLAMA_1B, 2048, "zero2", 4),
     _lm(LLAMA_1B, 2048, "zero3", 4),
-    _lm(LLAMA_1B, 2048, "zero2_offload", 4, steps=OFFLOAD_STEPS),
-    _lm(LLAMA_1B, 2048, "zero3_offload", 4, steps=OFFLOAD_STEPS),
+    _lm(LLAMA_1B, 2048, "single", 4, adapter="lora"),
     _lm(LLAMA_1B, 2048, "single", 4, adapter="qlora"),
+    _lm(LLAMA_1B, 2048, "zero3_offload", 4, steps=OFFLOAD_STEPS),
+    _lm(LLAMA_1B, 2048, "ddp", 4),
+    _lm(LLAMA_1B, 2048, "zero1", 4),
+    _lm(LLAMA_1B, 2048, "zero2_offload", 4, steps=OFFLOAD_STEPS),
     _lm(LLAMA_1B, 2048, "fsdp2_offload", 4, steps=OFFLOAD_STEPS),
+    _lm("gpt2", 1024, "single", 8),
+    _lm("gpt2", 1024, "fsdp2", 8),
+    _lm("gpt2", 1024, "ddp", 8),
+    _lm("gpt2", 1024, "single", 8, adapter="lora"),
     _lm("gpt2", 1024, "zero2", 8),
     _lm("gpt2", 1024, "zero3", 8),
     _lm("gpt2", 1024, "single", 8, adapter="qlora"),
@@ -204,10 +207,11 @@ def _expected(estimate: dict[str, object], overhead: dict[str, int]) -> Expected
     }
 
 
-def budget_s(launcher: LauncherKind, steps: int, step_s: float | None) -> float:
-    """Seconds allowed for one case: ``STARTUP_S`` for its launcher plus ``steps`` x ``STEP_MARGIN`` x the predicted
-    step (1 s when the plan has no time)."""
-    return STARTUP_S[launcher] + steps * STEP_MARGIN * (step_s if step_s else 1.0)
+def budget_s(launcher: LauncherKind, steps: int, step_s: float | None, quantized: bool = False) -> float:
+    """Seconds allowed for one case: ``STARTUP_S`` for its launcher (plus ``STAND_IN_BASE_S`` for a quantized base)
+    and ``steps`` x ``STEP_MARGIN`` x the predicted step (1 s when the plan has no time)."""
+    extra = STAND_IN_BASE_S if quantized else 0.0
+    return STARTUP_S[launcher] + extra + steps * STEP_MARGIN * (step_s if step_s else 1.0)
 
 
 def prepare(
@@ -249,7 +253,7 @@ def prepare(
         (folder / "plan.json").write_text(json.dumps(doc, indent=1) + "\n")
         overhead = _device_overhead(doc, case.strategy)
         expected = _expected(dict(job.estimate), overhead)
-        budget = budget_s(unit.launcher.name, case.steps, expected["step_s"])
+        budget = budget_s(unit.launcher.name, case.steps, expected["step_s"], case.quantize is not None)
         spec: CaseSpec = {
             "case_id": case.case_id,
             "order": order,

@@ -49,14 +49,19 @@ def _summary(results: list[CaseResult], key: str) -> str:
     if not errors:
         return "no measured case"
     worst = max(errors)
-    return f"median |error| {100 * statistics.median(errors):.1f}%, worst {100 * worst:.1f}% ({len(errors)} cases)"
+    n = len(errors)
+    return f"median |error| {100 * statistics.median(errors):.1f}%, worst {100 * worst:.1f}% ({n} case{'s' * (n != 1)})"
 
 
 def render(machine: dict[str, object], results: list[CaseResult]) -> str:
     """The Markdown page: the machine, a summary per figure, one row per case (measured or failed) and the skipped
     cases with why."""
     packages = machine.get("packages")
-    found = ", ".join(f"{k} {v}" for k, v in packages.items() if v) if isinstance(packages, dict) else "not recorded"
+    found = "not recorded"
+    if isinstance(packages, dict):
+        found = ", ".join(f"{k} {v}" for k, v in packages.items() if v) or "none"
+        absent = [str(k) for k, v in packages.items() if not v]
+        found += f"; not installed: {', '.join(absent)}" if absent else ""
     calibrate = machine.get("calibrate")
     lines = [
         "# GPU truth run: estimates vs one GPU",

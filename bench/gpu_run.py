@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -138,13 +139,10 @@ def conclude_case(
         "losses": [float(x) for x in rank["losses"]],
         "device": str(raw.get("device", "")),
     }
-    result.update(
-        status="ok",
-        measured=measured,
-        allocated_error=_relative(est.get("peak_allocated_bytes"), measured["peak_allocated_bytes"]),
-        reserved_error=_relative(est.get("peak_reserved_bytes"), measured["peak_reserved_bytes"]),
-        step_error=_relative(est.get("step_s"), step),
-    )
+    result["status"], result["measured"] = "ok", measured
+    result["allocated_error"] = _relative(est.get("peak_allocated_bytes"), measured["peak_allocated_bytes"])
+    result["reserved_error"] = _relative(est.get("peak_reserved_bytes"), measured["peak_reserved_bytes"])
+    result["step_error"] = _relative(est.get("step_s"), step)
     return result
 
 
@@ -276,17 +274,22 @@ def run(
     deadline_s: float = DEADLINE_S,
     calibrate: bool = True,
     say: Callable[[str], None] = print,
+    only: list[str] | None = None,
 ) -> list[CaseResult]:
     """Calibrate (when the subcommand exists), then run every case of ``cases_dir`` in order until ``deadline_s``
     seconds from the start have passed, each stopped at its ``timeout_s`` or the deadline, whichever is first.
+    ``only``: regular expressions; just the cases whose id matches one.
 
     Raises:
         ValueError: ``cases_dir`` holds no case, or a file that is not a case's JSON.
     """
     start = time.monotonic()
-    specs = read_cases(cases_dir)
+    specs = [s for s in read_cases(cases_dir) if not only or any(re.search(p, s["case_id"]) for p in only)]
     if not specs:
-        raise ValueError(f"{cases_dir}: no case folders (make them with `python -m bench.gpu prepare --out DIR`)")
+        raise ValueError(
+            f"{cases_dir}: no case folder{' matches ' + str(only) if only else ''} (make them with "
+            "`python -m bench.gpu prepare --out DIR`)"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in (RESULTS, LOGS):
         (out_dir / name).write_text("")
