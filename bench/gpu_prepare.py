@@ -116,7 +116,7 @@ class CaseSpec(TypedDict):
     model: str
     gpu_preset: str
     launch: str  # the line a user runs (the strategy's launcher)
-    advisor_command: str  # the advisor command that plans and emits the same script
+    advisor_command: str  # the advisor command that plans and emits the same script (with its default --steps)
     argv: list[str]  # the probe's command, with {python}, {probe} and {port} to fill in
     steps: int
     measured_steps: int

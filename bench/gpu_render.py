@@ -83,8 +83,8 @@ def render(machine: dict[str, object], results: list[CaseResult]) -> str:
         f"- step time: {_summary(results, 'step_error')}",
         "",
         "| case | est. allocated GiB | measured | error | est. reserved GiB | measured | error | est. step ms | "
-        "measured | error | wall s | status |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "measured | error | wall s | budget s | status |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     skipped = []
     for r in results:
@@ -107,6 +107,7 @@ def render(machine: dict[str, object], results: list[CaseResult]) -> str:
             _ms(m["step_s"] if m else None),
             _pct(r["step_error"]),
             f"{r['wall_s']:.0f}",
+            f"{r['budget_s']:.0f}" if isinstance(r.get("budget_s"), (int, float)) else "-",
             status.replace("|", "/"),
         ]
         lines.append("| " + " | ".join(cells) + " |")

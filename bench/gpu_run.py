@@ -295,7 +295,11 @@ def run(
         (out_dir / name).write_text("")
     machine = machine_info()
     (out_dir / MACHINE).write_text(json.dumps(machine, indent=2) + "\n")
-    say(f"{machine['gpu']}, driver {machine['driver']}, torch {machine['torch']}: {len(specs)} cases")
+    budgeted = sum(s["budget_s"] for s in specs if not missing_packages(s["needs"]))
+    say(
+        f"{machine['gpu']}, driver {machine['driver']}, torch {machine['torch']}: {len(specs)} cases, "
+        f"{budgeted:.0f} s budgeted for those whose packages are here, {deadline_s:.0f} s to the deadline"
+    )
     env = _case_env(str(ROOT))
     results: list[CaseResult] = []
     with tempfile.TemporaryDirectory(prefix="gpu-truth-") as tmp:

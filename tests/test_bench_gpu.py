@@ -193,6 +193,7 @@ def test_render_writes_the_table_from_results(tmp_path: Path):
         "status": "ok",
         "error": "",
         "wall_s": 31.4,
+        "budget_s": 36.5,
         "estimate": {"peak_allocated_bytes": 3 * 2**30, "peak_reserved_bytes": 4 * 2**30, "step_s": 0.15},
         "measured": {"peak_allocated_bytes": 2 * 2**30, "peak_reserved_bytes": 5 * 2**30, "step_s": 0.125},
         "allocated_error": 0.5,
@@ -216,9 +217,12 @@ def test_render_writes_the_table_from_results(tmp_path: Path):
     )
     assert "- date: 2026-12-10 09:00 UTC" in text
     assert (
-        "| llama-x-single-w1 | 3.00 | 2.00 | +50.0% | 4.00 | 5.00 | -20.0% | 150.0 | 125.0 | +20.0% | 31 | ok |" in text
+        "| llama-x-single-w1 | 3.00 | 2.00 | +50.0% | 4.00 | 5.00 | -20.0% | 150.0 | 125.0 | +20.0% | 31 | 36 | ok |"
+        in text
     )
-    assert "| llama-x-fsdp2-w1 | 3.00 | - | - | 4.00 | - | - | 150.0 | - | - | 31 | FAILED: out of memory |" in text
+    assert (
+        "| llama-x-fsdp2-w1 | 3.00 | - | - | 4.00 | - | - | 150.0 | - | - | 31 | 36 | FAILED: out of memory |" in text
+    )
     assert "- llama-x-zero2-w1: needs deepspeed" in text
     assert "- allocated peak: median |error| 50.0%, worst 50.0% (1 case)" in text
 
