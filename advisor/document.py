@@ -14,6 +14,7 @@ from .explain import tokens_per_sample
 from .plan import Plan, training_budget
 from .rows import StrategyRow, gpus_used
 from .schema import echo
+from .timing.error_band import ErrorBand, memory_band, time_band
 
 SCHEMA_VERSION = 2
 
@@ -54,9 +55,19 @@ class HardwareDoc(TypedDict):
     sources: dict[str, str]
 
 
+class ErrorBandDoc(TypedDict):
+    """An ``error_band``: the true figure lay within ``[figure x (1 + low), figure x (1 + high)]`` for at least 80%
+    of the rows ``based_on`` names (``advisor.timing.error_band.ErrorBand``; low <= 0 <= high)."""
+
+    low: float
+    high: float
+    based_on: str
+
+
 class TimeDoc(TypedDict):
     """A row's ``time``: one optimizer step at the row's global batch (seconds, FLOPs and rates per GPU unless
-    said), and with a training budget the whole run's hours and cost."""
+    said), and with a training budget the whole run's hours and cost. ``error_band`` holds for ``step_s`` and
+    every figure proportional to it (the hours, the cost; inverted, the rates)."""
 
     compute_s: float
     comm_s: float
@@ -77,6 +88,7 @@ class TimeDoc(TypedDict):
     overlap: str
     collectives: list[dict[str, object]]
     notes: list[str]
+    error_band: ErrorBandDoc
     train_hours: NotRequired[float | None]
     gpu_hours: NotRequired[float | None]
     cost: NotRequired[float | None]
@@ -103,6 +115,7 @@ class StrategyDoc(TypedDict):
     fit_note: NotRequired[str | None]
     load_host_bytes_per_node: NotRequired[int]
     per_gpu_bytes: NotRequired[dict[str, int]]
+    memory_error_band: NotRequired[ErrorBandDoc]  # of per_gpu_bytes' total and device_total
     peak_phase: NotRequired[str]
     model_state_bytes: NotRequired[int]
     device_overhead_bytes: NotRequired[DeviceOverheadDoc]
@@ -200,11 +213,29 @@ def time_to_dict(p: Plan, r: StrategyRow) -> TimeDoc | None:
         "overlap": t.overlap,
         "collectives": [c.as_dict() for c in t.collectives],
         "notes": list(t.notes) + ["data loading is not modelled"],
+        "error_band": band_doc(time_band_of(p)),
     }
     budget = training_budget(p.options, ctx, r)
     if budget is not None:  # always these three keys, in this order
         d["train_hours"], d["gpu_hours"], d["cost"] = budget["train_hours"], budget["gpu_hours"], budget["cost"]
     return d
+
+
+def band_doc(band: ErrorBand) -> ErrorBandDoc:
+    """An ``ErrorBand`` as the document's ``error_band`` object."""
+    return {"low": band.low, "high": band.high, "based_on": band.based_on}
+
+
+def time_band_of(p: Plan) -> ErrorBand:
+    """The error band of the plan's step times (``advisor.timing.error_band.time_band``: by the device, the GPU's
+    generation or calibration, and the model's workload)."""
+    hw = p.hardware
+    return time_band(p.device, hw.gpu_name, hw.gpu_memory_bytes, p.spec.family, p.spec.name, hw.gpu_model)
+
+
+def memory_band_of(p: Plan) -> ErrorBand:
+    """The error band of the plan's per-GPU memory figures (``advisor.timing.error_band.memory_band``)."""
+    return memory_band(p.device)
 
 
 def _model_doc(p: Plan) -> ModelDoc:
@@ -271,6 +302,7 @@ def _strategy_doc(p: Plan, r: StrategyRow) -> StrategyDoc:
         fit_note=r.fit_note,
         load_host_bytes_per_node=r.load_host_bytes_per_node,
         per_gpu_bytes=m.peak.as_dict() | {"device_total": m.device_total},
+        memory_error_band=band_doc(memory_band_of(p)),
         peak_phase=m.peak.phase,
         model_state_bytes=m.model_state_bytes,
         device_overhead_bytes={

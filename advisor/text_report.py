@@ -10,6 +10,7 @@ from .text_table import amount, fits_word, gib_cell, short_phase, table
 from .units import counted, fmt_count, gib
 
 if TYPE_CHECKING:
+    from .document import TimeDoc
     from .plan import Plan
     from .rows import StrategyRow
 
@@ -122,8 +123,13 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
             "forward ends, kept for backward; about 2 bytes per parameter); ZeRO keeps 16-bit weights and "
             "FSDP2 gathers them in 16 bits (buffers), so they have none"
         )
-    lines += _time_lines(p)
     rec = p.recommendation
+    chosen_name = strategy or rec.strategy
+    chosen = p.row(chosen_name) if chosen_name else None
+    memory_band = _memory_band_line(p, chosen)
+    if memory_band:
+        lines.append(memory_band)
+    lines += _time_lines(p, chosen)
     lines.append("")
     if rec.strategy:
         lines.append(f"Recommendation: {p.row(rec.strategy).title} ({rec.strategy})")
@@ -138,9 +144,40 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def _time_lines(p: Plan) -> list[str]:
+def _memory_band_line(p: Plan, chosen: StrategyRow | None) -> str | None:
+    """How far to trust the chosen row's memory figures (``advisor.timing.error_band.memory_band``); None when no
+    row is chosen or it does not apply."""
+    from .document import memory_band_of
+
+    if chosen is None or chosen.memory is None:
+        return None
+    band, m = memory_band_of(p), chosen.memory
+    return (
+        f"{chosen.name}: peak allocated {gib_cell(m.peak.total)} GiB, device total {gib_cell(m.device_total)} GiB "
+        f"per GPU, {band.text()} (band: {band.based_on})"
+    )
+
+
+def _time_band_lines(p: Plan, chosen: StrategyRow, d: TimeDoc) -> list[str]:
+    """The chosen row's step time and, with a training budget, its train time, each with its error band."""
+    from .document import time_band_of
+    from .units import fmt_s
+
+    band = time_band_of(p)
+    lines = [f"{chosen.name}: {fmt_s(d['step_s'])} per step, {band.text()} (band: {band.based_on})"]
+    hours = d.get("train_hours")
+    if hours is not None:
+        gpu_h, cost = d.get("gpu_hours"), d.get("cost")
+        also = f", {amount(gpu_h)} GPU-h" if gpu_h is not None else ""
+        also += f", cost {amount(cost, cents=True)}" if cost is not None else ""
+        lines.append(f"{chosen.name}: train time {amount(hours)} h{also}, {band.text()}")
+    return lines
+
+
+def _time_lines(p: Plan, chosen: StrategyRow | None = None) -> list[str]:
     """The step-time table: one optimizer step at each row's global batch, its parts, throughput, MFU and the
-    speed-up over one GPU. Empty when no row could be timed (a GPU without a preset)."""
+    speed-up over one GPU, then the ``chosen`` row's step (and train) time with its error band. Empty when no
+    row could be timed (a GPU without a preset)."""
     from .document import time_to_dict
     from .units import fmt_rate, fmt_s
 
@@ -189,6 +226,9 @@ def _time_lines(p: Plan) -> list[str]:
         "autocast's weight casts, which ZeRO's 16-bit module skips, so it can read below 1.00x; '-': one GPU "
         "cannot hold the model)"
     )
+    for r, d in timed:
+        if chosen is not None and r.name == chosen.name:
+            lines += _time_band_lines(p, chosen, d)
     return lines
 
 

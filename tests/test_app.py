@@ -329,7 +329,49 @@ def test_capacity_line_is_named_in_readable_text(at: AppTest) -> None:
     assert not any(m["type"] == "text" for m in marks)  # no red text drawn over the bars
     assert "GPU memory 80.00 GiB" in spec["layer"][0]["encoding"]["x"]["title"]  # axis title: theme colours
     at.toggle(key="zoom").set_value(True).run()
-    assert "beyond this scale" in chart_spec(at)["encoding"]["x"]["title"]
+    zoomed = chart_spec(at)
+    assert "beyond this scale" in zoomed["layer"][0]["encoding"]["x"]["title"]
+    assert [layer["mark"]["type"] for layer in zoomed["layer"]] == ["bar", "errorbar"]  # no capacity line
+
+
+def _whisker(spec: dict[str, Any]) -> dict[str, Any]:
+    return next(layer for layer in spec["layer"] if layer["mark"]["type"] == "errorbar")
+
+
+def test_memory_and_time_charts_have_error_band_whiskers(at: AppTest) -> None:
+    """Each bar of both charts has a Vega-Lite errorbar layer on its row, spanning the figure's error band (the
+    extents the page computes from the JSON's error_band, under the bars' own axis title)."""
+    specs = [json.loads(e.proto.spec) for e in at.main if getattr(e, "type", None) == "vega_lite_chart"]
+    memory, time = specs[0], specs[1]
+    for spec, low, high in ((memory, "low GiB", "high GiB"), (time, "low (s)", "high (s)")):
+        whisker, bars = _whisker(spec), spec["layer"][0]
+        assert whisker["mark"]["ticks"] is True
+        assert whisker["encoding"]["x"]["field"] == low and whisker["encoding"]["x2"]["field"] == high
+        assert whisker["encoding"]["y"]["field"] == "strategy"
+        assert whisker["encoding"]["x"]["title"] == bars["encoding"]["x"]["title"]
+
+
+def test_whisker_extents_are_the_error_band() -> None:
+    from advisor.document import plan_to_dict
+    from advisor.page.charts import memory_band_frame, time_band_frame
+    from advisor.plan import plan
+    from advisor.schema import plan_inputs
+    from advisor.units import GiB
+
+    doc = plan_to_dict(
+        plan(plan_inputs(detect_hardware=False, model="gpt2", seq_len=128, gpus=2, gpu="H100-80GB", micro_batch_size=2))
+    )
+    times, memory = time_band_frame(doc).set_index("strategy"), memory_band_frame(doc).set_index("strategy")
+    timed = [s for s in doc["strategies"] if s.get("time")]
+    assert len(times) == len(timed) >= 2
+    for s in timed:
+        t, band = s["time"], s["time"]["error_band"]  # H100: the borrowed band, -19% / +14%
+        assert times.loc[s["title"], "low (s)"] == pytest.approx(t["step_s"] * 0.81)
+        assert times.loc[s["title"], "high (s)"] == pytest.approx(t["step_s"] * 1.14)
+        assert band["low"] == pytest.approx(-0.19)
+        b, mb = s["per_gpu_bytes"], s["memory_error_band"]
+        assert memory.loc[s["title"], "low GiB"] == pytest.approx((b["device_total"] + mb["low"] * b["total"]) / GiB)
+        assert memory.loc[s["title"], "low GiB"] < b["device_total"] / GiB < memory.loc[s["title"], "high GiB"]
 
 
 def test_host_ram_is_a_page_field_and_messages_name_it(at: AppTest) -> None:

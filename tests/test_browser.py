@@ -26,6 +26,7 @@ from tests.test_app import transformers_param_count
 
 if TYPE_CHECKING:
     from selenium import webdriver
+    from selenium.webdriver.remote.webelement import WebElement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,6 +154,16 @@ def _run_finished(driver: webdriver.Chrome) -> bool:
     return not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stStatusWidget'], [data-stale='true']")
 
 
+def _time_chart_whiskers(driver: webdriver.Chrome) -> list[WebElement]:
+    """The rule marks of the second Vega chart on the page (the time chart's whiskers); empty until drawn."""
+    from selenium.webdriver.common.by import By
+
+    charts = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stVegaLiteChart']")
+    if len(charts) < 2:
+        return []
+    return charts[1].find_elements(By.CSS_SELECTOR, "svg g.mark-rule line, svg g.mark-rule path")
+
+
 @pytest.mark.slow
 def test_paste_config_in_browser(browser: webdriver.Chrome, server: str, tmp_path: Path) -> None:
     # (browser first: it skips before the server is started when chromium is missing)
@@ -186,6 +197,11 @@ def test_paste_config_in_browser(browser: webdriver.Chrome, server: str, tmp_pat
     )
     assert rec.text.startswith("Recommendation: ")
     assert chart.size["height"] > 100
+    # The time chart (the second Vega chart, drawn as SVG) has its whiskers: the error band's rule marks, one
+    # per timed strategy, each labelled (aria) with its extent.
+    whiskers = wait.until(_time_chart_whiskers)
+    labels = [w.get_attribute("aria-label") or "" for w in whiskers]
+    assert any("high (s)" in label or "error band" in label for label in labels), labels
     assert not browser.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")
     shot = tmp_path / "streamlit.png"
     assert browser.save_screenshot(str(shot))

@@ -1,6 +1,7 @@
 """The plan's memory and time on the page: per-GPU memory by component and seconds per optimizer step as
-long-form frames and Altair charts (one row per strategy), and the per-strategy table. Frames and the table
-are built from ``advisor.plan.plan_to_dict``'s document; sizes are shown in GiB (2**30 bytes)."""
+long-form frames and Altair charts (one row per strategy), each bar with a whisker for its error band, and the
+per-strategy table. Frames and the table are built from ``advisor.plan.plan_to_dict``'s document; sizes are
+shown in GiB (2**30 bytes)."""
 
 from __future__ import annotations
 
@@ -52,19 +53,66 @@ def memory_frame(doc: PlanDoc) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def memory_band_frame(doc: PlanDoc) -> pd.DataFrame:
+    """One row per applicable strategy: the whisker at the end of its memory bar, the device total moved by the
+    peak allocated's error band (``memory_error_band``; the device overhead is a rule, not banded), GiB."""
+    rows = []
+    for s in doc["strategies"]:
+        band = s.get("memory_error_band")
+        if not s["applicable"] or band is None:
+            continue
+        b = s["per_gpu_bytes"]
+        rows.append(
+            {
+                "strategy": s["title"],
+                "low GiB": (b["device_total"] + b["total"] * band["low"]) / GiB,
+                "high GiB": (b["device_total"] + b["total"] * band["high"]) / GiB,
+                "band": band["based_on"],
+            }
+        )
+    return pd.DataFrame(rows, columns=["strategy", "low GiB", "high GiB", "band"])
+
+
+def _whiskers(frame: pd.DataFrame, low: str, high: str, strategy_order: list[str], title: str) -> alt.Chart:
+    """Vega-Lite errorbar marks from ``low`` to ``high`` on each strategy's row (pre-computed extents: x, x2),
+    under the bars' axis ``title`` (layers share the axis, and Vega-Lite would join differing titles)."""
+    return (
+        alt.Chart(frame)
+        .mark_errorbar(ticks=True, color="black", thickness=1.5)
+        .encode(
+            y=alt.Y("strategy:N", sort=strategy_order, title=None),
+            x=alt.X(f"{low}:Q", title=title),
+            x2=alt.X2(f"{high}:Q"),
+            tooltip=[
+                "strategy:N",
+                alt.Tooltip(f"{low}:Q", format=".4g"),
+                alt.Tooltip(f"{high}:Q", format=".4g"),
+                alt.Tooltip("band:N", title="error band"),
+            ],
+        )
+    )
+
+
 CHART_ROW_PX = 32  # height per strategy: each bar has a row of its own and its whole title as the label
 CHART_AXES_PX = 70  # the axis and its title below the bars
 
 
 def memory_chart(
-    frame: pd.DataFrame, capacity_bytes: int, strategy_order: list[str], zoom: bool = False
+    frame: pd.DataFrame,
+    capacity_bytes: int,
+    strategy_order: list[str],
+    zoom: bool = False,
+    bands: pd.DataFrame | None = None,
 ) -> alt.Chart | alt.LayerChart | alt.FacetChart:
     """Horizontal stacked bars, one row per strategy labelled with its whole title (however many
-    strategies: no label is dropped, turned or cut), and a red dashed rule at the GPU's usable memory,
-    named with its value in the axis title (theme-coloured text, readable on light and dark pages).
-    ``zoom``: scale the axis to the longest bar (the capacity line is left out when it lies beyond)."""
+    strategies: no label is dropped, turned or cut), a whisker at each bar's end for its error band (``bands``:
+    ``memory_band_frame``), and a red dashed rule at the GPU's usable memory, named with its value in the axis
+    title (theme-coloured text, readable on light and dark pages). ``zoom``: scale the axis to the longest bar
+    (the capacity line is left out when it lies beyond)."""
     cap = capacity_bytes / GiB
-    top = float(frame["device total GiB"].max()) * 1.05
+    whisker_end = float(bands["high GiB"].max()) if bands is not None and not bands.empty else 0.0
+    longest = max(float(frame["device total GiB"].max()), whisker_end)
+    top = longest * 1.05
     zoomed = zoom and 0 < top < cap
     title = (
         f"per-GPU memory (GiB); red dashed line: GPU memory {cap:.2f} GiB"
@@ -95,15 +143,17 @@ def memory_chart(
         )
         .properties(height=CHART_ROW_PX * len(strategy_order) + CHART_AXES_PX)
     )
-    if zoomed:
-        return bars
-    line = pd.DataFrame({"GiB": [cap]})
-    rule = (
-        alt.Chart(line)
-        .mark_rule(color="red", strokeDash=[6, 4], size=2)
-        .encode(x="GiB:Q", tooltip=[alt.Tooltip("GiB:Q", format=".2f", title="GPU memory (GiB)")])
-    )
-    return alt.layer(bars, rule)
+    layers: list[alt.Chart] = [bars]
+    if bands is not None and not bands.empty:
+        layers.append(_whiskers(bands, "low GiB", "high GiB", strategy_order, title))
+    if not zoomed:
+        line = pd.DataFrame({"GiB": [cap]})
+        layers.append(
+            alt.Chart(line)
+            .mark_rule(color="red", strokeDash=[6, 4], size=2)
+            .encode(x="GiB:Q", tooltip=[alt.Tooltip("GiB:Q", format=".2f", title="GPU memory (GiB)")])
+        )
+    return layers[0] if len(layers) == 1 else alt.layer(*layers)
 
 
 TIME_PARTS: tuple[tuple[Literal["compute_s", "exposed_comm_s", "optimizer_s"], str], ...] = (
@@ -127,9 +177,35 @@ def time_frame(doc: PlanDoc) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def time_chart(frame: pd.DataFrame, strategy_order: list[str]) -> alt.Chart:
-    """Horizontal stacked bars of one optimizer step's seconds per strategy, in the memory chart's rows."""
-    return (
+TIME_AXIS = "seconds per optimizer step (data loading not modelled)"
+
+
+def time_band_frame(doc: PlanDoc) -> pd.DataFrame:
+    """One row per timed strategy: its step time's error band (``time.error_band``) as seconds, the whisker on
+    its time bar."""
+    rows = []
+    for s in doc["strategies"]:
+        t = s.get("time")
+        if not s["applicable"] or not t:
+            continue
+        band = t["error_band"]
+        rows.append(
+            {
+                "strategy": s["title"],
+                "low (s)": t["step_s"] * (1 + band["low"]),
+                "high (s)": t["step_s"] * (1 + band["high"]),
+                "band": band["based_on"],
+            }
+        )
+    return pd.DataFrame(rows, columns=["strategy", "low (s)", "high (s)", "band"])
+
+
+def time_chart(
+    frame: pd.DataFrame, strategy_order: list[str], bands: pd.DataFrame | None = None
+) -> alt.Chart | alt.LayerChart:
+    """Horizontal stacked bars of one optimizer step's seconds per strategy, in the memory chart's rows, with a
+    whisker for each step time's error band (``bands``: ``time_band_frame``)."""
+    bars = (
         alt.Chart(frame)
         .mark_bar()
         .encode(
@@ -139,7 +215,7 @@ def time_chart(frame: pd.DataFrame, strategy_order: list[str]) -> alt.Chart:
                 title=None,
                 axis=alt.Axis(labelLimit=0, labelOverlap=False, labelAngle=0, labelPadding=6),
             ),
-            x=alt.X("sum(seconds):Q", stack="zero", title="seconds per optimizer step (data loading not modelled)"),
+            x=alt.X("sum(seconds):Q", stack="zero", title=TIME_AXIS),
             color=alt.Color("part:N", sort=[label for _, label in TIME_PARTS], title="part"),
             order=alt.Order("order:Q"),
             tooltip=[
@@ -151,6 +227,9 @@ def time_chart(frame: pd.DataFrame, strategy_order: list[str]) -> alt.Chart:
         )
         .properties(height=CHART_ROW_PX * len(strategy_order) + CHART_AXES_PX)
     )
+    if bands is None or bands.empty:
+        return bars
+    return alt.LayerChart(layer=[bars, _whiskers(bands, "low (s)", "high (s)", strategy_order, TIME_AXIS)])
 
 
 NONE_CELL = "—"  # a cell with nothing to show (not Markdown syntax, unlike "-")
@@ -228,19 +307,21 @@ def show_memory(doc: PlanDoc) -> None:
         times = time_frame(doc)
         left, right = st.columns(2) if not times.empty else (st.container(), None)
         with left:
-            st.altair_chart(memory_chart(frame, doc["hardware"]["gpu_memory_bytes"], order, zoom), width="stretch")
+            capacity = doc["hardware"]["gpu_memory_bytes"]
+            st.altair_chart(memory_chart(frame, capacity, order, zoom, memory_band_frame(doc)), width="stretch")
             st.caption(
                 "Bars: peak allocated by component plus device overhead (CUDA context, NCCL buffers, "
-                "allocator fragmentation), about what nvidia-smi shows. Red line: the GPU's usable memory."
+                "allocator fragmentation), about what nvidia-smi shows. Whiskers: the peak's error band "
+                "(measured runs). Red line: the GPU's usable memory."
             )
         if right is not None:
             with right:
                 timed = [t for t in order if t in set(times["strategy"])]
-                st.altair_chart(time_chart(times, timed), width="stretch")
+                st.altair_chart(time_chart(times, timed, time_band_frame(doc)), width="stretch")
                 st.caption(
                     "One optimizer step at the global batch: compute (forward + backward of every "
-                    "micro-step), communication that compute does not hide, the optimizer step. Data loading "
-                    "is not modelled."
+                    "micro-step), communication that compute does not hide, the optimizer step. Whiskers: the "
+                    "step time's error band (published runs). Data loading is not modelled."
                 )
     # st.table, not st.dataframe: a static table wraps long reasons instead of cutting them off. Its cells
     # are Markdown, so the text is escaped.

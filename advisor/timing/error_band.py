@@ -1,0 +1,247 @@
+"""How far to trust a step time or a memory figure: an error band, relative to the estimate, and the table of
+bands the plan quotes (``TIME_BANDS``, ``MEMORY_BAND``).
+
+A band ``ErrorBand(low, high, based_on)`` says that the true figure lay within ``[estimate x (1 + low),
+estimate x (1 + high)]`` for at least 80% of the rows it was built from (``band_from_ratios``: the
+``floor(n / 10)`` lowest and as many highest ratios are left out, the rest spanned, and the estimate itself
+always inside, so ``low <= 0 <= high``). -0.15 means 15% below the estimate. A step time's band is also the
+band of every figure proportional to it (train hours, GPU-hours, cost) and, inverted, of the throughput.
+
+``TIME_BANDS`` is the one place the fitted bands live; ``time_band`` picks the entry for a plan by its keys
+(``TimeKey``): the GPU generation fitted or borrowed, the workload (transformer or CNN), a GPU calibrated on
+this machine, or the CPU verification path. ``memory_band`` is the per-GPU memory figure's. Each entry says
+how it was produced in its ``based_on``; to replace one, paste the new band from its producer (for the GPU
+keys: the leave-one-source-out residuals ``python -m bench.published`` prints) over the entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from ..choices import Device
+from .compute import GENERATION, preset_for_gpu
+from .gpu_model import GpuModel
+
+COVERAGE = 0.8  # the share of the rows a band covers at least (band_from_ratios)
+
+
+@dataclass(frozen=True)
+class ErrorBand:
+    """The true figure lies in ``[estimate x (1 + low), estimate x (1 + high)]`` for at least 80% of the rows in
+    ``based_on`` (fractions: -0.15 is 15% below the estimate; ``low <= 0 <= high``)."""
+
+    low: float
+    high: float
+    based_on: str
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON document's ``error_band``: ``{"low": -0.15, "high": 0.12, "based_on": "..."}``."""
+        return {"low": self.low, "high": self.high, "based_on": self.based_on}
+
+    def bounds(self, estimate: float) -> tuple[float, float]:
+        """The band around ``estimate`` in its own unit: ``(estimate x (1 + low), estimate x (1 + high))``."""
+        return estimate * (1 + self.low), estimate * (1 + self.high)
+
+    def text(self) -> str:
+        """``typically within +-15%`` when both sides round alike, else ``typically within -19%/+14%`` (whole
+        percents from 10% up, one decimal below; a side at 0 reads ``0%``: ``typically within 0%/+222%``)."""
+        lo, hi = _pct(-self.low), _pct(self.high)
+        if lo == hi:
+            return f"typically within +-{hi}"
+        return f"typically within {'-' + lo if self.low else '0%'}/{'+' + hi if self.high else '0%'}"
+
+
+def _pct(x: float) -> str:
+    x = abs(x)
+    return f"{100 * x:.0f}%" if x >= 0.095 else f"{100 * x:.1f}%"
+
+
+def band_from_ratios(ratios: Sequence[float], based_on: str) -> ErrorBand:
+    """The band of ``ratios`` (true figure / estimate, one per row; > 0): sorted, the ``floor(n / 10)`` lowest and
+    as many highest left out (so at least ``COVERAGE`` = 80% of the rows remain inside), the rest spanned,
+    widened to hold 0 (the estimate itself). Raises ValueError on no rows or a ratio that is not positive."""
+    if not ratios or any(not r > 0 or math.isinf(r) for r in ratios):
+        raise ValueError(f"a band needs at least one positive, finite ratio: {list(ratios)}")
+    rel = sorted(r - 1 for r in ratios)
+    k = len(rel) // 10
+    return ErrorBand(min(rel[k], 0.0), max(rel[-1 - k], 0.0), based_on)
+
+
+def band_from_errors(errors: Sequence[float], based_on: str) -> ErrorBand:
+    """``band_from_ratios`` of signed errors ``(estimate - truth) / truth`` (bench/'s convention): truth / estimate
+    = 1 / (1 + error). Raises ValueError as ``band_from_ratios`` does (an error of -1 or below included)."""
+    if any(not e > -1 for e in errors):
+        raise ValueError(f"an error (estimate - truth) / truth is above -1: {list(errors)}")
+    return band_from_ratios([1 / (1 + e) for e in errors], based_on)
+
+
+# --- the table -----------------------------------------------------------------------------------------------
+# bench/TIME.md, the rows Ampere's and Turing's efficiencies are fitted to: (predicted - published) / published
+# step time (in-sample: the fit saw them). nanoGPT 124M on 8 x A100; Megatron-LM 1B, 2B, 4B, 8B (TP 1-8) on DGX
+# A100; transformers' DP-vs-DDP GPT-2 on 2 x TITAN RTX over NVLink and over PCIe.
+FITTED_TIME_ERRORS = (-0.175, -0.071, 0.021, 0.113, 0.211, 0.007, -0.164)
+# Hopper, which borrows Ampere's efficiencies: predicted / published tokens/s per GPU (= true step / estimated
+# step) of llm-foundry's FSDP runs on H100 80GB, published_runs.md F6, F14, F20, F23, F24 (the same five as
+# advisor.timing.compute.BORROWED_BAND; measured 2026-12-03).
+BORROWED_TIME_RATIOS = (0.95, 1.14, 0.85, 0.88, 0.81)
+# ResNet-50, AMP (fp16), DDP, batch 256 per GPU (NVIDIA DeepLearningExamples' default, assumed), against Lambda's
+# published img/s (lambdal/deeplearning-benchmark; published_runs.md O73: A100 80GB SXM 1,582 on 1 GPU and 11,439
+# on 8; O74: H100 SXM 2,616 and 20,728): predicted / published img/s per GPU, predicted by
+# `advisor resnet50 --gpu A100-80GB|H100-80GB --gpus 1|8 --micro-batch-size 256 --precision fp16` on 2026-12-03
+# (A100 4,619 and 4,598 img/s per GPU; H100 10,081 and 10,017). The model is 3-4x optimistic on CNNs.
+CNN_FITTED_TIME_RATIOS = (4619.4 / 1582, 4598.4 / (11439 / 8))
+CNN_BORROWED_TIME_RATIOS = (10080.9 / 2616, 10016.7 / (20728 / 8))
+
+_IN_SAMPLE = "in-sample: the fit saw these rows"
+
+Path = Literal["gpu", "calibrated", "cpu"]
+Generation = Literal["fitted", "borrowed"]
+Workload = Literal["transformer", "cnn"]
+
+
+@dataclass(frozen=True)
+class TimeKey:
+    """What a step-time band applies to. ``path``: "gpu" (a GPU timed with its generation's fitted constants),
+    "calibrated" (a GPU timed with constants ``advisor calibrate`` measured on this machine) or "cpu" (a CPU
+    verification run, timed with this machine's CPU calibration). ``generation``: on the "gpu" path, whether the
+    GPU's generation has published runs fitted ("fitted") or borrows another's constants ("borrowed"); None on
+    the others. ``workload``: the model's kind; None where one band serves both."""
+
+    path: Path
+    generation: Generation | None = None
+    workload: Workload | None = None
+
+
+# The bands, by key. How each is produced (paste a new band over its entry; keep the based_on truthful):
+# - gpu/fitted/*, gpu/borrowed/*: leave-one-source-out residuals of the published-run fit (bench/published.py,
+#   once it exists): the band of each source's rows predicted by a fit made without that source, pooled per key.
+#   Until then: the figures bench/TIME.md and the borrowed-generation check give (below), labelled so.
+# - calibrated: residuals of ``advisor calibrate --verify`` runs (calibrated prediction vs measured step) on
+#   GPUs; until a GPU run is measured (python -m bench.gpu), the fitted generations' in-sample band.
+# - cpu: bench/results.json's step-time errors of the CPU verification runs (the cases measured while other
+#   processes took at most 25% of the CPUs), through ``bench_case_errors`` and ``band_from_errors``.
+TIME_BANDS: Mapping[TimeKey, ErrorBand] = MappingProxyType(
+    {
+        TimeKey("gpu", "fitted", "transformer"): band_from_errors(
+            FITTED_TIME_ERRORS,
+            f"7 published transformer runs on A100 and TITAN RTX, {_IN_SAMPLE} (bench/TIME.md)",
+        ),
+        TimeKey("gpu", "borrowed", "transformer"): band_from_ratios(
+            BORROWED_TIME_RATIOS,
+            "5 published FSDP runs on H100 timed with Ampere's borrowed efficiencies (llm-foundry, "
+            "published_runs.md F6 F14 F20 F23 F24); Ada and Volta not checked",
+        ),
+        TimeKey("gpu", "fitted", "cnn"): band_from_ratios(
+            CNN_FITTED_TIME_RATIOS,
+            "ResNet-50 DDP on 1 and 8 A100 against Lambda's published img/s (published_runs.md O73): CNNs run "
+            "about 3x slower than the model says",
+        ),
+        TimeKey("gpu", "borrowed", "cnn"): band_from_ratios(
+            CNN_BORROWED_TIME_RATIOS,
+            "ResNet-50 DDP on 1 and 8 H100 against Lambda's published img/s (published_runs.md O74): CNNs run "
+            "about 4x slower than the model says",
+        ),
+        TimeKey("calibrated"): band_from_errors(
+            FITTED_TIME_ERRORS,
+            "calibrated on this machine; no calibrated GPU run measured yet, so the fitted GPUs' band: "
+            f"7 published runs, {_IN_SAMPLE} (bench/TIME.md)",
+        ),
+        TimeKey("cpu"): ErrorBand(
+            -0.0464,
+            0.6928,
+            "69 CPU verification runs timed with this machine's CPU calibration (bench/RESULTS.md)",
+        ),
+    }
+)
+
+# bench/results.json's per-rank peak memory errors of all its completed cases (estimate vs the largest measured
+# per-rank peak allocated, CPU runs over gloo), through ``bench_case_errors`` and ``band_from_errors``.
+MEMORY_BAND = ErrorBand(-0.0167, 0.0152, "71 measured CPU runs, per-rank peak allocated (bench/RESULTS.md)")
+_GPU_MEMORY_NOTE = "; a GPU's device overhead (CUDA context, NCCL, fragmentation) is not measured there"
+
+_VISION_TRANSFORMERS = ("vit", "swin", "maxvit")  # torchvision's transformer image models
+
+
+def workload_of(family: str, model_name: str) -> Workload:
+    """ "transformer" for the transformer family and torchvision's transformer image models (vit_*, swin_*,
+    maxvit_*), "cnn" for the other vision models and for custom factories (the wider band: their kind is
+    unknown). ``family``: ``ModelSpec.family``."""
+    if family == "transformer":
+        return "transformer"
+    if family == "vision" and model_name.lower().startswith(_VISION_TRANSFORMERS):
+        return "transformer"
+    return "cnn"
+
+
+# The generations bench/TIME.md fits (advisor.timing.compute.EFFICIENCY); the others borrow a fitted one's.
+FITTED_GENERATIONS = frozenset({"ampere", "turing"})
+
+
+def time_key(
+    device: Device,
+    gpu_name: str,
+    gpu_memory_bytes: int | None,
+    family: str,
+    model_name: str,
+    gpu_model: GpuModel | None = None,
+) -> TimeKey:
+    """The ``TIME_BANDS`` key of a plan's step times: "cpu" for a CPU verification estimate
+    (``device`` CPU), "calibrated" when ``gpu_model`` (``Hardware.gpu_model``) came from a calibration of this
+    machine (its source says "calibrated"), else "gpu" with the GPU's generation fitted or borrowed
+    (``GENERATION`` of its preset; a GPU without a preset counts as borrowed) and the workload
+    (``workload_of``)."""
+    if device == Device.CPU:
+        return TimeKey("cpu")
+    if gpu_model is not None and "calibrated" in gpu_model.source.lower():
+        return TimeKey("calibrated")
+    preset = preset_for_gpu(gpu_name, gpu_memory_bytes)
+    fitted = preset is not None and GENERATION.get(preset.name.lower()) in FITTED_GENERATIONS
+    return TimeKey("gpu", "fitted" if fitted else "borrowed", workload_of(family, model_name))
+
+
+def time_band(
+    device: Device,
+    gpu_name: str,
+    gpu_memory_bytes: int | None,
+    family: str,
+    model_name: str,
+    gpu_model: GpuModel | None = None,
+) -> ErrorBand:
+    """The error band of a plan's step times (and train hours, GPU-hours, cost): ``TIME_BANDS[time_key(...)]``.
+    Arguments as ``time_key``'s (a ``StrategyContext``'s device, hardware and model spec)."""
+    return TIME_BANDS[time_key(device, gpu_name, gpu_memory_bytes, family, model_name, gpu_model)]
+
+
+def memory_band(device: Device) -> ErrorBand:
+    """The error band of a per-GPU memory estimate (``MEMORY_BAND``, measured on CPU ranks); on a GPU its
+    ``based_on`` adds that the device overhead terms are not part of what was measured."""
+    if device == Device.CPU:
+        return MEMORY_BAND
+    return ErrorBand(MEMORY_BAND.low, MEMORY_BAND.high, MEMORY_BAND.based_on + _GPU_MEMORY_NOTE)
+
+
+def bench_case_errors(results: Mapping[str, object], contended_share: float = 0.25) -> tuple[list[float], list[float]]:
+    """The per-case errors ``MEMORY_BAND`` and the "cpu" time band are built from, out of bench/results.json's
+    document (``python -m bench.run``): (memory errors of every completed case, step-time errors of the
+    completed cases whose ``cpu_contention`` is at most ``contended_share``), each (estimate - measured) /
+    measured. Raises ValueError when ``results`` has no list of cases."""
+    cases = results.get("cases")
+    if not isinstance(cases, list):
+        raise ValueError("bench results without a list of cases")
+    memory: list[float] = []
+    step: list[float] = []
+    for c in cases:
+        if not isinstance(c, dict) or not c.get("ok"):
+            continue
+        errors = c.get("errors")
+        ours = errors.get("ours") if isinstance(errors, dict) else None
+        if isinstance(ours, float | int):
+            memory.append(float(ours))
+        st, load = c.get("step_time_error"), c.get("cpu_contention")
+        if isinstance(st, float | int) and (not isinstance(load, float | int) or load <= contended_share):
+            step.append(float(st))
+    return memory, step
