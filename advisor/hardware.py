@@ -8,13 +8,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .gpu_presets import DEFAULT_GPU_PRESET, GpuPreset, get_gpu_preset
 from .schema import ClusterSpec
 
 if TYPE_CHECKING:
+    from .cache import DiskCache, NullCache
+    from .choices import Precision
     from .timing.calibrate import CpuCalibration
     from .timing.gpu_model import GpuModel
 
@@ -229,3 +231,22 @@ def resolve_hardware(cluster: ClusterSpec) -> Hardware:
         link_busbw_gbps=cluster.link_bandwidth_gbps,
         network_gbps=cluster.network_bandwidth_gbps,
     )
+
+
+def with_gpu_calibration(hw: Hardware, precision: Precision, cache: DiskCache | NullCache) -> Hardware:
+    """``hw`` timed by this machine's stored calibration of its GPU, if there is one (``advisor calibrate``;
+    ``advisor.timing.gpu_calibrate.calibration_for``: the same GPU, measured under the installed torch), as
+    ``gpu_model`` at ``precision`` with ``sources["time_model"]`` saying "calibrated on this machine, <date>".
+    Unchanged without one, for a CPU verification run (``calibration``) and when ``gpu_model`` is set already
+    (a fit's trial constants). ``cache``: the plan's (``NullCache`` for --no-cache: no calibration is read)."""
+    if hw.calibration is not None or hw.gpu_model is not None:
+        return hw
+    from .timing.compute import preset_for_gpu
+    from .timing.gpu_calibrate import calibration_for
+
+    cal = calibration_for(hw.gpu_name, hw.gpu_memory_bytes, cache)
+    preset = preset_for_gpu(hw.gpu_name, hw.gpu_memory_bytes)
+    model = cal.model(precision, preset) if cal is not None and preset is not None else None
+    if model is None:
+        return hw
+    return replace(hw, gpu_model=model, sources={**hw.sources, "time_model": model.source})
