@@ -8,6 +8,7 @@ order the keys are written (the printed JSON keeps that order).
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import NotRequired, TypedDict
 
 from .explain import tokens_per_sample
@@ -340,7 +341,8 @@ def time_source(p: Plan, preset: str, efficiency_source: str) -> str:
         return hw.gpu_model.source
     if hw.calibration is not None:
         cal = hw.calibration
-        return f"measured on this machine's CPU ({cal.cpu}, {cal.ranks} rank(s)), advisor.timing.calibrate"
+        date = time.strftime("%Y-%m-%d", time.gmtime(cal.measured_at)) if cal.measured_at else "date unknown"
+        return f"measured on this machine's CPU, {date} ({cal.cpu}, {cal.ranks} rank(s); advisor.timing.calibrate)"
     return f"preset {preset}: {efficiency_source}"
 
 

@@ -185,7 +185,7 @@ def _time_lines(p: Plan) -> list[str]:
     ]
     timing = timing_doc(p)
     if timing is not None:
-        lines.append(f"time model: {timing['source']}")
+        lines.append(f"Time model: {timing['source']}")
     lines.append(
         "comm: all communication per step; exposed: the part compute does not hide; speedup: against the "
         "fastest recipe that fits one GPU, at the same global batch by accumulation (plain single runs "

@@ -251,7 +251,7 @@ def test_plans_for_the_calibrated_gpu_say_so(stored_a100, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["timing"]["source"].startswith("preset H100-80GB: ") and "time_model" not in doc["hardware"]["sources"]
     assert main(["llama-2-7b", "--gpu", "a100-80gb"]) == 0
-    assert "time model: calibrated on this machine, 2026-12-03" in capsys.readouterr().out
+    assert "Time model: calibrated on this machine, 2026-12-03" in capsys.readouterr().out
 
 
 @pytest.mark.usefixtures("no_what_if_traces")
@@ -296,8 +296,31 @@ def test_calibrate_on_cpu_stores_the_document_the_next_verification_reads(tmp_pa
     hw = calibrated(run_hardware(2, Device.CPU, []), Device.CPU, True, said.append, notes)
     assert hw.calibration is not None and hw.calibration.cached and len(calls) == 1 and not said
     assert hw.calibration.matmul_fp32_flops_per_s == FAKE.matmul_fp32_flops_per_s
+    # the next CPU plan of a verification run is timed by it, and says so
+    from advisor.document import timing_doc
+    from advisor.plan import plan
+    from advisor.schema import plan_inputs
+
+    tiny = str(ROOT / "tests" / "data" / "small_llama.json")
+    inputs = plan_inputs(config_path=tiny, seq_len=32, gpus=2, detect_hardware=False, precision="fp32")
+    source = timing_doc(plan(inputs, device=Device.CPU, hardware=hw))["source"]
+    assert source.startswith("measured on this machine's CPU, ") and "test cpu, 2 rank(s)" in source
     monkeypatch.setattr(calibrate, "library_versions", lambda: {"torch": "9.9.9"})  # torch upgraded: a miss
     assert calibrate.cached_calibration(2, 1, cache) is None
+
+
+def test_a_gpu_verification_without_a_calibration_says_how_to_make_one(tmp_path, monkeypatch):
+    from advisor.hardware import Hardware
+    from advisor.verify_setup import calibrated
+
+    monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path))
+    hw = Hardware(A100, 81920 * 2**20, 1, 1, "nvlink", None, 0.0, 0.0, None)
+    notes: list[str] = []
+    assert calibrated(hw, Device.CUDA, True, print, notes) is hw
+    assert notes and "run 'advisor calibrate' once" in notes[0]
+    gpu_calibrate.store(from_measurements(fake_measurements(), now=NOW), DiskCache())
+    notes.clear()
+    assert calibrated(hw, Device.CUDA, True, print, notes) is hw and notes == []  # plan() then reads it
 
 
 def test_show_prints_the_stored_calibrations(tmp_path, monkeypatch, capsys):
