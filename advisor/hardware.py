@@ -235,10 +235,12 @@ def resolve_hardware(cluster: ClusterSpec) -> Hardware:
 
 def with_gpu_calibration(hw: Hardware, precision: Precision, cache: DiskCache | NullCache) -> Hardware:
     """``hw`` timed by this machine's stored calibration of its GPU, if there is one (``advisor calibrate``;
-    ``advisor.timing.gpu_calibrate.calibration_for``: the same GPU, measured under the installed torch), as
-    ``gpu_model`` at ``precision`` with ``sources["time_model"]`` saying "calibrated on this machine, <date>".
-    Unchanged without one, for a CPU verification run (``calibration``) and when ``gpu_model`` is set already
-    (a fit's trial constants). ``cache``: the plan's (``NullCache`` for --no-cache: no calibration is read)."""
+    ``advisor.timing.gpu_calibrate.calibration_for``: the same GPU, measured under the installed torch): its
+    constants at ``precision`` as ``gpu_model``, with ``sources["time_model"]`` saying "calibrated on this machine,
+    <date>", and its measured NCCL all-reduce bus bandwidth as ``link_busbw_gbps`` when it was measured over as
+    many GPUs as a node of the plan has and ``--link-bandwidth`` was not given. Unchanged without one, for a CPU
+    verification run (``calibration``) and when ``gpu_model`` is set already (a fit's trial constants).
+    ``cache``: the plan's (``NullCache`` for --no-cache: no calibration is read)."""
     if hw.calibration is not None or hw.gpu_model is not None:
         return hw
     from .timing.compute import preset_for_gpu
@@ -246,7 +248,14 @@ def with_gpu_calibration(hw: Hardware, precision: Precision, cache: DiskCache | 
 
     cal = calibration_for(hw.gpu_name, hw.gpu_memory_bytes, cache)
     preset = preset_for_gpu(hw.gpu_name, hw.gpu_memory_bytes)
-    model = cal.model(precision, preset) if cal is not None and preset is not None else None
-    if model is None:
+    if cal is None or preset is None:
         return hw
-    return replace(hw, gpu_model=model, sources={**hw.sources, "time_model": model.source})
+    sources = dict(hw.sources)
+    model = cal.model(precision, preset)
+    if model is not None:
+        hw, sources["time_model"] = replace(hw, gpu_model=model), model.source
+    busbw = cal.rates.get("all_reduce_busbw_gbps")
+    if busbw and hw.link_busbw_gbps is None and cal.gpu_count == hw.gpus_per_node:
+        hw = replace(hw, link_busbw_gbps=busbw)
+        sources["link_busbw_gbps"] = f"NCCL all-reduce busbw over {cal.gpu_count} GPUs, {cal.source}"
+    return replace(hw, sources=sources)

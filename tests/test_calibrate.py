@@ -309,6 +309,29 @@ def test_calibrate_on_cpu_stores_the_document_the_next_verification_reads(tmp_pa
     assert calibrate.cached_calibration(2, 1, cache) is None
 
 
+def test_a_calibration_with_collectives_times_the_link_of_that_many_gpus(stored_a100):
+    from advisor.plan import plan
+    from advisor.schema import plan_inputs
+
+    doc = fake_measurements()
+    s = 2**29
+    doc["gpu_count"] = 2
+    doc["collectives"] = {"world": 2, "all_reduce": [[8.0, 20e-6], [s, s / 150e9]]}  # busbw 2(n-1)/n x 150 = 150
+    two = replace(from_measurements(doc, now=NOW + 60), driver="550.54")  # newer than stored_a100's: plans use it
+    gpu_calibrate.store(two, DiskCache())
+    tiny = str(ROOT / "tests" / "data" / "small_llama.json")
+    try:
+        for gpus, busbw in ((2, 150.0), (4, None)):  # measured over 2 GPUs: not a 4-GPU node's ring
+            inputs = plan_inputs(config_path=tiny, seq_len=32, gpus=gpus, gpu="a100-80gb", detect_hardware=False)
+            hw = plan(inputs).hardware
+            assert hw.gpu_model is not None and hw.link_busbw_gbps == (pytest.approx(busbw) if busbw else None)
+        assert hw.sources.get("link_busbw_gbps") is None
+        given = plan(replace(inputs, cluster=replace(inputs.cluster, gpus=2, link_bandwidth_gbps=50.0))).hardware
+        assert given.link_busbw_gbps == 50.0  # --link-bandwidth wins
+    finally:
+        DiskCache().path_for(gpu_calibrate.NAMESPACE, gpu_calibrate.key(two.gpu, two.driver, two.torch)).unlink()
+
+
 def test_a_gpu_verification_without_a_calibration_says_how_to_make_one(tmp_path, monkeypatch):
     from advisor.hardware import Hardware
     from advisor.verify_setup import calibrated
