@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 # Where the host RAM figure comes from: this machine's (planning for its own GPUs), the user's
 # (--host-mem / the page's field), or nobody's (planning for a preset GPU elsewhere).
 HOST_DETECTED, HOST_GIVEN, HOST_UNKNOWN = "detected", "given", "unknown"
+CALIBRATED_LINK = "NCCL all-reduce busbw measured by advisor calibrate"  # sources["link_busbw_gbps"] of a calibration
 
 
 @dataclass(frozen=True)
@@ -257,5 +258,16 @@ def with_gpu_calibration(hw: Hardware, precision: Precision, cache: DiskCache | 
     busbw = cal.rates.get("all_reduce_busbw_gbps")
     if busbw and hw.link_busbw_gbps is None and cal.gpu_count == hw.gpus_per_node:
         hw = replace(hw, link_busbw_gbps=busbw)
-        sources["link_busbw_gbps"] = f"NCCL all-reduce busbw over {cal.gpu_count} GPUs, {cal.source}"
+        sources["link_busbw_gbps"] = f"{CALIBRATED_LINK} over {cal.gpu_count} GPUs, {cal.source}"
     return replace(hw, sources=sources)
+
+
+def without_gpu_calibration(hw: Hardware) -> Hardware:
+    """``hw`` as it was before ``with_gpu_calibration``: no ``gpu_model``, and the preset's link bandwidth where the
+    calibration had set it (what the GPU preset's constants predict, beside the calibrated prediction)."""
+    sources = {k: v for k, v in hw.sources.items() if k != "time_model"}
+    link = hw.link_busbw_gbps
+    if sources.get("link_busbw_gbps", "").startswith(CALIBRATED_LINK):
+        link = None
+        del sources["link_busbw_gbps"]
+    return replace(hw, gpu_model=None, link_busbw_gbps=link, sources=sources)

@@ -26,7 +26,7 @@ from strategies.render import job_from_plan, render_job, write_files
 
 from .choices import Device
 from .errors import AdvisorError
-from .hardware import Hardware, host_memory_bytes
+from .hardware import Hardware, host_memory_bytes, without_gpu_calibration
 from .processes import (
     MachineLock,
     VerifyBusy,
@@ -374,7 +374,7 @@ def preset_step_s(p: Plan, name: str) -> float | None:
     if hw.gpu_model is None or hw.calibration is not None:
         return None
     row = p.row(name)
-    t = row.strategy.step_time(replace(p.context(), hardware=replace(hw, gpu_model=None)), row)
+    t = row.strategy.step_time(replace(p.context(), hardware=without_gpu_calibration(hw)), row)
     return t.step_s if t is not None else None
 
 

@@ -310,8 +310,10 @@ def test_calibrate_on_cpu_stores_the_document_the_next_verification_reads(tmp_pa
 
 
 def test_a_calibration_with_collectives_times_the_link_of_that_many_gpus(stored_a100):
+    from advisor.hardware import without_gpu_calibration
     from advisor.plan import plan
     from advisor.schema import plan_inputs
+    from advisor.verify import preset_step_s
 
     doc = fake_measurements()
     s = 2**29
@@ -328,6 +330,17 @@ def test_a_calibration_with_collectives_times_the_link_of_that_many_gpus(stored_
         assert hw.sources.get("link_busbw_gbps") is None
         given = plan(replace(inputs, cluster=replace(inputs.cluster, gpus=2, link_bandwidth_gbps=50.0))).hardware
         assert given.link_busbw_gbps == 50.0  # --link-bandwidth wins
+        two_gpus = plan(replace(inputs, cluster=replace(inputs.cluster, gpus=2)))
+        assert two_gpus.hardware.sources["link_busbw_gbps"].startswith("NCCL all-reduce busbw measured")
+        undone = without_gpu_calibration(two_gpus.hardware)
+        assert undone.gpu_model is None and undone.link_busbw_gbps is None and "time_model" not in undone.sources
+        assert without_gpu_calibration(given).link_busbw_gbps == 50.0  # the flag stays
+        # what the preset predicts: the same plan read without any calibration (--no-cache), at the same micro-batch
+        fixed = replace(inputs, cluster=replace(inputs.cluster, gpus=2))
+        fixed = replace(fixed, training=replace(fixed.training, micro_batch_size=two_gpus.options.micro_batch_size))
+        uncalibrated = plan(replace(fixed, use_cache=False))
+        assert uncalibrated.hardware.gpu_model is None and uncalibrated.hardware.link_busbw_gbps is None
+        assert preset_step_s(plan(fixed), "ddp") == pytest.approx(uncalibrated.row("ddp").time.step_s)
     finally:
         DiskCache().path_for(gpu_calibrate.NAMESPACE, gpu_calibrate.key(two.gpu, two.driver, two.torch)).unlink()
 
