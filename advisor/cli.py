@@ -1,6 +1,6 @@
 """``python -m advisor MODEL [options]``: a thin argparse face over ``advisor.plan.plan``; plus subcommands
-with their own faces: ``check`` (advisor.check.cli), ``doctor`` (advisor.doctor), ``cache`` (advisor.cache)
-and ``page`` (the Streamlit page, advisor.page.launch).
+with their own faces: ``check`` (advisor.check.cli), ``doctor`` (advisor.doctor), ``cache`` (advisor.cache),
+``calibrate`` (advisor.calibrate_face) and ``page`` (the Streamlit page, advisor.page.launch).
 
 Examples:
     python -m advisor resnet50 --gpus 4
@@ -8,6 +8,7 @@ Examples:
     python -m advisor --config my/config.json --gpus 8 --json
     python -m advisor check train.py            # multi-GPU pitfalls in your own script
     python -m advisor doctor --ckpt-dir ckpt/   # pre-flight checks of this machine
+    python -m advisor calibrate                 # measure this machine's GPU (or CPU); plans then use it
     python -m advisor page                      # the same planner in a browser (needs streamlit)
 """
 
@@ -84,7 +85,8 @@ def build_parser(strategy_names: tuple[str, ...] | None = None) -> argparse.Argu
         epilog="Subcommands: 'advisor check FILE.py ...' finds single-to-multi-GPU pitfalls in your own "
         "training script (read as a syntax tree, never run); 'advisor doctor' runs the pre-flight "
         "checks of this machine (GPUs, driver, NCCL/gloo, a 2-rank all-reduce, port, directories); "
-        "'advisor cache info|clear' shows or empties the trace cache; 'advisor page [streamlit run options]' "
+        "'advisor cache info|clear' shows or empties the trace cache; 'advisor calibrate [--show]' measures this "
+        "machine's GPU (or CPU) for the step times, or shows what is stored; 'advisor page [streamlit run options]' "
         "serves the Streamlit page (needs streamlit). Each has --help.",
     )
     p.add_argument("--version", action="store_true", help="print advisor's version and exit")
@@ -240,7 +242,7 @@ def package_version() -> str:
         return __version__
 
 
-SUBCOMMANDS = ("check", "doctor", "cache", "page")
+SUBCOMMANDS = ("check", "doctor", "cache", "calibrate", "page")
 
 
 def _subcommand(name: str, argv: list[str]) -> int:
@@ -252,6 +254,10 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from .cache_face import main as cache_main
 
         return cache_main(argv)
+    if name == "calibrate":
+        from .calibrate_face import main as calibrate_main
+
+        return calibrate_main(argv)
     if name == "page":
         from .page.launch import main as page_main
 
@@ -309,7 +315,7 @@ def _plan_face(argv: list[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry. Returns the exit code: 0 answered (even "nothing fits"), 1 a failed verification, 2 bad input,
     75 the machine busy with another verification.
-    ``check``, ``doctor``, ``cache`` and ``page`` as the first argument hand the rest to their own faces.
+    ``check``, ``doctor``, ``cache``, ``calibrate`` and ``page`` as the first argument hand the rest to their own faces.
     Never contacts a model hub (``HF_HUB_OFFLINE=1``; set here, at the entry point, not on import)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # advisor prints its own warnings

@@ -8,6 +8,7 @@ order the keys are written (the printed JSON keeps that order).
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import NotRequired, TypedDict
 
 from .explain import tokens_per_sample
@@ -165,6 +166,7 @@ class TimingDoc(TypedDict):
     compute_efficiency: float
     bandwidth_efficiency: float
     efficiency_source: str
+    source: str  # what the step times were timed with: "calibrated on this machine, <date> ..." or "preset ..."
     data_loading: str
 
 
@@ -343,7 +345,7 @@ def _recommendation_doc(p: Plan) -> RecommendationDoc:
     return d
 
 
-def _timing_doc(p: Plan) -> TimingDoc | None:
+def timing_doc(p: Plan) -> TimingDoc | None:
     """What the step times were computed with (None: the GPU has no preset, so nothing is timed)."""
     from strategies.base import timing_of
 
@@ -357,8 +359,23 @@ def _timing_doc(p: Plan) -> TimingDoc | None:
         "compute_efficiency": t.efficiency.compute,
         "bandwidth_efficiency": t.efficiency.bandwidth,
         "efficiency_source": t.efficiency.source,
+        "source": time_source(p, t.preset.name, t.efficiency.source),
         "data_loading": "not modelled",
     }
+
+
+def time_source(p: Plan, preset: str, efficiency_source: str) -> str:
+    """Where the plan's step times come from, in one line: this machine's GPU calibration ("calibrated on this
+    machine, <date> (...)", ``advisor calibrate``), its CPU's (a CPU verification run), a fit's trial constants
+    (``Hardware.gpu_model``'s own source), or the GPU preset's fitted constants ("preset <name>: <source>")."""
+    hw = p.hardware
+    if hw.gpu_model is not None:
+        return hw.gpu_model.source
+    if hw.calibration is not None:
+        cal = hw.calibration
+        date = time.strftime("%Y-%m-%d", time.gmtime(cal.measured_at)) if cal.measured_at else "date unknown"
+        return f"measured on this machine's CPU, {date} ({cal.cpu}, {cal.ranks} rank(s); advisor.timing.calibrate)"
+    return f"preset {preset}: {efficiency_source}"
 
 
 def plan_to_dict(p: Plan) -> PlanDoc:
@@ -380,6 +397,6 @@ def plan_to_dict(p: Plan) -> PlanDoc:
         },
         "strategies": [_strategy_doc(p, r) for r in p.rows],
         "recommendation": _recommendation_doc(p),
-        "timing": _timing_doc(p),
+        "timing": timing_doc(p),
         "warnings": p.warnings,
     }

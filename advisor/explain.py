@@ -156,7 +156,7 @@ def _borrowed_efficiency(ctx: StrategyContext) -> str | None:
     from .timing.compute import BORROWED_BAND, GENERATION, efficiency_for, preset_for_gpu
 
     hw, opts = ctx.hardware, ctx.options
-    if hw.calibration is not None or opts.mfu is not None or opts.bandwidth_efficiency is not None:
+    if any(x is not None for x in (hw.calibration, hw.gpu_model, opts.mfu, opts.bandwidth_efficiency)):
         return None
     preset = preset_for_gpu(hw.gpu_name, hw.gpu_memory_bytes)
     if preset is None:

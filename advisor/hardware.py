@@ -8,19 +8,22 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .gpu_presets import DEFAULT_GPU_PRESET, GpuPreset, get_gpu_preset
 from .schema import ClusterSpec
 
 if TYPE_CHECKING:
+    from .cache import DiskCache, NullCache
+    from .choices import Precision
     from .timing.calibrate import CpuCalibration
     from .timing.gpu_model import GpuModel
 
 # Where the host RAM figure comes from: this machine's (planning for its own GPUs), the user's
 # (--host-mem / the page's field), or nobody's (planning for a preset GPU elsewhere).
 HOST_DETECTED, HOST_GIVEN, HOST_UNKNOWN = "detected", "given", "unknown"
+CALIBRATED_LINK = "NCCL all-reduce busbw measured by advisor calibrate"  # sources["link_busbw_gbps"] of a calibration
 
 
 @dataclass(frozen=True)
@@ -229,3 +232,42 @@ def resolve_hardware(cluster: ClusterSpec) -> Hardware:
         link_busbw_gbps=cluster.link_bandwidth_gbps,
         network_gbps=cluster.network_bandwidth_gbps,
     )
+
+
+def with_gpu_calibration(hw: Hardware, precision: Precision, cache: DiskCache | NullCache) -> Hardware:
+    """``hw`` timed by this machine's stored calibration of its GPU, if there is one (``advisor calibrate``;
+    ``advisor.timing.gpu_calibrate.calibration_for``: the same GPU, measured under the installed torch): its
+    constants at ``precision`` as ``gpu_model``, with ``sources["time_model"]`` saying "calibrated on this machine,
+    <date>", and its measured NCCL all-reduce bus bandwidth as ``link_busbw_gbps`` when it was measured over as
+    many GPUs as a node of the plan has and ``--link-bandwidth`` was not given. Unchanged without one, for a CPU
+    verification run (``calibration``) and when ``gpu_model`` is set already (a fit's trial constants).
+    ``cache``: the plan's (``NullCache`` for --no-cache: no calibration is read)."""
+    if hw.calibration is not None or hw.gpu_model is not None:
+        return hw
+    from .timing.compute import preset_for_gpu
+    from .timing.gpu_calibrate import calibration_for
+
+    cal = calibration_for(hw.gpu_name, hw.gpu_memory_bytes, cache)
+    preset = preset_for_gpu(hw.gpu_name, hw.gpu_memory_bytes)
+    if cal is None or preset is None:
+        return hw
+    sources = dict(hw.sources)
+    model = cal.model(precision, preset)
+    if model is not None:
+        hw, sources["time_model"] = replace(hw, gpu_model=model), model.source
+    busbw = cal.rates.get("all_reduce_busbw_gbps")
+    if busbw and hw.link_busbw_gbps is None and cal.gpu_count == hw.gpus_per_node:
+        hw = replace(hw, link_busbw_gbps=busbw)
+        sources["link_busbw_gbps"] = f"{CALIBRATED_LINK} over {cal.gpu_count} GPUs, {cal.source}"
+    return replace(hw, sources=sources)
+
+
+def without_gpu_calibration(hw: Hardware) -> Hardware:
+    """``hw`` as it was before ``with_gpu_calibration``: no ``gpu_model``, and the preset's link bandwidth where the
+    calibration had set it (what the GPU preset's constants predict, beside the calibrated prediction)."""
+    sources = {k: v for k, v in hw.sources.items() if k != "time_model"}
+    link = hw.link_busbw_gbps
+    if sources.get("link_busbw_gbps", "").startswith(CALIBRATED_LINK):
+        link = None
+        del sources["link_busbw_gbps"]
+    return replace(hw, gpu_model=None, link_busbw_gbps=link, sources=sources)

@@ -15,7 +15,7 @@ from .context import StrategyContext
 from .errors import AdvisorError
 from .explain import tokens_per_sample
 from .free_text import lora_targets
-from .hardware import Hardware, resolve_hardware
+from .hardware import Hardware, resolve_hardware, with_gpu_calibration
 from .invariants import enforce
 from .memory import trace_mode
 from .models import AdapterSpec, ModelSpec, family_of, resolve_source
@@ -184,7 +184,8 @@ def resolve_adapter(opts: TrainingOptions, spec: ModelSpec) -> tuple[ModelSpec, 
 
 
 def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | None = None) -> Plan:
-    """Resolve the model and hardware, trace, size every strategy, recommend one.
+    """Resolve the model and hardware, trace, size every strategy, recommend one. A GPU plan is timed with this
+    machine's stored calibration of its GPU where there is one (``advisor.hardware.with_gpu_calibration``).
 
     Args:
         device: "cuda" to plan for GPUs; "cpu" to estimate a CPU verification run (no CUDA
@@ -215,6 +216,8 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     precision_notes += adapter_notes
     family = family_of(spec)
     cache = open_cache(inputs.use_cache)
+    if device == Device.CUDA:  # this machine's calibration of the GPU, when one is stored (advisor calibrate)
+        hw = with_gpu_calibration(hw, precision, cache)
     micro_batch = opts.micro_batch_size or family.default_micro_batch
     opts = replace(opts, micro_batch_size=micro_batch)
     per_step = micro_batch * hw.num_gpus

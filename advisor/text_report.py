@@ -176,9 +176,9 @@ def _time_band_lines(p: Plan, chosen: StrategyRow, d: TimeDoc) -> list[str]:
 
 def _time_lines(p: Plan, chosen: StrategyRow | None = None) -> list[str]:
     """The step-time table: one optimizer step at each row's global batch, its parts, throughput, MFU and the
-    speed-up over one GPU, then the ``chosen`` row's step (and train) time with its error band. Empty when no
-    row could be timed (a GPU without a preset)."""
-    from .document import time_to_dict
+    speed-up over one GPU, then the ``chosen`` row's step (and train) time with its error band and the time
+    model's source. Empty when no row could be timed (a GPU without a preset)."""
+    from .document import time_to_dict, timing_doc
     from .units import fmt_rate, fmt_s
 
     timed = [(r, d) for r in p.rows if r.applicable and r.time is not None and (d := time_to_dict(p, r)) is not None]
@@ -220,6 +220,9 @@ def _time_lines(p: Plan, chosen: StrategyRow | None = None) -> list[str]:
         "communication not hidden + optimizer step). Data loading is not modelled.",
         *table(columns, cells),
     ]
+    timing = timing_doc(p)
+    if timing is not None:
+        lines.append(f"Time model: {timing['source']}")
     lines.append(
         "comm: all communication per step; exposed: the part compute does not hide; speedup: against the "
         "fastest recipe that fits one GPU, at the same global batch by accumulation (plain single runs "

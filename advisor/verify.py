@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
@@ -26,7 +26,7 @@ from strategies.render import job_from_plan, render_job, write_files
 
 from .choices import Device
 from .errors import AdvisorError
-from .hardware import Hardware, host_memory_bytes
+from .hardware import Hardware, host_memory_bytes, without_gpu_calibration
 from .processes import (
     MachineLock,
     VerifyBusy,
@@ -40,6 +40,7 @@ from .timing.calibrate import OtherCpu
 from .verify_setup import CPU_RANK_THREADS, verify_plan
 
 if TYPE_CHECKING:
+    from .plan import Plan
     from .timing.step import StepTime
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "lock_path",
     "median_step_s",
     "predicted_step_s",
+    "preset_step_s",
     "step_time_line",
     "verify",
 ]
@@ -96,9 +98,20 @@ class VerifyResult:
     predicted_step_s: float | None = None  # the step-time model's, for this machine (CPU: its calibration)
     measured_step_s: float | None = None  # max over ranks of each rank's median (``median_step_s``)
     step_time_error: float | None = None  # (predicted - measured) / measured
+    # GPU runs timed by this machine's calibration (advisor calibrate): what the GPU preset's constants predict,
+    # shown beside the calibrated prediction; and where the prediction's constants come from
+    preset_step_s: float | None = None
+    time_source: str | None = None
     cpu_contention: float | None = None  # share of all cores' time other processes took during the run (CPU runs)
     # the job's estimate (``strategies.render.Estimate``: bytes, breakdown, phase); empty before the job is rendered
     estimate: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def preset_step_time_error(self) -> float | None:
+        """(preset prediction - measured) / measured; None without both."""
+        if self.preset_step_s is None or not self.measured_step_s:
+            return None
+        return (self.preset_step_s - self.measured_step_s) / self.measured_step_s
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -119,6 +132,9 @@ class VerifyResult:
             "predicted_step_s": self.predicted_step_s,
             "measured_step_s": self.measured_step_s,
             "step_time_error": self.step_time_error,
+            "preset_step_s": self.preset_step_s,
+            "preset_step_time_error": self.preset_step_time_error,
+            "time_source": self.time_source,
             "cpu_contention": self.cpu_contention,
         }
 
@@ -265,6 +281,8 @@ def verify(
             notes=notes,
             estimated_peak_bytes=run_memory.peak.total,
             predicted_step_s=predicted_step_s(hw, run_row.time),
+            preset_step_s=preset_step_s(run_plan, name),
+            time_source=run_plan.hardware.sources.get("time_model"),
             estimate=job.estimate,
         )
         say(f"launching {name} on {world} {device} rank(s) in {run_dir}")
@@ -348,6 +366,18 @@ def predicted_step_s(hw: Hardware, t: StepTime | None) -> float | None:
     return hw.calibration.step_s(t) if hw.calibration is not None else t.step_s
 
 
+def preset_step_s(p: Plan, name: str) -> float | None:
+    """Row ``name``'s step time by the GPU preset's constants, when ``p`` is timed by this machine's GPU calibration
+    (``Hardware.gpu_model``, ``advisor.hardware.with_gpu_calibration``): the strategy's time rule on the same plan
+    without it. None otherwise (a CPU run, or a GPU without a calibration: one prediction only)."""
+    hw = p.hardware
+    if hw.gpu_model is None or hw.calibration is not None:
+        return None
+    row = p.row(name)
+    t = row.strategy.step_time(replace(p.context(), hardware=without_gpu_calibration(hw)), row)
+    return t.step_s if t is not None else None
+
+
 def median_step_s(step_times: list[float], profiled_steps: int = 0, warmup: int = WARMUP_STEPS) -> float | None:
     """Seconds per optimizer step of one rank: the median of its steps after the first ``warmup`` and after the
     ``profiled_steps`` that ran under the CPU memory profiler (which slows steps down); None when none is left."""
@@ -384,7 +414,13 @@ def step_time_line(result: VerifyResult) -> str | None:
         )
     if result.predicted_step_s is None or result.step_time_error is None:
         return measured + ", no prediction (no time model for this device)" + busy
+    preset = ""
+    if result.preset_step_s is not None and (preset_error := result.preset_step_time_error) is not None:
+        preset = (
+            f", preset constants {1e3 * result.preset_step_s:.1f} ms (error {100 * preset_error:+.1f}%); the "
+            f"prediction is {result.time_source or 'calibrated on this machine'}"
+        )
     return (
-        f"{measured}, predicted {1e3 * result.predicted_step_s:.1f} ms (error {100 * result.step_time_error:+.1f}%;"
-        f" median after {WARMUP_STEPS} warm-up steps, memory profiler off; data loading not modelled{busy})"
+        f"{measured}, predicted {1e3 * result.predicted_step_s:.1f} ms (error {100 * result.step_time_error:+.1f}%"
+        f"{preset}; median after {WARMUP_STEPS} warm-up steps, memory profiler off; data loading not modelled{busy})"
     )

@@ -137,9 +137,18 @@ def verify_plan(
 
 def calibrated(hw: Hardware, device: Device, use_cache: bool, say: Callable[[str], None], notes: list[str]) -> Hardware:
     """``hw`` with this machine's CPU calibration (``advisor.timing.calibrate``) for a CPU run, so the plan's
-    step times predict this machine's ranks (``CPU_RANK_THREADS`` threads each); a GPU run is timed by its
-    preset and comes back unchanged. A failed calibration leaves the run untimed, with a note."""
+    step times predict this machine's ranks (``CPU_RANK_THREADS`` threads each). A GPU run comes back unchanged:
+    ``plan()`` times it with this machine's stored GPU calibration (``advisor calibrate``) where there is one, and
+    a note says how to make one where there is none. A failed calibration leaves the run untimed, with a note."""
     if device != Device.CPU:
+        from .cache import open_cache
+        from .timing.gpu_calibrate import calibration_for
+
+        if use_cache and calibration_for(hw.gpu_name, hw.gpu_memory_bytes, open_cache()) is None:
+            notes.append(
+                f"no calibration of this {hw.gpu_name} is stored: the predicted step time uses the GPU preset's "
+                "constants (run 'advisor calibrate' once for a prediction from this machine's measured rates)"
+            )
         return hw
     from .cache import open_cache
     from .timing.calibrate import cached_calibration, cpu_calibration

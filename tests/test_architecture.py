@@ -59,7 +59,16 @@ LAYERS: list[tuple[str, ...]] = [
     ("advisor.plan",),
     ("advisor.document",),
     ("advisor.verify", "advisor.verify_setup", "advisor.run_report"),
-    ("advisor.cli", "advisor.__main__", "advisor.text_table", "advisor.text_report", "advisor.page", "app", "bench"),
+    (
+        "advisor.cli",
+        "advisor.calibrate_face",
+        "advisor.__main__",
+        "advisor.text_table",
+        "advisor.text_report",
+        "advisor.page",
+        "app",
+        "bench",
+    ),
 ]
 BESIDE = ("advisor.check", "advisor.doctor")
 

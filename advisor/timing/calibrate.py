@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..cache import DiskCache, NullCache, library_versions, open_cache
-from ..choices import Precision
+from ..choices import Device, Precision
 from ..gpu_presets import BusBw, GpuPreset
 from ..processes import MachineLock, free_port
 from .compute import Efficiency, Rates
@@ -194,8 +194,23 @@ class CpuCalibration:
         return t.step_s
 
     def as_dict(self) -> dict[str, object]:
-        """Every field by name (what the cache stores)."""
+        """Every field by name."""
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def document(self) -> dict[str, object]:
+        """What the cache stores: one JSON object, ``"device": "cpu"`` and this CPU's ISA flags (``isa_flags``)
+        first, then every field (as a GPU's calibration is stored with ``"device": "cuda"``)."""
+        return {"device": Device.CPU, "isa": isa_flags(), **self.as_dict()}
+
+
+def isa_flags() -> list[str]:
+    """The ISA flags of this CPU that decide matmul speed (``_ISA`` present in /proc/cpuinfo); [] unknown."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith(("flags", "Features"))), [])
+    return [f for f in _ISA if f in flags]
 
 
 def cpu_model() -> str:
@@ -207,8 +222,7 @@ def cpu_model() -> str:
 
         return platform.processor() or platform.machine() or "unknown"
     name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(("model name", "Model"))), "unknown")
-    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith(("flags", "Features"))), [])
-    isa = [f for f in _ISA if f in flags]
+    isa = isa_flags()
     return f"{name} [{' '.join(isa)}]" if isa else name
 
 
@@ -391,7 +405,7 @@ def cpu_calibration(
             return hit
     with MachineLock():
         cal = measure(ranks, threads, seconds)
-    cache.put(NAMESPACE, cache_key(ranks, threads), cal.as_dict())
+    cache.put(NAMESPACE, cache_key(ranks, threads), cal.document())
     return cal
 
 
