@@ -175,7 +175,7 @@ def _borrowed_efficiency(ctx: StrategyContext) -> str | None:
     return (
         f"{preset.name} ({generation}) has no published run fitted here: its step times use another "
         f"generation's efficiencies (compute {eff.compute:.2f}, bandwidth {eff.bandwidth:.2f}; "
-        f"bench/PUBLISHED.md); {error}; --mfu and --bandwidth-efficiency set them"
+        f"bench/TIME.md); {error}; --mfu and --bandwidth-efficiency set them"
     )
 
 
