@@ -218,3 +218,16 @@ def paste(fits: Mapping[str, Fit]) -> str:
             f'rms log error {f.rms_log_error:.3f}"),'
         )
     return "\n".join(lines + ["}"])
+
+
+def paste_bands(bands: Mapping[str, Mapping[str, float]]) -> str:
+    """The leave-one-source-out residual bands as Python for the error band on time figures: (generation,
+    workload) -> (low, high, what it is based on), truth time in [t (1 + low), t (1 + high)]."""
+    lines = ["TIME_ERROR_BAND: dict[tuple[str, str], tuple[float, float, str]] = {"]
+    for key, b in bands.items():
+        g, w = key.split("/")
+        lines.append(
+            f'    ("{g}", "{w}"): ({b["low"]:.3f}, {b["high"]:.3f}, "leave-one-source-out residuals of '
+            f'{b["rows"]:.0f} published runs, {b["covered"]:.0f} inside (bench/PUBLISHED.md)"),'
+        )
+    return "\n".join(lines + ["}"])

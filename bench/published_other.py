@@ -1,9 +1,9 @@
 """The published runs of sources other than llm-foundry (O rows of ../shared/anchors/published_runs.md) as
-``bench.published_cases.Case`` rows, and the figures that are not expressed, each with its reason."""
+``bench.published_case.Case`` rows, and the figures that are not expressed, each with its reason."""
 
 from __future__ import annotations
 
-from .published_cases import CNN, S_EPOCH, SAMPLES_S, SEQ_S, TOK_S_GPU, Case
+from .published_case import CNN, S_EPOCH, SAMPLES_S, SEQ_S, TOK_S_GPU, Case
 from .published_models import (
     DEBERTA_V2_XLARGE,
     megatron_config,

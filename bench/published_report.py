@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .published import TARGETS, Results, RowResult, stats
-from .published_cases import SOURCES, THROUGHPUT_UNITS
+from .published_case import THROUGHPUT_UNITS
+from .published_cases import SOURCES
 from .published_other import NOT_EXPRESSED
+from .published_results import TARGETS, Results, RowResult, stats
 
 
 def _pct(x: object) -> str:
