@@ -15,7 +15,7 @@ from .rows import StrategyRow
 if TYPE_CHECKING:
     from .timing.step import StepTime
 
-# Step times within 10% of the fastest are ties: the time model cannot tell them apart (bench/TIME.md: its errors
+# Step times within 10% of the fastest are ties: the time model cannot tell them apart (bench/PUBLISHED.md: its errors
 # against the published runs reach 21%; 2-4% separate autocast's fp32 residual stream from a 16-bit module on the
 # same model, a precision detail, not the strategy; and the terms that separate replicating from sharding when both
 # fit, the exposed last reduction and the sharded optimizer step, are the least measured: resnet50 on 4 x RTX4090

@@ -364,6 +364,68 @@ GPU_PRESETS: dict[str, GpuPreset] = {
             nvlink_src="A10G: no NVLink (AWS G5)",
         ),
         _pcie_card(
+            "A10-24GB",
+            23028,
+            32.0,
+            "NVIDIA A10 datasheet (125 TF bf16 dense, PCIe 4.0 x16); nvidia-smi memory as the A10G's 23028MiB",
+            tflops=(125.0, 125.0, 62.5, 31.2),
+            tflops_src=(
+                "NVIDIA A10 Tensor Core GPU datasheet: BF16/FP16 tensor 125 TF (250 with sparsity), TF32 62.5 TF "
+                "(125 with sparsity), FP32 31.2 TF"
+            ),
+            hbm_gbps=600.0,
+            hbm_src="NVIDIA A10 datasheet: 24 GB GDDR6, 600 GB/s",
+            pcie_gen=4,
+            nvlink_src="NVIDIA A10 datasheet: PCIe Gen4 x16, no NVLink",
+        ),
+        _pcie_card(
+            "A100-PCIe-40GB",
+            40960,
+            32.0,
+            "NVIDIA A100 datasheet (PCIe: 312 TF bf16 dense, PCIe 4.0 x16); nvidia-smi memory as the SXM4 40GB "
+            "preset's",
+            tflops=(312.0, 312.0, 156.0, 19.5),
+            tflops_src=(
+                "NVIDIA A100 Tensor Core GPU datasheet (PCIe column, 40GB): BF16/FP16 312, TF32 156 TF dense "
+                "(624/312 with sparsity), FP32 19.5 TF; 250 W, so it holds boost clocks less than the SXM4"
+            ),
+            hbm_gbps=1555.0,
+            hbm_src="NVIDIA A100 datasheet (PCIe 40GB): HBM2 1,555 GB/s",
+            pcie_gen=4,
+            nvlink_src="NVIDIA A100 datasheet (PCIe): an optional NVLink bridge pairs 2 (600 GB/s); not modelled",
+        ),
+        _pcie_card(
+            "H100-PCIe-80GB",
+            81559,
+            64.0,
+            "NVIDIA H100 datasheet (PCIe: 756 TF bf16 dense, PCIe 5.0 x16); nvidia-smi memory as the SXM5 preset's",
+            tflops=(756.0, 756.0, 378.0, 51.0),
+            tflops_src=(
+                "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe column): BF16/FP16 tensor 1,513 TF and TF32 756 TF "
+                "with sparsity -> 756 / 378 dense; FP32 51 TF"
+            ),
+            hbm_gbps=2000.0,
+            hbm_src="NVIDIA H100 datasheet (H100 PCIe): 80GB HBM2e, 2 TB/s",
+            pcie_gen=5,
+            nvlink_src="NVIDIA H100 datasheet (H100 PCIe): an optional NVLink bridge pairs 2 (600 GB/s); not modelled",
+        ),
+        _pcie_card(
+            "RTX6000Ada",
+            49140,
+            32.0,
+            "NVIDIA RTX 6000 Ada datasheet / Ada whitepaper (364 TF fp16 dense, PCIe 4.0 x16); nvidia-smi memory as "
+            "the RTX A6000 preset's 49140MiB",
+            tflops=(364.2, 364.2, 182.1, 91.1),
+            tflops_src=(
+                "NVIDIA Ada GPU architecture whitepaper, appendix (RTX 6000 Ada): FP16/BF16 tensor with FP32 "
+                "accumulate 364.2 TF dense (728.4 with sparsity), TF32 182.1 TF; RTX 6000 Ada datasheet: FP32 91.1 TF"
+            ),
+            hbm_gbps=960.0,
+            hbm_src="NVIDIA RTX 6000 Ada datasheet: 48 GB GDDR6 with ECC, 960 GB/s",
+            pcie_gen=4,
+            nvlink_src="NVIDIA RTX 6000 Ada datasheet: PCIe Gen4 x16, no NVLink",
+        ),
+        _pcie_card(
             "L4-24GB",
             23034,
             32.0,

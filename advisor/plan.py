@@ -40,7 +40,21 @@ if TYPE_CHECKING:
     from strategies.base import Strategy
 
 # GPUs on which FlashAttention-2 runs (compute capability >= 8.0, FlashAttention README).
-_FLASH_GPUS = ("a100", "h100", "h200", "a10", "l4", "rtx3090", "rtx4090", "3090", "4090", "l40", "a6000", "b200")
+_FLASH_GPUS = (
+    "a100",
+    "h100",
+    "h200",
+    "a10",
+    "l4",
+    "rtx3090",
+    "rtx4090",
+    "3090",
+    "4090",
+    "l40",
+    "a6000",
+    "6000ada",
+    "b200",
+)
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
     .venv/bin/python -m bench.run            # the full suite -> bench/RESULTS.md, results.json, PNG
     .venv/bin/python -m bench.run --smoke    # 3 small cases into a temporary directory (CI)
-    .venv/bin/python -m bench.run --time     # step time vs published measurements -> bench/TIME.md (no training)
 
 Every case renders the training script for its strategy and runs it through ``advisor.verify.verify``
 (the ``--verify`` machinery: gloo, ``DS_ACCELERATOR=cpu``), which measures each rank's peak
@@ -360,13 +359,6 @@ def main(argv: list[str] | None = None) -> int:
         help="re-measure only the CLI cost table into the results.json in --out (default bench/) and re-render",
     )
     p.add_argument(
-        "--time",
-        action="store_true",
-        help="step time against published measurements (no training): "
-        "prints the table and writes bench/TIME.md (or --out DIR/TIME.md)",
-    )
-    p.add_argument("--fit", action="store_true", help="with --time: refit the efficiencies per GPU generation")
-    p.add_argument(
         "--merge",
         metavar="RESULTS_JSON",
         help="with --only: replace or add the cases run in this earlier "
@@ -380,12 +372,6 @@ def main(argv: list[str] | None = None) -> int:
         "today's model and this machine's calibration (no training) and re-render (in --out, default bench/)",
     )
     args = p.parse_args(argv)
-    if args.time:
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from .timefit import main as time_main
-
-        return time_main(do_fit=args.fit, out=Path(args.out) / "TIME.md" if args.out else None)
     from .report import write_outputs
 
     if args.merge and not args.only:

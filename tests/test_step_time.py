@@ -408,12 +408,13 @@ def test_a_user_set_micro_batch_is_kept():
 
 
 # ------------------------------------------------------------------------------------------------- bench
-def test_bench_time_reproduces_nanogpt_within_the_target():
-    from bench.timefit import TARGET_ABS, cases, predicted_s
+def test_bench_published_reproduces_nanogpt_within_the_target():
+    from bench.published import TARGETS, error, in_unit, plan_case, step_of
+    from bench.published_cases import cases
 
-    case = next(c for c in cases() if c.case_id.startswith("nanogpt"))
-    seconds, t = predicted_s(case)
-    assert abs(seconds - case.published_s) / case.published_s <= TARGET_ABS
+    case = next(c for c in cases() if c.row.startswith("nanogpt"))
+    t, dp = step_of(case, plan_case(case))
+    assert dp == 8 and abs(error(case, in_unit(case, t.step_s, dp))) <= TARGETS["in_worst"]
     assert 0.2 < t.mfu < 0.6
 
 

@@ -17,8 +17,8 @@ A calibrated CPU (``advisor.timing.calibrate``) is its own "GPU" with measured r
 activations and softmax) bounded by the measured exp rate as well as by memory, and the eager overhead per
 op added to every op (a CPU runs dispatch and kernels on the same cores, in series). The efficiencies are at most
 two per GPU generation, fitted
-to public measurements (``EFFICIENCY``; the fit and its residuals: ``bench/TIME.md``, ``python -m bench.run
---time``); ``--mfu`` sets the compute efficiency and ``--bandwidth-efficiency`` the other.
+to public measurements (``EFFICIENCY``; those rows and their residuals: ``bench/PUBLISHED.md``, ``python -m
+bench.published``); ``--mfu`` sets the compute efficiency and ``--bandwidth-efficiency`` the other.
 
 The bandwidth efficiency is the effective rate of the op-by-op byte count as a share of HBM bandwidth, and the
 fit puts it above 1 (1.52 on Ampere): the published runs fuse what eager PyTorch runs op by op (torch.compile
@@ -77,7 +77,7 @@ class Efficiency:
     source: str
 
 
-# Fitted by bench/timefit.py to the published runs it lists (bench/TIME.md has the fit and the residuals):
+# Fitted by grid search to the published runs below (their rows and residuals are in bench/PUBLISHED.md):
 # Ampere to nanoGPT (8 x A100, 562 ms/step) and Megatron-LM's weak-scaling table (1B-8B, TP 1-8, 1076-1343 ms);
 # Turing's compute efficiency to the transformers docs' DP-vs-DDP run (2 x TITAN RTX, fp32, 101.9 s / 200 steps),
 # its bandwidth efficiency Ampere's (one measurement cannot fit two). Generations without a public measurement
@@ -112,6 +112,10 @@ GENERATION = {
     "a10g-24gb": "ampere",
     "rtx3090": "ampere",
     "rtxa6000": "ampere",
+    "a10-24gb": "ampere",
+    "a100-pcie-40gb": "ampere",
+    "rtx6000ada": "ada",
+    "h100-pcie-80gb": "hopper",
     "l4-24gb": "ada",
     "rtx4090": "ada",
     "l40s-48gb": "ada",
@@ -125,9 +129,13 @@ GENERATION = {
 # Words in a detected GPU's name (torch.cuda.get_device_name, e.g. "NVIDIA A100-SXM4-80GB") -> preset family.
 _NAME_WORDS = (
     ("h200", "h200"),
+    ("h100 pcie", "h100-pcie"),
     ("h100", "h100"),
+    ("a100 pcie", "a100-pcie"),
     ("a100", "a100"),
     ("a10g", "a10g"),
+    ("a10", "a10-"),
+    ("6000 ada", "rtx6000ada"),
     ("a6000", "rtxa6000"),
     ("l40s", "l40s"),
     ("l40", "l40s"),

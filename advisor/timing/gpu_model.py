@@ -55,4 +55,8 @@ SM_COUNT: dict[str, int] = {
     "rtxa6000": 84,  # NVIDIA RTX A6000 datasheet: 10,752 CUDA cores = 84 SMs x 128
     "l40s-48gb": 142,  # NVIDIA L40S datasheet: 18,176 CUDA cores = 142 SMs x 128
     "titanrtx": 72,  # NVIDIA Turing whitepaper: TITAN RTX TU102 72 SMs
+    "a10-24gb": 72,  # NVIDIA A10 datasheet: GA102, 9,216 CUDA cores = 72 SMs x 128
+    "a100-pcie-40gb": 108,  # NVIDIA A100 whitepaper: the PCIe card is the same GA100 configuration, 108 SMs
+    "h100-pcie-80gb": 114,  # NVIDIA H100 whitepaper: H100 PCIe 114 SMs (14,592 FP32 cores = 114 x 128)
+    "rtx6000ada": 142,  # NVIDIA Ada whitepaper appendix: RTX 6000 Ada AD102, 142 SMs (18,176 CUDA cores)
 }
