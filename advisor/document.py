@@ -153,6 +153,7 @@ class TimingDoc(TypedDict):
     bandwidth_efficiency: float
     efficiency_source: str
     data_loading: str
+    gpu_model: NotRequired[dict[str, object]]  # a GPU's compute-model constants (advisor.timing.gpu_model), its SMs
 
 
 class PlanDoc(TypedDict):
@@ -318,7 +319,7 @@ def _timing_doc(p: Plan) -> TimingDoc | None:
     t = timing_of(p.context())
     if t is None:
         return None
-    return {
+    d: TimingDoc = {
         "gpu_preset": t.preset.name,
         "peak_tflops": t.peak_flops_per_s / 1e12,
         "hbm_gbps": t.preset.hbm_gbps,
@@ -327,6 +328,9 @@ def _timing_doc(p: Plan) -> TimingDoc | None:
         "efficiency_source": t.efficiency.source,
         "data_loading": "not modelled",
     }
+    if t.gpu_model is not None:  # a GPU's per-op model: its constants, their source and the SMs it divides by
+        d["gpu_model"] = {**dataclasses.asdict(t.gpu_model), "sm_count": t.rates.sm_count}
+    return d
 
 
 def plan_to_dict(p: Plan) -> PlanDoc:

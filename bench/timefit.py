@@ -1,6 +1,6 @@
 """Step time against published measurements (issue 13): the table ``python -m bench.run --time`` prints and writes
-to bench/TIME.md, and the fit of the efficiencies (``--time --fit``) that ``advisor.timing.compute.EFFICIENCY``
-holds.
+to bench/TIME.md, and the fit of the efficiencies (``--time --fit``; the defaults:
+``advisor.timing.gpu_model.MODELS``).
 
 No training runs: each case is planned (traces on the meta device, cached) and its strategy's time rule
 evaluated at the published configuration. The fit is a grid search of the two efficiencies of one GPU
@@ -242,13 +242,13 @@ def resnet18_speedup() -> dict:
 
 
 def render(rows: list[dict], fits: dict, resnet: dict, wall_s: float) -> str:
-    from advisor.timing.compute import EFFICIENCY
+    from advisor.timing.gpu_model import MODELS
 
     lines = [
         "# Step time against published measurements",
         "",
         "Regenerate: `.venv/bin/python -m bench.run --time` (no training; seconds once the traces are cached). "
-        "`--time --fit` also refits the efficiencies (`advisor/timing/compute.py`, `EFFICIENCY`).",
+        "`--time --fit` also fits the efficiencies (defaults: `advisor/timing/gpu_model.py`, `MODELS`).",
         "",
         f"Targets (issue 13): absolute figures within {100 * TARGET_ABS:.0f}%, the DP-vs-DDP ratio within "
         f"{100 * TARGET_RATIO:.0f}%. Data loading is not modelled.",
@@ -274,8 +274,8 @@ def render(rows: list[dict], fits: dict, resnet: dict, wall_s: float) -> str:
         "bandwidth on memory-bound ops):",
         "",
     ]
-    for gen, e in EFFICIENCY.items():
-        lines.append(f"* {gen}: compute {e.compute:.2f}, bandwidth {e.bandwidth:.2f} ({e.source})")
+    for gen, m in MODELS.items():
+        lines.append(f"* {gen}: GEMM {m.gemm:.2f}, bandwidth {m.bandwidth:.2f} ({m.source})")
     if fits:
         lines += ["", "Fit (grid search, squared log error over the generation's absolute cases):", ""]
         for gen, (ec, eb, err) in fits.items():
