@@ -2,11 +2,12 @@
 as their implicit GEMMs, and fused attention's heads, lengths and head dim (``advisor.timing.gpu_time``).
 
 A GEMM's shape is recorded as ``(flops, M, N, K, batch, element size)``; an op of several GEMMs (a convolution's
-backward: dgrad and wgrad) records one such group per GEMM, its FLOPs split between them in proportion to each
-GEMM's 2 M N K batch. Convolutions as implicit GEMMs (NVIDIA, "Convolutional Layers User's Guide", convolution
-algorithms: forward M = N x H_out x W_out, N = C_out / groups, K = C_in / groups x kh x kw, one GEMM per group;
-backward data M = N x H_in x W_in, N = C_in / groups, K = C_out / groups x kh x kw; backward filter M = C_out /
-groups, N = C_in / groups x kh x kw, K = N x H_out x W_out).
+backward: dgrad and wgrad) records one such group per GEMM, its FLOPs split between them as
+``torch.utils.flop_counter`` counts each gradient (equal halves for an ungrouped convolution). Convolutions as
+implicit GEMMs (NVIDIA, "Convolutional Layers User's Guide", convolution algorithms): forward M = N x H_out x W_out,
+N = C_out / groups, K = C_in / groups x kh x kw, one GEMM per group; backward data M = N x H_in x W_in,
+N = C_in / groups, K = C_out / groups x kh x kw; backward filter M = C_out / groups, N = C_in / groups x kh x kw,
+K = N x H_out x W_out.
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ def matmul_shape(name: str, args: Sequence[object], flops: int) -> Shape:
     return ()
 
 
-def _gemms(flops: int, gemms: list[tuple[int, int, int, int]], elsize: int) -> Shape:
-    """Groups of ``(flops, M, N, K, batch, elsize)``, ``flops`` split in proportion to each GEMM's M N K batch (the
-    last takes the rounding)."""
-    weights = [m * n * k * g for m, n, k, g in gemms]
+def _gemms(flops: int, gemms: list[tuple[int, int, int, int]], elsize: int, weights: list[int] | None = None) -> Shape:
+    """Groups of ``(flops, M, N, K, batch, elsize)``, ``flops`` split in proportion to ``weights`` (default: each
+    GEMM's M N K batch; the last takes the rounding)."""
+    weights = weights or [m * n * k * g for m, n, k, g in gemms]
     total = sum(weights)
     out: list[int] = []
     left = flops
@@ -94,13 +95,17 @@ def conv_backward_shape(args: Sequence[object], flops: int) -> Shape:
         c_in, c_out, summed = w[0] // groups, w[1], x
     else:
         c_in, c_out, summed = w[1], w[0] // groups, dy
-    gemms = []
+    # FLOPs of each gradient as torch.utils.flop_counter's conv_backward_flop counts it (grad_input: the
+    # convolution of grad_output with the weight; grad_weight: of the input with grad_output), the split's weights.
+    positions = math.prod(x[2:]) if transposed else math.prod(dy[2:])
+    gemms, weights = [], []
     if mask[0]:  # type: ignore[index]
         gemms.append((x[0] * math.prod(x[2:]), c_in, c_out * kernel, groups))
+        weights.append(dy[0] * math.prod(w) * positions)
     if mask[1]:  # type: ignore[index]
-        wm, wn = (w[0] // groups, w[1] * kernel)
-        gemms.append((wm, wn, summed[0] * math.prod(summed[2:]), groups))
-    return _gemms(flops, gemms, _size(args[0])) if gemms else ()
+        gemms.append((w[0] // groups, w[1] * kernel, summed[0] * math.prod(summed[2:]), groups))
+        weights.append((dy[1] if transposed else x[1]) * dy[0] * (x[1] if transposed else dy[1]) * positions * kernel)
+    return _gemms(flops, gemms, _size(args[0]), weights) if gemms else ()
 
 
 _KERNELS = {"flash": FLASH, "efficient": MEM_EFFICIENT, "cudnn": CUDNN}
