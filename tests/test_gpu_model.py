@@ -23,6 +23,7 @@ from advisor.timing.gpu_time import (
     memory_op_s,
     op_times,
     queue_s,
+    split_k,
     tile_wave_efficiency,
 )
 
@@ -51,8 +52,8 @@ def test_wave_quantization_108_vs_109_tiles_on_an_a100():
     f108, f109 = 2 * m108 * 128 * k, 2 * m109 * 128 * k
     assert tile_wave_efficiency(m108, 128, 1, 128, 128, 108) == (1.0, 1.0)
     assert tile_wave_efficiency(m109, 128, 1, 128, 128, 108) == (1.0, 109 / 216)
-    t108 = gemm_compute_s(f108, m108, 128, 1, BF16.flops_per_s, 108)
-    t109 = gemm_compute_s(f109, m109, 128, 1, BF16.flops_per_s, 108)
+    t108 = gemm_compute_s(f108, m108, 128, k, 1, BF16.flops_per_s, 108)
+    t109 = gemm_compute_s(f109, m109, 128, k, 1, BF16.flops_per_s, 108)
     assert t108 == pytest.approx(f108 / 267.9e12)
     assert t109 / t108 == pytest.approx(2.0)
     # The whole GEMM, at fp32 (19.5 TFLOP/s x 0.859: compute-bound at N = 128): the same 2x.
@@ -69,8 +70,8 @@ def test_tile_quantization_129_rows_compute_two_tiles_of_rows():
     n, k = 128 * 108, 8192
     assert tile_wave_efficiency(129, n, 1, 128, 128, 108) == (129 / 256, 1.0)
     f128, f129 = 2 * 128 * n * k, 2 * 129 * n * k
-    t128 = gemm_compute_s(f128, 128, n, 1, BF16.flops_per_s, 108)
-    t129 = gemm_compute_s(f129, 129, n, 1, BF16.flops_per_s, 108)
+    t128 = gemm_compute_s(f128, 128, n, k, 1, BF16.flops_per_s, 108)
+    t129 = gemm_compute_s(f129, 129, n, k, 1, BF16.flops_per_s, 108)
     assert t128 == pytest.approx(f128 / 267.9e12) and t129 / t128 == pytest.approx(2.0)
 
 
@@ -83,7 +84,27 @@ def test_a_small_k_gemm_is_memory_bound():
     memory = (m * k + k * n + m * n) * 2 / (0.88 * 2039e9)
     t = gemm_s(flops, m, n, k, 1, 2, BF16.flops_per_s, BF16.bytes_per_s, 108)
     assert t == pytest.approx(memory) and memory == pytest.approx(76.0e-6, rel=1e-2)
-    assert gemm_compute_s(flops, m, n, 1, BF16.flops_per_s, 108) < t / 2
+    assert gemm_compute_s(flops, m, n, k, 1, BF16.flops_per_s, 108) < t / 2
+
+
+def test_split_k_fills_the_sms_when_the_output_is_one_tile():
+    """A 128 x 128 output with K = 108 x 1024 (a weight gradient's shape: small output, long reduction) is one
+    128 x 128 tile: cuBLAS splits K into 108 slices of 1024, one wave on 108 SMs, so its math runs at the
+    large-GEMM rate (not 1/108 of it). Its fp32 partial outputs go through HBM twice more: with 108 slices
+    2 x 108 x 128 x 128 x 4 bytes beside the operands' 2 x 128 x K x 2, 39.5 us; 64 x 64 tiles (4 tiles x 27 slices,
+    half the per-SM rate: 26.9 us of math) move fewer partials, 33.5 us: the model takes the faster."""
+    m = n = 128
+    k = 108 * 1024
+    assert split_k(1, k, 108) == 108 and split_k(4, k, 108) == 27 and split_k(108, k, 108) == 1
+    assert split_k(1, 200, 108) == 1  # K too short to slice
+    flops = 2 * m * n * k
+    assert gemm_compute_s(flops, m, n, k, 1, BF16.flops_per_s, 108) == pytest.approx(flops / 267.9e12)
+    bw = 0.88 * 2039e9
+    operands = 2 * m * k * 2 + m * n * 2
+    big, small = (operands + 2 * 108 * m * n * 4) / bw, (operands + 2 * 27 * m * n * 4) / bw
+    assert big == pytest.approx(39.5e-6, rel=1e-2) and small == pytest.approx(33.5e-6, rel=1e-2)
+    assert 2 * flops / 267.9e12 < small  # 64 x 64's math (half rate) hides behind its traffic
+    assert gemm_s(flops, m, n, k, 1, 2, BF16.flops_per_s, BF16.bytes_per_s, 108) == pytest.approx(small)
 
 
 def test_attention_by_head_dim_and_waves_and_memory_ops_by_size():

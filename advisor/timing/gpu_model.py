@@ -67,6 +67,10 @@ TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 
 # to one thread block). Tiles reuse at least as much as 128 x 128 run at the full per-SM rate; smaller ones at their
 # intensity relative to it: 128x64 and 64x128 at 2/3, 64x64 at 1/2.
 REFERENCE_TILE = (128, 128)
+# Split-K (``advisor.timing.gpu_time.split_k``): the least of K one slice keeps, 4 of the 32-wide k-steps of a
+# tensor-core main loop (CUTLASS, "Efficient GEMM in CUDA": threadblock tiles step K in chunks of 32 for 16-bit
+# operands); initial, a rule rather than a measurement.
+SPLIT_K_MIN = 128
 # Rows of queries one thread block of the fused attention kernels computes (FlashAttention-2, Dao 2023, section 3.3:
 # blocks of 128 rows for head dims up to 128): the unit its waves over the SMs count.
 ATTENTION_BLOCK_ROWS = 128

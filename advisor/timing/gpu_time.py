@@ -13,8 +13,9 @@ SM count; each traced op (``advisor.trace``: ``(flops, bytes, kind, *shape)``) i
       time    = max(compute, memory), the tile shape (``TILES``) that gives the smallest
 
   with ``tile_eff`` = M N / (ceil(M / tm) tm x ceil(N / tn) tn) (the useful share of the computed tiles),
-  ``wave_eff`` = tiles x batch / (waves x SMs), waves = ceil(tiles x batch / SMs), and ``tile_rate`` the per-SM rate
-  of a smaller tile (``tile_rate``);
+  ``wave_eff`` = tiles x batch / (waves x SMs), waves = ceil(tiles x batch / SMs), ``tile_rate`` the per-SM rate
+  of a smaller tile (``tile_rate``), and K split over more thread blocks where the output tiles cannot fill the SMs
+  (``split_k``: a convolution's weight gradient, small outputs with a long reduction);
 * fused attention (``ATTENTION``: the flash / memory-efficient / cuDNN kernels) by ``(batch x heads, q length, kv
   length, head dim, kernel, backward)``: FLOPs at peak x attention x the head-dim factor (``head_dim_factor``) x
   the wave efficiency of batch x heads x ceil(q length / 128) thread blocks over the SMs; at least its bytes at the
@@ -33,7 +34,7 @@ import math
 from collections.abc import Sequence
 
 from .compute import ATTENTION, CONV, GEMM, MEMORY, Op, Rates
-from .gpu_model import ATTENTION_BLOCK_ROWS, HEAD_DIM_64_SHARE, REFERENCE_TILE, TILES
+from .gpu_model import ATTENTION_BLOCK_ROWS, HEAD_DIM_64_SHARE, REFERENCE_TILE, SPLIT_K_MIN, TILES
 
 # Fields of one GEMM in a GEMM or convolution op's shape: (flops, M, N, K, batch, element size).
 GEMM_FIELDS = 6
@@ -55,9 +56,23 @@ def tile_rate(tm: int, tn: int) -> float:
 _TILE_RATES = tuple((tm, tn, tile_rate(tm, tn)) for tm, tn in TILES)
 
 
-def tile_wave_efficiency(m: float, n: float, batch: float, tm: int, tn: int, sms: int) -> tuple[float, float]:
-    """(tile_eff, wave_eff) of an ``m`` x ``n`` output (``batch`` of them) in ``tm`` x ``tn`` tiles on ``sms`` SMs
-    (module docstring; NVIDIA's guide, tile and wave quantization). ``sms`` 0: no wave quantization (1.0)."""
+def split_k(tiles: float, k: float, sms: int) -> int:
+    """Slices of K a GEMM of ``tiles`` output tiles (batch included) runs in parallel: cuBLAS and cuDNN split the
+    reduction when the output tiles cannot fill the SMs (CUTLASS, "Efficient GEMM in CUDA", parallelized reductions:
+    split-K "partitions the K dimension ... to increase parallelism when M and N are small"). The rule: as many
+    slices as fill one wave, ``sms`` // tiles, each keeping at least ``gpu_model.SPLIT_K_MIN`` of K; 1 when the
+    tiles fill the SMs or K is short."""
+    if sms <= 0 or tiles <= 0 or tiles >= sms:
+        return 1
+    return max(1, min(int(sms // tiles), int(k // SPLIT_K_MIN)))
+
+
+def tile_wave_efficiency(
+    m: float, n: float, batch: float, tm: int, tn: int, sms: int, slices: int = 1
+) -> tuple[float, float]:
+    """(tile_eff, wave_eff) of an ``m`` x ``n`` output (``batch`` of them, each tile's K in ``slices``) in ``tm`` x
+    ``tn`` tiles on ``sms`` SMs (module docstring; NVIDIA's guide, tile and wave quantization). ``sms`` 0: no wave
+    quantization (1.0)."""
     rows, cols = math.ceil(m / tm), math.ceil(n / tn)
     tiles = rows * cols
     if tiles == 0:
@@ -65,30 +80,45 @@ def tile_wave_efficiency(m: float, n: float, batch: float, tm: int, tn: int, sms
     tile_eff = m * n / (tiles * tm * tn)
     if sms <= 0:
         return tile_eff, 1.0
-    blocks = tiles * batch
+    blocks = tiles * batch * slices
     waves = math.ceil(blocks / sms)
     return tile_eff, blocks / (waves * sms)
 
 
-def gemm_compute_s(flops: float, m: float, n: float, batch: float, rate: float, sms: int) -> float:
-    """Seconds of a GEMM's math at ``rate`` FLOP/s (a large GEMM's achieved rate): the smallest over the tile
-    shapes of flops / (rate x tile_eff x wave_eff x tile_rate)."""
+def _gemm_s(
+    flops: float, m: float, n: float, k: float, batch: float, elsize: float, rate: float, bytes_per_s: float, sms: int
+) -> float:
+    """The smallest over the tile shapes of max(math, HBM traffic) (module docstring), each tile with its split-K
+    slices (``split_k``), whose fp32 partial results are written and read back once more; ``bytes_per_s`` 0: the
+    math alone."""
+    base = (m * k + k * n + m * n) * batch * elsize
     if flops <= 0 or rate <= 0:
-        return 0.0
+        return base / bytes_per_s if bytes_per_s else 0.0
     best = math.inf
     for tm, tn, per_sm in _TILE_RATES:
-        tile_eff, wave_eff = tile_wave_efficiency(m, n, batch, tm, tn, sms)
-        best = min(best, flops / (rate * tile_eff * wave_eff * per_sm))
+        slices = split_k(math.ceil(m / tm) * math.ceil(n / tn) * batch, k, sms)
+        tile_eff, wave_eff = tile_wave_efficiency(m, n, batch, tm, tn, sms, slices)
+        t = flops / (rate * tile_eff * wave_eff * per_sm)
+        if bytes_per_s:
+            extra = 2 * slices * m * n * batch * 4 if slices > 1 else 0.0
+            t = max(t, (base + extra) / bytes_per_s)
+        best = min(best, t)
     return best
+
+
+def gemm_compute_s(flops: float, m: float, n: float, k: float, batch: float, rate: float, sms: int) -> float:
+    """Seconds of a GEMM's math at ``rate`` FLOP/s (a large GEMM's achieved rate): the smallest over the tile
+    shapes of flops / (rate x tile_eff x wave_eff x tile_rate), with split-K where the tiles do not fill the SMs."""
+    return _gemm_s(flops, m, n, k, batch, 0.0, rate, 0.0, sms)
 
 
 def gemm_s(
     flops: float, m: float, n: float, k: float, batch: float, elsize: float, rate: float, bytes_per_s: float, sms: int
 ) -> float:
-    """Seconds of one GEMM (module docstring): the larger of its math (``gemm_compute_s``) and its operands and
-    result once through HBM at ``bytes_per_s``, (M K + K N + M N) x batch x ``elsize`` bytes."""
-    memory = (m * k + k * n + m * n) * batch * elsize / bytes_per_s if bytes_per_s else 0.0
-    return max(gemm_compute_s(flops, m, n, batch, rate, sms), memory)
+    """Seconds of one GEMM (module docstring): per tile shape the larger of its math (as ``gemm_compute_s``) and
+    its operands and result once through HBM at ``bytes_per_s``, (M K + K N + M N) x batch x ``elsize`` bytes (plus
+    split-K's fp32 partial results written and read), the tile shape that gives the smallest."""
+    return _gemm_s(flops, m, n, k, batch, elsize, rate, bytes_per_s, sms)
 
 
 def head_dim_factor(head_dim: float) -> float:
