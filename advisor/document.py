@@ -168,6 +168,7 @@ class TimingDoc(TypedDict):
     efficiency_source: str
     source: str  # what the step times were timed with: "calibrated on this machine, <date> ..." or "preset ..."
     data_loading: str
+    gpu_model: NotRequired[dict[str, object]]  # a GPU's compute-model constants (advisor.timing.gpu_model), its SMs
 
 
 class PlanDoc(TypedDict):
@@ -352,7 +353,7 @@ def timing_doc(p: Plan) -> TimingDoc | None:
     t = timing_of(p.context())
     if t is None:
         return None
-    return {
+    d: TimingDoc = {
         "gpu_preset": t.preset.name,
         "peak_tflops": t.peak_flops_per_s / 1e12,
         "hbm_gbps": t.preset.hbm_gbps,
@@ -362,6 +363,9 @@ def timing_doc(p: Plan) -> TimingDoc | None:
         "source": time_source(p, t.preset.name, t.efficiency.source),
         "data_loading": "not modelled",
     }
+    if t.gpu_model is not None:  # a GPU's per-op model: its constants, their source and the SMs it divides by
+        d["gpu_model"] = {**dataclasses.asdict(t.gpu_model), "sm_count": t.rates.sm_count}
+    return d
 
 
 def time_source(p: Plan, preset: str, efficiency_source: str) -> str:

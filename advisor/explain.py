@@ -151,21 +151,23 @@ def _pct(part: int, whole: int) -> str:
 
 
 def _borrowed_efficiency(ctx: StrategyContext) -> str | None:
-    """A warning when this GPU's generation has no public measurement fitted and its step times use another
-    generation's efficiencies (``advisor.timing.compute.EFFICIENCY``; the JSON's ``efficiency_source``)."""
-    from .timing.compute import BORROWED_BAND, GENERATION, efficiency_for, preset_for_gpu
+    """A warning when this GPU's generation has no microbenchmark cited and its step times use another generation's
+    compute-model constants (``advisor.timing.gpu_model.MODELS``; the JSON's ``efficiency_source``)."""
+    from .timing.compute import BORROWED_BAND, is_borrowed, model_for, preset_for_gpu
+    from .timing.compute import generation_of as generation
 
     hw, opts = ctx.hardware, ctx.options
-    if any(x is not None for x in (hw.calibration, hw.gpu_model, opts.mfu, opts.bandwidth_efficiency)):
+    if hw.calibration is not None or hw.gpu_model is not None:
+        return None
+    if opts.mfu is not None or opts.bandwidth_efficiency is not None:
         return None
     preset = preset_for_gpu(hw.gpu_name, hw.gpu_memory_bytes)
     if preset is None:
         return None
-    eff = efficiency_for(preset)
-    if not eff.source.startswith("no public measurement fitted"):
+    model = model_for(preset)
+    if not is_borrowed(model):
         return None
-    generation = GENERATION.get(preset.name.lower(), "this generation")
-    band = BORROWED_BAND.get(generation)
+    band = BORROWED_BAND.get(generation(preset))
     error = (
         f"against {band[2]} the throughput they give lands between {100 * (1 - band[0]):.0f}% low and "
         f"{100 * (band[1] - 1):.0f}% high"
@@ -173,9 +175,9 @@ def _borrowed_efficiency(ctx: StrategyContext) -> str | None:
         else "how far off that is has not been checked against any published run"
     )
     return (
-        f"{preset.name} ({generation}) has no published run fitted here: its step times use another "
-        f"generation's efficiencies (compute {eff.compute:.2f}, bandwidth {eff.bandwidth:.2f}; "
-        f"bench/TIME.md); {error}; --mfu and --bandwidth-efficiency set them"
+        f"{preset.name} ({generation(preset)}) has no published run fitted here: its step times use another "
+        f"generation's efficiencies (GEMM {model.gemm:.2f}, bandwidth {model.bandwidth:.2f}; "
+        f"advisor/timing/gpu_model.py); {error}; --mfu and --bandwidth-efficiency set them"
     )
 
 

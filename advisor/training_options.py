@@ -209,7 +209,7 @@ class TrainingOptions:
     )
     # Generated DDP scripts set it (PyTorch DDP docs); not a user choice.
     gradient_as_bucket_view: bool = _f(True, faces=(), help="DDP gradients as views into its buckets")
-    # Step time: the efficiencies of the roofline and the training budget.
+    # Step time: the shares of peak of the GPU time model (advisor.timing.gpu_model) and the training budget.
     mfu: float | None = _f(
         None,
         flag="--mfu",
@@ -217,21 +217,21 @@ class TrainingOptions:
         low=0.0,
         high=1.0,
         metavar="FRACTION",
-        none="fitted per GPU generation",
-        help="compute efficiency: the share of the GPU's dense peak that matmuls, convolutions and "
-        "attention reach, 0-1 (takes precedence over the fitted value)",
+        none="per GPU generation",
+        help="compute efficiency: the share of the GPU's dense peak that large matmuls, convolutions and "
+        "attention reach, 0-1 (tile and wave quantization still lower it for small shapes; takes precedence "
+        "over the generation's value)",
     )
     bandwidth_efficiency: float | None = _f(
         None,
         flag="--bandwidth-efficiency",
         faces=("cli", "bench"),
         low=0.0,
-        high=4.0,
-        metavar="FACTOR",
-        none="fitted per GPU generation",
-        help="effective memory bandwidth of memory-bound ops as a share of the "
-        "GPU's (above 1 where kernels fuse ops or hit the L2 cache; 0.8 "
-        "models eager PyTorch), 0-4",
+        high=1.0,
+        metavar="FRACTION",
+        none="per GPU generation",
+        help="the share of the GPU's memory bandwidth that large memory-bound ops reach, 0-1 (takes "
+        "precedence over the generation's value)",
     )
     train_tokens: int | None = _f(
         None,

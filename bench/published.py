@@ -40,17 +40,17 @@ if TYPE_CHECKING:
 BENCH_DIR = Path(__file__).resolve().parent
 PUBLISHED_MD = BENCH_DIR / "PUBLISHED.md"
 TIMES_JSON = BENCH_DIR / "published_times.json"  # the cold and warm wall times PUBLISHED.md states
-# The generations a neutral start is made for until advisor/timing/gpu_model.py has its GPU_MODELS table.
+# The generations a neutral start is made for until advisor/timing/gpu_model.py has its MODELS table.
 GENERATIONS = ("ampere", "hopper", "ada", "volta", "turing")
 
 
 def start_models() -> tuple[dict[str, GpuModel], bool]:
     """(the constants each generation's fit starts from, whether they are the compute model's own): the
-    ``GPU_MODELS`` table of advisor/timing/gpu_model.py where it exists, else one neutral start per generation
+    ``MODELS`` table of advisor/timing/gpu_model.py where it exists, else one neutral start per generation
     (the compute model then times GPUs without them)."""
     from advisor.timing import gpu_model
 
-    table = getattr(gpu_model, "GPU_MODELS", None)
+    table = getattr(gpu_model, "MODELS", None)
     if isinstance(table, dict):
         return {str(k): v for k, v in table.items()}, True
     neutral = gpu_model.GpuModel(1.0, 1.0, 1.0, 1.0, 1 << 20, 10e-6, "bench/published.py neutral start")

@@ -204,8 +204,8 @@ def summary(errors: Sequence[float]) -> dict[str, float]:
 
 
 def paste(fits: Mapping[str, Fit]) -> str:
-    """The fitted constants as Python to paste into advisor/timing/gpu_model.py (a ``GPU_MODELS`` table)."""
-    lines = ["GPU_MODELS: dict[str, GpuModel] = {"]
+    """The fitted constants as Python to paste into advisor/timing/gpu_model.py (a ``MODELS`` table)."""
+    lines = ["MODELS: dict[str, GpuModel] = {"]
     for g, f in fits.items():
         m = f.model
         if not f.responsive:

@@ -152,10 +152,10 @@ def _bands(bands: Mapping[str, Mapping[str, float]]) -> list[str]:
 
 def _constants(results: Results) -> list[str]:
     if results.starts_are_the_model:
-        head = "Predictions use (and fits start from) the compute model's `GpuModel` constants (`GPU_MODELS`):"
+        head = "Predictions use (and fits start from) the compute model's `GpuModel` constants (`MODELS`):"
     else:
         head = (
-            "advisor/timing/gpu_model.py has no `GPU_MODELS` table yet and today's compute model does not read "
+            "advisor/timing/gpu_model.py has no `MODELS` table yet and today's compute model does not read "
             "`hardware.gpu_model`: predictions use `advisor.timing.compute`'s `EFFICIENCY`, and fits start from "
             "this neutral `GpuModel` (nothing moves them until the compute model reads it):"
         )

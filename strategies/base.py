@@ -27,11 +27,13 @@ from advisor.timing.compute import (
     ComputeTime,
     Efficiency,
     Rates,
-    efficiency_for,
+    gpu_rates,
+    model_for,
     peak_precision,
     preset_for_gpu,
     rates,
 )
+from advisor.timing.gpu_model import GpuModel, with_flags
 from advisor.timing.step import StepTime, fused_step_bytes
 from advisor.training_options import TrainingOptions
 from advisor.units import fmt_gib
@@ -113,23 +115,35 @@ class ScriptJob(Protocol):
 @dataclass(frozen=True)
 class Timing:
     """What every time rule reads: the GPU's preset (its peaks, bandwidths and links), the achieved rates
-    (datasheet peaks x efficiencies; ``--mfu`` / ``--bandwidth-efficiency`` override the fitted ones) and the
-    datasheet peak the MFU is measured against."""
+    (``Rates``: a GPU's carry its compute model, ``gpu_model``, and SM count; a calibrated CPU's are its measured
+    rates), the shares of peak the JSON reports (``efficiency``: a GPU's GEMM and bandwidth shares) and the
+    datasheet peak the MFU is measured against. ``gpu_model``: None for a calibrated CPU."""
 
     preset: GpuPreset
     efficiency: Efficiency
     rates: Rates
     peak_flops_per_s: float
+    gpu_model: GpuModel | None = None
 
 
 def timing_of(ctx: StrategyContext) -> Timing | None:
-    """``Timing`` of ``ctx``'s GPU; None for a GPU without a preset (no peaks to time it with)."""
+    """``Timing`` of ``ctx``'s GPU; None for a GPU without a preset (no peaks to time it with).
+
+    A GPU is timed by ``ctx.hardware.gpu_model`` where one is set (a calibration of this GPU, or a fit's trial
+    constants), else its generation's default (``advisor.timing.compute.model_for``); ``--mfu`` replaces its GEMM,
+    convolution and attention shares and ``--bandwidth-efficiency`` its bandwidth share (``gpu_model.with_flags``).
+    A calibrated CPU keeps its measured roofline rates (``CpuCalibration.extend``), the flags scaling them."""
     hw, opts = ctx.hardware, ctx.options
     cal = hw.calibration  # a CPU verification run: this machine's measured rates (advisor.timing.calibrate)
     preset = cal.preset() if cal is not None else preset_for_gpu(hw.gpu_name, hw.gpu_memory_bytes)
     if preset is None or not opts.precision:
         return None
-    fitted = cal.efficiency() if cal is not None else efficiency_for(preset)
+    peak = (preset.peak_tflops(peak_precision(opts.precision, preset)) or preset.tflops_fp32 or 0.0) * 1e12
+    if cal is None:
+        model = with_flags(hw.gpu_model or model_for(preset), opts.mfu, opts.bandwidth_efficiency)
+        eff = Efficiency(model.gemm, model.bandwidth, model.source)
+        return Timing(preset, eff, gpu_rates(preset, opts.precision, model), peak, model)
+    fitted = cal.efficiency()
     eff = Efficiency(
         opts.mfu if opts.mfu is not None else fitted.compute,
         opts.bandwidth_efficiency if opts.bandwidth_efficiency is not None else fitted.bandwidth,
@@ -137,9 +151,8 @@ def timing_of(ctx: StrategyContext) -> Timing | None:
         if opts.mfu is None and opts.bandwidth_efficiency is None
         else "flags --mfu / --bandwidth-efficiency where given, else " + fitted.source,
     )
-    peak = (preset.peak_tflops(peak_precision(opts.precision, preset)) or preset.tflops_fp32 or 0.0) * 1e12
     r = rates(preset, opts.precision, eff.compute, eff.bandwidth)
-    return Timing(preset, eff, cal.extend(r, opts.precision) if cal is not None else r, peak)
+    return Timing(preset, eff, cal.extend(r, opts.precision), peak)
 
 
 def fabric_of(ctx: StrategyContext, t: Timing, gpus_per_node: int, nodes: int, concurrent_groups: int = 1) -> Fabric:
@@ -171,7 +184,7 @@ def optimizer_step_s(
     """Seconds of the optimizer step over ``numel`` elements on the GPU: the bytes a fused step reads and writes
     (``advisor.timing.step.fused_step_bytes``: parameter ``w``, gradient ``g``, states of ``s``-byte elements) plus
     ``extra`` bytes per element, times ``factor`` (a foreach step's extra passes), at the achieved HBM
-    bandwidth."""
+    bandwidth (HBM x the compute model's ``bandwidth`` share: ``Rates.bytes_per_s``)."""
     per = fused_step_bytes(w, g, states_per_element(ctx.options.optimizer, s)) + extra
     if t.rates.optimizer_bytes_per_s:  # a calibrated CPU: its measured AdamW step (its loop passes included)
         return numel * per / t.rates.optimizer_bytes_per_s
@@ -296,7 +309,8 @@ class Strategy(ABC):
         return None
 
     def compute_time(self, ctx: StrategyContext, t: Timing, tp_degree: int = 1) -> ComputeTime:
-        """One micro-step's forward + backward on one GPU: the roofline over the ops this strategy's trace runs."""
+        """One micro-step's forward + backward on one GPU: the time model over the ops this strategy's trace runs
+        (``ActivationProfile.compute_time``)."""
         act = ctx.profile.activations(self.trace_mode(ctx.options.precision), tp_degree)
         return act.compute_time(ctx.micro_batch_size, t.rates)
 

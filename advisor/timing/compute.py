@@ -1,30 +1,25 @@
-"""Compute time of the traced forward + backward: a roofline evaluated op by op.
+"""Compute time of the traced forward + backward, op by op: a GPU's per-op model, a calibrated CPU's roofline.
 
-Every op the meta trace dispatches is recorded as ``(flops, bytes)``: its FLOPs by ``torch.utils.flop_counter``'s
-formulas (2 per multiply-add; matmuls, convolutions, attention; 0 for every other op) and the bytes it reads and
-writes (its tensor inputs plus its tensor outputs; views, aliases and allocations move nothing and count 0).
-One op takes (roofline model, Williams, Waterman and Patterson, CACM 2009)
+Every op the meta trace dispatches is recorded as ``(flops, bytes[, kind[, *shape]])``: its FLOPs by
+``torch.utils.flop_counter``'s formulas (2 per multiply-add; matmuls, convolutions, attention; 0 for every other op),
+the bytes it reads and writes (its tensor inputs plus its tensor outputs; views, aliases and allocations move nothing
+and count 0), its kind, and for GEMMs, convolutions and fused attention the shape their time depends on
+(``advisor.timing.gpu_time``).
 
-    t = max(flops / (peak x compute_efficiency), bytes / (hbm_bandwidth x bandwidth_efficiency))
+A GPU (``Rates.gpu`` set, ``gpu_rates``) is timed by ``advisor.timing.gpu_time``: each GEMM and convolution by its
+own roofline with tile and wave quantization, fused attention by head dim and waves, memory-bound ops at the
+achieved HBM bandwidth with a fixed time per kernel, and eager dispatch as a queue; the constants are the
+generation's ``GpuModel`` (``advisor.timing.gpu_model.MODELS``; ``--mfu`` sets the GEMM, convolution and attention
+shares, ``--bandwidth-efficiency`` the bandwidth share, each at most 1 of its datasheet value).
 
-so matmuls, convolutions and attention run at the GPU's dense peak for the precision and memory-bound ops
-(norms, softmax, elementwise, casts) at its memory bandwidth; a step is the sum over its ops (one stream, ops
-in order: kernels of one step do not overlap), and at least the ops x eager PyTorch's CPU-side cost per op
-(``GPU_DISPATCH_S``: the GPU runs ahead of the CPU only while kernels take longer than queueing them).
+A calibrated CPU (``advisor.timing.calibrate``) is its own "GPU" with measured rates and no ``GpuModel``: one op
+takes (roofline model, Williams, Waterman and Patterson, CACM 2009)
 
-A calibrated CPU (``advisor.timing.calibrate``) is its own "GPU" with measured rates, and three more terms
-(``Rates``): fused attention at its measured rate, transcendental element-wise ops (exp, log, sqrt, the
-activations and softmax) bounded by the measured exp rate as well as by memory, and the eager overhead per
-op added to every op (a CPU runs dispatch and kernels on the same cores, in series). The efficiencies are at most
-two per GPU generation, fitted
-to public measurements (``EFFICIENCY``; those rows and their residuals: ``bench/PUBLISHED.md``, ``python -m
-bench.published``); ``--mfu`` sets the compute efficiency and ``--bandwidth-efficiency`` the other.
+    t = max(flops / flop_rate, bytes / byte_rate) + op_overhead_s
 
-The bandwidth efficiency is the effective rate of the op-by-op byte count as a share of HBM bandwidth, and the
-fit puts it above 1 (1.52 on Ampere): the published runs fuse what eager PyTorch runs op by op (torch.compile
-in nanoGPT, Megatron-LM's fused kernels), and tensors that fit the L2 cache (40 MB on A100) are read back from
-it rather than from HBM. Scripts that run eager (what ``--emit`` writes) can be slower on memory-bound models;
-``--bandwidth-efficiency 0.8`` (elementwise kernels reach about 80% of HBM bandwidth) models an eager run.
+with fused attention at its measured rate, transcendental element-wise ops (exp, log, sqrt, the activations and
+softmax) bounded by the measured exp rate as well as by memory, and the eager overhead per op added to every op (a
+CPU runs dispatch and kernels on the same cores, in series); a phase is the sum over its ops (``roofline_s``).
 
 Which peak (``peak_precision``): bf16 / fp16 autocast and DeepSpeed's 16-bit modes run their matmuls in 16 bits
 (the bf16 or fp16 tensor peak); pure bf16 the bf16 peak; fp32 the non-tensor FP32 peak: PyTorch does not use
@@ -42,68 +37,37 @@ from dataclasses import dataclass
 
 from ..choices import Precision
 from ..gpu_presets import GPU_PRESETS, GpuPreset
+from .gpu_model import BORROWED, MODELS, SM_COUNT, GpuModel
 
 TFLOP = 1e12
 GB = 1e9
 
-Op = tuple[int, ...]  # (flops, bytes read + written[, kind]) of one traced op; no kind: MEMORY
+Op = tuple[int, ...]  # (flops, bytes read + written[, kind[, *shape]]) of one traced op; no kind: MEMORY
 # Kinds of traced op (``advisor.trace``): which rate bounds its compute term.
-MEMORY = 0  # matmul-class ops (FLOPs at the matmul peak) and every other op (bytes at memory bandwidth)
-CONV = 1  # convolutions: FLOPs at the convolution peak
+MEMORY = 0  # every op without a kind of its own: bytes at memory bandwidth (FLOPs, if any, at the matmul peak)
+CONV = 1  # convolutions: FLOPs at the convolution peak; shape: their implicit GEMMs (advisor.timing.gpu_time)
 TRANSCENDENTAL = 2  # exp/log/sqrt/activations/softmax: bytes at the transcendental rate where one is known (CPU)
-ATTENTION = 3  # the fused SDPA kernel: FLOPs at the attention rate where one is known (CPU), else the matmul peak
-
-# Eager PyTorch's CPU-side cost of one op on a GPU (Python, autograd, the dispatcher and cudaLaunchKernel):
-# about 5-25 us per op (J. Lin, "From PyTorch op to kernel launch", gpu_kernel_serving lesson 18: Python ~1 us,
-# pybind ~1, autograd 1-3, dispatcher 1-2, backend 1-5, cudaLaunchKernel 1-3; H. He, "Making Deep Learning Go
-# Brrrr From First Principles", 2022, "Overhead"). 10 us, the middle of that range. The GPU runs its queue
-# asynchronously, so this bounds a phase from below rather than adding to it (``roofline_s``): it shows only
-# when the kernels are too small to keep the GPU busy (tiny models, tiny micro-batches).
-GPU_DISPATCH_S = 10e-6
-GPU_DISPATCH_SOURCE = (
-    "10 us per op: eager PyTorch's CPU-side cost of one op (Python, autograd, dispatcher, "
-    "cudaLaunchKernel: 5-25 us; horace.io/brrr_intro.html 'Overhead'; "
-    "jiahuanglin.xyz gpu_kernel_serving lesson 18)"
-)
+ATTENTION = 3  # the fused SDPA kernel: FLOPs at the attention rate; shape: heads, lengths, head dim, kernel
+GEMM = 4  # mm / addmm / bmm / baddbmm / _scaled_mm: FLOPs at the matmul peak; shape: (flops, M, N, K, batch, size)
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    """The share of the datasheet peak a generation reaches: ``compute`` of the dense tensor (or FP32) peak on
-    matmul-class ops, ``bandwidth`` of the HBM bandwidth on memory-bound ops. ``source``: how it was found."""
+    """The share of the datasheet peak a GPU reaches: ``compute`` of the dense tensor (or FP32) peak on large GEMMs,
+    ``bandwidth`` of the HBM bandwidth on large memory-bound ops (the JSON's ``compute_efficiency`` and
+    ``bandwidth_efficiency``; a GPU's are its ``GpuModel``'s ``gemm`` and ``bandwidth``, a calibrated CPU's 1 and 1).
+    ``source``: how they were found."""
 
     compute: float
     bandwidth: float
     source: str
 
 
-# Fitted by grid search to the published runs below (their rows and residuals are in bench/PUBLISHED.md):
-# Ampere to nanoGPT (8 x A100, 562 ms/step) and Megatron-LM's weak-scaling table (1B-8B, TP 1-8, 1076-1343 ms);
-# Turing's compute efficiency to the transformers docs' DP-vs-DDP run (2 x TITAN RTX, fp32, 101.9 s / 200 steps),
-# its bandwidth efficiency Ampere's (one measurement cannot fit two). Generations without a public measurement
-# here borrow the nearest fitted one and say so.
-_FIT = "fitted in bench/TIME.md (python -m bench.run --time)"
-AMPERE = Efficiency(0.64, 1.52, f"{_FIT}: nanoGPT 124M on 8 x A100 and Megatron-LM 1B-8B on DGX A100")
-TURING = Efficiency(
-    0.51,
-    AMPERE.bandwidth,
-    f"{_FIT}: compute to transformers DP-vs-DDP (2 x TITAN RTX, fp32); bandwidth borrowed from Ampere",
-)
-EFFICIENCY: dict[str, Efficiency] = {
-    "ampere": AMPERE,
-    "turing": TURING,
-    "hopper": Efficiency(AMPERE.compute, AMPERE.bandwidth, f"no public measurement fitted: Ampere's ({AMPERE.source})"),
-    "ada": Efficiency(AMPERE.compute, AMPERE.bandwidth, f"no public measurement fitted: Ampere's ({AMPERE.source})"),
-    "volta": Efficiency(TURING.compute, TURING.bandwidth, f"no public measurement fitted: Turing's ({TURING.source})"),
-}
 # How far a borrowing generation's throughput lands from published runs on it, as (worst slow, worst fast) ratios of
-# predicted to measured tokens/s per GPU: Hopper against llm-foundry's FSDP runs on H100 80GB
-# (../shared/anchors/published_runs.md F6 0.95 on 128 GPUs, F14 1.14, F20 0.85 on 16, F23 0.88, F24 0.81 on 16; bf16,
-# AC off, the rows' micro- and global batches, ib-ndr between nodes; measured 2026-12-03 with the command in
-# tests/test_step_time.py::test_h100_borrowed_error_band_holds_on_a_published_run). None: never checked.
-BORROWED_BAND: dict[str, tuple[float, float, str]] = {
-    "hopper": (0.81, 1.14, "5 published FSDP runs on H100 (llm-foundry; published_runs.md F6, F14, F20, F23, F24)"),
-}
+# predicted to measured tokens/s per GPU; None: never checked. (Hopper's band, F6/F14/F20/F23/F24 of
+# ../shared/anchors/published_runs.md, was measured with Ampere's efficiencies before Hopper had microbenchmarked
+# constants of its own: no generation that borrows has been checked.)
+BORROWED_BAND: dict[str, tuple[float, float, str]] = {}
 # GPU generation of each preset (NVIDIA architecture whitepapers: GA100/GA102 Ampere, AD102/AD104 Ada, GH100 Hopper,
 # GV100 Volta, TU102/TU104 Turing).
 GENERATION = {
@@ -164,9 +128,19 @@ def preset_for_gpu(name: str, memory_bytes: int | None = None) -> GpuPreset | No
     return None
 
 
-def efficiency_for(preset: GpuPreset) -> Efficiency:
-    """The fitted efficiencies of ``preset``'s generation (``EFFICIENCY``)."""
-    return EFFICIENCY[GENERATION.get(preset.name.lower(), "ampere")]
+def generation_of(preset: GpuPreset) -> str:
+    """``preset``'s GPU generation (``GENERATION``; Ampere for a preset not listed)."""
+    return GENERATION.get(preset.name.lower(), "ampere")
+
+
+def model_for(preset: GpuPreset) -> GpuModel:
+    """The default compute-model constants of ``preset``'s generation (``advisor.timing.gpu_model.MODELS``)."""
+    return MODELS[generation_of(preset)]
+
+
+def is_borrowed(model: GpuModel) -> bool:
+    """Whether ``model``'s constants were borrowed from another generation (``gpu_model.BORROWED``)."""
+    return model.source.startswith(BORROWED)
 
 
 def peak_precision(precision: Precision, preset: GpuPreset) -> str:
@@ -189,13 +163,15 @@ def conv_peak_precision(precision: Precision, preset: GpuPreset) -> str:
 
 @dataclass(frozen=True)
 class Rates:
-    """Achieved rates of one GPU: FLOP/s for matmul-class ops (``conv_flops_per_s`` for convolutions) and bytes/s
-    for memory traffic. The rest are known for a calibrated CPU (``advisor.timing.calibrate``) and None / 0 on a
-    GPU: ``attention_flops_per_s`` (the fused attention kernel; None: the matmul rate), ``transcendental_bytes_per_s``
-    (exp/log/sqrt/softmax element-wise ops; None: memory bandwidth alone bounds them), ``op_overhead_s`` (seconds
-    each op costs on top of its work, in series: a CPU runs dispatch and kernels on the same cores),
-    ``optimizer_bytes_per_s`` (the optimizer step's bytes, measured on a real step; None: ``bytes_per_s``);
-    ``dispatch_s``: the CPU-side cost per op that bounds a GPU phase from below (``GPU_DISPATCH_S``)."""
+    """Achieved rates of one GPU or calibrated CPU: FLOP/s of a large matmul (``conv_flops_per_s`` for
+    convolutions) and bytes/s of large memory traffic. ``gpu``: the GPU's compute-model constants (``gpu_rates``),
+    which time each op by its shape (``advisor.timing.gpu_time``) with ``sm_count`` SMs and ``dispatch_s`` of CPU
+    issue per op in a queue; None: the roofline of a calibrated CPU (``roofline_s``). ``attention_flops_per_s``:
+    the fused attention kernel's rate (None: the matmul rate). The rest are a calibrated CPU's
+    (``advisor.timing.calibrate``) and None / 0 on a GPU: ``transcendental_bytes_per_s`` (exp/log/sqrt/softmax
+    element-wise ops; None: memory bandwidth alone bounds them), ``op_overhead_s`` (seconds each op costs on top of
+    its work, in series: a CPU runs dispatch and kernels on the same cores), ``optimizer_bytes_per_s`` (the
+    optimizer step's bytes, measured on a real step; None: ``bytes_per_s``)."""
 
     flops_per_s: float
     conv_flops_per_s: float
@@ -205,17 +181,36 @@ class Rates:
     op_overhead_s: float = 0.0
     optimizer_bytes_per_s: float | None = None
     dispatch_s: float = 0.0
+    gpu: GpuModel | None = None
+    sm_count: int = 0
 
 
 def rates(preset: GpuPreset, precision: Precision, compute_efficiency: float, bandwidth_efficiency: float) -> Rates:
-    """``Rates`` of ``preset`` at ``precision`` with the given efficiencies (datasheet peaks x efficiency)."""
+    """Roofline ``Rates`` of ``preset`` at ``precision`` with the given efficiencies (datasheet peaks x efficiency),
+    no ``GpuModel``: what a calibrated CPU's rates start from (``CpuCalibration.extend``)."""
     peak = preset.peak_tflops(peak_precision(precision, preset)) or preset.tflops_fp32 or 0.0
     conv = preset.peak_tflops(conv_peak_precision(precision, preset)) or peak
     return Rates(
         peak * TFLOP * compute_efficiency,
         conv * TFLOP * compute_efficiency,
         preset.hbm_gbps * GB * bandwidth_efficiency,
-        dispatch_s=GPU_DISPATCH_S,
+    )
+
+
+def gpu_rates(preset: GpuPreset, precision: Precision, model: GpuModel) -> Rates:
+    """``Rates`` of GPU ``preset`` at ``precision`` under ``model``: the matmul peak x ``gemm``, the convolution peak
+    (``conv_peak_precision``) x ``conv``, the matmul peak x ``attention``, HBM x ``bandwidth``, the preset's SM count
+    (``gpu_model.SM_COUNT``; 0 for a preset without one: no wave quantization) and ``model.dispatch_s``."""
+    peak = preset.peak_tflops(peak_precision(precision, preset)) or preset.tflops_fp32 or 0.0
+    conv = preset.peak_tflops(conv_peak_precision(precision, preset)) or peak
+    return Rates(
+        peak * TFLOP * model.gemm,
+        conv * TFLOP * model.conv,
+        preset.hbm_gbps * GB * model.bandwidth,
+        attention_flops_per_s=peak * TFLOP * model.attention,
+        dispatch_s=model.dispatch_s,
+        gpu=model,
+        sm_count=SM_COUNT.get(preset.name.lower(), 0),
     )
 
 

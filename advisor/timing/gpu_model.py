@@ -7,7 +7,7 @@ constants and its residuals in bench/PUBLISHED.md (``python -m bench.published``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -60,3 +60,112 @@ SM_COUNT: dict[str, int] = {
     "h100-pcie-80gb": 114,  # NVIDIA H100 whitepaper: H100 PCIe 114 SMs (14,592 FP32 cores = 114 x 128)
     "rtx6000ada": 142,  # NVIDIA Ada whitepaper appendix: RTX 6000 Ada AD102, 142 SMs (18,176 CUDA cores)
 }
+
+
+# Output-tile shapes (rows x columns of C per thread block) among cuBLAS's GEMM kernels (NVIDIA, "Matrix
+# Multiplication Background User's Guide", tile quantization: 256x128, 128x256, 128x128, 128x64, 64x128, 64x64).
+# The model picks, per GEMM, the tile that gives the smallest time, as cuBLAS's heuristic aims to.
+TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
+# One rule for what a smaller tile costs per SM: a tile of tm x tn reuses each loaded element of A and B tn and tm
+# times, so its operand traffic per multiply-add is (tm + tn) / (tm x tn) (the guide's arithmetic intensity, applied
+# to one thread block). Tiles reuse at least as much as 128 x 128 run at the full per-SM rate; smaller ones at their
+# intensity relative to it: 128x64 and 64x128 at 2/3, 64x64 at 1/2.
+REFERENCE_TILE = (128, 128)
+# Split-K (``advisor.timing.gpu_time.split_k``): the least of K one slice keeps, 4 of the 32-wide k-steps of a
+# tensor-core main loop (CUTLASS, "Efficient GEMM in CUDA": threadblock tiles step K in chunks of 32 for 16-bit
+# operands); initial, a rule rather than a measurement.
+SPLIT_K_MIN = 128
+# Rows of queries one thread block of the fused attention kernels computes (FlashAttention-2, Dao 2023, section 3.3:
+# blocks of 128 rows for head dims up to 128): the unit its waves over the SMs count.
+ATTENTION_BLOCK_ROWS = 128
+# The fused attention kernels' rate against head dim (FlashAttention-2 paper, Figure 4, forward + backward on an A100
+# without a causal mask at 16K tokens, as read off the figure: 176 TFLOP/s at head dim 64, 203 at head dim 128).
+# Head dim 128 and above: 1; 64: 176 / 203; linear in between; below 64 in proportion to the head dim.
+HEAD_DIM_64_SHARE = 176 / 203
+# A kernel's fixed time, launch to completion, that a memory-bound op pays beside its bytes (the time at which
+# ``half_bandwidth_bytes`` is half of the large-tensor bandwidth): about 2 us (a short kernel launched back to back
+# costs about 3 us on a V100: A. Gray, "Getting Started with CUDA Graphs", NVIDIA Developer blog, 2019; initial).
+KERNEL_FIXED_S = 2e-6
+
+_INITIAL = "initial, from published microbenchmarks (a fit in bench/ replaces them)"
+_MAMF = "ml-engineering (S. Bekman) 'Maximum Achievable Matmul FLOPS' table, bf16 matmul"
+_HBM = (
+    "NVIDIA developer forum 'Trouble to reach peak bandwidth of A100' (2025): 1.80 of 2.04 TB/s on A100 80GB SXM, "
+    "about 90% the most any kernel reaches"
+)
+_FA2 = "FlashAttention-2 paper (Dao 2023)"
+# Eager PyTorch's CPU-side cost of one op on a GPU (Python, autograd, the dispatcher and cudaLaunchKernel): about
+# 5-25 us per op (J. Lin, "From PyTorch op to kernel launch", gpu_kernel_serving lesson 18: Python ~1 us, pybind ~1,
+# autograd 1-3, dispatcher 1-2, backend 1-5, cudaLaunchKernel 1-3; H. He, "Making Deep Learning Go Brrrr From First
+# Principles", 2022, "Overhead"). 10 us, the middle of that range.
+DISPATCH_S = 10e-6
+
+
+def _half_bandwidth(hbm_gbps: float, bandwidth: float) -> int:
+    """Bytes a memory-bound kernel moves in ``KERNEL_FIXED_S`` at ``bandwidth`` x ``hbm_gbps`` (GB/s): the size at
+    which the fixed time halves its rate."""
+    return int(KERNEL_FIXED_S * hbm_gbps * 1e9 * bandwidth)
+
+
+AMPERE = GpuModel(
+    gemm=267.9 / 312,  # MAMF A100 SXM 267.9 of 312 TFLOP/s (85.9%)
+    conv=267.9 / 312,  # cuDNN runs large-channel convolutions as implicit GEMMs on the same tensor cores
+    attention=0.65,  # FA2: forward up to 73% of A100 peak, backward up to 63%; fwd + bwd (1 : 2.5 FLOPs) about 65%
+    bandwidth=0.88,  # 1.80 / 2.04 TB/s
+    half_bandwidth_bytes=_half_bandwidth(2039.0, 0.88),  # A100 80GB
+    dispatch_s=DISPATCH_S,
+    source=f"{_INITIAL}: GEMM {_MAMF} (A100 SXM 85.9%); convolution the GEMM share; attention {_FA2}, A100 "
+    f"forward 73% / backward 63% of peak; bandwidth {_HBM}; {KERNEL_FIXED_S * 1e6:.0f} us fixed time per kernel; "
+    f"{DISPATCH_S * 1e6:.0f} us dispatch per op",
+)
+HOPPER = GpuModel(
+    gemm=792.1 / 989,  # MAMF H100 SXM 792.1 of 989 TFLOP/s (80.1%)
+    conv=792.1 / 989,
+    attention=335 / 989,  # FA2 on H100 without TMA / wgmma: up to 335 TFLOP/s (paper, section 4.1)
+    bandwidth=0.90,
+    half_bandwidth_bytes=_half_bandwidth(3350.0, 0.90),  # H100 SXM
+    dispatch_s=DISPATCH_S,
+    source=f"{_INITIAL}: GEMM {_MAMF} (H100 SXM 80.1%); convolution the GEMM share; attention {_FA2}, up to "
+    f"335 TFLOP/s on H100; bandwidth about 90% ({_HBM}); {KERNEL_FIXED_S * 1e6:.0f} us fixed time per kernel; "
+    f"{DISPATCH_S * 1e6:.0f} us dispatch per op",
+)
+
+
+def _borrowed(hbm_gbps: float) -> GpuModel:
+    """Ampere's shares for a generation no microbenchmark here covers, with its own fixed-time bytes
+    (``hbm_gbps``: its typical card's HBM bandwidth)."""
+    return GpuModel(
+        AMPERE.gemm,
+        AMPERE.conv,
+        AMPERE.attention,
+        AMPERE.bandwidth,
+        _half_bandwidth(hbm_gbps, AMPERE.bandwidth),
+        DISPATCH_S,
+        f"{BORROWED}Ampere's ({AMPERE.source})",
+    )
+
+
+# The words a borrowed model's source starts with (``advisor.explain`` warns about such generations).
+BORROWED = "no microbenchmark of this generation cited, borrowed: "
+# The default constants of each GPU generation (``advisor.timing.compute.GENERATION`` maps presets to them).
+MODELS: dict[str, GpuModel] = {
+    "ampere": AMPERE,
+    "hopper": HOPPER,
+    "ada": _borrowed(1008.0),  # RTX 4090
+    "volta": _borrowed(900.0),  # V100
+    "turing": _borrowed(672.0),  # TITAN RTX
+}
+
+
+def with_flags(model: GpuModel, mfu: float | None, bandwidth: float | None) -> GpuModel:
+    """``model`` with ``--mfu`` as its GEMM, convolution and attention shares and ``--bandwidth-efficiency`` as its
+    bandwidth share (None: that flag was not given); the source says which flags replaced what."""
+    if mfu is None and bandwidth is None:
+        return model
+    m = model
+    if mfu is not None:
+        m = replace(m, gemm=mfu, conv=mfu, attention=mfu)
+    if bandwidth is not None:
+        m = replace(m, bandwidth=bandwidth)
+    given = ", ".join(f for f, v in (("--mfu", mfu), ("--bandwidth-efficiency", bandwidth)) if v is not None)
+    return replace(m, source=f"flags {given} where given, else {model.source}")

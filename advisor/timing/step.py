@@ -1,13 +1,13 @@
 """One optimizer step's time, as the strategies' time rules (``Strategy.step_time``) report it.
 
-A step at the global batch is ``micro_steps`` forward + backward passes (``compute_s``, the roofline of
+A step at the global batch is ``micro_steps`` forward + backward passes (``compute_s``, the time model of
 ``advisor.timing.compute``), the communication that compute does not hide (``exposed_comm_s``; each strategy
 states its overlap rule) and the optimizer step (``optimizer_s``)::
 
     step_s = compute_s + exposed_comm_s + optimizer_s
 
-Data loading is not modelled (the input is assumed ready); eager PyTorch's per-op host cost enters only as the
-floor of each phase (``advisor.timing.compute.GPU_DISPATCH_S``). Seconds are floats; bytes ints.
+Data loading is not modelled (the input is assumed ready); eager PyTorch's per-op host cost enters through the
+queue of each phase (``advisor.timing.gpu_time.phase_s``, ``GpuModel.dispatch_s``). Seconds are floats; bytes ints.
 """
 
 from __future__ import annotations

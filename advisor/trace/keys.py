@@ -29,6 +29,10 @@ T = TypeVar("T")
 # The source a cached trace or count depends on, relative to the ``advisor`` package: these files, and every
 # ``.py`` file of these packages (script fragments excluded).
 _CODE_FILES = ("profile.py", "checkpointing.py", "locks.py", "bnb_layout.py")
+# The layout of a stored trace's per-op records (``Timeline.fwd_ops``): bump it when what an op records changes, so
+# traces cached in an older layout miss. 2: GEMMs, convolutions and fused attention record their shapes
+# (``advisor.trace.shapes``).
+TRACE_FORMAT = 2
 _CODE_PACKAGES = ("trace", "models")
 
 
@@ -78,6 +82,7 @@ def model_key(spec: ModelSpec) -> dict[str, object]:
         "factory_hash": factory_hash(spec.factory),
         "versions": library_versions(),
         "code": code_hash(),
+        "trace_format": TRACE_FORMAT,
         "adapter": asdict(spec.adapter) if spec.adapter is not None else None,
     }
 

@@ -4,7 +4,8 @@ Live bytes are tracked per storage with a ``TorchDispatchMode`` and weak referen
 ``torch.distributed._tools.mem_tracker.MemTracker`` (see ``advisor.trace`` for why not MemTracker itself).
 After every op an event (live, forward-retained alive, gradients so far); FLOPs with
 ``torch.utils.flop_counter``'s per-op formulas (``flop_registry``), the experts' grouped matmul with
-``advisor.trace.grouped_mm``; oneDNN's CPU convolution scratch as a transient event (``advisor.trace.onednn``).
+``advisor.trace.grouped_mm``; the shapes of GEMMs, convolutions and fused attention (``advisor.trace.shapes``);
+oneDNN's CPU convolution scratch as a transient event (``advisor.trace.onednn``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..timing.compute import ATTENTION, CONV, MEMORY, TRANSCENDENTAL
 from .grouped_mm import _grouped_mm_flops, _grouped_mm_fp32
 from .onednn import _conv_backward_scratch
 from .op_costs import _NO_DATA_OPS, _TRANSCENDENTAL_OPS, _op_bytes
+from .shapes import Shape, op_shape, shaped_ops
 
 if TYPE_CHECKING:
     import torch
@@ -41,6 +43,7 @@ class _LiveBytes:
         extra_flops = {grouped_mm._overloadpacket: _grouped_mm_flops} if grouped_mm is not None else {}
         aten = torch.ops.aten
         conv_ops = {aten.convolution.default, conv_backward}
+        shaped = shaped_ops()  # overload packet -> its name, for the ops whose shapes the GPU model reads
         no_data = {getattr(aten, n) for n in _NO_DATA_OPS if hasattr(aten, n)}  # overload packets
         transcendental = {getattr(aten, n) for n in _TRANSCENDENTAL_OPS if hasattr(aten, n)}
 
@@ -67,7 +70,11 @@ class _LiveBytes:
                 kind = (
                     CONV if func in conv_ops else TRANSCENDENTAL if func._overloadpacket in transcendental else MEMORY
                 )
-                tracker.record_op(flops, _op_bytes(func, args, kwargs, out, no_data), kind)
+                shape: Shape = ()
+                name = shaped.get(func._overloadpacket)
+                if name is not None and flops:
+                    kind, shape = op_shape(name, func is conv_backward or func in conv_ops, args, out, flops, kind)
+                tracker.record_op(flops, _op_bytes(func, args, kwargs, out, no_data), kind, shape)
                 return out
 
         self.mode = _Mode()
@@ -83,20 +90,22 @@ class _LiveBytes:
         self.attention_calls = 0
         self.events: list[tuple[int, int, int]] = []
         self.fwd_events: list[tuple[int, int, int]] = []
-        # Per op (flops, bytes read + written[, 1 for a convolution]) for the roofline (advisor.timing.compute),
-        # per phase as the events; FLOPs of activation checkpointing's recompute (> 0 depth: inside one).
+        # Per op (flops, bytes read + written[, kind[, *shape]]) for the time model (advisor.timing.compute,
+        # advisor.trace.shapes), per phase as the events; FLOPs of activation checkpointing's recompute (> 0
+        # depth: inside one).
         self.ops: list[tuple[int, ...]] = []
         self.fwd_ops: list[tuple[int, ...]] = []
         self.recompute_depth = 0
         self.recompute_flops = 0
 
-    def record_op(self, flops: int, nbytes: int, kind: int = MEMORY) -> None:
-        """One op's cost for the roofline (``advisor.timing.compute``: kind ``MEMORY``, ``CONV``,
-        ``TRANSCENDENTAL`` or ``ATTENTION``); ops that neither compute nor move data are not kept."""
+    def record_op(self, flops: int, nbytes: int, kind: int = MEMORY, shape: Shape = ()) -> None:
+        """One op's cost for the time model (``advisor.timing.compute``: kind ``MEMORY``, ``CONV``,
+        ``TRANSCENDENTAL``, ``ATTENTION`` or ``GEMM``, and the shape ``advisor.trace.shapes`` records for GEMMs,
+        convolutions and fused attention); ops that neither compute nor move data are not kept."""
         if self.recompute_depth:
             self.recompute_flops += flops
         if flops or nbytes:
-            self.ops.append((flops, nbytes, kind) if kind else (flops, nbytes))
+            self.ops.append((flops, nbytes, kind, *shape) if kind or shape else (flops, nbytes))
 
     def _free(self, key: int) -> None:
         _, n = self._live.pop(key, (None, 0))
@@ -135,10 +144,11 @@ class _LiveBytes:
         self.fwd_events, self.events = self.events, [(self.cur, self.cur, 0)]
         self.fwd_ops, self.ops = self.ops, []
 
-    def add_flops(self, n: int, nbytes: int = 0) -> None:
-        """FLOPs of an op the dispatch mode does not see (the fused-attention stand-in), with its bytes."""
+    def add_flops(self, n: int, nbytes: int = 0, shape: Shape = ()) -> None:
+        """FLOPs of an op the dispatch mode does not see (the fused-attention stand-in), with its bytes and its
+        shape (``advisor.trace.shapes.attention_shape``)."""
         self.flops += int(n)
-        self.record_op(int(n), int(nbytes), ATTENTION)
+        self.record_op(int(n), int(nbytes), ATTENTION, shape)
 
     def on_grad(self, param: torch.nn.Parameter) -> None:
         """A post-accumulate-grad hook: count ``param``'s gradient storage, just accumulated."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from ..timing.compute import ComputeTime, Rates, floored_s, roofline_work
+from ..timing.gpu_time import deep_queue_s, op_times, queue_s
 
 # Traced micro-batch sizes are BASE_B and BASE_B + 1. Not 1: some models take other op paths at
 # batch 1 (squeezes in nn.MultiheadAttention), which breaks the event-by-event alignment.
@@ -69,8 +70,8 @@ class Timeline:
     grads: int
     flops: int
     attention_calls: int = 0  # calls of F.scaled_dot_product_attention (0: the model has no SDPA)
-    # Per op, in order: (FLOPs, bytes read + written[, 1 for a convolution]) (``_op_bytes``), forward and
-    # backward (with any recompute); the roofline of ``advisor.timing.compute`` evaluates them.
+    # Per op, in order: (FLOPs, bytes read + written[, kind[, *shape]]) (``_op_bytes``, ``advisor.trace.shapes``),
+    # forward and backward (with any recompute); ``advisor.timing.compute`` and ``gpu_time`` time them.
     fwd_ops: tuple[tuple[int, ...], ...] = ()
     bwd_ops: tuple[tuple[int, ...], ...] = ()
     recompute_flops: int = 0  # FLOPs of activation checkpointing's recompute (inside ``flops``)
@@ -234,30 +235,80 @@ class ActivationProfile:
         )
 
     def compute_time(self, micro_batch: int, r: Rates) -> ComputeTime:
-        """One micro-step's forward and backward at ``micro_batch`` on one GPU: the roofline over the traced
-        ops (``advisor.timing.compute.roofline_s``), each op linear in the micro-batch between the two traced
-        sizes; deep stacks extrapolated linearly in depth from the one- and two-block traces (the added block's
-        ops are what the two totals differ by, as for the memory figures)."""
+        """One micro-step's forward and backward at ``micro_batch`` on one GPU, each op linear in the micro-batch
+        between the two traced sizes; deep stacks extrapolated linearly in depth from the one- and two-block traces
+        (the added block's ops are what the two totals differ by, as for the memory figures). Memoised per profile
+        and ``r`` (a plan asks for the same micro-batches many times).
+
+        A GPU (``r.gpu`` set): each phase's ops through the eager queue (``advisor.timing.gpu_time``), at full
+        depth by repeating the block the two-block trace adds (``_gpu_phase``). A calibrated CPU: the roofline over
+        the ops (``advisor.timing.compute.roofline_work``) with the dispatch floor on the whole extrapolated phase.
+
+        Raises:
+            ValueError: micro_batch < 1.
+        """
         if micro_batch < 1:
             raise ValueError("micro_batch must be >= 1")
+        memo = self.__dict__.get("_time_memo")
+        if memo is None:  # not a dataclass field: stays out of equality, repr and the cache's JSON
+            memo = {}
+            object.__setattr__(self, "_time_memo", memo)
+        key = (micro_batch, r)
+        if key not in memo:
+            memo[key] = self._compute_time(micro_batch, r)
+        return memo[key]
 
-        def one(t1: Timeline, t2: Timeline) -> tuple[float, ...]:
-            lin = lambda x, y: x + (micro_batch - BASE_B) * (y - x)  # noqa: E731
-            fwd, fwd_ops = roofline_work(t1.fwd_ops, t2.fwd_ops, micro_batch, BASE_B, r)
-            bwd, bwd_ops = roofline_work(t1.bwd_ops, t2.bwd_ops, micro_batch, BASE_B, r)
-            return (fwd, fwd_ops, bwd, bwd_ops, lin(t1.flops, t2.flops), lin(t1.recompute_flops, t2.recompute_flops))
-
+    def _compute_time(self, micro_batch: int, r: Rates) -> ComputeTime:
+        lin = lambda x, y: x + (micro_batch - BASE_B) * (y - x)  # noqa: E731
+        flops = [(lin(t1.flops, t2.flops), lin(t1.recompute_flops, t2.recompute_flops)) for _, t1, t2 in self.depths]
         if len(self.depths) == 1:
-            _, t1, t2 = self.depths[0]
-            fwd, fwd_ops, bwd, bwd_ops, flops, rec = one(t1, t2)
+            extra = 0.0
+            total, rec = flops[0]
         else:
-            (d1, a1, a2), (d2, b1, b2) = self.depths
-            x, y = one(a1, a2), one(b1, b2)
+            (d1, _, _), (d2, _, _) = self.depths
             extra = (self.full_depth - d1) / (d2 - d1)
-            fwd, fwd_ops, bwd, bwd_ops, flops, rec = (max(0.0, (1 - extra) * u + extra * v) for u, v in zip(x, y))
-        # The dispatch floor on the whole (extrapolated) phase (``advisor.timing.compute.floored_s``).
-        fwd, bwd = floored_s(fwd, fwd_ops, r), floored_s(bwd, bwd_ops, r)
-        return ComputeTime(fwd_s=fwd, bwd_s=bwd, flops=int(round(flops)), recompute_flops=int(round(rec)))
+            total, rec = (max(0.0, (1 - extra) * u + extra * v) for u, v in zip(*flops))
+        if r.gpu is not None:
+            fwd, bwd = (
+                self._gpu_phase(micro_batch, r, "fwd_ops", extra),
+                self._gpu_phase(micro_batch, r, "bwd_ops", extra),
+            )
+        else:
+            fwd, bwd = (
+                self._roofline_phase(micro_batch, r, "fwd_ops", extra),
+                self._roofline_phase(micro_batch, r, "bwd_ops", extra),
+            )
+        return ComputeTime(fwd_s=fwd, bwd_s=bwd, flops=int(round(total)), recompute_flops=int(round(rec)))
+
+    def _roofline_phase(self, micro_batch: int, r: Rates, phase: str, extra: float) -> float:
+        """A calibrated CPU's phase: the roofline work per traced depth, extrapolated linearly in depth, with the
+        dispatch floor on the whole extrapolated phase (a floor applied per depth and extrapolated is not one)."""
+        per = [
+            roofline_work(getattr(t1, phase), getattr(t2, phase), micro_batch, BASE_B, r) for _, t1, t2 in self.depths
+        ]
+        if len(per) == 1:
+            work, ops = per[0]
+        else:
+            work, ops = (max(0.0, (1 - extra) * u + extra * v) for u, v in zip(*per))
+        return floored_s(work, ops, r)
+
+    def _gpu_phase(self, micro_batch: int, r: Rates, phase: str, extra: float) -> float:
+        """A GPU's phase through the eager queue (``advisor.timing.gpu_time``): at full depth from the one- and
+        two-block traces by repeating the added block's ops (``deep_queue_s``, exact); where the traces do not
+        differ by one inserted stretch, each depth's queue extrapolated linearly, at least the extrapolated GPU
+        work and issue time (both bound the full-depth queue from below)."""
+        times = [op_times(getattr(t1, phase), getattr(t2, phase), micro_batch, BASE_B, r) for _, t1, t2 in self.depths]
+        if len(times) == 1:
+            return queue_s(times[0], r.dispatch_s)
+        one, two = times
+        repeats = round(extra)
+        if abs(extra - repeats) < 1e-9:
+            exact = deep_queue_s(one, two, repeats, r.dispatch_s)
+            if exact is not None:
+                return exact
+        ext = lambda u, v: max(0.0, (1 - extra) * u + extra * v)  # noqa: E731
+        queued = ext(queue_s(one, r.dispatch_s), queue_s(two, r.dispatch_s))
+        return max(queued, ext(sum(one), sum(two)), ext(len(one), len(two)) * r.dispatch_s)
 
     @property
     def uses_sdpa(self) -> bool:

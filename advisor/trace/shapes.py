@@ -1,0 +1,169 @@
+"""The shapes the GPU time model needs, per traced op: each GEMM's (M, N, K, batch) and element size, convolutions
+as their implicit GEMMs, and fused attention's heads, lengths and head dim (``advisor.timing.gpu_time``).
+
+A GEMM's shape is recorded as ``(flops, M, N, K, batch, element size)``; an op of several GEMMs (a convolution's
+backward: dgrad and wgrad) records one such group per GEMM, its FLOPs split between them as
+``torch.utils.flop_counter`` counts each gradient (equal halves for an ungrouped convolution). Convolutions as
+implicit GEMMs (NVIDIA, "Convolutional Layers User's Guide", convolution algorithms): forward M = N x H_out x W_out,
+N = C_out / groups, K = C_in / groups x kh x kw, one GEMM per group; backward data M = N x H_in x W_in,
+N = C_in / groups, K = C_out / groups x kh x kw; backward filter M = C_out / groups, N = C_in / groups x kh x kw,
+K = N x H_out x W_out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ..timing.compute import ATTENTION, CONV, GEMM
+from ..timing.gpu_time import CUDNN, FLASH, MEM_EFFICIENT
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import torch
+    from torch._ops import OpOverloadPacket
+
+Shape = tuple[int, ...]
+
+
+def _dims(t: object) -> tuple[int, ...]:
+    import torch
+
+    return tuple(int(d) for d in t.shape) if isinstance(t, torch.Tensor) else ()
+
+
+def _size(t: object) -> int:
+    import torch
+
+    return int(t.element_size()) if isinstance(t, torch.Tensor) else 0
+
+
+def matmul_shape(name: str, args: Sequence[object], flops: int) -> Shape:
+    """``(flops, M, N, K, batch, element size)`` of ``aten.<name>`` (mm, addmm, bmm, baddbmm, _scaled_mm) called
+    with ``args``; () when the operands are not the matrices expected."""
+    a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
+    da, db = _dims(a), _dims(b)
+    if len(da) == 2 and len(db) == 2:
+        return (flops, da[0], db[1], da[1], 1, _size(a))
+    if len(da) == 3 and len(db) == 3:
+        return (flops, da[1], db[2], da[2], da[0], _size(a))
+    return ()
+
+
+def _gemms(flops: int, gemms: list[tuple[int, int, int, int]], elsize: int, weights: list[int] | None = None) -> Shape:
+    """Groups of ``(flops, M, N, K, batch, elsize)``, ``flops`` split in proportion to ``weights`` (default: each
+    GEMM's M N K batch; the last takes the rounding)."""
+    weights = weights or [m * n * k * g for m, n, k, g in gemms]
+    total = sum(weights)
+    out: list[int] = []
+    left = flops
+    for i, ((m, n, k, g), w) in enumerate(zip(gemms, weights)):
+        share = left if i == len(gemms) - 1 else (flops * w // total if total else 0)
+        left -= share
+        out += [share, m, n, k, g, elsize]
+    return tuple(out)
+
+
+def conv_shape(args: Sequence[object], out: object, flops: int) -> Shape:
+    """The implicit GEMM of ``aten.convolution(input, weight, bias, stride, padding, dilation, transposed,
+    output_padding, groups)`` (module docstring; a transposed convolution's GEMM runs over its input's positions)."""
+    x, w = _dims(args[0]), _dims(args[1])
+    y = _dims(out)
+    if len(x) < 3 or len(w) < 3 or len(y) < 3:
+        return ()
+    transposed, groups = bool(args[6]), max(1, int(args[8]))  # type: ignore[call-overload]
+    kernel = math.prod(w[2:])
+    if transposed:  # weight (C_in, C_out / groups, k...)
+        return _gemms(flops, [(x[0] * math.prod(x[2:]), w[1], w[0] // groups * kernel, groups)], _size(args[0]))
+    return _gemms(flops, [(y[0] * math.prod(y[2:]), w[0] // groups, w[1] * kernel, groups)], _size(args[0]))
+
+
+def conv_backward_shape(args: Sequence[object], flops: int) -> Shape:
+    """The dgrad and wgrad GEMMs of ``aten.convolution_backward(grad_output, input, weight, bias_sizes, stride,
+    padding, dilation, transposed, output_padding, groups, output_mask)``, only those its output mask asks for,
+    ``flops`` split between them (module docstring)."""
+    dy, x, w = _dims(args[0]), _dims(args[1]), _dims(args[2])
+    if len(dy) < 3 or len(x) < 3 or len(w) < 3:
+        return ()
+    transposed, groups = bool(args[7]), max(1, int(args[9]))  # type: ignore[call-overload]
+    mask = args[10]
+    kernel = math.prod(w[2:])
+    # Channels of the input and the output per group; a transposed weight is (C_in, C_out / groups, k...), and its
+    # forward ran over the input's positions (as flop_counter counts it), so its wgrad sums over them.
+    if transposed:
+        c_in, c_out, summed = w[0] // groups, w[1], x
+    else:
+        c_in, c_out, summed = w[1], w[0] // groups, dy
+    # FLOPs of each gradient as torch.utils.flop_counter's conv_backward_flop counts it (grad_input: the
+    # convolution of grad_output with the weight; grad_weight: of the input with grad_output), the split's weights.
+    positions = math.prod(x[2:]) if transposed else math.prod(dy[2:])
+    gemms, weights = [], []
+    if mask[0]:  # type: ignore[index]
+        gemms.append((x[0] * math.prod(x[2:]), c_in, c_out * kernel, groups))
+        weights.append(dy[0] * math.prod(w) * positions)
+    if mask[1]:  # type: ignore[index]
+        gemms.append((w[0] // groups, w[1] * kernel, summed[0] * math.prod(summed[2:]), groups))
+        weights.append((dy[1] if transposed else x[1]) * dy[0] * (x[1] if transposed else dy[1]) * positions * kernel)
+    return _gemms(flops, gemms, _size(args[0]), weights) if gemms else ()
+
+
+_KERNELS = {"flash": FLASH, "efficient": MEM_EFFICIENT, "cudnn": CUDNN}
+
+
+def attention_shape(q: torch.Tensor, k: torch.Tensor, kernel: int, backward: bool) -> Shape:
+    """``(batch x heads, q length, kv length, head dim, kernel, backward)`` of a fused attention call on ``q`` and
+    ``k`` laid out (..., heads, length, head dim) as ``F.scaled_dot_product_attention`` takes them."""
+    dq, dk = _dims(q), _dims(k)
+    if len(dq) < 2 or len(dk) < 2:
+        return ()
+    return (math.prod(dq[:-2]), dq[-2], dk[-2], dq[-1], kernel, int(backward))
+
+
+def aten_attention_shape(name: str, args: Sequence[object]) -> Shape:
+    """``attention_shape`` of an ATen fused-attention op (``_scaled_dot_product_{flash,efficient,cudnn}_attention``
+    and their ``_backward``s, whose query, key follow the gradient in the backward's arguments); () for others."""
+    kernel = next((code for word, code in _KERNELS.items() if word in name), None)
+    if kernel is None:
+        return ()
+    backward = name.endswith("_backward")
+    q, k = (args[1], args[2]) if backward else (args[0], args[1])
+    import torch
+
+    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
+        return ()
+    return attention_shape(q, k, kernel, backward)
+
+
+_MATMULS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm")
+_ATTENTIONS = tuple(
+    f"_scaled_dot_product_{k}_attention{b}" for k in ("flash", "efficient", "cudnn") for b in ("", "_backward")
+)
+
+
+def shaped_ops() -> dict[OpOverloadPacket, str]:
+    """The ATen overload packets whose shapes ``op_shape`` records (the GEMMs, the convolution and its backward, the
+    fused attention ops), each to its name; those this torch lacks are left out."""
+    import torch
+
+    aten = torch.ops.aten
+    names = (*_MATMULS, "convolution", "convolution_backward", *_ATTENTIONS)
+    return {getattr(aten, n): n for n in names if hasattr(aten, n)}
+
+
+def op_shape(name: str, conv: bool, args: Sequence[object], out: object, flops: int, kind: int) -> tuple[int, Shape]:
+    """(kind, shape) of a call of ``aten.<name>`` (one of ``shaped_ops``) that ran ``flops``: GEMM for the matmuls,
+    CONV for the convolution and its backward (``conv``: the overload is one the trace times as a convolution),
+    ATTENTION for the fused attention ops; ``kind`` and () where the arguments are not of the shapes expected."""
+    try:
+        if name in _MATMULS:
+            shape = matmul_shape(name, args, flops)
+            return (GEMM, shape) if shape else (kind, ())
+        if name == "convolution" and conv:
+            return CONV, conv_shape(args, out, flops)
+        if name == "convolution_backward" and conv:
+            return CONV, conv_backward_shape(args, flops)
+        shape = aten_attention_shape(name, args)
+        return (ATTENTION, shape) if shape else (kind, ())
+    except (IndexError, TypeError, ValueError):
+        return kind, ()
