@@ -69,11 +69,11 @@ def slurm_time(time_limit_s: float | None) -> str:
 
 def render_slurm(job: ScriptJob, time_limit_s: float | None = None, folder: str | None = None) -> str:
     """The text of ``slurm.sbatch`` for ``job``: a bash batch script that checks the options given to ``sbatch``
-    (``train.py --check-args``, once), then has ``srun`` start one ``torchrun`` per node (c10d rendezvous on the
-    first node, port ``job.master_port``) running ``train.py`` with the launcher's script arguments (DeepSpeed:
-    ``--deepspeed_config ds_config.json``) and those options; for the ``python`` launcher, ``python train.py`` on one
-    node with one GPU. The job works in the directory it was submitted from (relative paths in the options are read
-    from there).
+    once (``train.py --check-args``, ``launchers.check_options_lines``), then has ``srun`` start one ``torchrun`` per
+    node (c10d rendezvous on the first node, port ``job.master_port``) running ``train.py`` with the launcher's
+    script arguments (DeepSpeed: ``--deepspeed_config ds_config.json``) and those options; for the ``python``
+    launcher, ``python train.py`` on one node with one GPU (no check: one process prints an error once). The job
+    works in the directory it was submitted from (relative paths in the options are read from there).
 
     ``job``: a ``strategies.render.Job`` (typed by the ``ScriptJob`` protocol: render imports this module, not the
     other way).

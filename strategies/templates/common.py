@@ -327,12 +327,19 @@ def optimizer_step(scaler, optimizer, scheduler, steps: StepLog, grad_norm) -> N
 # [/!ds]
 
 
+class OptionParser(argparse.ArgumentParser):
+    """argparse's parser, with a bad option's error on one line (the usage is --help's) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def parse_args():
-    """The options, checked. A bad one ends the script with one line (the usage is --help's) and exit code 2.
-    launch.sh and slurm.sbatch run the script once with --check-args before the launcher starts a process per GPU
-    (each would print the same error): it exits 0 when the options are good, 3 after printing --help."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    """The options, checked. launch.sh and slurm.sbatch run the script once with --check-args before the launcher
+    starts a process per GPU (each would print the same error): it exits 0 when the options are good, 2 with one
+    line when one is bad, 3 after printing --help."""
+    p = OptionParser(description=__doc__.splitlines()[0], add_help=False,
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS, help="show this help and exit")
     p.add_argument("--steps", type=int, default=TOTAL_STEPS, help="optimizer steps to run")
     p.add_argument("--init-from", metavar="PATH", default=INIT_FROM, help=INIT_FROM_HELP)
@@ -361,11 +368,6 @@ def parse_args():
     p.add_argument("--deepspeed_config", default=None, help=argparse.SUPPRESS)
     # [/ds]
     p.add_argument("--check-args", action="store_true", help=argparse.SUPPRESS)
-
-    def one_line(message: str):
-        p.exit(2, f"{p.prog}: error: {message}\n")
-
-    p.error = one_line
     args = p.parse_args()
     if "help" in args:
         p.print_help()
