@@ -21,6 +21,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import AdvisorError
@@ -147,6 +148,7 @@ def _check_run_flags(run: RunOptions) -> RunOptions:
 
 
 def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
+    from strategies.emit_manifest import stale_files
     from strategies.render import job_from_plan, launch_command_for, render_job, write_files
 
     from .plan import training_budget
@@ -154,13 +156,16 @@ def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
     name = args.strategy or result.recommendation.strategy
     if name is None:
         raise AdvisorError("nothing fits, so there is no recommended strategy to emit: pass --strategy NAME")
-    job = job_from_plan(result, name)
+    # slurm.sbatch finds train.py in this folder by its absolute path, wherever the job is submitted from.
+    job = replace(job_from_plan(result, name), folder=str(Path(out_dir).resolve()))
     budget = training_budget(result.options, result.context(), result.row(name)) or {}
     if hours := budget.get("train_hours"):
         # slurm.sbatch's time limit: the estimated training time, plus 20% and 30 minutes for loading, evaluation
         # and checkpoints (a job past its limit is killed; --signal gives it 120 s to save first).
         job = replace(job, time_limit_s=hours * 3600 * 1.2 + 1800)
-    written = write_files(render_job(job), out_dir, force=args.force)
+    files = render_job(job)
+    removed = stale_files(Path(out_dir), frozenset(files)) if Path(out_dir).is_dir() else []
+    written = write_files(files, out_dir, force=args.force)
     stream = sys.stderr if args.json else sys.stdout
     row, mem = result.row(name), job.estimate["device_total_bytes"]
     if not row.strategy.distributes and result.hardware.num_gpus > 1:
@@ -176,6 +181,11 @@ def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
             file=stream,
         )
     print(f"\nWrote {', '.join(str(p) for p in written)}", file=stream)
+    if removed:
+        print(
+            f"Removed {', '.join(str(p) for p in removed)} (written by an earlier --emit; not part of this job)",
+            file=stream,
+        )
     where = shlex.quote(out_dir.rstrip("/") or "/")
     print(f"Run: cd {where} && {launch_command_for(job)}   (or: bash {where}/launch.sh)", file=stream)
 

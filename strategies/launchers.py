@@ -140,6 +140,18 @@ def _prebuilt_shm_op() -> bool:
     )
 
 
+def check_options_lines(script: str) -> tuple[str, ...]:
+    """launch.sh's and slurm.sbatch's lines that run ``script`` (``train.py`` as the shell names it) once with
+    ``--check-args`` and the given options before the launcher starts one process per GPU, each of which would print
+    the same error: a bad option ends the launch there with train.py's one line and exit code 2; train.py exits 3
+    after printing --help, and nothing is launched (exit code 0)."""
+    return (
+        "# train.py checks the options once, before one process per GPU starts (each would print the same error):",
+        "# a bad one ends this here with one line and exit code 2; after --help (exit code 3) nothing is launched.",
+        f'python {script} --check-args "$@" || {{ status=$?; [ "$status" -eq 3 ] && exit 0; exit "$status"; }}',
+    )
+
+
 # The measurement wrapper --verify, bench and the tests launch in place of train.py (its docstring says what it
 # records); it runs the script unchanged.
 PROBE = Path(__file__).parent / "probe" / "_advisor_probe.py"

@@ -34,6 +34,8 @@ from advisor.errors import AdvisorError
 from advisor.models import ModelSpec, family_of
 
 from . import get_strategy, strategy_names
+from .emit_manifest import MANIFEST, manifest_text, stale_files
+from .launchers import check_options_lines
 from .slurm import SLURM_FILE, render_slurm
 
 if TYPE_CHECKING:
@@ -149,6 +151,9 @@ class Job:
     # PaLM appendix B) and the planned GPU's dense peak FLOP/s at this precision (None: not timed, no MFU)
     model_flops_per_sample: int | None = None
     peak_flops_per_gpu: float | None = None
+    # The absolute path of the folder the files are written to: slurm.sbatch finds train.py there wherever it is
+    # submitted from (None: in the directory it is submitted from, e.g. a downloaded file)
+    folder: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -645,6 +650,12 @@ def render_launch_sh(job: Job) -> str:
     if job.strategy_unit.launcher.cpu_note:
         exports += f'  echo "{job.strategy_unit.launcher.cpu_note}"\n'
     backend = " with the gloo backend" if job.strategy_unit.distributes else ""
+    # One process prints a bad option's error once by itself; a launcher's processes would each print it.
+    check = (
+        "".join(f"{line}\n" for line in check_options_lines('"$HERE/train.py"'))
+        if job.strategy_unit.distributes
+        else ""
+    )
     cpu_fallback = (
         'if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then\n'
         f'  echo "no CUDA GPU: running on the CPU{backend}"\n' + exports + "fi\n"
@@ -665,6 +676,7 @@ def render_launch_sh(job: Job) -> str:
         "# Relative paths in the options are read from where you run it.\n"
         + nodes
         + 'set -euo pipefail\nHERE="$(cd "$(dirname "$0")" && pwd)"\n'
+        + check
         + cpu_fallback
         + f'{cmd} "$@"\n'
     )
@@ -675,7 +687,7 @@ def render_job(job: Job) -> dict[str, str]:
     files = {
         "train.py": render_train_py(job),
         "launch.sh": render_launch_sh(job),
-        SLURM_FILE: render_slurm(job, job.time_limit_s),
+        SLURM_FILE: render_slurm(job, job.time_limit_s, job.folder),
     }
     files.update(job.strategy_unit.extra_files(job))
     return files
@@ -713,21 +725,25 @@ def check_emit_dir(out_dir: str | Path, force: bool, names: list[str] | tuple[st
         raise AdvisorError(f"--emit {out_dir}: exists and is not a directory: choose another path")
     if out.exists() and any(out.iterdir()) and not force:
         raise AdvisorError(
-            f"--emit {out_dir}: directory is not empty; choose an empty one or pass --force "
-            f"(which overwrites only {', '.join(names)})"
+            f"--emit {out_dir}: directory is not empty; choose an empty one or pass --force (which overwrites only "
+            f"{', '.join(names)} and removes the files an earlier --emit wrote there that it does not write)"
         )
     return out
 
 
 def write_files(files: dict[str, str], out_dir: str | Path, force: bool = False) -> list[Path]:
-    """Write ``files`` into ``out_dir`` (created if missing). Refuses a non-empty directory unless
-    ``force``; even then only our own file names are written, nothing else is touched or deleted.
+    """Write ``files`` into ``out_dir`` (created if missing), and the manifest of what was written
+    (``emit_manifest.MANIFEST``). Refuses a non-empty directory unless ``force``; even then only our own file names
+    are written, and the only files removed are those the folder's manifest lists, unchanged since, that ``files``
+    does not write again (``emit_manifest.stale_files``: a ZeRO job's ds_config.json when the strategy becomes
+    DDP); nothing else is touched.
 
     Raises:
         AdvisorError: non-empty directory without force, a path that is not a directory, or an OS error.
     """
     out = check_emit_dir(out_dir, force, sorted(files))
     written = []
+    stale = stale_files(out, frozenset(files)) if out.is_dir() else []
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
@@ -735,7 +751,7 @@ def write_files(files: dict[str, str], out_dir: str | Path, force: bool = False)
                 raise AdvisorError(f"refusing to write {name!r} outside {out_dir}")
             path = out / name
             try:
-                path.write_text(text)
+                path.write_text(text, encoding="utf-8")
                 if name.endswith(".sh"):
                     path.chmod(0o755)
             except OSError as err:
@@ -743,6 +759,9 @@ def write_files(files: dict[str, str], out_dir: str | Path, force: bool = False)
                     f"--emit {out_dir}: cannot write {name} ({err.strerror}): move it away or choose another directory"
                 ) from None
             written.append(path)
+        for path in stale:
+            path.unlink(missing_ok=True)
+        (out / MANIFEST).write_text(manifest_text(files), encoding="utf-8")
     except OSError as err:
         raise AdvisorError(f"--emit {out_dir}: cannot write ({err.strerror}): choose a writable directory")
     return written

@@ -1,11 +1,13 @@
 """``slurm.sbatch`` (strategies/slurm.py): the #SBATCH header, and the command each node runs, found by running the
-file with stand-in ``srun`` and ``scontrol`` first on PATH (srun records its argv and starts nothing)."""
+file with stand-in ``srun``, ``scontrol`` and ``python`` first on PATH (srun records its argv and starts nothing;
+python, which the file runs to check train.py's options, records its argv and exits with $STUB_PYTHON_RC)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -25,6 +27,10 @@ SRUN = """#!/usr/bin/env bash
 # Stand-in srun: one task per node is emulated by running nothing; record argv (NUL-separated) and cwd.
 printf '%s\\0' "$@" > "$STUB_LOG/srun.argv"
 pwd > "$STUB_LOG/srun.cwd"
+"""
+PYTHON = """#!/usr/bin/env bash
+printf '%s\\0' "$@" > "$STUB_LOG/python.argv"
+exit "${STUB_PYTHON_RC:-0}"
 """
 SCONTROL = """#!/usr/bin/env bash
 printf '%s\\0' "$@" > "$STUB_LOG/scontrol.argv"
@@ -59,13 +65,19 @@ def _header(text: str) -> dict[str, str]:
 
 
 def _run(
-    tmp_path: Path, text: str, *args: str, env_extra: dict[str, str] | None = None, slurm_env: bool = True
+    tmp_path: Path,
+    text: str,
+    *args: str,
+    env_extra: dict[str, str] | None = None,
+    slurm_env: bool = True,
+    job: str = "job",
 ) -> tuple[subprocess.CompletedProcess, Path]:
-    """Write ``text`` as slurm.sbatch in a job dir and run it with bash from elsewhere, stubs first on PATH."""
-    job_dir, stubs, logs, elsewhere = (tmp_path / d for d in ("job", "bin", "log", "elsewhere"))
+    """Write ``text`` as slurm.sbatch in a job dir (tmp_path / ``job``) and run it with bash from elsewhere, stubs
+    first on PATH; the job is submitted from the job dir unless ``env_extra`` sets SLURM_SUBMIT_DIR."""
+    job_dir, stubs, logs, elsewhere = (tmp_path / d for d in (job, "bin", "log", "elsewhere"))
     for d in (job_dir, stubs, logs, elsewhere):
         d.mkdir()
-    for name, body in (("srun", SRUN), ("scontrol", SCONTROL)):
+    for name, body in (("srun", SRUN), ("scontrol", SCONTROL), ("python", PYTHON)):
         (stubs / name).write_text(body)
         (stubs / name).chmod(0o755)
     script = job_dir / SLURM_FILE
@@ -244,3 +256,35 @@ def test_without_submit_dir_works_in_the_scripts_dir(jobs, tmp_path):
     proc, logs = _run(tmp_path, render_slurm(jobs["single"]), slurm_env=False)
     assert proc.returncode == 0, proc.stderr
     assert (logs / "srun.cwd").read_text().strip() == str(tmp_path / "job")
+
+
+def test_submitted_from_elsewhere_runs_the_emit_folders_files(jobs, tmp_path):
+    """Under sbatch ``$0`` is a copy in a spool directory: the emit folder's absolute path is written in, so a job
+    submitted from another directory still finds train.py and ds_config.json; it works in the directory it was
+    submitted from (relative paths in the options are the submitter's), and checks the options once first."""
+    folder = tmp_path / "job dir's"  # a space and a quote: written shell-quoted
+    text = render_slurm(jobs["zero3"], folder=str(folder))
+    assert f"HERE={shlex.quote(str(folder))}" in text
+    submit = tmp_path / "elsewhere"
+    proc, logs = _run(tmp_path, text, "--steps", "5", job=folder.name, env_extra={"SLURM_SUBMIT_DIR": str(submit)})
+    assert proc.returncode == 0, proc.stderr
+    script, config = str(folder / "train.py"), str(folder / "ds_config.json")
+    assert _argv(logs, "srun") == [*_torchrun()[:-1], script, "--deepspeed_config", config, "--steps", "5"]
+    assert (logs / "srun.cwd").read_text().strip() == str(submit)
+    assert _argv(logs, "python") == [script, "--check-args", "--steps", "5"]
+
+
+@pytest.mark.parametrize("folder", ["relative/dir", "/two\nlines"])
+def test_folder_must_be_absolute_on_one_line(jobs, folder):
+    with pytest.raises(AdvisorError, match="absolute path on one line"):
+        render_slurm(jobs["ddp"], folder=folder)
+
+
+@pytest.mark.parametrize("python_rc, job_rc", [(2, 2), (3, 0)])
+def test_bad_options_stop_before_srun(jobs, tmp_path, python_rc, job_rc):
+    """train.py --check-args exits 2 on a bad option (its one line is the job's error) and 3 after --help: either
+    way no torchrun is started, so no rank prints the same error again."""
+    proc, logs = _run(tmp_path, render_slurm(jobs["ddp"]), "--bogus", env_extra={"STUB_PYTHON_RC": str(python_rc)})
+    assert proc.returncode == job_rc, proc.stderr
+    assert _argv(logs, "python") == ["train.py", "--check-args", "--bogus"]
+    assert not (logs / "srun.argv").exists()

@@ -60,14 +60,41 @@ def evaluate(model, dataset, num_replicas: int, rank: int, device, autocast_dtyp
     return aggregate_mean(total, count, device)
 
 
-def lr_at(step: int, total_steps: int) -> float:
-    """Linear warmup to LR (reached at the end of warmup, not at step 0: Goyal et al. 2017), then cosine decay to
-    10% of LR at ``total_steps``."""
+def lr_schedule(total_steps: int) -> dict:
+    """A fresh run's LR schedule (lr_at): warmup over at most a tenth of ``total_steps``, then a cosine from LR, at
+    the end of the warmup, down to the floor at the last step."""
     warmup = min(WARMUP_STEPS, max(1, total_steps // 10))
-    if step < warmup:
-        return LR * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-    return LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return {"warmup": warmup, "start": warmup, "start_factor": 1.0, "total": total_steps}
+
+
+def lr_at(step: int, schedule: dict) -> float:
+    """The LR of optimizer step ``step`` (0-based): linear warmup to LR (reached at the end of warmup, not at step 0:
+    Goyal et al. 2017), then a cosine from start_factor x LR at step ``start`` down to the floor, 10% of LR, at the
+    last step (``total`` - 1)."""
+    if step < schedule["warmup"]:
+        return LR * (step + 1) / schedule["warmup"]
+    start, top = schedule["start"], schedule["start_factor"]
+    progress = min(1.0, (step - start) / max(1, schedule["total"] - 1 - start))
+    return LR * (0.1 + (top - 0.1) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def resume_lr_schedule(schedule: dict, saved, step: int, next_lr: float) -> None:
+    """--resume at optimizer step ``step``: ``schedule`` (this run's, for its --steps; changed in place) carries on
+    the checkpoint's, ``saved``. With the same --steps it is the same; with another, the cosine starts again at
+    ``step``, from the LR the old run would have used next, down to the floor at the new --steps (a cosine over the
+    new total from the start would send the LR back up). A checkpoint written before schedules were saved has none
+    (``saved`` None): its LR scheduler's last LR, ``next_lr``, is the one the old run would have used next."""
+    if saved is not None and saved["total"] == schedule["total"]:
+        schedule.update(saved)
+        return
+    if saved is None:
+        if step < schedule["warmup"]:
+            return  # the warmup goes on
+        start, factor = step, next_lr / LR
+    else:
+        start = max(step, saved["warmup"])  # stopped during the warmup: it ends as planned, then the cosine
+        factor, schedule["warmup"] = lr_at(start, saved) / LR, saved["warmup"]
+    schedule.update(start=start, start_factor=factor)
 
 
 def make_optimizer(params, device):
@@ -248,11 +275,11 @@ def commit_checkpoint(args, step: int, rank: int) -> None:
     barrier()
 
 
-def training_state(steps, scheduler=None, scaler=None) -> dict:
+def training_state(steps, schedule: dict, scheduler=None, scaler=None) -> dict:
     """What a resumed run needs besides the model and the optimizer: the step, the position in the epoch, the LR
-    schedule, the fp16 loss scale and this rank's random number generators."""
+    schedule (lr_at's and the scheduler's), the fp16 loss scale and this rank's random number generators."""
     epoch, micro = steps.at
-    return {"step": steps.step, "epoch": epoch, "micro": micro,
+    return {"step": steps.step, "epoch": epoch, "micro": micro, "lr_schedule": dict(schedule),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "scaler": scaler.state_dict() if scaler is not None else None, "cpu_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
@@ -262,8 +289,9 @@ def save_training_state(path: str, rank: int, state: dict) -> None:
     torch.save(state, os.path.join(path, f"training-state-rank{rank}.pt"))
 
 
-def restore_training_state(path: str, rank: int, steps, scheduler=None, scaler=None) -> tuple[int, int]:
-    """This rank's training state from checkpoint ``path``; returns (epoch, micro-batches of it already done)."""
+def restore_training_state(path: str, rank: int, steps, schedule: dict, scheduler, scaler=None) -> tuple[int, int]:
+    """This rank's training state from checkpoint ``path`` (the LR scheduler's too, unless DeepSpeed's checkpoint
+    holds it); returns (epoch, micro-batches of it already done)."""
     try:
         state = torch.load(os.path.join(path, f"training-state-rank{rank}.pt"), map_location="cpu", weights_only=True)
     except (OSError, RuntimeError) as err:
@@ -271,8 +299,9 @@ def restore_training_state(path: str, rank: int, steps, scheduler=None, scaler=N
     if state["step"] >= steps.total_steps:
         raise SystemExit(f"--resume: {path} is at step {state['step']} and --steps is {steps.total_steps}: raise "
                          "--steps to train further")
-    if scheduler is not None:
+    if state["scheduler"] is not None:
         scheduler.load_state_dict(state["scheduler"])
+    resume_lr_schedule(schedule, state.get("lr_schedule"), state["step"], scheduler.get_last_lr()[0])
     if scaler is not None:
         scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["cpu_rng"])
@@ -298,9 +327,20 @@ def optimizer_step(scaler, optimizer, scheduler, steps: StepLog, grad_norm) -> N
 # [/!ds]
 
 
+class OptionParser(argparse.ArgumentParser):
+    """argparse's parser, with a bad option's error on one line (the usage is --help's) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    """The options, checked. launch.sh and slurm.sbatch run the script once with --check-args before the launcher
+    starts a process per GPU (each would print the same error): it exits 0 when the options are good, 2 with one
+    line when one is bad, 3 after printing --help."""
+    p = OptionParser(description=__doc__.splitlines()[0], add_help=False,
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS, help="show this help and exit")
     p.add_argument("--steps", type=int, default=TOTAL_STEPS, help="optimizer steps to run")
     p.add_argument("--init-from", metavar="PATH", default=INIT_FROM, help=INIT_FROM_HELP)
     p.add_argument("--data", metavar="PATH", default=None, help=DATA_HELP)
@@ -327,16 +367,22 @@ def parse_args():
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
     p.add_argument("--deepspeed_config", default=None, help=argparse.SUPPRESS)
     # [/ds]
+    p.add_argument("--check-args", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if "help" in args:
+        p.print_help()
+        raise SystemExit(3 if args.check_args else 0)
     # One-line errors instead of tracebacks: counts out of range, local paths that do not exist (a hub id such as
     # org/name is not one).
     for flag, value, low in (("--steps", args.steps, 1), ("--eval-every", args.eval_every, 0),
                              ("--save-every", args.save_every, 0), ("--keep-checkpoints", args.keep_checkpoints, 1)):
         if value < low:
-            raise SystemExit(f"{flag} must be {low} or more, got {value}")
+            p.error(f"{flag} must be {low} or more, got {value}")
     for flag, value in (("--init-from", args.init_from), ("--tokenizer", getattr(args, "tokenizer", None))):
         local = value and (value.startswith((".", "/", "~")) or value.count("/") > 1
                            or value.endswith((".pt", ".pth", ".bin", ".safetensors")))
         if local and not os.path.exists(os.path.expanduser(value)):
-            raise SystemExit(f"{flag} {value}: no such file or directory")
+            p.error(f"{flag} {value}: no such file or directory")
+    if args.check_args:
+        raise SystemExit(0)
     return args

@@ -60,7 +60,8 @@ def main() -> None:
     params = trainable_parameters(ddp)  # the adapters only: DDP reduces their gradients alone (frozen ones join no bucket)
     # [/lora]
     optimizer = make_optimizer(params, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
+    schedule = lr_schedule(args.steps)  # --resume carries on the checkpoint's (resume_lr_schedule)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, schedule) / LR)
     # fp16 needs a GradScaler to keep small gradients from underflowing; bf16 does not.
     scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
     dataset, held_out = make_datasets(args)
@@ -71,7 +72,7 @@ def main() -> None:
     epoch, done_micro = 0, 0
     if args.resume:
         path = load_checkpoint(args.out, ddp, optimizer)
-        epoch, done_micro = restore_training_state(path, rank, steps, scheduler, scaler)
+        epoch, done_micro = restore_training_state(path, rank, steps, schedule, scheduler, scaler)
     while not steps.done:
         # A new order every epoch (set_epoch); a resumed run starts where its checkpoint stopped.
         sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
@@ -92,7 +93,7 @@ def main() -> None:
             optimizer_step(scaler, optimizer, scheduler, steps, norm)
             steps.evaluate(args.eval_every, evaluate, ddp.module, held_out, world_size, rank, device, half, input_dtype)
             if checkpoint_due(args, steps, preemption, device, epoch, micro):
-                save_checkpoint(args, ddp, optimizer, training_state(steps, scheduler, scaler), rank)
+                save_checkpoint(args, ddp, optimizer, training_state(steps, schedule, scheduler, scaler), rank)
                 steps.restart_clock()
             if steps.done:
                 break
@@ -104,7 +105,7 @@ def main() -> None:
         return
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):
-        save_checkpoint(args, ddp, optimizer, training_state(steps, scheduler, scaler), rank)
+        save_checkpoint(args, ddp, optimizer, training_state(steps, schedule, scheduler, scaler), rank)
     if not args.no_save:
         # The plain module's weights (ddp.module: no "module." prefix in the names), written by rank 0 only.
         if rank == 0:

@@ -187,7 +187,8 @@ def main() -> None:
     # [!offload]
     optimizer = make_optimizer(params, device)
     # [/!offload]
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
+    schedule = lr_schedule(args.steps)  # --resume carries on the checkpoint's (resume_lr_schedule)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, schedule) / LR)
     # fp16 needs a GradScaler. torch.amp's works on DTensor gradients: DTensor's unscale takes the max of
     # found_inf over the mesh, so every rank skips the same steps.
     scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
@@ -205,7 +206,7 @@ def main() -> None:
     epoch, done_micro = 0, 0
     if args.resume:  # each rank reads its own shards
         path = load_checkpoint(args.out, model, optimizer)
-        epoch, done_micro = restore_training_state(path, rank, steps, scheduler, scaler)
+        epoch, done_micro = restore_training_state(path, rank, steps, schedule, scheduler, scaler)
     while not steps.done:
         # A new order every epoch (set_epoch); a resumed run starts where its checkpoint stopped.
         sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
@@ -230,7 +231,7 @@ def main() -> None:
             steps.evaluate(args.eval_every, evaluate_sharded, model, held_out, world_size, rank, device,
                            input_dtype)
             if checkpoint_due(args, steps, preemption, device, epoch, micro):
-                save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
+                save_checkpoint(args, model, optimizer, training_state(steps, schedule, scheduler, scaler), rank)
                 steps.restart_clock()
             if steps.done:
                 break
@@ -243,7 +244,7 @@ def main() -> None:
 
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):  # resumable: every rank writes its own shards (DCP), in parallel
-        save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
+        save_checkpoint(args, model, optimizer, training_state(steps, schedule, scheduler, scaler), rank)
     if not args.no_save:
         # [full]
         # Portable: the full weights, gathered by every rank (a collective) into rank 0's CPU memory; rank 0

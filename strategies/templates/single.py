@@ -40,7 +40,8 @@ def main() -> None:
     params = trainable_parameters(model)  # the optimizer, clipping and its states cover the adapters only
     # [/lora]
     optimizer = make_optimizer(params, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
+    schedule = lr_schedule(args.steps)  # --resume carries on the checkpoint's (resume_lr_schedule)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, schedule) / LR)
     # fp16 needs a GradScaler to keep small gradients from underflowing; bf16 does not.
     scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
     dataset, held_out = make_datasets(args)
@@ -49,7 +50,7 @@ def main() -> None:
     epoch, done_micro = 0, 0
     if args.resume:
         path = load_checkpoint(args.out, model, optimizer)
-        epoch, done_micro = restore_training_state(path, 0, steps, scheduler, scaler)
+        epoch, done_micro = restore_training_state(path, 0, steps, schedule, scheduler, scaler)
     while not steps.done:
         sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)  # a new order every epoch
         for micro, batch in enumerate(loader, start=done_micro + 1):
@@ -65,7 +66,7 @@ def main() -> None:
             optimizer_step(scaler, optimizer, scheduler, steps, norm)
             steps.evaluate(args.eval_every, evaluate, model, held_out, 1, 0, device, half, input_dtype)
             if checkpoint_due(args, steps, preemption, device, epoch, micro):
-                save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), 0)
+                save_checkpoint(args, model, optimizer, training_state(steps, schedule, scheduler, scaler), 0)
                 steps.restart_clock()
             if steps.done:
                 break
@@ -77,7 +78,7 @@ def main() -> None:
 
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):
-        save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), 0)
+        save_checkpoint(args, model, optimizer, training_state(steps, schedule, scheduler, scaler), 0)
     if not args.no_save:
         # [full]
         export_weights(model, args)

@@ -115,7 +115,8 @@ def main() -> None:
     log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
     # [/ac]
     optimizer = make_optimizer(model.parameters(), torch.device("cpu"))  # fused kernels lack DTensor support
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
+    schedule = lr_schedule(args.steps)  # --resume carries on the checkpoint's (resume_lr_schedule)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, schedule) / LR)
     scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")  # loss scaling for fp16 only
     dataset, held_out = make_datasets(args)
     # The sampler shards by data-parallel rank: every rank of a TP group sees the same batch.
@@ -126,7 +127,7 @@ def main() -> None:
     epoch, done_micro = 0, 0
     if args.resume:  # each rank reads its own shards
         path = load_checkpoint(args.out, model, optimizer)
-        epoch, done_micro = restore_training_state(path, rank, steps, scheduler, scaler)
+        epoch, done_micro = restore_training_state(path, rank, steps, schedule, scheduler, scaler)
     while not steps.done:
         sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)  # a new order every epoch; resumed: where it stopped
         for micro, batch in enumerate(loader, start=done_micro + 1):
@@ -149,7 +150,7 @@ def main() -> None:
             optimizer_step(scaler, optimizer, scheduler, steps, norm)
             steps.evaluate(args.eval_every, evaluate_tp, model, held_out, dp_size, dp_rank, device, half)
             if checkpoint_due(args, steps, preemption, device, epoch, micro):
-                save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
+                save_checkpoint(args, model, optimizer, training_state(steps, schedule, scheduler, scaler), rank)
                 steps.restart_clock()
             if steps.done:
                 break
@@ -162,7 +163,7 @@ def main() -> None:
 
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):
-        save_checkpoint(args, model, optimizer, training_state(steps, scheduler, scaler), rank)
+        save_checkpoint(args, model, optimizer, training_state(steps, schedule, scheduler, scaler), rank)
     if not args.no_save:
         state = full_state_dict(model)  # collective: every rank takes part
         if rank == 0:

@@ -136,7 +136,8 @@ def main() -> None:
     # [!offload]
     optimizer = make_optimizer(params, device)
     # [/!offload]
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, args.steps) / LR)
+    schedule = lr_schedule(args.steps)  # --resume carries on the checkpoint's (resume_lr_schedule)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, schedule) / LR)
     # DeepSpeed owns mixed precision (bf16/fp16 + loss scaling in ds_config), gradient
     # accumulation boundaries (no_sync is implicit), the gradient reduction and clipping.
     engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=params,
@@ -148,8 +149,9 @@ def main() -> None:
 
     steps, preemption = StepLog(args.steps, device, world_size), Preemption()
     epoch, done_micro = 0, 0
-    if args.resume:  # the LR schedule is in DeepSpeed's checkpoint
-        epoch, done_micro = restore_training_state(load_checkpoint(args.out, engine), rank, steps)
+    if args.resume:  # the LR scheduler's state is in DeepSpeed's checkpoint
+        path = load_checkpoint(args.out, engine)
+        epoch, done_micro = restore_training_state(path, rank, steps, schedule, scheduler)
     while not steps.done:
         sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)  # a new order every epoch; resumed: where it stopped
         for micro, batch in enumerate(loader, start=done_micro + 1):
@@ -164,7 +166,7 @@ def main() -> None:
             steps.evaluate(args.eval_every, evaluate, engine, held_out, world_size, rank, engine.device,
                            None, dtype)
             if checkpoint_due(args, steps, preemption, engine.device, epoch, micro):
-                save_checkpoint(args, engine, training_state(steps), rank)
+                save_checkpoint(args, engine, training_state(steps, schedule), rank)
                 steps.restart_clock()
             if steps.done:
                 break
@@ -175,7 +177,7 @@ def main() -> None:
     else:
         os.makedirs(args.out, exist_ok=True)
         if final_checkpoint_due(args, steps):
-            save_checkpoint(args, engine, training_state(steps), rank)
+            save_checkpoint(args, engine, training_state(steps, schedule), rank)
         if not args.no_save:
             # [full]
             # The full weights, in DeepSpeed's 16-bit module dtype under bf16/fp16 (ZeRO-3 gathers them module by

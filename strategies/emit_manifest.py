@@ -1,0 +1,63 @@
+"""The emit folder's manifest, ``.advisor-emit.json``: the files an ``--emit`` wrote there and the SHA-256 of each,
+so that the next ``--emit --force`` into the folder removes those it does not write again (a ZeRO job's
+``ds_config.json`` when the strategy becomes DDP) and nothing else: a file missing from the manifest, or changed
+since it was written, is the user's and stays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+MANIFEST = ".advisor-emit.json"
+
+
+def digest(text: str) -> str:
+    """The SHA-256 (hex) of ``text`` as written to disk (UTF-8)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _plain_name(name: str) -> bool:
+    """A file directly in the folder: no separator, no parent, no hidden name (a manifest edited by hand cannot
+    point outside the folder)."""
+    return bool(name) and "/" not in name and "\\" not in name and not name.startswith(".")
+
+
+def read_manifest(folder: Path) -> dict[str, str]:
+    """File name -> SHA-256 of what an earlier ``--emit`` wrote into ``folder``; empty without a readable manifest
+    (a folder emitted before manifests existed, or not by advisor)."""
+    try:
+        doc = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict):
+        return {}
+    return {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str) and _plain_name(k)}
+
+
+def stale_files(folder: Path, names: set[str] | frozenset[str]) -> list[Path]:
+    """The files of ``folder``'s manifest that a new ``--emit`` writing ``names`` leaves behind, still as advisor
+    wrote them (same SHA-256; a regular file, not a link), sorted by name."""
+    stale = []
+    for name, sha in sorted(read_manifest(folder).items()):
+        path = folder / name
+        if name in names or path.is_symlink() or not path.is_file():
+            continue
+        try:
+            same = hashlib.sha256(path.read_bytes()).hexdigest() == sha
+        except OSError:
+            continue
+        if same:
+            stale.append(path)
+    return stale
+
+
+def manifest_text(files: dict[str, str]) -> str:
+    """The manifest's JSON for the files (name -> text) an ``--emit`` writes."""
+    doc = {
+        "written_by": "advisor --emit (a later --emit --force here removes these files where it does not write them)",
+        "files": {name: digest(text) for name, text in sorted(files.items())},
+    }
+    return json.dumps(doc, indent=1) + "\n"

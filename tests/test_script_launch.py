@@ -1,0 +1,219 @@
+"""Emitted scripts as a user runs them: resuming with a larger --steps (the LR carries on, it does not jump back up),
+``bash launch.sh`` with a bad option (one line, exit code 2, no launcher started) and ``--emit --force`` into a
+folder an earlier --emit wrote (its stale files go, the user's stay)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.plan import plan
+from advisor.schema import plan_inputs
+from strategies.emit_manifest import MANIFEST, read_manifest, stale_files
+from strategies.render import render_files, write_files
+
+ROOT = Path(__file__).resolve().parents[1]
+CNN = dict(model_factory="tests.fixtures.factories:small_cnn", image_size=16, detect_hardware=False, precision="fp32")
+CNN_FLAGS = ["--model-factory", "tests.fixtures.factories:small_cnn", "--image-size", "16", "--precision", "fp32"]
+
+
+@pytest.fixture(scope="module")
+def cnn_plan():
+    """A small CNN planned on 2 GPUs (single, DDP, ZeRO and FSDP2 rows apply), micro-batch 2."""
+    return plan(plan_inputs(gpus=2, micro_batch_size=2, **CNN), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def script(cnn_plan, tmp_path_factory):
+    """The single-process train.py of ``cnn_plan``, imported (its helpers are called directly)."""
+    folder = tmp_path_factory.mktemp("single")
+    write_files(render_files(cnn_plan, "single"), folder)
+    spec = importlib.util.spec_from_file_location("generated_single_lr", folder / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- the LR schedule on --resume --------------------------------------------------------------------------------
+def test_fresh_schedule_warms_up_then_reaches_the_floor_at_the_last_step(script):
+    s = script.lr_schedule(100)
+    assert s == {"warmup": 10, "start": 10, "start_factor": 1.0, "total": 100}  # WARMUP_STEPS = 100 // 10
+    lr = script.LR
+    assert script.lr_at(0, s) == pytest.approx(lr / 10) and script.lr_at(9, s) == pytest.approx(lr)
+    # cosine from LR at step 10 to 10% of LR at step 99: half-way (step 54.5) at 0.55 x LR
+    assert script.lr_at(54, s) == pytest.approx(lr * (0.1 + 0.45 * (1 + math.cos(math.pi * 44 / 89))))
+    assert script.lr_at(99, s) == pytest.approx(0.1 * lr)
+
+
+def test_resuming_a_finished_run_with_more_steps_stays_at_the_floor(script):
+    """Stopped at 100/100 (0.1 x LR) and resumed with --steps 200: the cosine over 200 steps from the start would
+    give 0.1 + 0.45 x (1 + cos(pi x 90 / 189)) = 0.584 x LR at step 100; the resumed run stays at 0.1 x LR."""
+    old = script.lr_schedule(100)
+    new = script.lr_schedule(200)
+    assert script.lr_at(100, new) == pytest.approx(0.584 * script.LR, abs=1e-3 * script.LR)  # the jump, unfixed
+    script.resume_lr_schedule(new, dict(old), 100, script.lr_at(100, old))
+    assert [script.lr_at(s, new) for s in (100, 150, 199)] == pytest.approx([0.1 * script.LR] * 3)
+
+
+def test_resuming_mid_run_with_more_steps_decays_from_where_it_stopped(script):
+    """Checkpoint at step 50 of 100, resumed with --steps 201: step 50 keeps the old run's LR, then a cosine from it
+    down to the floor at step 200 (half-way at step 125)."""
+    old, new = script.lr_schedule(100), script.lr_schedule(201)
+    script.resume_lr_schedule(new, dict(old), 50, script.lr_at(50, old))
+    f = 0.1 + 0.45 * (1 + math.cos(math.pi * 40 / 89))  # the old run's factor at step 50
+    assert script.lr_at(50, new) == pytest.approx(f * script.LR)
+    assert script.lr_at(125, new) == pytest.approx((0.1 + (f - 0.1) * 0.5) * script.LR)
+    assert script.lr_at(200, new) == pytest.approx(0.1 * script.LR)
+    lrs = [script.lr_at(s, new) for s in range(50, 201)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
+    # resumed again with the same --steps: the same schedule, not a new cosine from step 125
+    again = script.lr_schedule(201)
+    script.resume_lr_schedule(again, dict(new), 125, script.lr_at(125, new))
+    assert again == new
+
+
+def test_resuming_during_the_warmup_finishes_it(script):
+    old, new = script.lr_schedule(100), script.lr_schedule(300)
+    script.resume_lr_schedule(new, dict(old), 3, script.lr_at(3, old))
+    assert script.lr_at(3, new) == pytest.approx(0.4 * script.LR) and script.lr_at(10, new) == pytest.approx(script.LR)
+    assert script.lr_at(299, new) == pytest.approx(0.1 * script.LR)
+
+
+def test_a_checkpoint_without_a_saved_schedule_still_resumes(script):
+    """Checkpoints written before the schedule was saved have only the LR scheduler's last LR: the resumed run
+    starts from it and decays to the floor at the new --steps."""
+    new = script.lr_schedule(200)
+    script.resume_lr_schedule(new, None, 100, 0.1 * script.LR)
+    assert script.lr_at(100, new) == pytest.approx(0.1 * script.LR)
+    assert script.lr_at(199, new) == pytest.approx(0.1 * script.LR)
+    warming = script.lr_schedule(200)
+    script.resume_lr_schedule(warming, None, 4, 0.5 * script.LR)
+    assert warming == script.lr_schedule(200)  # within the warmup: it goes on
+
+
+def _lrs(log: str) -> dict[int, str]:
+    """Step -> the LR its log line shows (``step N/T loss L lr X ...``)."""
+    return {int(m[1]): m[2] for m in re.finditer(r"^step (\d+)/\d+ loss \S+ lr (\S+)", log, re.MULTILINE)}
+
+
+def _train(folder: Path, *args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # the model factory is tests.fixtures.factories
+    done = subprocess.run(
+        [sys.executable, "train.py", "--eval-every", "0", "--out", "o", *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_resume_with_more_steps_logs_the_old_runs_next_lr_then_decays_to_the_floor(cnn_plan, tmp_path):
+    """Run 8 steps with checkpoints at 4 and 8, resume the step-4 one with --steps 12: step 5 logs the LR the
+    8-step run used at its step 5, the LR never rises, and step 12 runs at the floor (10% of LR)."""
+    files = render_files(cnn_plan, "single")
+    write_files(files, tmp_path)
+    lr = next(
+        ast.literal_eval(n.value)
+        for n in ast.parse(files["train.py"]).body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "LR"
+    )
+    first = _lrs(_train(tmp_path, "--steps", "8", "--save-every", "4", "--keep-checkpoints", "2"))
+    (tmp_path / "o" / "checkpoints" / "latest").write_text("step-4")
+    resumed = _lrs(_train(tmp_path, "--resume", "--steps", "12"))
+    assert sorted(resumed) == list(range(5, 13))
+    assert resumed[5] == first[5]  # the old schedule's next value
+    assert resumed[12] == f"{0.1 * lr:.3g}"  # the floor, at the new last step
+    values = [float(resumed[s]) for s in range(5, 13)]
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False)) and values[1] < values[0], resumed
+
+
+# --- launch.sh checks train.py's options once ---------------------------------------------------------------------
+@pytest.mark.slow
+def test_launch_sh_with_a_bad_option_prints_one_line_and_exits_2(cnn_plan, tmp_path):
+    """The check runs before torchrun, so no rank prints the usage and no ChildFailedError traceback follows;
+    --help prints the options once and launches nothing."""
+    write_files(render_files(cnn_plan, "ddp"), tmp_path)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def launch(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(tmp_path / "launch.sh"), *args],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    bad = launch("--bogus")
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines() == ["train.py: error: unrecognized arguments: --bogus"] and bad.stdout == ""
+    low = launch("--steps", "0")
+    assert (low.returncode, low.stderr.strip()) == (2, "train.py: error: --steps must be 1 or more, got 0")
+    shown = launch("--help")
+    assert shown.returncode == 0 and shown.stdout.count("usage: train.py") == 1, shown.stdout + shown.stderr
+    assert "no CUDA GPU" not in shown.stdout  # stopped after the check, before the launch
+
+
+# --- --emit --force removes what an earlier --emit wrote and this one does not -----------------------------------
+def _emit(capsys: pytest.CaptureFixture[str], folder: Path, strategy: str, *extra: str) -> str:
+    from advisor.cli import main
+
+    capsys.readouterr()
+    code = main([*CNN_FLAGS, "--gpus", "2", "--strategy", strategy, "--emit", str(folder), *extra])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def test_emit_force_removes_the_stale_ds_config_and_keeps_the_users_files(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    folder = tmp_path / "job"
+    _emit(capsys, folder, "zero2")
+    assert set(read_manifest(folder)) == {"train.py", "launch.sh", "slurm.sbatch", "ds_config.json"}
+    (folder / "notes.txt").write_text("mine")
+    out = _emit(capsys, folder, "ddp", "--force")
+    assert not (folder / "ds_config.json").exists() and (folder / "notes.txt").read_text() == "mine"
+    assert f"Removed {folder / 'ds_config.json'}" in out
+    assert sorted(p.name for p in folder.iterdir()) == [MANIFEST, "launch.sh", "notes.txt", "slurm.sbatch", "train.py"]
+    assert "DistributedDataParallel" in (folder / "train.py").read_text()
+    assert f"HERE={shlex.quote(str(folder.resolve()))}\n" in (folder / "slurm.sbatch").read_text()
+    # A listed file changed since advisor wrote it is the user's now: it stays.
+    _emit(capsys, folder, "zero2", "--force")
+    (folder / "ds_config.json").write_text('{"mine": true}\n')
+    out = _emit(capsys, folder, "ddp", "--force")
+    assert (folder / "ds_config.json").read_text() == '{"mine": true}\n' and "Removed" not in out
+
+
+def test_a_manifest_cannot_point_outside_its_folder(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("x")
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / ".hidden").write_text("x")
+    digest = "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"  # sha256 of "x"
+    (folder / MANIFEST).write_text(
+        json.dumps({"files": {"../outside.txt": digest, ".hidden": digest, "gone.txt": digest}})
+    )
+    assert read_manifest(folder) == {"gone.txt": digest}
+    assert stale_files(folder, frozenset({"train.py"})) == []  # gone.txt is not there
+    (folder / MANIFEST).write_text("not json")
+    assert read_manifest(folder) == {}
