@@ -40,21 +40,15 @@ if TYPE_CHECKING:
 BENCH_DIR = Path(__file__).resolve().parent
 PUBLISHED_MD = BENCH_DIR / "PUBLISHED.md"
 TIMES_JSON = BENCH_DIR / "published_times.json"  # the cold and warm wall times PUBLISHED.md states
-# The generations a neutral start is made for until advisor/timing/gpu_model.py has its MODELS table.
-GENERATIONS = ("ampere", "hopper", "ada", "volta", "turing")
 
 
 def start_models() -> tuple[dict[str, GpuModel], bool]:
-    """(the constants each generation's fit starts from, whether they are the compute model's own): the
-    ``MODELS`` table of advisor/timing/gpu_model.py where it exists, else one neutral start per generation
-    (the compute model then times GPUs without them)."""
-    from advisor.timing import gpu_model
+    """(the constants each generation's fit starts from, True): advisor/timing/gpu_model.py's ``INITIAL``
+    table, the microbenchmarked (or borrowed) constants before any fit. Cross-validation starts there too, so a
+    held-out source never reaches its own prediction through the start (``MODELS`` saw every source)."""
+    from advisor.timing.gpu_model import INITIAL
 
-    table = getattr(gpu_model, "MODELS", None)
-    if isinstance(table, dict):
-        return {str(k): v for k, v in table.items()}, True
-    neutral = gpu_model.GpuModel(1.0, 1.0, 1.0, 1.0, 1 << 20, 10e-6, "bench/published.py neutral start")
-    return {g: neutral for g in GENERATIONS}, False
+    return dict(INITIAL), True
 
 
 def generation(case: Case) -> str:

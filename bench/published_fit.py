@@ -18,17 +18,25 @@ from dataclasses import dataclass, replace
 from advisor.timing.gpu_model import GpuModel
 
 FIELDS = ("gemm", "conv", "attention", "bandwidth", "half_bandwidth_bytes", "dispatch_s")
-# Bounds of each constant: the shares are shares of a datasheet figure (at most 1); a small-tensor half-bandwidth
-# size between 1 KiB and 1 GiB; a per-op issue cost between 0.1 us and 1 ms (eager PyTorch: 5-25 us per op,
-# advisor.timing.compute GPU_DISPATCH_SOURCE).
+# Bounds of each constant, the range its sources allow (a fit outside them would compensate for something the model
+# lacks, as the old bandwidth efficiency of 1.52 did): large cuBLAS GEMMs reach 70-90% of the dense peak
+# (ml-engineering's 'Maximum Achievable Matmul FLOPS' table: A100 SXM 85.9%, H100 SXM 80.1%), so at least half;
+# convolutions at least 0.3 of it (cuDNN's implicit GEMM is slower at small channel counts); FlashAttention-2
+# reaches 35-73% of peak (Dao 2023: 335 of 989 TFLOP/s on H100, 73% forward on A100), so 0.25-1; element-wise
+# kernels 60-93% of HBM bandwidth (about 90% is the most any kernel reaches: NVIDIA developer forum 'Trouble to
+# reach peak bandwidth of A100', 2025); a half-bandwidth size between 256 KiB and 64 MiB (a kernel's fixed 2-3 us
+# at 1-5 TB/s); a per-op issue cost of 5-25 us (eager PyTorch, advisor.timing.gpu_model DISPATCH_S's sources).
 BOUNDS: dict[str, tuple[float, float]] = {
-    "gemm": (0.02, 1.0),
-    "conv": (0.02, 1.0),
-    "attention": (0.02, 1.0),
-    "bandwidth": (0.02, 1.0),
-    "half_bandwidth_bytes": (2.0**10, 2.0**30),
-    "dispatch_s": (1e-7, 1e-3),
+    "gemm": (0.5, 1.0),
+    "conv": (0.3, 1.0),
+    "attention": (0.25, 1.0),
+    "bandwidth": (0.6, 0.93),
+    "half_bandwidth_bytes": (2.0**18, 2.0**26),
+    "dispatch_s": (5e-6, 25e-6),
 }
+# A group with fewer rows than this fits only its GEMM share (six constants on a handful of rows would fit noise);
+# the other constants keep their microbenchmarked (or borrowed) values.
+MIN_ROWS_ALL_FIELDS = 10
 TOLERANCE = 1.003  # the search stops when its step is a factor this close to 1
 MAX_EVALUATIONS = 3000  # loss evaluations per fit at most
 COVER = 0.8  # the share of held-out rows an error band covers
@@ -84,12 +92,13 @@ def _clip(point: Sequence[float]) -> list[float]:
     return [min(math.log(BOUNDS[n][1]), max(math.log(BOUNDS[n][0]), u)) for n, u in zip(FIELDS, point)]
 
 
-def fit_group(targets: Sequence[Target], start: GpuModel, fields: Sequence[str] = FIELDS) -> Fit:
+def fit_group(targets: Sequence[Target], start: GpuModel, fields: Sequence[str] | None = None) -> Fit:
     """The constants minimising the mean squared log error over ``targets`` from ``start`` (module docstring):
     Hooke and Jeeves' pattern search (J. ACM 8, 1961) in the logs of the constants. Exploratory moves change one
     constant at a time by the factor ``exp(h)`` either way and keep what lowers the loss; after a successful
     exploration the whole move is repeated (the pattern move); when nothing improves, ``h`` halves, from a factor
-    of 2 down to ``TOLERANCE``. Only ``fields`` move.
+    of 2 down to ``TOLERANCE``. Only ``fields`` move (None: all of them for ``MIN_ROWS_ALL_FIELDS`` rows or more,
+    else the GEMM share alone).
 
     Raises:
         ValueError: no targets.
@@ -109,6 +118,8 @@ def fit_group(targets: Sequence[Target], start: GpuModel, fields: Sequence[str] 
     responsive = any(abs(t.predict(far) - r) > 1e-9 * abs(r) for far in _far(start) for t, r in zip(targets, reference))
     if not responsive:
         return Fit(start, math.sqrt(f_base), evaluations, False, len(targets))
+    if fields is None:
+        fields = FIELDS if len(targets) >= MIN_ROWS_ALL_FIELDS else ("gemm",)
     movable = [FIELDS.index(f) for f in fields]
 
     def explore(point: list[float], f_point: float, h: float) -> tuple[list[float], float]:

@@ -87,7 +87,7 @@ def render(results: Results, times: Mapping[str, Mapping[str, object]], full: bo
         "",
         "| rows | n | median abs error | worst abs error | bias (geometric mean) |",
         "|---|---:|---:|---:|---:|",
-        _summary_line("in-sample (today's constants)", ins.all),
+        _summary_line("in-sample (MODELS: the fitted constants)", ins.all),
         _summary_line("leave-one-source-out", loso.all),
     ]
     if refit is not None:
@@ -151,16 +151,14 @@ def _bands(bands: Mapping[str, Mapping[str, float]]) -> list[str]:
 
 
 def _constants(results: Results) -> list[str]:
-    if results.starts_are_the_model:
-        head = "Predictions use (and fits start from) the compute model's `GpuModel` constants (`MODELS`):"
-    else:
-        head = (
-            "advisor/timing/gpu_model.py has no `MODELS` table yet and today's compute model does not read "
-            "`hardware.gpu_model`: predictions use `advisor.timing.compute`'s `EFFICIENCY`, and fits start from "
-            "this neutral `GpuModel` (nothing moves them until the compute model reads it):"
-        )
+    from advisor.timing.gpu_model import MODELS
+
+    head = (
+        "Predictions use the compute model's constants (`advisor/timing/gpu_model.py` `MODELS`, the fit below, "
+        "pasted); fits and leave-one-source-out fits start from the microbenchmarked ones (`INITIAL`):"
+    )
     lines = ["", "## Constants", "", head, ""]
-    for g, m in results.starts.items():
+    for g, m in MODELS.items():
         lines.append(
             f"* {g}: gemm {m.gemm:.3f}, conv {m.conv:.3f}, attention {m.attention:.3f}, bandwidth {m.bandwidth:.3f}, "
             f"half_bandwidth_bytes {m.half_bandwidth_bytes:,}, dispatch_s {m.dispatch_s:.2e} ({m.source})"

@@ -18,7 +18,7 @@ from advisor.plan import plan
 from advisor.schema import plan_inputs
 from advisor.text_report import render_text
 from advisor.timing.error_band import (
-    FITTED_TIME_ERRORS,
+    PUBLISHED_LOSO_BANDS,
     MEMORY_BAND,
     TIME_BANDS,
     ErrorBand,
@@ -67,17 +67,25 @@ def test_band_text() -> None:
     assert ErrorBand(0.0, 2.2159, "x").text() == "typically within 0%/+222%"
 
 
-def test_fitted_band_is_bench_time_md_residuals() -> None:
-    """The fitted GPUs' band is built from bench/TIME.md's error column (the absolute rows, not the ratio)."""
-    text = (ROOT / "bench" / "TIME.md").read_text()
-    errors = [
-        float(m) / 100
-        for m in re.findall(r"^\| [a-z0-9-]+[A-Za-z0-9-]* \| [\d.]+ s \| [\d.]+ s \| ([+-][\d.]+)%", text, re.M)
-    ]
-    assert errors == pytest.approx(FITTED_TIME_ERRORS)
-    band = TIME_BANDS[TimeKey("gpu", "fitted", "transformer")]
-    # 7 rows, none left out: the widest, megatron-8b (+21.1%: truth = est / 1.211) and nanoGPT (-17.5%: / 0.825).
-    assert (band.low, band.high) == pytest.approx((1 / 1.211 - 1, 1 / 0.825 - 1))
+def test_gpu_bands_are_bench_published_md_residual_bands() -> None:
+    """The GPU bands are the leave-one-source-out table bench/PUBLISHED.md prints (python -m bench.published), row
+    by row, and each is the entry its key gives."""
+    text = (ROOT / "bench" / "PUBLISHED.md").read_text()
+    table = {
+        (g, w): (float(lo) / 100, float(hi) / 100, int(n), int(k))
+        for g, w, n, lo, hi, k in re.findall(
+            r"^\| ([a-z]+)/([a-z]+) \| (\d+) \| ([+-][\d.]+)% \| ([+-][\d.]+)% \| (\d+) \|$", text, re.M
+        )
+    }
+    assert set(table) == set(PUBLISHED_LOSO_BANDS)
+    for key, (lo, hi, n, k) in table.items():
+        want = PUBLISHED_LOSO_BANDS[key]
+        assert (want[0], want[1]) == pytest.approx((lo, hi), abs=6e-4) and want[2:] == (n, k), key
+        band = TIME_BANDS[TimeKey("gpu", key[0], key[1])]  # type: ignore[arg-type]
+        assert (band.low, band.high) == (want[0], want[1])
+    # a generation without published CNN runs gets the widest CNN band
+    pooled = TIME_BANDS[TimeKey("gpu", None, "cnn")]
+    assert pooled.high == max(v[1] for (_, w), v in PUBLISHED_LOSO_BANDS.items() if w == "cnn")
 
 
 def test_memory_and_cpu_bands_match_bench_results() -> None:
@@ -117,11 +125,12 @@ def _gpu_model(source: str) -> GpuModel:
 
 def test_time_key_by_generation_workload_calibration_and_device() -> None:
     gib80 = 80 * 2**30
-    assert time_key(Device.CUDA, "A100-80GB", gib80, "transformer", "gpt2") == TimeKey("gpu", "fitted", "transformer")
+    assert time_key(Device.CUDA, "A100-80GB", gib80, "transformer", "gpt2") == TimeKey("gpu", "ampere", "transformer")
     assert time_key(Device.CUDA, "NVIDIA H100 80GB HBM3", gib80, "transformer", "gpt2") == TimeKey(
-        "gpu", "borrowed", "transformer"
+        "gpu", "hopper", "transformer"
     )
-    assert time_key(Device.CUDA, "A100-80GB", gib80, "vision", "resnet50") == TimeKey("gpu", "fitted", "cnn")
+    assert time_key(Device.CUDA, "A100-80GB", gib80, "vision", "resnet50") == TimeKey("gpu", "ampere", "cnn")
+    assert time_key(Device.CUDA, "RTX4090", 24 * 2**30, "vision", "resnet50") == TimeKey("gpu", None, "cnn")
     calibrated = _gpu_model("calibrated on this machine, 2026-12-03")
     assert time_key(Device.CUDA, "H100-80GB", gib80, "transformer", "gpt2", calibrated) == TimeKey("calibrated")
     trial = _gpu_model("a fit's trial values")
@@ -136,7 +145,7 @@ def test_json_has_a_time_and_memory_band_on_every_row(capsys: pytest.CaptureFixt
     doc = json.loads(capsys.readouterr().out)
     rows = [s for s in doc["strategies"] if s["applicable"]]
     assert sum(s["time"] is not None for s in rows) >= 5
-    fitted = TIME_BANDS[TimeKey("gpu", "fitted", "transformer")]  # the default preset is an A100
+    fitted = TIME_BANDS[TimeKey("gpu", "ampere", "transformer")]  # the default preset is an A100
     for s in rows:
         band = s["time"]["error_band"]
         assert band["low"] < 0 < band["high"], s["name"]
@@ -155,9 +164,9 @@ def _small_plan(gpu: str, hardware_source: str | None = None):
 
 def test_borrowed_and_calibrated_gpus_get_their_bands() -> None:
     borrowed = plan_to_dict(_small_plan("H100-80GB"))
-    want = TIME_BANDS[TimeKey("gpu", "borrowed", "transformer")].as_dict()
+    want = TIME_BANDS[TimeKey("gpu", "hopper", "transformer")].as_dict()
     assert all(s["time"]["error_band"] == want for s in borrowed["strategies"] if s.get("time"))
-    assert want["low"] == pytest.approx(0.81 - 1) and want["high"] == pytest.approx(1.14 - 1)  # F24 .. F14
+    assert (want["low"], want["high"]) == PUBLISHED_LOSO_BANDS["hopper", "transformer"][:2]
     calibrated = plan_to_dict(_small_plan("H100-80GB", "calibrated on this machine, 2026-12-03"))
     want = TIME_BANDS[TimeKey("calibrated")].as_dict()
     assert all(s["time"]["error_band"] == want for s in calibrated["strategies"] if s.get("time"))
@@ -168,7 +177,7 @@ def test_text_gives_the_chosen_rows_bands() -> None:
     p = _small_plan("A100-80GB")
     text = render_text(p)
     rec = p.recommendation.strategy
-    band = TIME_BANDS[TimeKey("gpu", "fitted", "transformer")]
+    band = TIME_BANDS[TimeKey("gpu", "ampere", "transformer")]
     step = next(line for line in text.splitlines() if line.startswith(f"{rec}: ") and "per step" in line)
     assert band.text() == "typically within -17%/+21%" and band.text() in step
     mem = next(line for line in text.splitlines() if line.startswith(f"{rec}: peak allocated"))

@@ -80,26 +80,24 @@ def band_from_errors(errors: Sequence[float], based_on: str) -> ErrorBand:
 
 
 # --- the table -----------------------------------------------------------------------------------------------
-# bench/TIME.md, the rows Ampere's and Turing's efficiencies are fitted to: (predicted - published) / published
-# step time (in-sample: the fit saw them). nanoGPT 124M on 8 x A100; Megatron-LM 1B, 2B, 4B, 8B (TP 1-8) on DGX
-# A100; transformers' DP-vs-DDP GPT-2 on 2 x TITAN RTX over NVLink and over PCIe.
-FITTED_TIME_ERRORS = (-0.175, -0.071, 0.021, 0.113, 0.211, 0.007, -0.164)
-# Hopper, which borrows Ampere's efficiencies: predicted / published tokens/s per GPU (= true step / estimated
-# step) of llm-foundry's FSDP runs on H100 80GB, published_runs.md F6, F14, F20, F23, F24 (the same five as
-# advisor.timing.compute.BORROWED_BAND; measured 2026-12-03).
-BORROWED_TIME_RATIOS = (0.95, 1.14, 0.85, 0.88, 0.81)
-# ResNet-50, AMP (fp16), DDP, batch 256 per GPU (NVIDIA DeepLearningExamples' default, assumed), against Lambda's
-# published img/s (lambdal/deeplearning-benchmark; published_runs.md O73: A100 80GB SXM 1,582 on 1 GPU and 11,439
-# on 8; O74: H100 SXM 2,616 and 20,728): predicted / published img/s per GPU, predicted by
-# `advisor resnet50 --gpu A100-80GB|H100-80GB --gpus 1|8 --micro-batch-size 256 --precision fp16` on 2026-12-03
-# (A100 4,619 and 4,598 img/s per GPU; H100 10,081 and 10,017). The model is 3-4x optimistic on CNNs.
-CNN_FITTED_TIME_RATIOS = (4619.4 / 1582, 4598.4 / (11439 / 8))
-CNN_BORROWED_TIME_RATIOS = (10080.9 / 2616, 10016.7 / (20728 / 8))
-
-_IN_SAMPLE = "in-sample: the fit saw these rows"
+# The leave-one-source-out residuals of the published-run fit (``python -m bench.published``, bench/PUBLISHED.md,
+# 2026-12-03): each source's rows predicted by constants fitted without that source, truth time / predicted time - 1,
+# pooled per GPU generation and workload; (low, high, rows, rows inside): the narrowest interval holding at least 80%
+# of the rows, widened to hold 0 (bench/published_fit.py ``band``). Paste the new table from ``--fit``'s output.
+PUBLISHED_LOSO_BANDS: Mapping[tuple[str, str], tuple[float, float, int, int]] = MappingProxyType(
+    {
+        ("ada", "transformer"): (0.000, 0.871, 3, 3),
+        ("ampere", "cnn"): (0.000, 1.394, 2, 2),
+        ("ampere", "transformer"): (-0.031, 0.467, 51, 41),
+        ("hopper", "cnn"): (0.000, 1.339, 2, 2),
+        ("hopper", "transformer"): (-0.094, 0.240, 30, 24),
+        ("turing", "transformer"): (0.000, 0.386, 2, 2),
+        ("volta", "transformer"): (-0.509, 0.588, 14, 12),
+    }
+)
+_LOSO = "leave-one-source-out residuals of the published-run fit (bench/PUBLISHED.md)"
 
 Path = Literal["gpu", "calibrated", "cpu"]
-Generation = Literal["fitted", "borrowed"]
 Workload = Literal["transformer", "cnn"]
 
 
@@ -107,48 +105,46 @@ Workload = Literal["transformer", "cnn"]
 class TimeKey:
     """What a step-time band applies to. ``path``: "gpu" (a GPU timed with its generation's fitted constants),
     "calibrated" (a GPU timed with constants ``advisor calibrate`` measured on this machine) or "cpu" (a CPU
-    verification run, timed with this machine's CPU calibration). ``generation``: on the "gpu" path, whether the
-    GPU's generation has published runs fitted ("fitted") or borrows another's constants ("borrowed"); None on
-    the others. ``workload``: the model's kind; None where one band serves both."""
+    verification run, timed with this machine's CPU calibration). ``generation``: on the "gpu" path, the GPU's
+    generation (``advisor.timing.compute.GENERATION``: "ampere", "hopper", ...), None for the band of a generation
+    without published rows of that workload (every generation's rows of it pooled); None on the other paths.
+    ``workload``: the model's kind; None where one band serves both."""
 
     path: Path
-    generation: Generation | None = None
+    generation: str | None = None
     workload: Workload | None = None
 
 
+def _pooled(workload: Workload) -> ErrorBand:
+    """The band of a generation without published rows of ``workload``: the union of the generations' bands."""
+    bands = [v for (_, w), v in PUBLISHED_LOSO_BANDS.items() if w == workload]
+    rows = sum(b[2] for b in bands)
+    return ErrorBand(
+        min(b[0] for b in bands),
+        max(b[1] for b in bands),
+        f"no published {workload} run on this GPU generation: the widest of the others' bands, {_LOSO}, {rows} rows",
+    )
+
+
 # The bands, by key. How each is produced (paste a new band over its entry; keep the based_on truthful):
-# - gpu/fitted/*, gpu/borrowed/*: leave-one-source-out residuals of the published-run fit (bench/published.py,
-#   once it exists): the band of each source's rows predicted by a fit made without that source, pooled per key.
-#   Until then: the figures bench/TIME.md and the borrowed-generation check give (below), labelled so.
+# - gpu/<generation>/<workload>: ``PUBLISHED_LOSO_BANDS``; gpu/None/<workload>: their union (``_pooled``).
 # - calibrated: residuals of ``advisor calibrate --verify`` runs (calibrated prediction vs measured step) on
-#   GPUs; until a GPU run is measured (python -m bench.gpu), the fitted generations' in-sample band.
+#   GPUs; until a GPU run is measured (python -m bench.gpu), the pooled transformer band.
 # - cpu: bench/results.json's step-time errors of the CPU verification runs (the cases measured while other
 #   processes took at most 25% of the CPUs), through ``bench_case_errors`` and ``band_from_errors``.
 TIME_BANDS: Mapping[TimeKey, ErrorBand] = MappingProxyType(
     {
-        TimeKey("gpu", "fitted", "transformer"): band_from_errors(
-            FITTED_TIME_ERRORS,
-            f"7 published transformer runs on A100 and TITAN RTX, {_IN_SAMPLE} (bench/TIME.md)",
-        ),
-        TimeKey("gpu", "borrowed", "transformer"): band_from_ratios(
-            BORROWED_TIME_RATIOS,
-            "5 published FSDP runs on H100 timed with Ampere's borrowed efficiencies (llm-foundry, "
-            "published_runs.md F6 F14 F20 F23 F24); Ada and Volta not checked",
-        ),
-        TimeKey("gpu", "fitted", "cnn"): band_from_ratios(
-            CNN_FITTED_TIME_RATIOS,
-            "ResNet-50 DDP on 1 and 8 A100 against Lambda's published img/s (published_runs.md O73): CNNs run "
-            "about 3x slower than the model says",
-        ),
-        TimeKey("gpu", "borrowed", "cnn"): band_from_ratios(
-            CNN_BORROWED_TIME_RATIOS,
-            "ResNet-50 DDP on 1 and 8 H100 against Lambda's published img/s (published_runs.md O74): CNNs run "
-            "about 4x slower than the model says",
-        ),
-        TimeKey("calibrated"): band_from_errors(
-            FITTED_TIME_ERRORS,
-            "calibrated on this machine; no calibrated GPU run measured yet, so the fitted GPUs' band: "
-            f"7 published runs, {_IN_SAMPLE} (bench/TIME.md)",
+        **{
+            TimeKey("gpu", g, w): ErrorBand(lo, hi, f"{_LOSO}: {n} {g.capitalize()} {w} runs, {k} inside")  # type: ignore[arg-type]
+            for (g, w), (lo, hi, n, k) in PUBLISHED_LOSO_BANDS.items()
+        },
+        TimeKey("gpu", None, "transformer"): _pooled("transformer"),
+        TimeKey("gpu", None, "cnn"): _pooled("cnn"),
+        TimeKey("calibrated"): ErrorBand(
+            _pooled("transformer").low,
+            _pooled("transformer").high,
+            "calibrated on this machine; no calibrated GPU run measured yet, so the widest published-run band "
+            f"({_LOSO})",
         ),
         TimeKey("cpu"): ErrorBand(
             -0.0464,
@@ -177,10 +173,6 @@ def workload_of(family: str, model_name: str) -> Workload:
     return "cnn"
 
 
-# The generations bench/TIME.md fits (advisor.timing.compute.EFFICIENCY); the others borrow a fitted one's.
-FITTED_GENERATIONS = frozenset({"ampere", "turing"})
-
-
 def time_key(
     device: Device,
     gpu_name: str,
@@ -191,16 +183,19 @@ def time_key(
 ) -> TimeKey:
     """The ``TIME_BANDS`` key of a plan's step times: "cpu" for a CPU verification estimate
     (``device`` CPU), "calibrated" when ``gpu_model`` (``Hardware.gpu_model``) came from a calibration of this
-    machine (its source says "calibrated"), else "gpu" with the GPU's generation fitted or borrowed
-    (``GENERATION`` of its preset; a GPU without a preset counts as borrowed) and the workload
-    (``workload_of``)."""
+    machine (its source says "calibrated"), else "gpu" with the GPU's generation (``GENERATION`` of its preset;
+    None where no published run of that generation and workload was fitted, or the GPU has no preset) and the
+    workload (``workload_of``)."""
     if device == Device.CPU:
         return TimeKey("cpu")
     if gpu_model is not None and "calibrated" in gpu_model.source.lower():
         return TimeKey("calibrated")
     preset = preset_for_gpu(gpu_name, gpu_memory_bytes)
-    fitted = preset is not None and GENERATION.get(preset.name.lower()) in FITTED_GENERATIONS
-    return TimeKey("gpu", "fitted" if fitted else "borrowed", workload_of(family, model_name))
+    workload = workload_of(family, model_name)
+    generation = GENERATION.get(preset.name.lower()) if preset is not None else None
+    if generation is None or (generation, workload) not in PUBLISHED_LOSO_BANDS:
+        return TimeKey("gpu", None, workload)
+    return TimeKey("gpu", generation, workload)
 
 
 def time_band(

@@ -147,13 +147,72 @@ def _borrowed(hbm_gbps: float) -> GpuModel:
 
 # The words a borrowed model's source starts with (``advisor.explain`` warns about such generations).
 BORROWED = "no microbenchmark of this generation cited, borrowed: "
-# The default constants of each GPU generation (``advisor.timing.compute.GENERATION`` maps presets to them).
-MODELS: dict[str, GpuModel] = {
+# The microbenchmarked (or borrowed) constants of each generation: where the fit starts and what it leaves alone.
+INITIAL: dict[str, GpuModel] = {
     "ampere": AMPERE,
     "hopper": HOPPER,
     "ada": _borrowed(1008.0),  # RTX 4090
     "volta": _borrowed(900.0),  # V100
     "turing": _borrowed(672.0),  # TITAN RTX
+}
+_FITTED = "fitted in bench/PUBLISHED.md (python -m bench.published --fit, 2026-12-03)"
+
+
+def _fitted(generation: str, rows: int, rms: float, **constants: float) -> GpuModel:
+    """``INITIAL[generation]`` with the ``constants`` the published-run fit moved (bench/published_fit.py: every
+    constant for 10 rows or more, the GEMM share alone below), and a source saying so; a generation that fitted
+    its GEMM share alone keeps the borrowed prefix on its source (its other constants are still borrowed)."""
+    start = INITIAL[generation]
+    kept = BORROWED if start.source.startswith(BORROWED) and len(constants) == 1 else ""
+    fitted = replace(start, **constants)  # type: ignore[arg-type]
+    return replace(
+        fitted,
+        half_bandwidth_bytes=int(fitted.half_bandwidth_bytes),
+        source=f"{kept}{_FITTED} to {rows} published runs (rms log throughput error {rms:.3f}): "
+        f"{', '.join(constants)}; from {start.source}",
+    )
+
+
+# The constants each GPU generation is timed with (``advisor.timing.compute.GENERATION`` maps presets to them):
+# the fit to published runs (bench/PUBLISHED.md), each inside bench/published_fit.py's BOUNDS. Constants the fit
+# pushed to a bound (Ampere's and Hopper's convolution share to ResNet-50, Hopper's bandwidth and the dispatch
+# cost, Volta's GEMM and attention shares) mark what the model lacks there rather than a measured rate.
+MODELS: dict[str, GpuModel] = {
+    "ampere": _fitted(
+        "ampere",
+        53,
+        0.168,
+        gemm=0.699,
+        conv=0.300,
+        attention=0.705,
+        bandwidth=0.930,
+        half_bandwidth_bytes=33590927,
+        dispatch_s=2.50e-05,
+    ),
+    "hopper": _fitted(
+        "hopper",
+        32,
+        0.328,
+        gemm=0.608,
+        conv=0.300,
+        attention=0.377,
+        bandwidth=0.626,
+        half_bandwidth_bytes=262144,
+        dispatch_s=2.50e-05,
+    ),
+    "ada": _fitted("ada", 3, 0.285, gemm=0.514),
+    "volta": _fitted(
+        "volta",
+        14,
+        0.306,
+        gemm=1.000,
+        conv=0.859,
+        attention=0.250,
+        bandwidth=0.603,
+        half_bandwidth_bytes=67108864,
+        dispatch_s=2.50e-05,
+    ),
+    "turing": _fitted("turing", 2, 0.096, gemm=0.601),
 }
 
 
