@@ -151,10 +151,11 @@ def _pct(part: int, whole: int) -> str:
 
 
 def _borrowed_efficiency(ctx: StrategyContext) -> str | None:
-    """A warning when this GPU's generation has no microbenchmark cited and its step times use another generation's
-    compute-model constants (``advisor.timing.gpu_model.MODELS``; the JSON's ``efficiency_source``)."""
-    from .timing.compute import BORROWED_BAND, is_borrowed, model_for, preset_for_gpu
+    """A warning when this GPU's generation has too few published runs for all its compute-model constants to be
+    fitted: its GEMM share is fitted, the rest borrowed from another generation (``advisor.timing.gpu_model.MODELS``;
+    the JSON's ``efficiency_source``). The step times' error band says how far off the fitted ones land."""
     from .timing.compute import generation_of as generation
+    from .timing.compute import is_borrowed, model_for, preset_for_gpu
 
     hw, opts = ctx.hardware, ctx.options
     if hw.calibration is not None or hw.gpu_model is not None:
@@ -167,17 +168,11 @@ def _borrowed_efficiency(ctx: StrategyContext) -> str | None:
     model = model_for(preset)
     if not is_borrowed(model):
         return None
-    band = BORROWED_BAND.get(generation(preset))
-    error = (
-        f"against {band[2]} the throughput they give lands between {100 * (1 - band[0]):.0f}% low and "
-        f"{100 * (band[1] - 1):.0f}% high"
-        if band
-        else "how far off that is has not been checked against any published run"
-    )
     return (
-        f"{preset.name} ({generation(preset)}) has no published run fitted here: its step times use another "
-        f"generation's efficiencies (GEMM {model.gemm:.2f}, bandwidth {model.bandwidth:.2f}; "
-        f"advisor/timing/gpu_model.py); {error}; --mfu and --bandwidth-efficiency set them"
+        f"{preset.name} ({generation(preset)}) has few published runs fitted here: its GEMM share "
+        f"({model.gemm:.2f}) is fitted to them, its other constants are another generation's (bandwidth "
+        f"{model.bandwidth:.2f}; advisor/timing/gpu_model.py), so its step times are less certain than the "
+        "error band says; `advisor calibrate` on that GPU, or --mfu and --bandwidth-efficiency, set them"
     )
 
 

@@ -461,14 +461,12 @@ def test_hint_when_activation_checkpointing_is_not_needed():
 
 
 def test_only_generations_without_microbenchmarks_borrow_and_say_so():
-    """Issue 31: plans on a generation without constants of its own borrow another's and warn. Hopper has its own
-    (advisor.timing.gpu_model.HOPPER: MAMF H100 SXM, FlashAttention-2 on H100): no warning; Ada borrows Ampere's
-    and says that this has not been checked against a published run (``BORROWED_BAND`` has no Ada entry)."""
-    from advisor.timing.compute import BORROWED_BAND
+    """Plans on a generation with too few published runs to fit every constant (advisor.timing.gpu_model.MODELS:
+    Ada fits its GEMM share alone, to 3 runs) warn that the rest is borrowed; Hopper, fitted to 32 runs, does not."""
+    from advisor.timing.gpu_model import MODELS
 
     h100 = _plan(model="gpt2", gpus=8, gpu="H100-80GB")
-    assert not any("has no published run fitted" in w for w in h100.recommendation.warnings + h100.warnings)
+    assert not any("has few published runs fitted" in w for w in h100.recommendation.warnings + h100.warnings)
     ada = _plan(model="gpt2", gpus=8, gpu="RTX4090")
-    warning = next(w for w in ada.recommendation.warnings if "has no published run fitted" in w)
-    assert "ada" not in BORROWED_BAND and "has not been checked against any published run" in warning
-    assert "GEMM 0.86, bandwidth 0.88" in warning  # Ampere's: MAMF A100 267.9 / 312, 0.88 of HBM
+    warning = next(w for w in ada.recommendation.warnings if "has few published runs fitted" in w)
+    assert f"GEMM share ({MODELS['ada'].gemm:.2f})" in warning and "bandwidth 0.88" in warning  # Ampere's 1.80/2.04

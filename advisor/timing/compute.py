@@ -63,11 +63,6 @@ class Efficiency:
     source: str
 
 
-# How far a borrowing generation's throughput lands from published runs on it, as (worst slow, worst fast) ratios of
-# predicted to measured tokens/s per GPU; None: never checked. (Hopper's band, F6/F14/F20/F23/F24 of
-# ../shared/anchors/published_runs.md, was measured with Ampere's efficiencies before Hopper had microbenchmarked
-# constants of its own: no generation that borrows has been checked.)
-BORROWED_BAND: dict[str, tuple[float, float, str]] = {}
 # GPU generation of each preset (NVIDIA architecture whitepapers: GA100/GA102 Ampere, AD102/AD104 Ada, GH100 Hopper,
 # GV100 Volta, TU102/TU104 Turing).
 GENERATION = {
