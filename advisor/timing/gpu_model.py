@@ -168,8 +168,8 @@ def _fitted(generation: str, rows: int, rms: float, **constants: float) -> GpuMo
     return replace(
         fitted,
         half_bandwidth_bytes=int(fitted.half_bandwidth_bytes),
-        source=f"{kept}{_FITTED} to {rows} published runs (rms log throughput error {rms:.3f}): "
-        f"{', '.join(constants)}; from {start.source}",
+        source=f"{kept}{_FITTED} to {rows} published runs (rms log throughput error {rms:.3f}; fitted: "
+        f"{', '.join(constants)}; the rest and the start: INITIAL, microbenchmarks)",
     )
 
 
