@@ -42,13 +42,13 @@ PUBLISHED_MD = BENCH_DIR / "PUBLISHED.md"
 TIMES_JSON = BENCH_DIR / "published_times.json"  # the cold and warm wall times PUBLISHED.md states
 
 
-def start_models() -> tuple[dict[str, GpuModel], bool]:
-    """(the constants each generation's fit starts from, True): advisor/timing/gpu_model.py's ``INITIAL``
+def start_models() -> dict[str, GpuModel]:
+    """The constants each generation's fit starts from: advisor/timing/gpu_model.py's ``INITIAL``
     table, the microbenchmarked (or borrowed) constants before any fit. Cross-validation starts there too, so a
     held-out source never reaches its own prediction through the start (``MODELS`` saw every source)."""
     from advisor.timing.gpu_model import INITIAL
 
-    return dict(INITIAL), True
+    return dict(INITIAL)
 
 
 def generation(case: Case) -> str:
@@ -146,7 +146,7 @@ def evaluate(chosen: Sequence[Case], do_fit: bool, log: bool = True) -> Results:
             print(f"  planned {c.row:<22} {time.perf_counter() - t1:6.1f} s", file=sys.stderr, flush=True)
     planned_s = time.perf_counter() - t0
     ok = [c for c in chosen if c.row in plans]
-    starts, own = start_models()
+    starts = start_models()
     targets = [target(c, plans[c.row]) for c in ok if c.fitted]
     shown = [target(c, plans[c.row]) for c in ok if not c.fitted]
     t2 = time.perf_counter()
@@ -161,7 +161,7 @@ def evaluate(chosen: Sequence[Case], do_fit: bool, log: bool = True) -> Results:
         refit = fits.get(generation(c))
         again = target(c, plans[c.row]).predict(refit.model) / pub - 1 if refit else None
         rows.append(RowResult(c, generation(c), value, error(c, value), held[c.row] / pub - 1, again, t))
-    return Results(rows, failed, fits, starts, own, planned_s, fit_s, time.perf_counter() - t0)
+    return Results(rows, failed, fits, starts, planned_s, fit_s, time.perf_counter() - t0)
 
 
 def _times(mode: str, wall_s: float, rows: int) -> dict[str, dict[str, object]]:

@@ -93,12 +93,6 @@ def render(results: Results, times: Mapping[str, Mapping[str, object]], full: bo
     if refit is not None:
         lines.append(_summary_line("in-sample after --fit", refit.all))
     lines.append(_summary_line("ResNet-50 (in-sample)", ins.resnet))
-    if not results.starts_are_the_model:
-        lines += [
-            "",
-            "Until the compute model reads `hardware.gpu_model` no constant moves the predictions, so nothing is "
-            "fitted: the leave-one-source-out and refit rows equal the in-sample ones (today's `EFFICIENCY`).",
-        ]
     lines += ["", "Per source (in-sample | leave-one-source-out):", ""]
     lines += [
         "| source | n | median | worst | bias | LOSO median | LOSO worst | LOSO bias |",

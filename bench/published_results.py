@@ -40,7 +40,6 @@ class Results:
     failed: dict[str, str]
     fits: dict[str, Fit]
     starts: dict[str, GpuModel]
-    starts_are_the_model: bool  # False: the compute model does not read GpuModel yet (neutral starts)
     planned_s: float
     fit_s: float
     wall_s: float = 0.0
