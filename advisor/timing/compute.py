@@ -209,16 +209,22 @@ def gpu_rates(preset: GpuPreset, precision: Precision, model: GpuModel) -> Rates
     )
 
 
+def aligned(o1: Sequence[Op], o2: Sequence[Op]) -> tuple[Sequence[Op], Sequence[Op]]:
+    """The ops of two traces of one phase (at micro-batch ``BASE_B`` and ``BASE_B + 1``) paired one to one: when a
+    few ops differ between them the shorter list is stretched proportionally (as the memory events are,
+    ``advisor.trace.timeline._events_at``)."""
+    n1, n2 = len(o1), len(o2)
+    if n1 < n2:
+        return [o1[i * n1 // n2] for i in range(n2)], o2
+    if n2 < n1:
+        return o1, [o2[i * n2 // n1] for i in range(n1)]
+    return o1, o2
+
+
 def _ops_at(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int) -> list[tuple[float, float, int]]:
     """Each op at micro-batch ``b``, linear in b between the traces at ``base_b`` (``o1``) and ``base_b + 1``
-    (``o2``); when a few ops differ between the two traces they are aligned proportionally (as the memory
-    events are, ``advisor.trace._events_at``). Never negative."""
-    if len(o1) != len(o2):
-        n1, n2 = len(o1), len(o2)
-        if n1 < n2:
-            o1 = [o1[i * n1 // n2] for i in range(n2)]
-        else:
-            o2 = [o2[i * n2 // n1] for i in range(n1)]
+    (``o2``), paired by ``aligned``. Never negative."""
+    o1, o2 = aligned(o1, o2)
     k = b - base_b
     return [
         (max(0.0, x[0] + k * (y[0] - x[0])), max(0.0, x[1] + k * (y[1] - x[1])), x[2] if len(x) > 2 else MEMORY)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .compute import ATTENTION, CONV, GEMM, MEMORY, Op, Rates
+from .compute import ATTENTION, CONV, GEMM, MEMORY, Op, Rates, aligned
 from .gpu_model import ATTENTION_BLOCK_ROWS, HEAD_DIM_64_SHARE, REFERENCE_TILE, SPLIT_K_MIN, TILES
 
 # Fields of one GEMM in a GEMM or convolution op's shape: (flops, M, N, K, batch, element size).
@@ -202,13 +202,8 @@ def _at(x: Op, y: Op, k: int) -> tuple[float, float, int, tuple[float, ...]]:
 def op_times(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int, r: Rates) -> list[float]:
     """GPU seconds of each of one phase's ops at micro-batch ``b`` (``op_gpu_s``), each op linear in b between
     the traces at ``base_b`` (``o1``) and ``base_b + 1`` (``o2``); aligned proportionally where their op counts
-    differ (as the memory events are, ``advisor.trace.timeline._events_at``)."""
-    if len(o1) != len(o2):
-        n1, n2 = len(o1), len(o2)
-        if n1 < n2:
-            o1 = [o1[i * n1 // n2] for i in range(n2)]
-        else:
-            o2 = [o2[i * n2 // n1] for i in range(n1)]
+    differ (``advisor.timing.compute.aligned``)."""
+    o1, o2 = aligned(o1, o2)
     k = b - base_b
     return [op_gpu_s(*_at(x, y, k), r) for x, y in zip(o1, o2)]
 
