@@ -148,7 +148,7 @@ def _check_run_flags(run: RunOptions) -> RunOptions:
 
 
 def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
-    from strategies.emit_manifest import stale_files
+    from strategies.emit_manifest import edited_files, kept_copy, stale_files
     from strategies.render import job_from_plan, launch_command_for, render_job, write_files
 
     from .plan import training_budget
@@ -165,6 +165,9 @@ def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
         job = replace(job, time_limit_s=hours * 3600 * 1.2 + 1800)
     files = render_job(job)
     removed = stale_files(Path(out_dir), frozenset(files)) if Path(out_dir).is_dir() else []
+    edited = (
+        [(p, kept_copy(p)) for p in edited_files(Path(out_dir), frozenset(files))] if Path(out_dir).is_dir() else []
+    )
     written = write_files(files, out_dir, force=args.force)
     stream = sys.stderr if args.json else sys.stdout
     row, mem = result.row(name), job.estimate["device_total_bytes"]
@@ -186,6 +189,8 @@ def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
             f"Removed {', '.join(str(p) for p in removed)} (written by an earlier --emit; not part of this job)",
             file=stream,
         )
+    for path, kept in edited:
+        print(f"Kept your edited {path.name} as {kept} (it changed since advisor wrote it)", file=stream)
     where = shlex.quote(out_dir.rstrip("/") or "/")
     print(f"Run: cd {where} && {launch_command_for(job)}   (or: bash {where}/launch.sh)", file=stream)
 

@@ -216,7 +216,7 @@ def time_to_dict(p: Plan, r: StrategyRow) -> TimeDoc | None:
         "overlap": t.overlap,
         "collectives": [c.as_dict() for c in t.collectives],
         "notes": list(t.notes) + ["data loading is not modelled"],
-        "error_band": band_doc(time_band_of(p)),
+        "error_band": band_doc(time_band_of(p, r.name)),
     }
     budget = training_budget(p.options, ctx, r)
     if budget is not None:  # always these three keys, in this order
@@ -229,11 +229,22 @@ def band_doc(band: ErrorBand) -> ErrorBandDoc:
     return {"low": band.low, "high": band.high, "based_on": band.based_on}
 
 
-def time_band_of(p: Plan) -> ErrorBand:
-    """The error band of the plan's step times (``advisor.timing.error_band.time_band``: by the device, the GPU's
-    generation or calibration, and the model's workload)."""
-    hw = p.hardware
-    return time_band(p.device, hw.gpu_name, hw.gpu_memory_bytes, p.spec.family, p.spec.name, hw.gpu_model)
+def time_band_of(p: Plan, strategy: str | None = None) -> ErrorBand:
+    """The error band of the plan's step times for ``strategy`` (a row name; None: the GPU's band whatever the
+    strategy) (``advisor.timing.error_band.time_band``: by the device, the GPU's generation or calibration, the
+    model's workload, and whether the strategy offloads). With ``--mfu`` / ``--bandwidth-efficiency`` the band is
+    still the fitted model's, and its ``based_on`` says so."""
+    hw, opts = p.hardware, p.context().options
+    band = time_band(
+        p.device, hw.gpu_name, hw.gpu_memory_bytes, p.spec.family, p.spec.name, hw.gpu_model, strategy=strategy
+    )
+    if opts.mfu is not None or opts.bandwidth_efficiency is not None:
+        band = dataclasses.replace(
+            band,
+            based_on=band.based_on + "; --mfu / --bandwidth-efficiency replaced fitted constants: this is the fitted "
+            "model's band, not a measure of the values given",
+        )
+    return band
 
 
 def memory_band_of(p: Plan) -> ErrorBand:

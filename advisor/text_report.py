@@ -163,7 +163,7 @@ def _time_band_lines(p: Plan, chosen: StrategyRow, d: TimeDoc) -> list[str]:
     from .document import time_band_of
     from .units import fmt_s
 
-    band = time_band_of(p)
+    band = time_band_of(p, chosen.name)
     lines = [f"{chosen.name}: {fmt_s(d['step_s'])} per step, {band.text()} (band: {band.based_on})"]
     hours = d.get("train_hours")
     if hours is not None:

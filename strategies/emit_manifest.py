@@ -1,7 +1,8 @@
 """The emit folder's manifest, ``.advisor-emit.json``: the files an ``--emit`` wrote there and the SHA-256 of each,
 so that the next ``--emit --force`` into the folder removes those it does not write again (a ZeRO job's
 ``ds_config.json`` when the strategy becomes DDP) and nothing else: a file missing from the manifest, or changed
-since it was written, is the user's and stays.
+since it was written, is the user's and stays; a file it does write again that was edited since is moved aside
+first (``<name>.edited``), never overwritten.
 """
 
 from __future__ import annotations
@@ -52,6 +53,35 @@ def stale_files(folder: Path, names: set[str] | frozenset[str]) -> list[Path]:
         if same:
             stale.append(path)
     return stale
+
+
+def edited_files(folder: Path, names: set[str] | frozenset[str]) -> list[Path]:
+    """The files of ``folder``'s manifest that a new ``--emit --force`` writing ``names`` would overwrite although
+    they changed since advisor wrote them (a different SHA-256): the user's edits, which ``kept_copy`` names a
+    place for before the new file is written. Sorted by name."""
+    edited = []
+    for name, sha in sorted(read_manifest(folder).items()):
+        path = folder / name
+        if name not in names or path.is_symlink() or not path.is_file():
+            continue
+        try:
+            changed = hashlib.sha256(path.read_bytes()).hexdigest() != sha
+        except OSError:
+            continue
+        if changed:
+            edited.append(path)
+    return edited
+
+
+def kept_copy(path: Path) -> Path:
+    """Where an edited ``path`` is moved before ``--emit --force`` writes the new file: ``<name>.edited``, or
+    ``<name>.edited.N`` with the first N not taken (an earlier kept copy is never overwritten)."""
+    candidate = path.with_name(path.name + ".edited")
+    n = 1
+    while candidate.exists() or candidate.is_symlink():
+        candidate = path.with_name(f"{path.name}.edited.{n}")
+        n += 1
+    return candidate
 
 
 def manifest_text(files: dict[str, str]) -> str:

@@ -141,11 +141,16 @@ def _prebuilt_shm_op() -> bool:
 
 
 def check_options_lines(script: str) -> tuple[str, ...]:
-    """launch.sh's and slurm.sbatch's lines that run ``script`` (``train.py`` as the shell names it) once with
+    """launch.sh's and slurm.sbatch's lines that check the python on PATH has torch (one line and exit code 2 if
+    not), then run ``script`` (``train.py`` as the shell names it) once with
     ``--check-args`` and the given options before the launcher starts one process per GPU, each of which would print
     the same error: a bad option ends the launch there with train.py's one line and exit code 2; train.py exits 3
     after printing --help, and nothing is launched (exit code 0)."""
     return (
+        "# The python on PATH must have torch (an environment not activated would fail in every process at once).",
+        "python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"torch\") is None)' || "
+        '{ echo "error: $(command -v python || echo python) cannot import torch: activate the environment advisor '
+        'was installed in (e.g. source .venv/bin/activate)" >&2; exit 2; }',
         "# train.py checks the options once, before one process per GPU starts (each would print the same error):",
         "# a bad one ends this here with one line and exit code 2; after --help (exit code 3) nothing is launched.",
         f'python {script} --check-args "$@" || {{ status=$?; [ "$status" -eq 3 ] && exit 0; exit "$status"; }}',

@@ -34,7 +34,7 @@ from advisor.errors import AdvisorError
 from advisor.models import ModelSpec, family_of
 
 from . import get_strategy, strategy_names
-from .emit_manifest import MANIFEST, manifest_text, stale_files
+from .emit_manifest import MANIFEST, edited_files, kept_copy, manifest_text, stale_files
 from .launchers import check_options_lines
 from .slurm import SLURM_FILE, render_slurm
 
@@ -744,8 +744,11 @@ def write_files(files: dict[str, str], out_dir: str | Path, force: bool = False)
     out = check_emit_dir(out_dir, force, sorted(files))
     written = []
     stale = stale_files(out, frozenset(files)) if out.is_dir() else []
+    edited = edited_files(out, frozenset(files)) if out.is_dir() else []
     try:
         out.mkdir(parents=True, exist_ok=True)
+        for path in edited:  # the user's edits of a file advisor wrote: kept beside the new one
+            path.rename(kept_copy(path))
         for name, text in files.items():
             if "/" in name or name.startswith("."):
                 raise AdvisorError(f"refusing to write {name!r} outside {out_dir}")

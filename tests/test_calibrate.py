@@ -402,6 +402,21 @@ def test_no_writable_cache_dir_and_no_gpu_are_bad_input(tmp_path, monkeypatch, c
     assert err == f"advisor: error: {blocker} is not a directory: nowhere to store the calibration; set " + (
         "ADVISOR_CACHE_DIR to a writable directory"
     )
+    # A directory that passes os.access (root, a read-only or pseudo file system) but takes no file: found by
+    # writing one before anything is measured, not after.
+    monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("advisor.calibrate_face.unusable_reason", lambda d: None)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("advisor.calibrate_face.tempfile.NamedTemporaryFile", refuse)
+    assert main(["calibrate", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"advisor: error: {tmp_path / 'cache'} cannot be written (Permission denied): nowhere to store the "
+        "calibration; set ADVISOR_CACHE_DIR to a writable directory"
+    )
+    monkeypatch.undo()
     monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr("advisor.calibrate_face._cuda_visible", lambda: False)
     assert main(["calibrate", "--device", "cuda"]) == 2

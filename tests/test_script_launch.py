@@ -203,6 +203,22 @@ def test_emit_force_removes_the_stale_ds_config_and_keeps_the_users_files(tmp_pa
     assert (folder / "ds_config.json").read_text() == '{"mine": true}\n' and "Removed" not in out
 
 
+def test_emit_force_keeps_an_edited_train_py_beside_the_new_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    folder = tmp_path / "job"
+    _emit(capsys, folder, "ddp")
+    mine = (folder / "train.py").read_text() + "# my change\n"
+    (folder / "train.py").write_text(mine)
+    out = _emit(capsys, folder, "ddp", "--force")
+    assert (folder / "train.py.edited").read_text() == mine and "# my change" not in (folder / "train.py").read_text()
+    assert f"Kept your edited train.py as {folder / 'train.py.edited'}" in out
+    (folder / "train.py").write_text(mine)  # edited again: the first kept copy is never overwritten
+    _emit(capsys, folder, "ddp", "--force")
+    assert (folder / "train.py.edited.1").read_text() == mine and (folder / "train.py.edited").read_text() == mine
+    _emit(capsys, folder, "ddp", "--force")  # unchanged since written: nothing more is kept
+    assert not (folder / "train.py.edited.2").exists()
+
+
 def test_a_manifest_cannot_point_outside_its_folder(tmp_path):
     outside = tmp_path / "outside.txt"
     outside.write_text("x")

@@ -96,8 +96,12 @@ PUBLISHED_LOSO_BANDS: Mapping[tuple[str, str], tuple[float, float, int, int]] = 
     }
 )
 _LOSO = "leave-one-source-out residuals of the published-run fit (bench/PUBLISHED.md)"
+# The only published runs with CPU offload (bench/PUBLISHED.md, shown rows: whole-epoch wall times with start-up and
+# evaluation, not fitted): truth time / predicted time of O54's FULL_SHARD + offload (min_num_params 1M and 2K),
+# O55's FSDP + offload on 1 and 2 TITAN RTX, O58's ZeRO-3 + offload on 1 TITAN RTX (2026-12-03).
+OFFLOAD_SHOWN_RATIOS = (4.533, 5.199, 4.347, 4.757, 3.276)
 
-Path = Literal["gpu", "calibrated", "cpu"]
+Path = Literal["gpu", "calibrated", "cpu", "offload"]
 Workload = Literal["transformer", "cnn"]
 
 
@@ -146,6 +150,11 @@ TIME_BANDS: Mapping[TimeKey, ErrorBand] = MappingProxyType(
             "calibrated on this machine; no calibrated GPU run measured yet, so the widest published-run band "
             f"({_LOSO})",
         ),
+        TimeKey("offload"): band_from_ratios(
+            OFFLOAD_SHOWN_RATIOS,
+            "no steady-state offload run published; the 5 published epoch times of CPU-offload runs (O54, O55, O58 on "
+            "TITAN RTX, start-up and evaluation included) took 3.3-5.2x the predicted time",
+        ),
         TimeKey("cpu"): ErrorBand(
             -0.0464,
             0.6928,
@@ -180,14 +189,17 @@ def time_key(
     family: str,
     model_name: str,
     gpu_model: GpuModel | None = None,
+    strategy: str | None = None,
 ) -> TimeKey:
-    """The ``TIME_BANDS`` key of a plan's step times: "cpu" for a CPU verification estimate
-    (``device`` CPU), "calibrated" when ``gpu_model`` (``Hardware.gpu_model``) came from a calibration of this
-    machine (its source says "calibrated"), else "gpu" with the GPU's generation (``GENERATION`` of its preset;
-    None where no published run of that generation and workload was fitted, or the GPU has no preset) and the
-    workload (``workload_of``)."""
+    """The ``TIME_BANDS`` key of a plan's step times: "cpu" for a CPU verification estimate (``device`` CPU),
+    "offload" for a ``strategy`` that offloads to the CPU (``*_offload``), "calibrated" when ``gpu_model``
+    (``Hardware.gpu_model``) came from a calibration of this machine (its source says "calibrated"), else "gpu"
+    with the GPU's generation (``GENERATION`` of its preset; None where no published run of that generation and
+    workload was fitted, or the GPU has no preset) and the workload (``workload_of``)."""
     if device == Device.CPU:
         return TimeKey("cpu")
+    if strategy is not None and strategy.endswith("_offload"):
+        return TimeKey("offload")
     if gpu_model is not None and "calibrated" in gpu_model.source.lower():
         return TimeKey("calibrated")
     preset = preset_for_gpu(gpu_name, gpu_memory_bytes)
@@ -205,10 +217,11 @@ def time_band(
     family: str,
     model_name: str,
     gpu_model: GpuModel | None = None,
+    strategy: str | None = None,
 ) -> ErrorBand:
     """The error band of a plan's step times (and train hours, GPU-hours, cost): ``TIME_BANDS[time_key(...)]``.
     Arguments as ``time_key``'s (a ``StrategyContext``'s device, hardware and model spec)."""
-    return TIME_BANDS[time_key(device, gpu_name, gpu_memory_bytes, family, model_name, gpu_model)]
+    return TIME_BANDS[time_key(device, gpu_name, gpu_memory_bytes, family, model_name, gpu_model, strategy)]
 
 
 def memory_band(device: Device) -> ErrorBand:

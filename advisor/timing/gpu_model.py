@@ -163,14 +163,13 @@ def _fitted(generation: str, rows: int, rms: float, **constants: float) -> GpuMo
     constant for 10 rows or more, the GEMM share alone below), and a source saying so; a generation that fitted
     its GEMM share alone keeps the borrowed prefix on its source (its other constants are still borrowed)."""
     start = INITIAL[generation]
-    kept = BORROWED if start.source.startswith(BORROWED) and len(constants) == 1 else ""
     fitted = replace(start, **constants)  # type: ignore[arg-type]
-    return replace(
-        fitted,
-        half_bandwidth_bytes=int(fitted.half_bandwidth_bytes),
-        source=f"{kept}{_FITTED} to {rows} published runs (rms log throughput error {rms:.3f}; fitted: "
-        f"{', '.join(constants)}; the rest and the start: INITIAL, microbenchmarks)",
-    )
+    fit = f"{_FITTED} to {rows} published runs, rms log throughput error {rms:.3f}"
+    if start.source.startswith(BORROWED) and len(constants) == 1:
+        source = f"{BORROWED}Ampere's microbenchmarks, with the GEMM share {fit}"
+    else:
+        source = f"{fit}, starting from published microbenchmarks"
+    return replace(fitted, half_bandwidth_bytes=int(fitted.half_bandwidth_bytes), source=source)
 
 
 # The constants each GPU generation is timed with (``advisor.timing.compute.GENERATION`` maps presets to them):
