@@ -338,7 +338,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         return _subcommand(argv[0], argv[1:])
-    return run_face(lambda: _plan_face(argv))
+    return run_face(lambda: _plan_face(_no_misspelt_subcommand(argv)))
+
+
+def _no_misspelt_subcommand(argv: list[str]) -> list[str]:
+    """``argv`` unchanged, unless its first word is not a model advisor knows but nearly a subcommand's name
+    (``advisor calibrat``): then an ``AdvisorError`` naming the subcommand, rather than "unknown model"."""
+    import difflib
+
+    if not argv or argv[0].startswith("-"):
+        return argv
+    close = difflib.get_close_matches(argv[0].lower(), SUBCOMMANDS, n=1, cutoff=0.75)
+    if close and argv[0].lower() != close[0]:
+        from .models import known_model_names
+
+        if argv[0] not in known_model_names():
+            raise AdvisorError(f"unknown model {argv[0]!r}: did you mean the subcommand `advisor {close[0]}`?")
+    return argv
 
 
 if __name__ == "__main__":

@@ -367,3 +367,10 @@ def test_tables_stay_aligned_on_a_huge_cluster():
             checked += 1
     assert checked >= 20  # both tables, every row
     assert "100000" in text and "0100000" not in text and "s72071" not in text
+
+
+@pytest.mark.parametrize(("word", "subcommand"), [("calibrat", "calibrate"), ("chek", "check"), ("doctr", "doctor")])
+def test_a_misspelt_subcommand_is_named(word, subcommand, capsys):
+    assert main([word]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"advisor: error: unknown model {word!r}: did you mean the subcommand `advisor {subcommand}`?"
