@@ -24,6 +24,7 @@ import inspect
 import math
 import pprint
 import re
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -728,6 +729,15 @@ def check_emit_dir(out_dir: str | Path, force: bool, names: list[str] | tuple[st
             f"--emit {out_dir}: directory is not empty; choose an empty one or pass --force (which overwrites only "
             f"{', '.join(names)} and removes the files an earlier --emit wrote there that it does not write)"
         )
+    # A file written and removed in the nearest folder that exists (nothing is created yet): root passes os.access
+    # on read-only and pseudo file systems (/proc), so only a write tells.
+    near = next((d for d in (out, *out.absolute().parents) if d.exists()), None)
+    try:
+        if near is not None:
+            with tempfile.NamedTemporaryFile(dir=near, prefix=".advisor-write-check-"):
+                pass
+    except OSError as err:
+        raise AdvisorError(f"--emit {out_dir}: {near} cannot be written ({err.strerror or err}): choose another path")
     return out
 
 
