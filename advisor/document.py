@@ -235,8 +235,9 @@ def time_band_of(p: Plan, strategy: str | None = None) -> ErrorBand:
     model's workload, and whether the strategy offloads). With ``--mfu`` / ``--bandwidth-efficiency`` the band is
     still the fitted model's, and its ``based_on`` says so."""
     hw, opts = p.hardware, p.context().options
+    offload = strategy is not None and p.row(strategy).strategy.offload
     band = time_band(
-        p.device, hw.gpu_name, hw.gpu_memory_bytes, p.spec.family, p.spec.name, hw.gpu_model, strategy=strategy
+        p.device, hw.gpu_name, hw.gpu_memory_bytes, p.spec.family, p.spec.name, hw.gpu_model, offload=offload
     )
     if opts.mfu is not None or opts.bandwidth_efficiency is not None:
         band = dataclasses.replace(

@@ -1,6 +1,7 @@
 """``slurm.sbatch`` (strategies/slurm.py): the #SBATCH header, and the command each node runs, found by running the
 file with stand-in ``srun``, ``scontrol`` and ``python`` first on PATH (srun records its argv and starts nothing;
-python, which the file runs to check train.py's options, records its argv and exits with $STUB_PYTHON_RC)."""
+python, which the file runs to check that torch imports ($STUB_TORCH_RC) and train.py's options (records its argv and
+exits with $STUB_PYTHON_RC))."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ printf '%s\\0' "$@" > "$STUB_LOG/srun.argv"
 pwd > "$STUB_LOG/srun.cwd"
 """
 PYTHON = """#!/usr/bin/env bash
+# The torch probe (python -c ...) answers $STUB_TORCH_RC; train.py's option check records its argv and answers
+# $STUB_PYTHON_RC.
+if [ "$1" = "-c" ]; then exit "${STUB_TORCH_RC:-0}"; fi
 printf '%s\\0' "$@" > "$STUB_LOG/python.argv"
 exit "${STUB_PYTHON_RC:-0}"
 """
@@ -288,3 +292,13 @@ def test_bad_options_stop_before_srun(jobs, tmp_path, python_rc, job_rc):
     assert proc.returncode == job_rc, proc.stderr
     assert _argv(logs, "python") == ["train.py", "--check-args", "--bogus"]
     assert not (logs / "srun.argv").exists()
+
+
+def test_a_python_without_torch_stops_before_srun_with_one_line(jobs, tmp_path):
+    proc, logs = _run(tmp_path, render_slurm(jobs["ddp"]), env_extra={"STUB_TORCH_RC": "1"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"error: {tmp_path / 'bin' / 'python'} cannot import torch: activate the environment advisor was installed "
+        "in (e.g. source .venv/bin/activate)"
+    )
+    assert not (logs / "srun.argv").exists() and not (logs / "python.argv").exists()

@@ -189,16 +189,17 @@ def time_key(
     family: str,
     model_name: str,
     gpu_model: GpuModel | None = None,
-    strategy: str | None = None,
+    offload: bool = False,
 ) -> TimeKey:
     """The ``TIME_BANDS`` key of a plan's step times: "cpu" for a CPU verification estimate (``device`` CPU),
-    "offload" for a ``strategy`` that offloads to the CPU (``*_offload``), "calibrated" when ``gpu_model``
+    "offload" for a strategy that keeps model states in host memory (``offload``: ``Strategy.offload``),
+    "calibrated" when ``gpu_model``
     (``Hardware.gpu_model``) came from a calibration of this machine (its source says "calibrated"), else "gpu"
     with the GPU's generation (``GENERATION`` of its preset; None where no published run of that generation and
     workload was fitted, or the GPU has no preset) and the workload (``workload_of``)."""
     if device == Device.CPU:
         return TimeKey("cpu")
-    if strategy is not None and strategy.endswith("_offload"):
+    if offload:
         return TimeKey("offload")
     if gpu_model is not None and "calibrated" in gpu_model.source.lower():
         return TimeKey("calibrated")
@@ -217,11 +218,11 @@ def time_band(
     family: str,
     model_name: str,
     gpu_model: GpuModel | None = None,
-    strategy: str | None = None,
+    offload: bool = False,
 ) -> ErrorBand:
     """The error band of a plan's step times (and train hours, GPU-hours, cost): ``TIME_BANDS[time_key(...)]``.
     Arguments as ``time_key``'s (a ``StrategyContext``'s device, hardware and model spec)."""
-    return TIME_BANDS[time_key(device, gpu_name, gpu_memory_bytes, family, model_name, gpu_model, strategy)]
+    return TIME_BANDS[time_key(device, gpu_name, gpu_memory_bytes, family, model_name, gpu_model, offload)]
 
 
 def memory_band(device: Device) -> ErrorBand:
