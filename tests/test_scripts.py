@@ -376,7 +376,14 @@ def test_ctrl_c_during_verify_leaves_no_process(tmp_path):
         proc.kill()
         pytest.fail("the run never started")
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        # 180 s: in a full suite run on 2 cores the CLI has taken over 60 s to exit after SIGINT (twice on
+        # 2026-12-03, not seen when run alone: 25 s); what it waits on there is not found yet.
+        _, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        ps = subprocess.run(["ps", "-eo", "pid,pgid,sid,stat,etime,args"], capture_output=True, text=True).stdout
+        proc.kill()
+        pytest.fail("the CLI did not exit within 180 s of SIGINT; processes:\n" + ps[-4000:])
     assert proc.returncode == 130, err[-500:]
     assert "Traceback" not in err
     time.sleep(1)
