@@ -34,7 +34,7 @@ from advisor.timing.compute import (
     rates,
 )
 from advisor.timing.gpu_model import GpuModel, with_flags
-from advisor.timing.step import StepTime, fused_step_bytes
+from advisor.timing.step import Collective, StepTime, fused_step_bytes
 from advisor.training_options import TrainingOptions
 from advisor.units import fmt_gib
 
@@ -189,6 +189,40 @@ def optimizer_step_s(
     if t.rates.optimizer_bytes_per_s:  # a calibrated CPU: its measured AdamW step (its loop passes included)
         return numel * per / t.rates.optimizer_bytes_per_s
     return numel * per * factor / t.rates.bytes_per_s if t.rates.bytes_per_s else 0.0
+
+
+def accumulated_step(
+    ctx: StrategyContext,
+    t: Timing,
+    c: ComputeTime,
+    ga: int,
+    *,
+    comm_s: float,
+    exposed_comm_s: float,
+    optimizer_s: float,
+    overlap: str,
+    collectives: tuple[Collective, ...] = (),
+    host_s: float = 0.0,
+    notes: tuple[str, ...] = (),
+) -> StepTime:
+    """One optimizer step of ``ga`` gradient-accumulation micro-steps, each the forward + backward ``c``, with the
+    strategy's communication and optimizer terms (``advisor.timing.step.StepTime``; compute and FLOPs are ``ga``
+    times the micro-step's)."""
+    return StepTime(
+        micro_batch=ctx.micro_batch_size,
+        micro_steps=ga,
+        compute_s=ga * c.total_s,
+        comm_s=comm_s,
+        exposed_comm_s=exposed_comm_s,
+        optimizer_s=optimizer_s,
+        flops=ga * c.flops,
+        model_flops=ga * c.model_flops,
+        peak_flops_per_s=t.peak_flops_per_s,
+        overlap=overlap,
+        collectives=collectives,
+        host_s=host_s,
+        notes=notes,
+    )
 
 
 def pretrained_bytes(ctx: StrategyContext) -> int:

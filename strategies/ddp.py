@@ -31,7 +31,7 @@ from advisor.profile import ParamStats
 from advisor.timing.comm import allreduce_s, bucketed_allreduce
 from advisor.timing.step import Collective, StepTime, exposed_s
 
-from .base import DCP_IMPORTS, PlannedRow, ScriptJob, Strategy, fabric_of, optimizer_step_s, timing_of
+from .base import DCP_IMPORTS, PlannedRow, ScriptJob, Strategy, accumulated_step, fabric_of, optimizer_step_s, timing_of
 
 
 def grad_accum_steps(ctx: StrategyContext, dp_size: int) -> int:
@@ -231,16 +231,14 @@ class DDP(Strategy):
         opt = optimizer_step_s(
             ctx, t, stats.num_trainable, g, g, g, extra=2 * g if opts.precision == Precision.FP16 else 0
         )
-        return StepTime(
-            micro_batch=ctx.micro_batch_size,
-            micro_steps=ga,
-            compute_s=ga * c.total_s,
+        return accumulated_step(
+            ctx,
+            t,
+            c,
+            ga,
             comm_s=ar.total_s,
             exposed_comm_s=hidden,
             optimizer_s=opt,
-            flops=ga * c.flops,
-            model_flops=ga * c.model_flops,
-            peak_flops_per_s=t.peak_flops_per_s,
             overlap="gradient buckets overlap the last micro-step's backward, except the last bucket",
             collectives=coll,
         )

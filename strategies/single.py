@@ -18,7 +18,7 @@ from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, StrategyMemory, rule_o
 from advisor.timing.step import StepTime
 from advisor.training_options import TrainingOptions
 
-from .base import PlannedRow, Strategy, optimizer_step_s, timing_of
+from .base import PlannedRow, Strategy, accumulated_step, optimizer_step_s, timing_of
 from .ddp import replicated_memory
 from .launchers import PYTHON
 
@@ -74,15 +74,13 @@ class Single(Strategy):
         opt = optimizer_step_s(
             ctx, t, stats.num_trainable, w, w, w, extra=2 * w if opts.precision == Precision.FP16 else 0
         )
-        return StepTime(
-            micro_batch=ctx.micro_batch_size,
-            micro_steps=ga,
-            compute_s=ga * c.total_s,
+        return accumulated_step(
+            ctx,
+            t,
+            c,
+            ga,
             comm_s=0.0,
             exposed_comm_s=0.0,
             optimizer_s=opt,
-            flops=ga * c.flops,
-            model_flops=ga * c.model_flops,
-            peak_flops_per_s=t.peak_flops_per_s,
             overlap="nothing to overlap: one process",
         )

@@ -37,7 +37,7 @@ from advisor.timing.comm import Fabric
 from advisor.timing.step import FOREACH_FACTOR, Collective, StepTime
 from advisor.training_options import TrainingOptions
 
-from .base import DCP_IMPORTS, PlannedRow, ScriptJob, Strategy, fabric_of, optimizer_step_s, timing_of
+from .base import DCP_IMPORTS, PlannedRow, ScriptJob, Strategy, accumulated_step, fabric_of, optimizer_step_s, timing_of
 from .ddp import replicated_memory
 
 
@@ -291,16 +291,14 @@ class TensorParallel(Strategy):
             factor=FOREACH_FACTOR,
             extra=2 * g if opts.precision == Precision.FP16 else 0,
         )
-        return StepTime(
-            micro_batch=ctx.micro_batch_size,
-            micro_steps=ga,
-            compute_s=ga * c.total_s,
+        return accumulated_step(
+            ctx,
+            t,
+            c,
+            ga,
             comm_s=tp_s + dp_s,
             exposed_comm_s=tp_s + dp_s,
             optimizer_s=opt,
-            flops=ga * c.flops,
-            model_flops=ga * c.model_flops,
-            peak_flops_per_s=t.peak_flops_per_s,
             overlap="none: the activation all-reduces are on the critical path; the data-parallel "
             "gradient all-reduce runs after backward",
             collectives=tuple(coll),

@@ -10,7 +10,7 @@ from advisor.timing.comm import pcie_transfer_s
 from advisor.timing.compute import ComputeTime
 from advisor.timing.step import FOREACH_FACTOR, HOST_MEM_GBPS, HOST_MEM_SOURCE, Collective, StepTime, exposed_s
 
-from ..base import Timing, fabric_of, optimizer_step_s
+from ..base import Timing, accumulated_step, fabric_of, optimizer_step_s
 from .layout import FSDP2Rule, units
 
 
@@ -172,16 +172,14 @@ def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime, gr
         "the next unit's backward; exposed: each pass's first gather, the root's reduce-scatter and any "
         "overrun"
     )
-    return StepTime(
-        micro_batch=ctx.micro_batch_size,
-        micro_steps=ga,
-        compute_s=ga * c.total_s,
+    return accumulated_step(
+        ctx,
+        t,
+        c,
+        ga,
         comm_s=comm,
         exposed_comm_s=exposed,
         optimizer_s=opt,
-        flops=ga * c.flops,
-        model_flops=ga * c.model_flops,
-        peak_flops_per_s=t.peak_flops_per_s,
         overlap=overlap,
         collectives=tuple(coll),
         host_s=host,

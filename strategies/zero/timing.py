@@ -10,7 +10,7 @@ from advisor.timing.comm import pcie_transfer_s, split_buckets
 from advisor.timing.compute import ComputeTime
 from advisor.timing.step import FOREACH_FACTOR, HOST_MEM_GBPS, HOST_MEM_SOURCE, Collective, StepTime, exposed_s
 
-from ..base import Timing, fabric_of, optimizer_step_s
+from ..base import Timing, accumulated_step, fabric_of, optimizer_step_s
 from .ds_config import bucket_elems
 from .sizes import module_dtype_bytes, quantized_sizes
 
@@ -200,16 +200,14 @@ def step_time(
         notes.append(f"CPU optimizer at {HOST_MEM_GBPS:g} GB/s of host memory bandwidth per node ({HOST_MEM_SOURCE})")
     else:
         k_opt = optimizer_step_s(ctx, t, part, 4, 4, 4, extra=12)
-    return StepTime(
-        micro_batch=ctx.micro_batch_size,
-        micro_steps=ga,
-        compute_s=ga * c.total_s,
+    return accumulated_step(
+        ctx,
+        t,
+        c,
+        ga,
         comm_s=comm,
         exposed_comm_s=exposed,
         optimizer_s=k_opt,
-        flops=ga * c.flops,
-        model_flops=ga * c.model_flops,
-        peak_flops_per_s=t.peak_flops_per_s,
         overlap=overlap,
         collectives=tuple(coll),
         host_s=host,
