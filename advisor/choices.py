@@ -1,6 +1,6 @@
 """The closed sets of values the code branches on, as ``enum.StrEnum``s: the precision, the optimizer, the device,
 the traced step's mode, the launcher, the attention kernel, an adapter's dtype, the quantized base's format, the
-framework and FSDP2's gradient sync.
+framework, FSDP2's gradient sync and the pipeline schedule.
 
 A member is its value: ``Precision.BF16 == "bf16"``, it hashes as ``"bf16"``, ``f"{Precision.BF16}"`` and
 ``str()`` are ``bf16`` and ``json.dumps`` writes ``"bf16"``, so the faces keep accepting and printing the same
@@ -165,6 +165,20 @@ class FsdpGradSync(StrEnum):
     LAST_MICRO_STEP = "last-micro-step"
 
 
+class PipelineSchedule(StrEnum):
+    """A pipeline-parallel schedule (``torch.distributed.pipelining``'s ``ScheduleGPipe``, ``Schedule1F1B``,
+    ``ScheduleInterleaved1F1B``): its bubble and micro-batches in flight are ``advisor.timing.pipeline``'s."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+
+    @property
+    def interleaved(self) -> bool:
+        """Several model chunks (virtual stages) per rank: interleaved 1F1B (Narayanan et al. 2021, section 2.2)."""
+        return self is PipelineSchedule.INTERLEAVED_1F1B
+
+
 # Every set above (the architecture test's scan takes its values from here).
 CHOICES: tuple[type[StrEnum], ...] = (
     Precision,
@@ -177,6 +191,7 @@ CHOICES: tuple[type[StrEnum], ...] = (
     Quant,
     Framework,
     FsdpGradSync,
+    PipelineSchedule,
 )
 
 
