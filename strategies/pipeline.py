@@ -1,0 +1,155 @@
+"""Pipeline stages of a planned model: the per-block figures ``advisor.stage_memory`` splits over the stages, read
+from the figures every other strategy reads (no formula of the model's shape), and the stages' memory under a
+data-parallel policy (``stages``).
+
+Where each figure comes from:
+
+* parameters: ``ParamStats.fsdp_units`` of the TP shard (``ModelProfile.tp_stats``; what FSDP2's rule shards,
+  ``strategies.fsdp2.layout.units``): one unit per repeated block, and the root holding everything else. Of the
+  root, the input embedding (the unit's ``late`` flag: ``get_input_embeddings``) goes to the first stage, the rest
+  (final norm, LM head, and any other root parameter, such as GPT-2's position embedding) to the last. A head tied to
+  the embedding (``tie_word_embeddings``) is not in the root a second time, so the last stage adds the embedding's
+  elements as its own copy (``StageModel.tied_params``).
+* activations: the trace at one and two blocks (``ActivationProfile.depths``, which deep stacks have already; a
+  stack of at most ``TRUNCATE_ABOVE_LAYERS`` blocks is traced at one and two blocks here, as
+  ``advisor.trace.profile_activations`` traces deep ones): one block's retained bytes are the two traces'
+  difference, what is left of the one-block trace (the batch, the final norm, logits and loss) sits on the last
+  stage, and the one-block trace's backward temporaries (the fp32 logits) too. What a block's own backward
+  temporaries add on a stage without the head is not counted (no trace of a block alone).
+"""
+
+from __future__ import annotations
+
+import json
+
+from advisor import bnb_layout
+from advisor.choices import PipelineSchedule, Precision, TraceMode
+from advisor.context import StrategyContext
+from advisor.layout import Layout
+from advisor.memory import trace_mode
+from advisor.models.limits import as_int
+from advisor.once_cache import OnceCache
+from advisor.stage_memory import StageMemory, StageModel, StatePolicy, stage_memory
+from advisor.timing.pipeline import p2p_bytes
+from advisor.trace import BASE_B, StepTrace, Timeline, evaluate, trace_step
+from advisor.trace.keys import model_key
+
+from .tp import vocab_shape
+
+# Shallow stacks' one- and two-block traces, per model, mode, kernel, checkpointing and TP degree (traces are pure
+# functions of these and immutable, as ``advisor.profile``'s trace cache keeps them).
+_SHALLOW: OnceCache[tuple[tuple[Timeline, Timeline], ...]] = OnceCache(maxsize=16)
+
+
+def block_traces(ctx: StrategyContext, mode: TraceMode, tp: int = 1) -> tuple[tuple[Timeline, Timeline], ...]:
+    """The traces at micro-batch ``BASE_B`` and ``BASE_B + 1`` of the model with one block and with two (module
+    docstring): the profile's own for a deep stack, else traced here (once per model and settings).
+
+    Raises:
+        AdvisorError: the model cannot be traced (``advisor.trace.trace_step``).
+    """
+    act = ctx.profile.activations(mode, tp)
+    if len(act.depths) == 2:
+        return tuple((t1, t2) for _, t1, t2 in act.depths)
+    p = ctx.profile
+
+    def trace() -> tuple[tuple[Timeline, Timeline], ...]:
+        out = []
+        for layers in (1, 2):
+            pair = tuple(
+                trace_step(p.spec, b, mode, p.attention, p.checkpointing, layers=layers, tp_degree=tp)[0]
+                for b in (BASE_B, BASE_B + 1)
+            )
+            out.append((pair[0], pair[1]))
+        return tuple(out)
+
+    key = (json.dumps(model_key(p.spec), sort_keys=True, default=str), mode, p.attention, p.checkpointing, tp)
+    return _SHALLOW.get(key, trace)
+
+
+def _depth_steps(ctx: StrategyContext, mode: TraceMode, tp: int, micro_batch: int) -> tuple[StepTrace, StepTrace]:
+    (a1, a2), (b1, b2) = block_traces(ctx, mode, tp)
+    return evaluate(a1, a2, micro_batch), evaluate(b1, b2, micro_batch)
+
+
+def stage_model(ctx: StrategyContext, tp: int = 1, micro_batch: int | None = None) -> StageModel:
+    """``StageModel`` of ``ctx``'s transformer on TP ``tp`` at ``micro_batch`` (default: the plan's), in the trace
+    mode of autocast-style scripts (``advisor.memory.trace_mode``), module docstring for every figure.
+
+    Raises:
+        AdvisorError: the model cannot be traced.
+        ValueError: the model has no repeated blocks (nothing to split into stages).
+    """
+    stats = ctx.profile.tp_stats(tp)
+    if len(stats.fsdp_units) < 2:
+        raise ValueError(f"{ctx.profile.spec.name} has no repeated blocks to split into pipeline stages")
+    root, blocks = stats.fsdp_units[0], stats.fsdp_units[1:]
+    embed = sum(numel for _dim0, numel, _trainable, late in root if late)
+    rest = sum(numel for _dim0, numel, _trainable, _late in root) - embed
+    tied, _, _ = vocab_shape(ctx)
+    tied_params = embed if tied else 0
+    mode = trace_mode(ctx.options.precision, casts_weights=False)
+    one, two = _depth_steps(ctx, mode, tp, micro_batch or ctx.micro_batch_size)
+    per_block = max(0, two.activations - one.activations)
+    return StageModel(
+        block_params=tuple(sum(numel for _d, numel, _t, _l in unit) for unit in blocks),
+        embed_params=embed,
+        head_params=rest + tied_params,
+        block_activation_bytes=per_block,
+        head_activation_bytes=max(0, one.activations - per_block),
+        head_temp_bytes=max(0, one.bwd_other),
+        tied_params=tied_params,
+    )
+
+
+def state_policy(ctx: StrategyContext, zero_stage: int, dp: int) -> StatePolicy:
+    """``StatePolicy`` of ``ctx``'s precision and optimizer for a DDP (``zero_stage`` 0), ZeRO-1/2/3 or FSDP2 (3)
+    policy over ``dp`` ranks, as PyTorch AMP holds the states (``advisor.memory.bytes_per_element``: fp32 weights,
+    gradients and optimizer states under autocast, bf16 under pure bf16; the optimizer's state bytes per element,
+    ``advisor.bnb_layout.state_bytes_per_element``)."""
+    opts = ctx.options
+    elem = Precision.FP32.param_bytes if opts.precision is None else opts.precision.param_bytes
+    return StatePolicy.zero(zero_stage, dp, elem, elem, bnb_layout.state_bytes_per_element(opts.optimizer, elem))
+
+
+def stages(
+    ctx: StrategyContext,
+    layout: Layout,
+    schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B,
+    zero_stage: int = 0,
+    micro_batches: int | None = None,
+    virtual: int = 1,
+    sequence_parallel: bool = False,
+) -> list[StageMemory]:
+    """Every pipeline stage's memory on ``layout`` (``advisor.stage_memory.stage_memory``): the model's blocks split
+    by ``Layout.stage_blocks``, states held by a ZeRO ``zero_stage`` policy (0: DDP) over ``layout.dp`` ranks,
+    ``micro_batches`` per step and pipeline (default: the pipeline's degree, the fewest that fill it), the p2p
+    message of the hidden states in the activations' dtype (2 bytes under bf16/fp16 autocast, 4 in fp32).
+
+    Raises:
+        AdvisorError: the layout does not fit the model (``Layout.validate``) or the model cannot be traced.
+        ValueError: as ``stage_model``.
+    """
+    cfg = ctx.profile.spec.config or {}
+    heads = as_int(cfg.get("num_attention_heads") or 0) or None
+    kv = as_int(cfg.get("num_key_value_heads") or 0) or None
+    layout.validate(layout.world_size, heads, kv, as_int(cfg.get("num_hidden_layers") or 0) or None)
+    model = stage_model(ctx, layout.tp)
+    act = 4 if ctx.options.precision == Precision.FP32 else 2
+    message = p2p_bytes(
+        ctx.profile.spec.seq_len or 1,
+        ctx.micro_batch_size,
+        as_int(cfg.get("hidden_size") or 0),
+        act,
+        layout.tp,
+        sequence_parallel,
+    )
+    return stage_memory(
+        model,
+        layout.stage_blocks(model.layers),
+        state_policy(ctx, zero_stage, layout.dp),
+        schedule,
+        micro_batches or layout.pp,
+        message,
+        virtual,
+    )
