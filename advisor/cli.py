@@ -107,8 +107,15 @@ def build_parser(strategy_names: tuple[str, ...] | None = None) -> argparse.Argu
         strict = choices if choices and f.opt.strict else None
         if strict and f.kind == "str":  # any case, as --gpu: --strategy ZeRO3 is zero3, --precision BF16 is bf16
             convert = _any_case(strict)
+        spellings = (flag, f.opt.short) if f.opt.short else (flag,)
         group.add_argument(
-            flag, dest=f.name, help=help_text, default=None, type=convert, choices=strict, metavar=f.opt.metavar or None
+            *spellings,
+            dest=f.name,
+            help=help_text,
+            default=None,
+            type=convert,
+            choices=strict,
+            metavar=f.opt.metavar or None,
         )
     return p
 
@@ -305,6 +312,11 @@ def _plan_face(argv: list[str]) -> int:
     inputs, run = inputs_from_args(args)
     validate_run(run, strategy_names())
     run = _check_run_flags(run)
+    if inputs.training.pp_degree and (run.emit or run.verify) and not run.strategy:
+        raise AdvisorError(
+            "--pp-degree sizes an estimate-only row: no script is emitted for it yet (the script for any layout "
+            "comes with the layouts work); drop --pp-degree, or name another --strategy for --emit / --verify"
+        )
     from .document import plan_to_dict
     from .plan import plan
 

@@ -133,6 +133,8 @@ class StrategyDoc(TypedDict):
     time: TimeDoc | None
     learning_rate: NotRequired[float]
     deepspeed_estimate: NotRequired[dict[str, int]]
+    memory_notes: NotRequired[list[str]]  # only where the rule has some (a pipeline row: every stage)
+    estimate_only: NotRequired[str]  # why no script is emitted for the row (only where none is)
 
 
 class RecommendationDoc(TypedDict):
@@ -341,6 +343,10 @@ def _strategy_doc(p: Plan, r: StrategyRow) -> StrategyDoc:
         d["learning_rate"] = r.learning_rate
     if r.deepspeed_estimate is not None:
         d["deepspeed_estimate"] = r.deepspeed_estimate
+    if m.notes:
+        d["memory_notes"] = list(m.notes)
+    if r.strategy.estimate_only:
+        d["estimate_only"] = r.strategy.estimate_only
     return d
 
 

@@ -32,7 +32,8 @@ _P = ParamSpec("_P")
 class Opt:
     """How one input field is shown and checked.
 
-    ``flag``: the CLI flag (``None``: positional, or not on the CLI). ``label``: the page widget's label.
+    ``flag``: the CLI flag (``None``: positional, or not on the CLI); ``short``: a second, shorter spelling of it
+    (``--pp`` for ``--pp-degree``). ``label``: the page widget's label.
     ``faces``: which of ``FACES`` show it. ``choices``: the allowed values, or ``STRATEGY_CHOICES``.
     ``low``/``high``: bounds for numbers (``None``: unbounded), both inclusive except a ``low`` of ``0.0``, which
     is exclusive (the value must be above 0: ``check_value``). ``high_message``: a custom
@@ -44,6 +45,7 @@ class Opt:
 
     help: str
     flag: str | None = None
+    short: str | None = None
     label: str | None = None
     faces: tuple[str, ...] = ("cli",)
     choices: tuple[str, ...] | Literal["strategies"] | None = None

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from strategies import all_strategies
+from strategies import PINNED, planned_strategies
 
 from .cache import open_cache
 from .choices import Attention, Device, Dtype, FsdpGradSync, Precision, Quant, TraceMode
@@ -249,7 +249,11 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
         spec, attention, opts.activation_checkpointing, cache=cache, cpu_conv_scratch_threads=scratch_threads
     )
     ctx = StrategyContext(profile, hw, opts, device)
-    strategies = all_strategies()
+    strategies = planned_strategies(opts)
+    for pinned in (s for s in PINNED if s.pinned(opts)):  # a row the user asked for by its degree must apply
+        reason = pinned.fine_tuning_blocker(ctx) or pinned.not_applicable(ctx)
+        if reason:
+            raise AdvisorError(reason)
     rows = [evaluate_row(s, ctx, inputs.compare) for s in strategies]
     if not any(r.applicable for r in rows):
         reasons = list(dict.fromkeys(r.reason for r in rows if r.reason is not None))  # each row has its reason

@@ -123,6 +123,9 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
             "forward ends, kept for backward; about 2 bytes per parameter); ZeRO keeps 16-bit weights and "
             "FSDP2 gathers them in 16 bits (buffers), so they have none"
         )
+    for r in p.rows:  # a row's own memory notes (a pipeline row: every stage), under its name
+        if r.applicable and r.memory is not None:
+            lines += [f"{r.name}: {note}" for note in r.memory.notes]
     rec = p.recommendation
     chosen_name = strategy or rec.strategy
     chosen = p.row(chosen_name) if chosen_name else None

@@ -196,6 +196,17 @@ class TrainingOptions:
         help="tensor-parallel degree (default: pure TP the GPUs per node; TP x DP the "
         "largest divisor of the heads and kv heads <= GPUs per node)",
     )
+    pp_degree: int | None = _f(
+        None,
+        flag="--pp-degree",
+        short="--pp",
+        low=1,
+        high=256,
+        none="off: no pipeline row",
+        help="pipeline-parallel degree: adds an estimate-only PP x DDP row (1F1B; TP --tp-degree, default 1, "
+        "inside a node, stages across nodes, DDP the rest) with every stage's memory; no script is emitted for it "
+        "yet",
+    )
     safety_factor: float = _f(
         1.2,
         flag="--safety-factor",

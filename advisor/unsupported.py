@@ -46,8 +46,15 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         values=("fsdp", "fsdp1"),
     ),
     Unsupported(
-        ("--pp-degree", "--pipeline-parallel", "--pipeline-parallel-degree", "--pp"),
-        "pipeline parallelism is out of scope: use tp (tensor parallel inside a node) or zero3 (sharding across nodes)",
+        ("--pipeline-parallel", "--pipeline-parallel-degree"),
+        "pipeline parallelism is --pp-degree N (short: --pp N): an estimate-only PP x DDP row with every stage's "
+        "memory",
+    ),
+    Unsupported(
+        ("--strategy",),
+        "the pipeline-parallel row (--pp-degree N) is estimate-only: no script is emitted for it yet (the script for "
+        "any layout comes with the layouts work); use tp_dp, fsdp2 or zero3 for --emit / --verify",
+        values=("pp",),
     ),
     Unsupported(
         ("--inference",),

@@ -11,9 +11,12 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
+from advisor.training_options import TrainingOptions
+
 from .base import Strategy
 from .ddp import DDP
 from .fsdp2 import FSDP2
+from .pp import PipelineParallel
 from .single import Single
 from .tp import TensorParallel
 from .zero import Zero
@@ -33,6 +36,11 @@ _BUILTIN: tuple[Strategy, ...] = (
     TensorParallel(with_dp=False),
     TensorParallel(with_dp=True),
 )
+
+
+# Rows a plan has only when the user pins them (``Strategy.pinned``: ``--pp-degree``): not --strategy choices, so
+# every plan without the pin keeps its rows.
+PINNED: tuple[Strategy, ...] = (PipelineParallel(),)
 
 
 class Registry:
@@ -75,6 +83,11 @@ def all_strategies() -> tuple[Strategy, ...]:
     return REGISTRY.all()
 
 
+def planned_strategies(options: TrainingOptions) -> tuple[Strategy, ...]:
+    """The strategies a plan with ``options`` sizes: every registered one, then the pinned ones it asks for."""
+    return REGISTRY.all() + tuple(s for s in PINNED if s.pinned(options))
+
+
 def strategy_names() -> tuple[str, ...]:
     return REGISTRY.names()
 
@@ -84,4 +97,4 @@ def get_strategy(name: str) -> Strategy:
     return REGISTRY.get(name)
 
 
-__all__ = ["REGISTRY", "Strategy", "all_strategies", "get_strategy", "strategy_names"]
+__all__ = ["PINNED", "REGISTRY", "Strategy", "all_strategies", "get_strategy", "planned_strategies", "strategy_names"]

@@ -265,6 +265,9 @@ class Strategy(ABC):
     uses_tp_degree: bool = False  # reads --tp-degree
     uses_fsdp_grad_sync: bool = False  # reads --fsdp-grad-sync
     casts_weights: bool = False  # mixed precision by casting the module to 16 bits (DeepSpeed), not autocast
+    # Why no script is emitted for this strategy (None: one is): an estimate-only row is sized and timed, never
+    # recommended (``advisor.candidates.eligible``), and --emit / --verify refuse it with this line.
+    estimate_only: str | None = None
     # Model-state sharding stage among the data-parallel strategies without offload: 0 DDP, 1-3 ZeRO
     # stages (None: not comparable that way). A higher stage never holds more model states.
     sharding_stage: int | None = None
@@ -275,6 +278,11 @@ class Strategy(ABC):
     lora_blocker: str | None = None
     quantized_base: bool = False
     client_optimizers: bool = True
+
+    def pinned(self, options: TrainingOptions) -> bool:
+        """Whether a plan with ``options`` has a row for this strategy: always for the registered strategies; a row
+        only a user's pin asks for (``strategies.PINNED``: ``--pp-degree``) says when."""
+        return True
 
     def fine_tuning_blocker(self, ctx: StrategyContext) -> str | None:
         """Why this strategy does not apply to the plan's LoRA / QLoRA / optimizer choice (None: it does)."""

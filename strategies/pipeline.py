@@ -30,8 +30,9 @@ from advisor.memory import trace_mode
 from advisor.models.limits import as_int
 from advisor.once_cache import OnceCache
 from advisor.stage_memory import StageMemory, StageModel, StatePolicy, stage_memory
+from advisor.timing.compute import ComputeTime, Rates
 from advisor.timing.pipeline import p2p_bytes
-from advisor.trace import BASE_B, StepTrace, Timeline, evaluate, trace_step
+from advisor.trace import BASE_B, ActivationProfile, StepTrace, Timeline, evaluate, trace_step
 from advisor.trace.keys import model_key
 
 from .tp import vocab_shape
@@ -72,6 +73,30 @@ def _depth_steps(ctx: StrategyContext, mode: TraceMode, tp: int, micro_batch: in
     return evaluate(a1, a2, micro_batch), evaluate(b1, b2, micro_batch)
 
 
+def block_compute(ctx: StrategyContext, rates: Rates, tp: int, micro_batch: int) -> tuple[ComputeTime, ComputeTime]:
+    """(one block's, everything else's) forward + backward at ``micro_batch`` on one GPU of TP ``tp``: the time model
+    over the one- and two-block traces' ops (``ActivationProfile.compute_time``, each depth on its own), one block
+    the two's difference, the rest (embedding, final norm, head and loss) what is left of the one-block trace. FLOPs
+    likewise (recompute included, ``ComputeTime.recompute_flops`` apart)."""
+    mode = trace_mode(ctx.options.precision, casts_weights=False)
+    (a1, a2), (b1, b2) = block_traces(ctx, mode, tp)
+    one = ActivationProfile(((1, a1, a2),), 1, "", 0).compute_time(micro_batch, rates)
+    two = ActivationProfile(((2, b1, b2),), 2, "", 0).compute_time(micro_batch, rates)
+    block = ComputeTime(
+        fwd_s=max(0.0, two.fwd_s - one.fwd_s),
+        bwd_s=max(0.0, two.bwd_s - one.bwd_s),
+        flops=max(0, two.flops - one.flops),
+        recompute_flops=max(0, two.recompute_flops - one.recompute_flops),
+    )
+    rest = ComputeTime(
+        fwd_s=max(0.0, one.fwd_s - block.fwd_s),
+        bwd_s=max(0.0, one.bwd_s - block.bwd_s),
+        flops=max(0, one.flops - block.flops),
+        recompute_flops=max(0, one.recompute_flops - block.recompute_flops),
+    )
+    return block, rest
+
+
 def stage_model(ctx: StrategyContext, tp: int = 1, micro_batch: int | None = None) -> StageModel:
     """``StageModel`` of ``ctx``'s transformer on TP ``tp`` at ``micro_batch`` (default: the plan's), in the trace
     mode of autocast-style scripts (``advisor.memory.trace_mode``), module docstring for every figure.
@@ -102,6 +127,12 @@ def stage_model(ctx: StrategyContext, tp: int = 1, micro_batch: int | None = Non
     )
 
 
+def activation_bytes(ctx: StrategyContext) -> int:
+    """Bytes per element of the hidden states between blocks: 4 in fp32, 2 under bf16/fp16 autocast and pure bf16
+    (the compute dtype, as ``strategies.tp`` sizes its activation all-reduces)."""
+    return 4 if ctx.options.precision == Precision.FP32 else 2
+
+
 def state_policy(ctx: StrategyContext, zero_stage: int, dp: int) -> StatePolicy:
     """``StatePolicy`` of ``ctx``'s precision and optimizer for a DDP (``zero_stage`` 0), ZeRO-1/2/3 or FSDP2 (3)
     policy over ``dp`` ranks, as PyTorch AMP holds the states (``advisor.memory.bytes_per_element``: fp32 weights,
@@ -120,11 +151,13 @@ def stages(
     micro_batches: int | None = None,
     virtual: int = 1,
     sequence_parallel: bool = False,
+    micro_batch: int | None = None,
 ) -> list[StageMemory]:
     """Every pipeline stage's memory on ``layout`` (``advisor.stage_memory.stage_memory``): the model's blocks split
     by ``Layout.stage_blocks``, states held by a ZeRO ``zero_stage`` policy (0: DDP) over ``layout.dp`` ranks,
     ``micro_batches`` per step and pipeline (default: the pipeline's degree, the fewest that fill it), the p2p
-    message of the hidden states in the activations' dtype (2 bytes under bf16/fp16 autocast, 4 in fp32).
+    message of the hidden states in the activations' dtype (2 bytes under bf16/fp16 autocast, 4 in fp32), at
+    ``micro_batch`` samples (default: the plan's).
 
     Raises:
         AdvisorError: the layout does not fit the model (``Layout.validate``) or the model cannot be traced.
@@ -134,13 +167,13 @@ def stages(
     heads = as_int(cfg.get("num_attention_heads") or 0) or None
     kv = as_int(cfg.get("num_key_value_heads") or 0) or None
     layout.validate(layout.world_size, heads, kv, as_int(cfg.get("num_hidden_layers") or 0) or None)
-    model = stage_model(ctx, layout.tp)
-    act = 4 if ctx.options.precision == Precision.FP32 else 2
+    mb = micro_batch or ctx.micro_batch_size
+    model = stage_model(ctx, layout.tp, mb)
     message = p2p_bytes(
         ctx.profile.spec.seq_len or 1,
-        ctx.micro_batch_size,
+        mb,
         as_int(cfg.get("hidden_size") or 0),
-        act,
+        activation_bytes(ctx),
         layout.tp,
         sequence_parallel,
     )

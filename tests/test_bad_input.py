@@ -146,8 +146,21 @@ CASES = [
     (["llama-2-7b", "--lora-rank", "8", "--lora-dropout", "0.95"], ["--lora-dropout", "0.9"]),
     (["llama-2-7b", "--lora-rank", "0"], ["--lora-rank"]),
     (["llama-2-7b", "--strategy", "fsdp", "--emit", "{dir}/fsdp"], ["FSDP", "fsdp2", "hsdp"]),
-    (["llama-2-7b", "--pp-degree", "2"], ["pipeline parallelism is out of scope", "tp", "zero3"]),
-    (["llama-2-7b", "--pipeline-parallel"], ["pipeline parallelism is out of scope"]),
+    (["llama-2-7b", "--pipeline-parallel"], ["pipeline parallelism is --pp-degree N", "--pp N"]),
+    # a pinned pipeline layout that does not fit the cluster or the model: the product formula, the block count
+    # (advisor.layout.Layout.validate); an estimate-only row has no script (strategies/pp.py)
+    (
+        ["llama-2-7b", "--gpus", "8", "--pp-degree", "3"],
+        ["--pp-degree 3: invalid layout: dp_replicate(2) * dp_shard(1) * tp(1) * pp(3) = 6 != world size 8"],
+    ),
+    (["llama-2-7b", "--gpus", "8", "--pp", "16"], ["pp(16) = 16 != world size 8"]),
+    (
+        ["llama-2-7b", "--gpus", "8", "--nodes", "8", "--pp-degree", "64"],
+        ["--pp-degree 64: invalid layout: pp(64) exceeds the model's 32 blocks"],
+    ),
+    (["resnet50", "--gpus", "2", "--pp-degree", "2"], ["pipeline stages are modelled for llama/mistral/qwen2 blocks"]),
+    (["llama-2-7b", "--gpus", "2", "--pp-degree", "2", "--emit", "{dir}/pp"], ["estimate-only", "--strategy"]),
+    (["llama-2-7b", "--gpus", "2", "--strategy", "pp", "--emit", "{dir}/pp2"], ["estimate-only", "tp_dp"]),
     (["llama-2-7b", "--inference"], ["training only"]),
     (["resnet50", "--steps", "3"], ["--steps applies to --verify only"]),
     (["resnet50", "--timeout", "30"], ["--timeout applies to --verify only"]),

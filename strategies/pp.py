@@ -1,0 +1,275 @@
+"""Pipeline parallelism x DDP (estimate only): the row a user asks for with ``--pp-degree N`` (``--pp N``), on the
+layout TP (``--tp-degree``, default 1) inside a node, PP across, DDP the rest (``advisor.layout.Layout``), with the
+1F1B schedule (``torch.distributed.pipelining.Schedule1F1B``). Without the pin there is no row (``pinned``), so
+every other plan is unchanged. No script is emitted yet: the script for any layout comes with the layouts work.
+
+Memory: ``strategies.pipeline.stages`` (every stage; the most-loaded is the row's peak, the others in the notes),
+with DDP's second gradient copy while it accumulates: torch's pipelining runs the backward of every micro-batch but
+the last under DDP's ``no_sync()`` (``PipelineStage.backward_maybe_with_nosync``), which accumulates into ordinary
+``.grad`` tensors beside the buckets (``strategies.ddp.replicated_memory``: measured +1.00x the fp32 gradients).
+
+Time: ``advisor.timing.pipeline.pipeline_time`` over the slowest stage's forward and backward (its blocks' share of
+the one- and two-block traces' op times, ``strategies.pipeline.block_compute``), the p2p sends on the critical path
+over the link the boundaries cross, TP's activation all-reduces on the stage's blocks (as ``strategies.tp`` times
+them: 2 per block in forward and 2 in backward, 2 more with recompute; the vocab-parallel collectives are not
+counted here), DDP's bucketed gradient all-reduce of the stage across its data-parallel group (hidden behind the
+last micro-batch's backward except the last bucket, as ``strategies.ddp``), and the fused optimizer step over the
+stage's states.
+"""
+
+from __future__ import annotations
+
+from advisor.choices import Device, PipelineSchedule, Precision
+from advisor.context import StrategyContext
+from advisor.errors import AdvisorError
+from advisor.layout import Layout
+from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, Breakdown, StrategyMemory, device_overhead
+from advisor.models.limits import as_int
+from advisor.stage_memory import StageMemory, peak_stage
+from advisor.timing.comm import Fabric, bucketed_allreduce
+from advisor.timing.pipeline import p2p_bytes, p2p_s, pipeline_time
+from advisor.timing.step import Collective, StepTime, exposed_s
+from advisor.training_options import TrainingOptions
+from advisor.units import fmt_gib
+
+from .base import PlannedRow, Strategy, fabric_of, optimizer_step_s, timing_of
+from .pipeline import activation_bytes, block_compute, stages
+
+SCHEDULE = PipelineSchedule.ONE_F_ONE_B
+ESTIMATE_ONLY = (
+    "pipeline parallelism is sized and timed only: no script is emitted yet (the script for any layout comes "
+    "with the layouts work); use tp_dp, fsdp2 or zero3 for --emit / --verify"
+)
+
+
+class PipelineParallel(Strategy):
+    name = "pp"
+    title = "PP x DDP (estimate only)"
+    comm_order = 3
+    uses_tp_degree = True
+    estimate_only = ESTIMATE_ONLY
+    lora_blocker = "LoRA with pipeline stages is not modelled here"
+    client_optimizers = False
+    comm_pattern = (
+        "point-to-point sends of each micro-batch's hidden states between pipeline stages (1F1B), TP's activation "
+        "all-reduces inside a stage, and a bucketed gradient all-reduce of each stage across its data-parallel group"
+    )
+
+    def pinned(self, options: TrainingOptions) -> bool:
+        return bool(options.pp_degree)
+
+    def verify_blocker(self, device: Device) -> str | None:
+        return ESTIMATE_ONLY
+
+    def layout(self, ctx: StrategyContext) -> Layout:
+        """The row's layout: ``--pp-degree`` stages, ``--tp-degree`` (default 1) TP ranks, DDP replicas the rest
+        (``Layout.validate``'s product rule is checked by ``not_applicable``)."""
+        pp, tp = ctx.options.pp_degree or 1, ctx.options.tp_degree or 1
+        return Layout(dp_replicate=max(1, ctx.world_size // (pp * tp)), tp=tp, pp=pp)
+
+    def not_applicable(self, ctx: StrategyContext) -> str | None:
+        spec = ctx.profile.spec
+        if not ctx.options.pp_degree:
+            return "needs --pp-degree N"
+        if not spec.is_transformer or not spec.tp_capable:
+            kind = spec.model_type or spec.family
+            return f"pipeline stages are modelled for llama/mistral/qwen2 blocks only, not {kind}"
+        cfg = spec.config or {}
+        heads = as_int(cfg.get("num_attention_heads") or 0) or None
+        kv = as_int(cfg.get("num_key_value_heads") or 0) or None
+        try:
+            self.layout(ctx).validate(ctx.world_size, heads, kv, as_int(cfg.get("num_hidden_layers") or 0) or None)
+        except AdvisorError as err:
+            return f"--pp-degree {ctx.options.pp_degree}: {err}"
+        return None
+
+    def dp_size(self, ctx: StrategyContext) -> int:
+        return self.layout(ctx).dp
+
+    def tp_degree_of(self, ctx: StrategyContext) -> int:
+        return self.layout(ctx).tp
+
+    def _micro_batches(self, ctx: StrategyContext, micro_batch: int) -> int:
+        """Micro-batches per optimizer step and pipeline: the global batch (--global-batch-size, else micro-batch x
+        GPUs, as every row) over micro-batch x data-parallel size (``advisor.rows.evaluate_row``'s accumulation)."""
+        target = ctx.options.global_batch_size or micro_batch * ctx.world_size
+        return max(1, -(-target // (micro_batch * self.dp_size(ctx))))
+
+    def stages(self, ctx: StrategyContext, micro_batch: int) -> list[StageMemory]:
+        """Every stage's memory at ``micro_batch`` (``strategies.pipeline.stages``, DDP: ZeRO stage 0)."""
+        m = self._micro_batches(ctx, micro_batch)
+        return stages(ctx, self.layout(ctx), SCHEDULE, 0, m, micro_batch=micro_batch)
+
+    def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
+        layout = self.layout(ctx)
+        m = self._micro_batches(ctx, micro_batch)
+        all_stages = self.stages(ctx, micro_batch)
+        top = peak_stage(all_stages)
+        second_copy = top.grads if layout.dp > 1 and m > 1 else 0  # DDP's no_sync accumulation (module docstring)
+        peak = Breakdown(
+            params=top.params,
+            grads=top.grads + second_copy,
+            optimizer_states=top.optimizer_states,
+            activations=top.activations,
+            buffers=top.buffers,
+            other=top.other,
+            # 1F1B's peak on a stage: its last warm-up forward, before the first backward frees a micro-batch
+            phase=f"forward (stage {top.stage} of {layout.pp}, 1F1B: {top.in_flight:g} micro-batches in flight)",
+        )
+        copy = second_copy // max(1, top.grads) if top.grads else 0  # 1 where DDP accumulates beside its buckets
+
+        def note(s: StageMemory) -> str:
+            extra = copy * s.grads
+            where = f"{s.blocks} blocks{' + embedding' if s.first else ''}{' + head' if s.last else ''}"
+            accum = f", gradients accumulated beside DDP's buckets {fmt_gib(extra)}" if extra else ""
+            flight = f"{s.in_flight:g} micro-batch{'' if s.in_flight == 1 else 'es'}"
+            return (
+                f"stage {s.stage}: {where}, {fmt_gib(s.total + extra)} (model states {fmt_gib(s.model_states)}"
+                f"{accum}, activations {fmt_gib(s.activations)} for {flight} in flight, receive buffers "
+                f"{fmt_gib(s.buffers)}, temporaries {fmt_gib(s.other)})"
+            )
+
+        notes = tuple(note(s) for s in all_stages)
+        return StrategyMemory(
+            peak=peak,
+            overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
+            model_state_bytes=top.model_states,
+            notes=notes,
+        )
+
+    def rule_of_thumb_bytes(self, ctx: StrategyContext) -> int:
+        return RULE_OF_THUMB_BYTES_PER_PARAM * peak_stage(self.stages(ctx, ctx.micro_batch_size)).params_numel
+
+    def comm_bytes_per_step(self, ctx: StrategyContext, grad_accum_steps: int = 1) -> int:
+        """Bytes each GPU of the busiest stage sends per step: 2 p2p messages per micro-batch (hidden states forward,
+        their gradient backward), plus DDP's all-reduce of the stage's gradients (2(n-1)/n of them) and TP's
+        activation all-reduces of the stage's blocks (2(t-1)/t of s x b x h each, 4 per block per micro-batch)."""
+        layout, mb = self.layout(ctx), ctx.micro_batch_size
+        m = max(1, grad_accum_steps)
+        top = peak_stage(self.stages(ctx, mb))
+        message = self._message(ctx, mb)
+        total = 2 * m * message if layout.pp > 1 else 0
+        if layout.dp > 1:
+            g = Precision.FP32.param_bytes if ctx.options.precision is None else ctx.options.precision.param_bytes
+            total += 2 * (layout.dp - 1) * top.params_numel * g // layout.dp
+        if layout.tp > 1:
+            calls = (4 + (2 if ctx.options.activation_checkpointing else 0)) * top.blocks * m
+            whole = (ctx.profile.spec.seq_len or 1) * mb * self._hidden(ctx) * activation_bytes(ctx)
+            total += calls * 2 * (layout.tp - 1) * whole // layout.tp
+        return total
+
+    def _hidden(self, ctx: StrategyContext) -> int:
+        return as_int((ctx.profile.spec.config or {}).get("hidden_size") or 0)
+
+    def _message(self, ctx: StrategyContext, mb: int) -> int:
+        return p2p_bytes(ctx.profile.spec.seq_len or 1, mb, self._hidden(ctx), activation_bytes(ctx))
+
+    def step_time(self, ctx: StrategyContext, row: PlannedRow) -> StepTime | None:
+        """Time rule (module docstring): the 1F1B pipeline of ``row.grad_accum_steps`` micro-batches over the
+        slowest stage, the p2p sends on its critical path, TP's activation all-reduces of the stage's blocks on
+        every micro-batch, DDP's gradient all-reduce of the stage, the optimizer step over the stage's states."""
+        t = timing_of(ctx)
+        if t is None:
+            return None
+        hw, opts, mb = ctx.hardware, ctx.options, ctx.micro_batch_size
+        layout, m = self.layout(ctx), row.grad_accum_steps or 1
+        block, rest = block_compute(ctx, t.rates, layout.tp, mb)
+        all_stages = self.stages(ctx, mb)
+        times = [
+            (
+                s.blocks * block.fwd_s + (rest.fwd_s if s.last else 0.0),
+                s.blocks * block.bwd_s + (rest.bwd_s if s.last else 0.0),
+            )
+            for s in all_stages
+        ]
+        fwd, bwd = max(times, key=sum)
+        slowest = all_stages[times.index((fwd, bwd))]
+        message = self._message(ctx, mb)
+        fabric = fabric_of(ctx, t, hw.gpus_per_node, hw.num_nodes)
+        crosses = layout.pp_crosses_nodes(hw.gpus_per_node)
+        senders = min(hw.gpus_per_node, layout.world_size // layout.pp)
+        one = p2p_s(message, fabric, crosses, senders) if layout.pp > 1 else 0.0
+        pipe = pipeline_time(SCHEDULE, layout.pp, m, fwd, bwd, message, one)
+        coll = []
+        if layout.pp > 1:
+            link = "the network" if crosses else "the node's links"
+            coll.append(
+                Collective(
+                    f"p2p sends between stages over {link} ({pipe.p2p_sends} per step; {2 * (layout.pp - 1)} on "
+                    "the critical path)",
+                    "p2p",
+                    "pipeline-parallel",
+                    message,
+                    pipe.p2p_sends,
+                    pipe.p2p_total_s,
+                    pipe.p2p_exposed_s,
+                    passes=pipe.p2p_sends,
+                )
+            )
+        tp_s = 0.0
+        if layout.tp > 1:
+            per_block = 4 + (2 if opts.activation_checkpointing else 0)
+            whole = (ctx.profile.spec.seq_len or 1) * mb * self._hidden(ctx) * activation_bytes(ctx)
+            tp_fabric = Fabric.from_preset(
+                t.preset, layout.tp, 1, interconnect=hw.interconnect, link_busbw_gbps=hw.link_busbw_gbps
+            )
+            if hw.calibration is not None:
+                tp_fabric = hw.calibration.fabric(tp_fabric)
+            calls = per_block * slowest.blocks * m
+            tp_s = calls * tp_fabric.time_s("all_reduce", whole)
+            coll.append(
+                Collective(
+                    f"activation all-reduce ({per_block} per block of the stage)",
+                    "all_reduce",
+                    "tensor-parallel",
+                    whole,
+                    calls,
+                    tp_s,
+                    tp_s,
+                    passes=calls,
+                )
+            )
+        g = Precision.FP32.param_bytes if opts.precision is None else opts.precision.param_bytes
+        dp_total = dp_exposed = 0.0
+        if layout.dp > 1:
+            stage_ranks = layout.dp * layout.tp
+            per_node = max(1, min(layout.dp, hw.gpus_per_node // layout.tp))
+            nodes = max(1, layout.dp // per_node) if stage_ranks >= hw.gpus_per_node else 1
+            dp_fabric = fabric_of(ctx, t, per_node, nodes, concurrent_groups=layout.tp)
+            ar = bucketed_allreduce(slowest.params_numel * g, dp_fabric)
+            dp_total = ar.total_s
+            dp_exposed = exposed_s(ar.total_s, bwd, len(ar.buckets), last_s=min(ar.last_s, ar.total_s))
+            coll.append(
+                Collective(
+                    f"gradient all-reduce of the stage across its data-parallel group ({len(ar.buckets)} buckets)",
+                    "all_reduce",
+                    "data-parallel",
+                    slowest.params_numel * g,
+                    len(ar.buckets),
+                    dp_total,
+                    dp_exposed,
+                )
+            )
+        opt = optimizer_step_s(ctx, t, peak_stage(all_stages).params_numel, g, g, g)
+        layers = sum(s.blocks for s in all_stages)
+        flops = (layers * block.flops + rest.flops) * m // layout.pp
+        model_flops = (layers * (block.flops - block.recompute_flops) + rest.flops - rest.recompute_flops) * m
+        return StepTime(
+            micro_batch=mb,
+            micro_steps=m,
+            compute_s=pipe.ideal_s + pipe.bubble_s,
+            comm_s=pipe.p2p_total_s + tp_s + dp_total,
+            exposed_comm_s=pipe.p2p_exposed_s + tp_s + dp_exposed,
+            optimizer_s=opt,
+            flops=flops,
+            model_flops=model_flops // layout.pp,
+            peak_flops_per_s=t.peak_flops_per_s,
+            overlap="1F1B: p2p sends overlap the next micro-batch's compute except on the critical path; TP's "
+            "all-reduces are on it; the stage's last gradient bucket is all-reduced after backward",
+            collectives=tuple(coll),
+            notes=(
+                f"pipeline bubble {pipe.bubble_fraction:.1%} of the compute ((p - 1) / m = {layout.pp - 1} / {m}, "
+                "Narayanan et al. 2021), included in the compute time",
+                ESTIMATE_ONLY,
+            ),
+        )

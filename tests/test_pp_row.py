@@ -1,0 +1,115 @@
+"""The estimate-only pipeline row (``strategies/pp.py``): only when ``--pp-degree`` (``--pp``) pins it, sized per
+stage (the most-loaded stage is the peak, every stage listed), timed as 1F1B with its bubble, never recommended and
+never emitted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from advisor.cli import main
+from advisor.plan import plan
+from advisor.schema import plan_inputs
+from strategies import strategy_names
+from strategies.base import timing_of
+from strategies.pipeline import block_compute, stages
+from strategies.pp import ESTIMATE_ONLY
+
+H, FFN, V = 64, 128, 256
+TINY = dict(
+    model_type="llama",
+    hidden_size=H,
+    intermediate_size=FFN,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    vocab_size=V,
+    max_position_embeddings=128,
+)
+ASK = dict(
+    config_dict=TINY,
+    seq_len=32,
+    gpus=4,
+    gpu="A100-80GB",
+    detect_hardware=False,
+    precision="bf16",
+    micro_batch_size=2,
+    global_batch_size=16,
+)
+
+
+@pytest.fixture(scope="module")
+def pinned():
+    return plan(plan_inputs(**ASK, pp_degree=2))
+
+
+def test_no_pin_no_row():
+    p = plan(plan_inputs(**ASK))
+    assert [r.name for r in p.rows] == list(strategy_names())
+    assert "pp" not in strategy_names()  # not a --strategy choice either
+
+
+def test_the_pinned_row_is_sized_per_stage(pinned):
+    row = pinned.row("pp")
+    assert row.applicable and (row.dp_size, row.tp_degree) == (2, 1)
+    # 16 samples over micro-batch 2 x 2 replicas: 4 micro-batches per step through the pipeline
+    assert row.grad_accum_steps == 4
+    s0, s1 = stages(pinned.context(), row.strategy.layout(pinned.context()), micro_batches=4)
+    peak = row.memory.peak
+    # stage 0 (2 blocks + embedding) is the most loaded: 2 micro-batches in flight; DDP accumulates its 4
+    # micro-batches' gradients beside its buckets (a second copy of the stage's fp32 gradients)
+    assert s0.total > s1.total
+    assert (peak.params, peak.optimizer_states, peak.activations, peak.buffers, peak.other) == (
+        s0.params,
+        s0.optimizer_states,
+        s0.activations,
+        s0.buffers,
+        s0.other,
+    )
+    assert peak.grads == 2 * s0.grads == 2 * 4 * s0.params_numel
+    assert peak.phase.startswith("forward (stage 0 of 2")
+    notes = row.memory.notes
+    assert len(notes) == 2 and notes[0].startswith("stage 0: 2 blocks + embedding")
+    assert notes[1].startswith("stage 1: 2 blocks + head")
+
+
+def test_the_pinned_row_is_timed_as_1f1b(pinned):
+    ctx, row = pinned.context(), pinned.row("pp")
+    t = row.time
+    block, rest = block_compute(ctx, timing_of(ctx).rates, 1, 2)
+    # the slowest stage is the last (its 2 blocks and the head); ideal 4 (t_f + t_b), bubble (2 - 1) / 4 of it
+    f, b = 2 * block.fwd_s + rest.fwd_s, 2 * block.bwd_s + rest.bwd_s
+    assert t.compute_s == pytest.approx(4 * (f + b) * (1 + 1 / 4))
+    assert any("pipeline bubble 25.0%" in n for n in t.notes)
+    kinds = {c.group: c for c in t.collectives}
+    # 2 sends per micro-batch (hidden states forward, their gradient backward) of s x b x h bf16, 2 on the path
+    p2p = kinds["pipeline-parallel"]
+    assert (p2p.nbytes, p2p.calls) == (32 * 2 * H * 2, 8)
+    assert p2p.exposed_s == pytest.approx(p2p.seconds / 4)
+    assert "data-parallel" in kinds
+
+
+def test_never_recommended(pinned):
+    """Estimate-only rows are not among the recommender's choices (``advisor.candidates.eligible``), even where
+    they fit: the plan recommends what it did without the pin."""
+    assert pinned.row("pp").fits is True
+    assert pinned.recommendation.strategy == plan(plan_inputs(**ASK)).recommendation.strategy
+
+
+def test_cli_short_and_long_spellings(tmp_path, capsys):
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps(TINY))
+    base = ["--config", str(cfg), "--seq-len", "32", "--gpus", "4", "--gpu", "A100-80GB", "--micro-batch-size", "2"]
+    docs = []
+    for spelling in ("--pp", "--pp-degree"):
+        assert main([*base, "--global-batch-size", "16", spelling, "2", "--json"]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    assert docs[0]["strategies"] == docs[1]["strategies"]
+    row = next(r for r in docs[0]["strategies"] if r["name"] == "pp")
+    assert row["estimate_only"] == ESTIMATE_ONLY and len(row["memory_notes"]) == 2
+    assert docs[0]["recommendation"]["strategy"] != "pp"
+    assert all("estimate_only" not in r and "memory_notes" not in r for r in docs[0]["strategies"] if r["name"] != "pp")
+    assert main([*base, "--pp", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "pp: stage 0: 2 blocks + embedding" in text and "pp: stage 1: 2 blocks + head" in text
