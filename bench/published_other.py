@@ -80,6 +80,87 @@ def megatron_cases() -> tuple[Case, ...]:
     return tuple(out)
 
 
+def megatron_pp_cases() -> tuple[Case, ...]:
+    """O19-O22 (SC21: TP 8 x PP x DP on A100, fp16, full recompute) and O25, O26 (Megatron-core's table on H100) on
+    the estimate-only pipeline row (``strategies/pp.py``, ``--pp-degree``): shown, not fitted (the fit's constants
+    stay those of the rows without a pipeline)."""
+    out = []
+    # (id, layers, hidden, heads, GPUs, PP, v, mb, gbs, TFLOP/s/GPU): run_table_1.sh; DP = GPUs / (8 PP).
+    for rid, layers, hidden, heads, gpus, pp, v, mb, gbs, tf in (
+        ("O19", 48, 8192, 64, 512, 2, 1, 4, 1536, 138.0),
+        ("O20", 60, 10240, 80, 1024, 4, 3, 2, 1792, 140.0),
+        ("O21", 96, 16384, 128, 1920, 16, 2, 1, 2160, 155.0),
+        ("O22", 105, 20480, 128, 2520, 35, 3, 1, 2520, 163.0),
+    ):
+        dp = gpus // (8 * pp)
+        flops = megatron_hfu_flops_per_token(layers, hidden, 2048, 51200)
+        interleaved = (
+            f"; published with interleaving (v = {v}), timed here as 1F1B: the row's bubble (p - 1) / m is {v}x the "
+            "run's"
+            if v > 1
+            else ""
+        )
+        out.append(
+            Case(
+                rid,
+                "MEG",
+                f"megatron-gpt-l{layers}-h{hidden}",
+                2048,
+                "A100-80GB",
+                8,
+                gpus // 8,
+                "ib-hdr",
+                "pp",
+                "fp16",
+                True,
+                mb,
+                gbs // (mb * dp),
+                tf * 1e12 / flops,
+                TOK_S_GPU,
+                _MEG_COMPARE + ": the HFU formula 96 B s l h^2 (1 + s/6h + V/16lh), recompute counted",
+                config=megatron_config(hidden, heads, layers, 51200, 2048),
+                tp=8,
+                fitted=False,
+                extra={"pp_degree": pp},
+                note=f"TP 8 x PP {pp} x DP {dp} (Megatron's local DDP as torch's DDP); Selene: 8 HDR IB per node "
+                f"[recalled]; GPT as a Llama block of the same shapes (megatron_config){interleaved}",
+            )
+        )
+    # (id, layers, hidden, heads, GPUs, PP, gbs, TFLOP/s/GPU): DP 48.
+    for rid, layers, hidden, heads, gpus, pp, gbs, tf in (
+        ("O25", 92, 10240, 80, 1536, 4, 768, 420.5),
+        ("O26", 96, 16384, 128, 3072, 8, 1536, 474.4),
+    ):
+        flops = megatron_model_flops_per_token(layers, hidden, 4096, 131072)
+        out.append(
+            Case(
+                rid,
+                "MEG",
+                f"megatron-core-l{layers}-h{hidden}",
+                4096,
+                "H100-80GB",
+                8,
+                gpus // 8,
+                "ib-ndr",
+                "pp",
+                "bf16",
+                True,
+                1,
+                gbs // 48,
+                tf * 1e12 / flops,
+                TOK_S_GPU,
+                _MEG_COMPARE + ": Megatron-core's 72 B s l h^2 (1 + s/6h + V/12lh), recompute not counted",
+                config=megatron_config(hidden, heads, layers, 131072, 4096),
+                tp=8,
+                fitted=False,
+                extra={"pp_degree": pp},
+                note=f"TP 8 x PP {pp} x DP 48; assumed (the table states neither): micro-batch 1 with full recompute, "
+                "a 4h MLP and full multi-head attention; bf16, NDR between nodes",
+            )
+        )
+    return tuple(out)
+
+
 _DSE_COMPARE = (
     "samples/s of the whole job against 16 x micro-batch / the predicted step (compute + exposed communication "
     "+ optimizer): the autotuner's metric sums DeepSpeed's forward, backward and step timers only, no data loading"
@@ -347,14 +428,17 @@ def lambda_cases() -> tuple[Case, ...]:
 
 
 def other_cases() -> tuple[Case, ...]:
-    return megatron_cases() + deepspeed_cases() + hf_cases() + lambda_cases()
+    return megatron_cases() + megatron_pp_cases() + deepspeed_cases() + hf_cases() + lambda_cases()
 
 
-_PP = "pipeline parallelism: joins with the layouts/pipeline-parallel work (advisor has no pipeline strategy)"
+_PP = (
+    "pipeline parallelism with ZeRO-1 (BLOOM's memory per GPU and step times): the pipeline row sizes PP x DDP only; "
+    "the estimate-only ZeRO-1 x TP x PP policy comes with the layouts work"
+)
 # Figures of published_runs.md (and of the earlier table) that are not expressed, with the reason.
 NOT_EXPRESSED: tuple[tuple[str, str], ...] = (
     ("F25", "amp_fp8 (Transformer Engine FP8): advisor has no FP8 precision"),
-    *((rid, _PP) for rid in ("O19", "O20", "O21", "O22", "O25", "O26", "O33", "O34")),
+    *((rid, _PP) for rid in ("O33", "O34")),
     (
         "O43 end-to-end",
         "HF+DS z1 27.46 samples/s is end to end (Trainer data loading, logging); the autotuner "

@@ -52,8 +52,15 @@ def test_every_required_row_is_expressed_or_listed_with_a_reason() -> None:
     missing = [r for r in REQUIRED if r not in expressed and r not in listed]
     assert not missing
     assert "F25" in listed and "F25" not in expressed  # FP8
-    for pp in ("O19", "O20", "O21", "O22", "O25", "O26", "O33", "O34"):
+    for pp in ("O33", "O34"):  # BLOOM's ZeRO-1 x TP x PP
         assert any(rid == pp and "pipeline" in why for rid, why in NOT_EXPRESSED)
+    # Megatron's pipeline rows on the estimate-only pipeline row, shown and not fitted, at the published batch: the
+    # micro-batches per pipeline m of published_runs.md (O19 12, O20 28, O21 144, O22 280; O25/O26 mb 1 assumed)
+    pp = {c.row: c for c in cases() if c.strategy == "pp"}
+    order = ("O19", "O20", "O21", "O22", "O25", "O26")
+    assert sorted(pp) == list(order) and not any(c.fitted for c in pp.values())
+    assert [pp[r].grad_accum for r in order] == [12, 28, 144, 280, 16, 32]
+    assert [pp[r].extra["pp_degree"] for r in order] == [2, 4, 16, 35, 4, 8]
     # ResNet-50 from O73/O74's notes, 1 and 8 GPUs each, batch 256 per GPU (assumed)
     rn = [c for c in cases() if c.model == "resnet50"]
     assert sorted(c.row for c in rn) == ["O73-rn50-1", "O73-rn50-8", "O74-rn50-1", "O74-rn50-8"]
