@@ -91,23 +91,31 @@ class Layout:
             )
         return self
 
-    def stage_blocks(self, layers: int) -> tuple[int, ...]:
-        """Blocks per pipeline stage, first stage first: ``layers // pp`` each, the first ``layers % pp`` stages one
-        more (torchtitan's ``_generate_llm_fqn_per_model_part`` with ``input_weight`` = ``output_weight`` = 0;
-        Megatron-LM's even split when ``pp`` divides ``layers``). The embeddings sit on the first stage, the final
-        norm and LM head on the last, outside these counts.
+    def stage_blocks(self, layers: int, virtual: int = 1) -> tuple[int, ...]:
+        """Blocks per pipeline rank, first rank first. The model is cut into ``pp x virtual`` stages of
+        ``layers // (pp virtual)`` blocks each, the first ``layers % (pp virtual)`` one more (torchtitan's
+        ``_generate_llm_fqn_per_model_part`` with ``input_weight`` = ``output_weight`` = 0; Megatron-LM's even split
+        when they divide), and rank r holds stages r, r + pp, r + 2 pp, ... (the interleaved schedules' round-robin
+        placement: torchtitan's ``_get_pp_rank_to_stage_indices_mapping``, "loop" style). The embeddings sit on the
+        first stage (rank 0), the final norm and LM head on the last (rank pp - 1), outside these counts.
 
         Raises:
-            AdvisorError: ``pp`` exceeds ``layers`` (``validate``'s rule).
+            AdvisorError: more stages than blocks (``validate``'s rule, with ``virtual`` chunks per rank).
         """
-        if self.pp > layers:
-            self.validate(self.world_size, layers=layers)
-        base, extra = divmod(layers, self.pp)
-        return tuple(base + (1 if i < extra else 0) for i in range(self.pp))
+        stages = self.pp * virtual
+        if stages > layers:
+            chunks = f" x {virtual} virtual stages" if virtual > 1 else ""
+            raise AdvisorError(
+                f"invalid layout: pp({self.pp}){chunks} exceeds the model's {layers} blocks (at least one block per "
+                "stage)"
+            )
+        base, extra = divmod(layers, stages)
+        per_stage = [base + (1 if i < extra else 0) for i in range(stages)]
+        return tuple(sum(per_stage[r :: self.pp]) for r in range(self.pp))
 
-    def is_uneven(self, layers: int) -> bool:
+    def is_uneven(self, layers: int, virtual: int = 1) -> bool:
         """Whether the blocks split unevenly over the stages (``stage_blocks``: some stage holds one more)."""
-        return layers % self.pp != 0
+        return layers % (self.pp * virtual) != 0
 
     def pp_crosses_nodes(self, gpus_per_node: int) -> bool:
         """Whether some stage boundary's point-to-point transfers cross the network: in torchtitan's rank order

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .bnb_layout import OPTIMIZER_CHOICES, QUANT_CHOICES
-from .choices import Attention, Dtype, Framework, FsdpGradSync, Optimizer, Precision, Quant, values
+from .choices import Attention, Dtype, Framework, FsdpGradSync, Optimizer, PipelineSchedule, Precision, Quant, values
 from .errors import AdvisorError
 from .fields import as_members
 from .fields import option as _f  # short: the dataclass body below calls it once per field
@@ -26,6 +26,7 @@ QUANT_TYPES = QUANT_CHOICES
 ADAPTER_DTYPES = values(Dtype)
 COMPUTE_DTYPES = tuple(d.value for d in (Dtype.BF16, Dtype.FP16, Dtype.FP32))
 ATTENTION_CHOICES = values(Attention)
+PP_SCHEDULES = values(PipelineSchedule)
 LORA_ALPHA = 16.0  # LoRA's alpha when --lora-alpha is not given: the QLoRA paper's (Dettmers et al. 2023, appendix)
 LORA_DROPOUT = 0.05  # adapter input dropout when --lora-dropout is not given: the QLoRA paper's for 33B-65B
 
@@ -207,6 +208,22 @@ class TrainingOptions:
         "inside a node, stages across nodes, DDP the rest) with every stage's memory; no script is emitted for it "
         "yet",
     )
+    pp_schedule: PipelineSchedule | None = _f(
+        None,
+        flag="--pp-schedule",
+        choices=PP_SCHEDULES,
+        none="1f1b",
+        help="the pipeline row's schedule (torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B, "
+        "ScheduleInterleaved1F1B); with --pp-degree",
+    )
+    pp_virtual_stages: int | None = _f(
+        None,
+        flag="--pp-virtual-stages",
+        low=2,
+        high=16,
+        none="2 with interleaved-1f1b",
+        help="model chunks per pipeline rank for --pp-schedule interleaved-1f1b",
+    )
     safety_factor: float = _f(
         1.2,
         flag="--safety-factor",
@@ -315,7 +332,21 @@ def validate_training(t: TrainingOptions) -> None:
     if len(budgets) > 1:
         raise AdvisorError(f"give one training budget, not {' and '.join(budgets)}")
     _validate_adapter(t)
+    _validate_pipeline(t)
     init_from(t.init_from)
+
+
+def _validate_pipeline(t: TrainingOptions) -> None:
+    """The pipeline flags against each other: the schedule and its chunks only with a pipeline degree, chunks only
+    for the interleaved schedule."""
+    for flag, given in (("--pp-schedule", t.pp_schedule is not None), ("--pp-virtual-stages", t.pp_virtual_stages)):
+        if given and not t.pp_degree:
+            raise AdvisorError(f"{flag} configures the pipeline row: add --pp-degree N, or drop {flag}")
+    if t.pp_virtual_stages and not (t.pp_schedule is not None and t.pp_schedule.interleaved):
+        raise AdvisorError(
+            f"--pp-virtual-stages {t.pp_virtual_stages} splits each rank's blocks into chunks for "
+            "--pp-schedule interleaved-1f1b: add it, or drop --pp-virtual-stages"
+        )
 
 
 def _validate_adapter(t: TrainingOptions) -> None:

@@ -81,9 +81,9 @@ def megatron_cases() -> tuple[Case, ...]:
 
 
 def megatron_pp_cases() -> tuple[Case, ...]:
-    """O19-O22 (SC21: TP 8 x PP x DP on A100, fp16, full recompute) and O25, O26 (Megatron-core's table on H100) on
-    the estimate-only pipeline row (``strategies/pp.py``, ``--pp-degree``): shown, not fitted (the fit's constants
-    stay those of the rows without a pipeline)."""
+    """O19-O22 (SC21: TP 8 x PP x DP on A100, fp16, full recompute; O20-O22 interleaved) and O25, O26
+    (Megatron-core's table on H100) on the estimate-only pipeline row (``strategies/pp.py``, ``--pp-degree``): shown,
+    not fitted (the fit's constants stay those of the rows without a pipeline)."""
     out = []
     # (id, layers, hidden, heads, GPUs, PP, v, mb, gbs, TFLOP/s/GPU): run_table_1.sh; DP = GPUs / (8 PP).
     for rid, layers, hidden, heads, gpus, pp, v, mb, gbs, tf in (
@@ -94,12 +94,8 @@ def megatron_pp_cases() -> tuple[Case, ...]:
     ):
         dp = gpus // (8 * pp)
         flops = megatron_hfu_flops_per_token(layers, hidden, 2048, 51200)
-        interleaved = (
-            f"; published with interleaving (v = {v}), timed here as 1F1B: the row's bubble (p - 1) / m is {v}x the "
-            "run's"
-            if v > 1
-            else ""
-        )
+        interleaved = f"; interleaved 1F1B with {v} model chunks per rank, as published" if v > 1 else ""
+        schedule = {"pp_schedule": "interleaved-1f1b", "pp_virtual_stages": v} if v > 1 else {}
         out.append(
             Case(
                 rid,
@@ -121,7 +117,7 @@ def megatron_pp_cases() -> tuple[Case, ...]:
                 config=megatron_config(hidden, heads, layers, 51200, 2048),
                 tp=8,
                 fitted=False,
-                extra={"pp_degree": pp},
+                extra={"pp_degree": pp, **schedule},
                 note=f"TP 8 x PP {pp} x DP {dp} (Megatron's local DDP as torch's DDP); Selene: 8 HDR IB per node "
                 f"[recalled]; GPT as a Llama block of the same shapes (megatron_config){interleaved}",
             )

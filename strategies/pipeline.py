@@ -154,10 +154,10 @@ def stages(
     micro_batch: int | None = None,
 ) -> list[StageMemory]:
     """Every pipeline stage's memory on ``layout`` (``advisor.stage_memory.stage_memory``): the model's blocks split
-    by ``Layout.stage_blocks``, states held by a ZeRO ``zero_stage`` policy (0: DDP) over ``layout.dp`` ranks,
-    ``micro_batches`` per step and pipeline (default: the pipeline's degree, the fewest that fill it), the p2p
-    message of the hidden states in the activations' dtype (2 bytes under bf16/fp16 autocast, 4 in fp32), at
-    ``micro_batch`` samples (default: the plan's).
+    by ``Layout.stage_blocks`` (``virtual`` chunks per rank for the interleaved schedule), states held by a ZeRO
+    ``zero_stage`` policy (0: DDP) over ``layout.dp`` ranks, ``micro_batches`` per step and pipeline (default: the
+    pipeline's degree, the fewest that fill it), the p2p message of the hidden states in the activations' dtype (2
+    bytes under bf16/fp16 autocast, 4 in fp32), at ``micro_batch`` samples (default: the plan's).
 
     Raises:
         AdvisorError: the layout does not fit the model (``Layout.validate``) or the model cannot be traced.
@@ -179,7 +179,7 @@ def stages(
     )
     return stage_memory(
         model,
-        layout.stage_blocks(model.layers),
+        layout.stage_blocks(model.layers, virtual),
         state_policy(ctx, zero_stage, layout.dp),
         schedule,
         micro_batches or layout.pp,

@@ -1,6 +1,7 @@
 """Pipeline parallelism x DDP (estimate only): the row a user asks for with ``--pp-degree N`` (``--pp N``), on the
 layout TP (``--tp-degree``, default 1) inside a node, PP across, DDP the rest (``advisor.layout.Layout``), with the
-1F1B schedule (``torch.distributed.pipelining.Schedule1F1B``). Without the pin there is no row (``pinned``), so
+schedule ``--pp-schedule`` names (default 1F1B, ``torch.distributed.pipelining.Schedule1F1B``; GPipe; interleaved
+1F1B with ``--pp-virtual-stages`` chunks per rank). Without the pin there is no row (``pinned``), so
 every other plan is unchanged. No script is emitted yet: the script for any layout comes with the layouts work.
 
 Memory: ``strategies.pipeline.stages`` (every stage; the most-loaded is the row's peak, the others in the notes),
@@ -35,7 +36,6 @@ from advisor.units import fmt_gib
 from .base import PlannedRow, Strategy, fabric_of, optimizer_step_s, timing_of
 from .pipeline import activation_bytes, block_compute, stages
 
-SCHEDULE = PipelineSchedule.ONE_F_ONE_B
 ESTIMATE_ONLY = (
     "pipeline parallelism is sized and timed only: no script is emitted yet (the script for any layout comes "
     "with the layouts work); use tp_dp, fsdp2 or zero3 for --emit / --verify"
@@ -51,7 +51,7 @@ class PipelineParallel(Strategy):
     lora_blocker = "LoRA with pipeline stages is not modelled here"
     client_optimizers = False
     comm_pattern = (
-        "point-to-point sends of each micro-batch's hidden states between pipeline stages (1F1B), TP's activation "
+        "point-to-point sends of each micro-batch's hidden states between pipeline stages, TP's activation "
         "all-reduces inside a stage, and a bucketed gradient all-reduce of each stage across its data-parallel group"
     )
 
@@ -60,6 +60,13 @@ class PipelineParallel(Strategy):
 
     def verify_blocker(self, device: Device) -> str | None:
         return ESTIMATE_ONLY
+
+    def schedule(self, ctx: StrategyContext) -> tuple[PipelineSchedule, int]:
+        """(schedule, model chunks per rank): ``--pp-schedule`` (default 1F1B) and ``--pp-virtual-stages`` (default
+        2 for the interleaved schedule, as torchtitan's default of 2 stages per rank for multi-stage schedules,
+        ``_get_pipeline_metadata``; else 1)."""
+        schedule = ctx.options.pp_schedule or PipelineSchedule.ONE_F_ONE_B
+        return schedule, (ctx.options.pp_virtual_stages or 2) if schedule.interleaved else 1
 
     def layout(self, ctx: StrategyContext) -> Layout:
         """The row's layout: ``--pp-degree`` stages, ``--tp-degree`` (default 1) TP ranks, DDP replicas the rest
@@ -77,8 +84,11 @@ class PipelineParallel(Strategy):
         cfg = spec.config or {}
         heads = as_int(cfg.get("num_attention_heads") or 0) or None
         kv = as_int(cfg.get("num_key_value_heads") or 0) or None
+        layers = as_int(cfg.get("num_hidden_layers") or 0) or None
         try:
-            self.layout(ctx).validate(ctx.world_size, heads, kv, as_int(cfg.get("num_hidden_layers") or 0) or None)
+            layout = self.layout(ctx).validate(ctx.world_size, heads, kv, layers)
+            if layers:
+                layout.stage_blocks(layers, self.schedule(ctx)[1])
         except AdvisorError as err:
             return f"--pp-degree {ctx.options.pp_degree}: {err}"
         return None
@@ -98,7 +108,8 @@ class PipelineParallel(Strategy):
     def stages(self, ctx: StrategyContext, micro_batch: int) -> list[StageMemory]:
         """Every stage's memory at ``micro_batch`` (``strategies.pipeline.stages``, DDP: ZeRO stage 0)."""
         m = self._micro_batches(ctx, micro_batch)
-        return stages(ctx, self.layout(ctx), SCHEDULE, 0, m, micro_batch=micro_batch)
+        schedule, v = self.schedule(ctx)
+        return stages(ctx, self.layout(ctx), schedule, 0, m, virtual=v, micro_batch=micro_batch)
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         layout = self.layout(ctx)
@@ -113,8 +124,9 @@ class PipelineParallel(Strategy):
             activations=top.activations,
             buffers=top.buffers,
             other=top.other,
-            # 1F1B's peak on a stage: its last warm-up forward, before the first backward frees a micro-batch
-            phase=f"forward (stage {top.stage} of {layout.pp}, 1F1B: {top.in_flight:g} micro-batches in flight)",
+            # the peak on a stage: its last warm-up forward, before the first backward frees a micro-batch
+            phase=f"forward (stage {top.stage} of {layout.pp}, {self.schedule(ctx)[0]}: {top.in_flight:g} "
+            "micro-batches in flight)",
         )
         copy = second_copy // max(1, top.grads) if top.grads else 0  # 1 where DDP accumulates beside its buckets
 
@@ -145,10 +157,10 @@ class PipelineParallel(Strategy):
         their gradient backward), plus DDP's all-reduce of the stage's gradients (2(n-1)/n of them) and TP's
         activation all-reduces of the stage's blocks (2(t-1)/t of s x b x h each, 4 per block per micro-batch)."""
         layout, mb = self.layout(ctx), ctx.micro_batch_size
-        m = max(1, grad_accum_steps)
+        m, v = max(1, grad_accum_steps), self.schedule(ctx)[1]
         top = peak_stage(self.stages(ctx, mb))
         message = self._message(ctx, mb)
-        total = 2 * m * message if layout.pp > 1 else 0
+        total = 2 * m * v * message if layout.pp > 1 else 0
         if layout.dp > 1:
             g = Precision.FP32.param_bytes if ctx.options.precision is None else ctx.options.precision.param_bytes
             total += 2 * (layout.dp - 1) * top.params_numel * g // layout.dp
@@ -165,7 +177,7 @@ class PipelineParallel(Strategy):
         return p2p_bytes(ctx.profile.spec.seq_len or 1, mb, self._hidden(ctx), activation_bytes(ctx))
 
     def step_time(self, ctx: StrategyContext, row: PlannedRow) -> StepTime | None:
-        """Time rule (module docstring): the 1F1B pipeline of ``row.grad_accum_steps`` micro-batches over the
+        """Time rule (module docstring): the pipeline of ``row.grad_accum_steps`` micro-batches over the
         slowest stage, the p2p sends on its critical path, TP's activation all-reduces of the stage's blocks on
         every micro-batch, DDP's gradient all-reduce of the stage, the optimizer step over the stage's states."""
         t = timing_of(ctx)
@@ -189,14 +201,15 @@ class PipelineParallel(Strategy):
         crosses = layout.pp_crosses_nodes(hw.gpus_per_node)
         senders = min(hw.gpus_per_node, layout.world_size // layout.pp)
         one = p2p_s(message, fabric, crosses, senders) if layout.pp > 1 else 0.0
-        pipe = pipeline_time(SCHEDULE, layout.pp, m, fwd, bwd, message, one)
+        schedule, v = self.schedule(ctx)
+        pipe = pipeline_time(schedule, layout.pp, m, fwd, bwd, message, one, v)
         coll = []
         if layout.pp > 1:
             link = "the network" if crosses else "the node's links"
             coll.append(
                 Collective(
-                    f"p2p sends between stages over {link} ({pipe.p2p_sends} per step; {2 * (layout.pp - 1)} on "
-                    "the critical path)",
+                    f"p2p sends between stages over {link} ({pipe.p2p_sends} per step; "
+                    f"{2 * (layout.pp * v - 1)} on the critical path)",
                     "p2p",
                     "pipeline-parallel",
                     message,
@@ -264,12 +277,13 @@ class PipelineParallel(Strategy):
             flops=flops,
             model_flops=model_flops // layout.pp,
             peak_flops_per_s=t.peak_flops_per_s,
-            overlap="1F1B: p2p sends overlap the next micro-batch's compute except on the critical path; TP's "
-            "all-reduces are on it; the stage's last gradient bucket is all-reduced after backward",
+            overlap=f"{schedule}: p2p sends overlap the next micro-batch's compute except on the critical path; "
+            "TP's all-reduces are on it; the stage's last gradient bucket is all-reduced after backward",
             collectives=tuple(coll),
             notes=(
-                f"pipeline bubble {pipe.bubble_fraction:.1%} of the compute ((p - 1) / m = {layout.pp - 1} / {m}, "
-                "Narayanan et al. 2021), included in the compute time",
+                f"pipeline bubble {pipe.bubble_fraction:.1%} of the compute ({schedule}: (p - 1) / "
+                + (f"(v m) = {layout.pp - 1} / ({v} x {m})" if v > 1 else f"m = {layout.pp - 1} / {m}")
+                + ", Narayanan et al. 2021), included in the compute time",
                 ESTIMATE_ONLY,
             ),
         )

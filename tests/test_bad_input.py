@@ -161,6 +161,13 @@ CASES = [
     (["resnet50", "--gpus", "2", "--pp-degree", "2"], ["pipeline stages are modelled for llama/mistral/qwen2 blocks"]),
     (["llama-2-7b", "--gpus", "2", "--pp-degree", "2", "--emit", "{dir}/pp"], ["estimate-only", "--strategy"]),
     (["llama-2-7b", "--gpus", "2", "--strategy", "pp", "--emit", "{dir}/pp2"], ["estimate-only", "tp_dp"]),
+    (["llama-2-7b", "--pp-schedule", "gpipe"], ["--pp-schedule configures the pipeline row", "--pp-degree N"]),
+    (["llama-2-7b", "--pp", "2", "--pp-virtual-stages", "2"], ["--pp-virtual-stages 2", "interleaved-1f1b"]),
+    (["llama-2-7b", "--pp", "2", "--pp-schedule", "zb"], ["--pp-schedule", "interleaved-1f1b"]),
+    (
+        ["llama-2-7b", "--gpus", "8", "--pp", "8", "--pp-schedule", "interleaved-1f1b", "--pp-virtual-stages", "8"],
+        ["--pp-degree 8: invalid layout: pp(8) x 8 virtual stages exceeds the model's 32 blocks"],
+    ),
     (["llama-2-7b", "--inference"], ["training only"]),
     (["resnet50", "--steps", "3"], ["--steps applies to --verify only"]),
     (["resnet50", "--timeout", "30"], ["--timeout applies to --verify only"]),

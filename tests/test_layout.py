@@ -43,6 +43,13 @@ def test_pp_at_most_the_blocks_and_the_uneven_split():
     assert Layout(dp_shard=1, tp=8, pp=8).stage_blocks(96) == (12,) * 8
     with pytest.raises(AdvisorError, match="pp\\(5\\) exceeds the model's 4 blocks"):
         Layout(pp=5).stage_blocks(4)
+    # interleaved: pp x v stages, rank r holding stages r, r + pp, ... (torchtitan's "loop" placement)
+    assert Layout(pp=2).stage_blocks(10, virtual=2) == (5, 5)  # stages 3, 3, 2, 2: ranks 3 + 2 and 3 + 2
+    assert Layout(pp=2).stage_blocks(7, virtual=2) == (4, 3)  # stages 2, 2, 2, 1
+    assert Layout(pp=35).stage_blocks(105, virtual=3) == (3,) * 35  # Megatron's O22: 1 block per virtual stage
+    assert Layout(pp=2).is_uneven(7, virtual=2) and not Layout(pp=2).is_uneven(8, virtual=2)
+    with pytest.raises(AdvisorError, match=r"pp\(2\) x 3 virtual stages exceeds the model's 4 blocks"):
+        Layout(pp=2).stage_blocks(4, virtual=3)
 
 
 def test_degrees_are_positive_ints():

@@ -90,6 +90,26 @@ def test_the_pinned_row_is_timed_as_1f1b(pinned):
     assert "data-parallel" in kinds
 
 
+def test_interleaved_and_gpipe_schedules(pinned):
+    """Interleaved 1F1B with 2 chunks per rank: the bubble (p - 1) / (v m) = 1 / 8, the critical path crosses
+    2 (p v - 1) = 6 boundaries, each of the 4 micro-batches goes through 2 chunks (16 sends); GPipe holds all 4
+    micro-batches on the first stage."""
+    ctx = pinned.context()
+    block, rest = block_compute(ctx, timing_of(ctx).rates, 1, 2)
+    f, b = 2 * block.fwd_s + rest.fwd_s, 2 * block.bwd_s + rest.bwd_s  # the last rank: chunks 1 and 3 + the head
+    inter = plan(plan_inputs(**ASK, pp_degree=2, pp_schedule="interleaved-1f1b"))
+    row = inter.row("pp")
+    assert row.time.compute_s == pytest.approx(4 * (f + b) * (1 + 1 / 8))
+    assert any("bubble 12.5%" in n for n in row.time.notes)
+    p2p = next(c for c in row.time.collectives if c.group == "pipeline-parallel")
+    assert p2p.calls == 16 and p2p.exposed_s == pytest.approx(6 * p2p.seconds / 16)
+    s0 = stages(inter.context(), row.strategy.layout(inter.context()), inter.options.pp_schedule, 0, 4, virtual=2)[0]
+    # (2 (2 - 0 - 1) + (2 - 1) 2 + 1) / 2 = 2.5 micro-batches of the rank's 2 blocks in flight
+    assert s0.in_flight == 2.5 and row.memory.peak.activations == s0.activations
+    gpipe = plan(plan_inputs(**ASK, pp_degree=2, pp_schedule="gpipe")).row("pp")
+    assert "gpipe: 4 micro-batches in flight" in gpipe.memory.peak.phase
+
+
 def test_never_recommended(pinned):
     """Estimate-only rows are not among the recommender's choices (``advisor.candidates.eligible``), even where
     they fit: the plan recommends what it did without the pin."""

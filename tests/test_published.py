@@ -61,6 +61,7 @@ def test_every_required_row_is_expressed_or_listed_with_a_reason() -> None:
     assert sorted(pp) == list(order) and not any(c.fitted for c in pp.values())
     assert [pp[r].grad_accum for r in order] == [12, 28, 144, 280, 16, 32]
     assert [pp[r].extra["pp_degree"] for r in order] == [2, 4, 16, 35, 4, 8]
+    assert [pp[r].extra.get("pp_virtual_stages") for r in order] == [None, 3, 2, 3, None, None]
     # ResNet-50 from O73/O74's notes, 1 and 8 GPUs each, batch 256 per GPU (assumed)
     rn = [c for c in cases() if c.model == "resnet50"]
     assert sorted(c.row for c in rn) == ["O73-rn50-1", "O73-rn50-8", "O74-rn50-1", "O74-rn50-8"]
