@@ -154,7 +154,7 @@ def _memory_band_line(p: Plan, chosen: StrategyRow | None) -> str | None:
     band, m = memory_band_of(p), chosen.memory
     return (
         f"{chosen.name}: peak allocated {gib_cell(m.peak.total)} GiB, device total {gib_cell(m.device_total)} GiB "
-        f"per GPU, {band.text()} (band: {band.based_on})"
+        f"per GPU, {band.text()} ({band.reading('more memory')}; band: {band.based_on})"
     )
 
 
@@ -164,7 +164,7 @@ def _time_band_lines(p: Plan, chosen: StrategyRow, d: TimeDoc) -> list[str]:
     from .units import fmt_s
 
     band = time_band_of(p, chosen.name)
-    lines = [f"{chosen.name}: {fmt_s(d['step_s'])} per step, {band.text()} (band: {band.based_on})"]
+    lines = [f"{chosen.name}: {fmt_s(d['step_s'])} per step, {band.text()} ({band.reading()}; band: {band.based_on})"]
     hours = d.get("train_hours")
     if hours is not None:
         gpu_h, cost = d.get("gpu_hours"), d.get("cost")

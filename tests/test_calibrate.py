@@ -213,15 +213,31 @@ def test_bus_bandwidths_as_nccl_tests_define_them():
     assert busbw(None) == {} and busbw({"world": 1}) == {}
 
 
+# The session cache's trace namespaces, which a test's own cache shares (advisor.profile's and advisor.trace's).
+TRACE_NAMESPACES = ("activations", "facts", "param_stats")
+
+
 @pytest.fixture
-def stored_a100():
-    """A fake A100 calibration in the session's cache (plans read the cache of ``cache_dir()``), removed after."""
-    cache = DiskCache()
+def own_calibrations(tmp_path, monkeypatch) -> DiskCache:
+    """A cache of this test's own for calibrations (``ADVISOR_CACHE_DIR`` pointed at it) whose trace namespaces are
+    the session cache's, linked: a fake calibration never reaches another test's plans (pytest-xdist's other worker
+    plans from the same session cache at the same time), and the traces are not made again."""
+    session = DiskCache().directory
+    own = tmp_path / "cache"
+    own.mkdir()
+    for namespace in TRACE_NAMESPACES:
+        (session / namespace).mkdir(parents=True, exist_ok=True)
+        (own / namespace).symlink_to(session / namespace, target_is_directory=True)
+    monkeypatch.setenv("ADVISOR_CACHE_DIR", str(own))
+    return DiskCache()
+
+
+@pytest.fixture
+def stored_a100(own_calibrations):
+    """A fake A100 calibration in the test's own cache (plans read the cache of ``cache_dir()``)."""
     cal = from_measurements(fake_measurements(), now=NOW)
-    gpu_calibrate.store(cal, cache)
-    yield cal
-    path = cache.path_for(gpu_calibrate.NAMESPACE, gpu_calibrate.key(cal.gpu, cal.driver, cal.torch))
-    path.unlink(missing_ok=True)
+    gpu_calibrate.store(cal, own_calibrations)
+    return cal
 
 
 def test_a_stored_calibration_is_found_for_its_gpu_and_torch_only(tmp_path, monkeypatch):

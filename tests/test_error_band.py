@@ -67,6 +67,21 @@ def test_band_text() -> None:
     assert ErrorBand(0.0, 2.2159, "x").text() == "typically within 0%/+222%"
 
 
+def test_a_band_says_how_many_rows_stand_behind_it() -> None:
+    """A band from fewer than FEW_ROWS rows reads as a rough guide (2 of 2 inside says nothing of the next run); one
+    from more says its coverage; every reading says which way + points."""
+    assert band_from_ratios([1.2, 1.5], "two").rows == 2
+    assert band_from_ratios([1.2, 1.5], "two").reading() == (
+        "only 2 runs behind it: a rough guide; + is slower than estimated"
+    )
+    many = band_from_ratios([1.0 + i / 100 for i in range(51)], "many")
+    assert many.rows == 51
+    assert many.reading("more memory") == "80% of 51 runs fell inside; + is more memory than estimated"
+    assert ErrorBand(-0.1, 0.1, "uncounted").reading() == "+ is slower than estimated"
+    assert TIME_BANDS[TimeKey("gpu", "ampere", "cnn")].rows == PUBLISHED_LOSO_BANDS[("ampere", "cnn")][2]
+    assert MEMORY_BAND.rows == 71 and memory_band(Device.CUDA).rows == 71
+
+
 def test_gpu_bands_are_bench_published_md_residual_bands() -> None:
     """The GPU bands are the leave-one-source-out table bench/PUBLISHED.md prints (python -m bench.published), row
     by row, and each is the entry its key gives."""
