@@ -48,7 +48,7 @@ def build_parser() -> OneLineParser:
         "--ranks",
         type=positive_int,
         nargs="+",
-        default=[1, 2],
+        default=None,
         metavar="N",
         help=f"CPU only: the rank counts of the verification runs to calibrate for (default: 1 2; at most "
         f"{MAX_CPU_RANKS})",
@@ -165,19 +165,33 @@ def _measure_gpu(cache: DiskCache, args: argparse.Namespace) -> int:
 
 
 def _measure_cpu(cache: DiskCache, args: argparse.Namespace) -> int:
+    if args.no_collectives:
+        raise AdvisorError("--no-collectives is for a GPU calibration (NCCL); a CPU calibration has no collectives")
+    args.ranks = args.ranks or [1, 2]
     bad = [r for r in args.ranks if r > MAX_CPU_RANKS]
     if bad:
         raise AdvisorError(f"--ranks {bad[0]}: CPU verification runs use at most {MAX_CPU_RANKS} ranks")
     docs = []
     for ranks in dict.fromkeys(args.ranks):
-        print(f"calibrating this machine's CPU for {ranks} rank(s) (about 10 s)", file=sys.stderr)
+        print(
+            f"calibrating this machine's CPU for {ranks} rank(s) (about 10 s): for CPU verification runs; plans for "
+            "GPUs are unaffected",
+            file=sys.stderr,
+        )
         try:
             cal = cpu.cpu_calibration(ranks, CPU_RANK_THREADS, cache=cache, refresh=True)
         except RuntimeError as err:
             print(f"advisor: {err}", file=sys.stderr)
             return 1
         docs.append(cal.document())
-        if not args.json:
+        if args.json:
+            continue
+        if cal.cached:
+            print(
+                f"{ranks} rank(s): other processes were busy, so the calibration measured on an idle machine "
+                f"({_date(cal.measured_at)}) is kept: {cal.source()}"
+            )
+        else:
             print(f"{ranks} rank(s): {cal.source()}" + (" (other processes were busy: rough)" if cal.contended else ""))
     if args.json:
         print(json.dumps(docs, indent=2))
@@ -203,6 +217,17 @@ def _face(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     cache = DiskCache()
     if args.show:
+        given = [
+            flag
+            for flag, on in (
+                ("--device", args.device),
+                ("--ranks", args.ranks),
+                ("--no-collectives", args.no_collectives),
+            )
+            if on
+        ]
+        if given:
+            raise AdvisorError(f"--show prints the stored calibrations and measures nothing: drop {given[0]}")
         return show(cache, args.json)
     problem = unusable_reason(cache.directory) or _write_problem(cache.directory)
     if problem:
@@ -213,6 +238,8 @@ def _face(argv: Sequence[str]) -> int:
     device = Device(args.device) if args.device else Device.CUDA if visible else Device.CPU
     if device == Device.CUDA and not visible:
         raise AdvisorError("--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is False)")
+    if device == Device.CUDA and args.ranks:
+        raise AdvisorError("--ranks is for a CPU calibration (--device cpu); a GPU calibration measures every GPU")
     return _measure_gpu(cache, args) if device == Device.CUDA else _measure_cpu(cache, args)
 
 

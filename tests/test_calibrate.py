@@ -399,6 +399,10 @@ def test_show_prints_the_stored_calibrations(tmp_path, monkeypatch, capsys):
         (["--ranks", "0"], "must be a positive integer"),
         (["--ranks", "9"], "at most 4 ranks"),
         (["--device", "tpu"], "invalid choice: 'tpu'"),
+        (["--show", "--ranks", "3"], "measures nothing: drop --ranks"),
+        (["--show", "--device", "cuda"], "measures nothing: drop --device"),
+        (["--show", "--no-collectives"], "measures nothing: drop --no-collectives"),
+        (["--device", "cpu", "--no-collectives"], "a CPU calibration has no collectives"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, words, tmp_path, monkeypatch, capsys):
@@ -437,3 +441,27 @@ def test_no_writable_cache_dir_and_no_gpu_are_bad_input(tmp_path, monkeypatch, c
     monkeypatch.setattr("advisor.calibrate_face._cuda_visible", lambda: False)
     assert main(["calibrate", "--device", "cuda"]) == 2
     assert "no CUDA GPU is visible here" in capsys.readouterr().err
+
+
+def test_a_busy_machine_keeps_the_idle_calibration(tmp_path, monkeypatch, capsys):
+    """A CPU measurement that other processes disturbed (contended) does not replace one taken on an idle machine:
+    the stored one is kept, and the face says so."""
+    from tests.test_cpu_calibration import FAKE
+
+    monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ADVISOR_VERIFY_LOCK", str(tmp_path / "lock"))
+    idle = replace(FAKE, measured_at=NOW)
+    busy = replace(FAKE, matmul_fp32_flops_per_s=25e9, contended=True, measured_at=NOW + 60)
+    measured = iter([idle, busy, busy])
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: next(measured))
+    assert main(["calibrate", "--device", "cpu", "--ranks", "2"]) == 0
+    assert main(["calibrate", "--device", "cpu", "--ranks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "other processes were busy, so the calibration measured on an idle machine (2026-12-03) is kept" in out
+    kept = calibrate.cached_calibration(2, 1, DiskCache())
+    assert kept is not None and kept.matmul_fp32_flops_per_s == 50e9 and not kept.contended
+    # with nothing idle stored, a busy measurement is stored (rough, and renewed after CONTENDED_TTL_S)
+    monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path / "fresh"))
+    assert main(["calibrate", "--device", "cpu", "--ranks", "2"]) == 0
+    assert "(other processes were busy: rough)" in capsys.readouterr().out
+    assert calibrate.cached_calibration(2, 1, DiskCache()).contended
