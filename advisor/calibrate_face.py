@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from .cache import DiskCache
-from .cache_face import unusable_reason
+from .cache_face import unusable_reason, write_problem
 from .choices import Device
 from .errors import AdvisorError
 from .faces import OneLineParser, positive_int, run_face
@@ -200,19 +198,6 @@ def _measure_cpu(cache: DiskCache, args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_problem(directory: Path) -> str | None:
-    """Why a file cannot be written in ``directory`` (created if missing), found by writing one, or None: checked
-    before measuring, so that a minute of benchmarks is never lost to a cache that drops what it is given (the
-    cache skips I/O failures silently; root passes ``os.access`` on read-only file systems such as /proc)."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-check-"):
-            pass
-    except OSError as err:
-        return f"{directory} cannot be written ({err.strerror or err})"
-    return None
-
-
 def _face(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     cache = DiskCache()
@@ -229,7 +214,7 @@ def _face(argv: Sequence[str]) -> int:
         if given:
             raise AdvisorError(f"--show prints the stored calibrations and measures nothing: drop {given[0]}")
         return show(cache, args.json)
-    problem = unusable_reason(cache.directory) or _write_problem(cache.directory)
+    problem = unusable_reason(cache.directory) or write_problem(cache.directory)
     if problem:
         raise AdvisorError(
             f"{problem}: nowhere to store the calibration; set ADVISOR_CACHE_DIR to a writable directory"
