@@ -194,6 +194,7 @@ def _time_lines(p: Plan, chosen: StrategyRow | None = None) -> list[str]:
         ("per GPU", ">", 9, ""),
         ("MFU", ">", 6, ""),
         ("speedup", ">", 9, ""),
+        ("fits", "<", 5, "  "),
     ]
     if budget:
         columns += [("hours", ">", 9, ""), ("GPU-h", ">", 9, ""), ("cost", ">", 10, "")]
@@ -210,6 +211,7 @@ def _time_lines(p: Plan, chosen: StrategyRow | None = None) -> list[str]:
             fmt_rate(per or 0),
             mfu,
             speed,
+            fits_word(r.fits, r.short_of),
         ]
         if budget:
             row += [amount(d.get("train_hours")), amount(d.get("gpu_hours")), amount(d.get("cost"), cents=True)]
@@ -227,7 +229,7 @@ def _time_lines(p: Plan, chosen: StrategyRow | None = None) -> list[str]:
         "comm: all communication per step; exposed: the part compute does not hide; speedup: against the "
         "fastest recipe that fits one GPU, at the same global batch by accumulation (plain single runs "
         "autocast's weight casts, which ZeRO's 16-bit module skips, so it can read below 1.00x; '-': one GPU "
-        "cannot hold the model)"
+        "cannot hold the model); fits: as in the memory table (a row that does not fit is timed as if it did)"
     )
     for r, d in timed:
         if chosen is not None and r.name == chosen.name:
