@@ -263,7 +263,12 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
         if chosen is not None:
             mb_note = chosen[1]
             if chosen[0] != opts.micro_batch_size:
-                mb_note += f" (the default for {spec.family} models is {opts.micro_batch_size})"
+                mb_note += f" (advisor's default for {spec.family} models is {opts.micro_batch_size})"
+                if opts.global_batch_size is None:
+                    mb_note += (
+                        "; without --global-batch-size the global batch grows with it: pass --global-batch-size "
+                        "(and --micro-batch-size) to keep your recipe's batch size and learning rate"
+                    )
                 opts = replace(opts, micro_batch_size=chosen[0])
                 ctx = StrategyContext(profile, hw, opts, device)
                 hints = {r.name: r.max_micro_batch_size for r in rows}
