@@ -276,6 +276,12 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     _add_speedups(ctx, rows, strategies)
     mode = trace_mode(precision, casts_weights=False)
     warnings = list(spec.warnings) + list(hw.warnings) + precision_notes
+    if attention == Attention.FLASH and resolve_attention(Attention.AUTO, device, hw.gpu_name, precision) != attention:
+        warnings.append(
+            f"--attention flash: FlashAttention needs an Ampere or newer GPU and 16-bit inputs, and PyTorch's SDPA "
+            f"picks the memory-efficient kernel on {hw.gpu_name} with {precision}: planned as flash, as asked "
+            "(forcing the flash backend there raises 'No available kernel')"
+        )
     if opts.activation_checkpointing and profile.activations(mode).checkpointed_blocks == 0:
         warnings.append(f"{spec.name} has no repeated blocks to checkpoint: activation checkpointing changes nothing")
     warnings += _ignored_flags(opts, profile, rows, mode)
