@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,6 +46,19 @@ def unusable_reason(directory: Path) -> str | None:
     return None
 
 
+def write_problem(directory: Path) -> str | None:
+    """Why a file cannot be written in ``directory`` (created if missing), found by writing one, or None: checked
+    before measuring, so that a minute of benchmarks is never lost to a cache that drops what it is given (the
+    cache skips I/O failures silently; root passes ``os.access`` on read-only file systems such as /proc)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        return f"{directory} cannot be written ({err.strerror or err})"
+    return None
+
+
 def _cache_face(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     cache = DiskCache()
@@ -69,7 +83,7 @@ def _cache_face(argv: Sequence[str]) -> int:
         )
         return 0
     print(f"cache directory: {i.directory}")
-    problem = unusable_reason(i.directory)
+    problem = unusable_reason(i.directory) or write_problem(i.directory)
     if problem:
         print(
             f"  ! {problem}: nothing is cached (planning still works); set ADVISOR_CACHE_DIR or XDG_CACHE_HOME "

@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from .cache import DiskCache
-from .cache_face import unusable_reason
+from .cache_face import unusable_reason, write_problem
 from .choices import Device
 from .errors import AdvisorError
 from .faces import OneLineParser, positive_int, run_face
@@ -48,7 +46,7 @@ def build_parser() -> OneLineParser:
         "--ranks",
         type=positive_int,
         nargs="+",
-        default=[1, 2],
+        default=None,
         metavar="N",
         help=f"CPU only: the rank counts of the verification runs to calibrate for (default: 1 2; at most "
         f"{MAX_CPU_RANKS})",
@@ -165,19 +163,33 @@ def _measure_gpu(cache: DiskCache, args: argparse.Namespace) -> int:
 
 
 def _measure_cpu(cache: DiskCache, args: argparse.Namespace) -> int:
+    if args.no_collectives:
+        raise AdvisorError("--no-collectives is for a GPU calibration (NCCL); a CPU calibration has no collectives")
+    args.ranks = args.ranks or [1, 2]
     bad = [r for r in args.ranks if r > MAX_CPU_RANKS]
     if bad:
         raise AdvisorError(f"--ranks {bad[0]}: CPU verification runs use at most {MAX_CPU_RANKS} ranks")
     docs = []
     for ranks in dict.fromkeys(args.ranks):
-        print(f"calibrating this machine's CPU for {ranks} rank(s) (about 10 s)", file=sys.stderr)
+        print(
+            f"calibrating this machine's CPU for {ranks} rank(s) (about 10 s): for CPU verification runs; plans for "
+            "GPUs are unaffected",
+            file=sys.stderr,
+        )
         try:
             cal = cpu.cpu_calibration(ranks, CPU_RANK_THREADS, cache=cache, refresh=True)
         except RuntimeError as err:
             print(f"advisor: {err}", file=sys.stderr)
             return 1
         docs.append(cal.document())
-        if not args.json:
+        if args.json:
+            continue
+        if cal.cached:
+            print(
+                f"{ranks} rank(s): other processes were busy, so the calibration measured on an idle machine "
+                f"({_date(cal.measured_at)}) is kept: {cal.source()}"
+            )
+        else:
             print(f"{ranks} rank(s): {cal.source()}" + (" (other processes were busy: rough)" if cal.contended else ""))
     if args.json:
         print(json.dumps(docs, indent=2))
@@ -186,25 +198,23 @@ def _measure_cpu(cache: DiskCache, args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_problem(directory: Path) -> str | None:
-    """Why a file cannot be written in ``directory`` (created if missing), found by writing one, or None: checked
-    before measuring, so that a minute of benchmarks is never lost to a cache that drops what it is given (the
-    cache skips I/O failures silently; root passes ``os.access`` on read-only file systems such as /proc)."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-check-"):
-            pass
-    except OSError as err:
-        return f"{directory} cannot be written ({err.strerror or err})"
-    return None
-
-
 def _face(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     cache = DiskCache()
     if args.show:
+        given = [
+            flag
+            for flag, on in (
+                ("--device", args.device),
+                ("--ranks", args.ranks),
+                ("--no-collectives", args.no_collectives),
+            )
+            if on
+        ]
+        if given:
+            raise AdvisorError(f"--show prints the stored calibrations and measures nothing: drop {given[0]}")
         return show(cache, args.json)
-    problem = unusable_reason(cache.directory) or _write_problem(cache.directory)
+    problem = unusable_reason(cache.directory) or write_problem(cache.directory)
     if problem:
         raise AdvisorError(
             f"{problem}: nowhere to store the calibration; set ADVISOR_CACHE_DIR to a writable directory"
@@ -213,6 +223,8 @@ def _face(argv: Sequence[str]) -> int:
     device = Device(args.device) if args.device else Device.CUDA if visible else Device.CPU
     if device == Device.CUDA and not visible:
         raise AdvisorError("--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is False)")
+    if device == Device.CUDA and args.ranks:
+        raise AdvisorError("--ranks is for a CPU calibration (--device cpu); a GPU calibration measures every GPU")
     return _measure_gpu(cache, args) if device == Device.CUDA else _measure_cpu(cache, args)
 
 

@@ -289,6 +289,22 @@ def _subcommand(name: str, argv: list[str]) -> int:
     return doctor_main(argv)
 
 
+def _warn_unwritable_cache() -> None:
+    """One stderr line when the cache directory cannot take a file: the cache skips I/O failures silently, so
+    without it every run would trace again with no word why."""
+    from .cache import cache_dir
+    from .cache_face import unusable_reason, write_problem
+
+    directory = cache_dir()
+    problem = unusable_reason(directory) or write_problem(directory)
+    if problem:
+        print(
+            f"advisor: ! {problem}: nothing is cached, so every run traces its model again; set ADVISOR_CACHE_DIR "
+            "to a writable directory (or pass --no-cache)",
+            file=sys.stderr,
+        )
+
+
 def _plan_face(argv: list[str]) -> int:
     """Plan, print, and --emit / --verify as asked; raises AdvisorError on bad input."""
     from strategies import strategy_names
@@ -320,6 +336,8 @@ def _plan_face(argv: list[str]) -> int:
     from .document import plan_to_dict
     from .plan import plan
 
+    if inputs.use_cache:
+        _warn_unwritable_cache()
     result = plan(inputs)
     if run.emit and run.strategy and not result.row(run.strategy).applicable:  # before pages of a plan
         raise AdvisorError(f"--strategy {run.strategy} does not apply here: {result.row(run.strategy).reason}")

@@ -253,9 +253,17 @@ def _why_slower(slow: StrategyRow, fast: StrategyRow, precision: Precision | Non
             f"and {fmt_s(b.exposed_comm_s)}"
         )
     if a.compute_s - b.compute_s >= a.optimizer_s - b.optimizer_s:
-        ma, mb = slow.strategy.trace_mode(precision), fast.strategy.trace_mode(precision)
-        modes = f": {_MODE_WORDS.get(ma, ma)} vs {_MODE_WORDS.get(mb, mb)}" if ma != mb else ""
-        return f"compute {fmt_s(a.compute_s)} vs {fmt_s(b.compute_s)} per step{modes}"
+        if slow.tp_degree > fast.tp_degree:
+            # The TP trace is the sharded block's (advisor.trace, tp_degree): GEMMs 1/tp as wide, fewer tiles
+            # per kernel, and the ops TP does not shard (norms, embeddings, the loss) repeated on every rank.
+            why = (
+                f": TP {slow.tp_degree} splits every GEMM {slow.tp_degree} ways (narrower, less efficient kernels) "
+                "and repeats what it does not shard (norms, embeddings, the loss) on every rank"
+            )
+        else:
+            ma, mb = slow.strategy.trace_mode(precision), fast.strategy.trace_mode(precision)
+            why = f": {_MODE_WORDS.get(ma, ma)} vs {_MODE_WORDS.get(mb, mb)}" if ma != mb else ""
+        return f"compute {fmt_s(a.compute_s)} vs {fmt_s(b.compute_s)} per step{why}"
     return f"optimizer step {fmt_s(a.optimizer_s)} vs {fmt_s(b.optimizer_s)}"
 
 

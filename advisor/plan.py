@@ -267,7 +267,12 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
         if chosen is not None:
             mb_note = chosen[1]
             if chosen[0] != opts.micro_batch_size:
-                mb_note += f" (the default for {spec.family} models is {opts.micro_batch_size})"
+                mb_note += f" (advisor's default for {spec.family} models is {opts.micro_batch_size})"
+                if opts.global_batch_size is None:
+                    mb_note += (
+                        "; without --global-batch-size the global batch grows with it: pass --global-batch-size "
+                        "(and --micro-batch-size) to keep your recipe's batch size and learning rate"
+                    )
                 opts = replace(opts, micro_batch_size=chosen[0])
                 ctx = StrategyContext(profile, hw, opts, device)
                 hints = {r.name: r.max_micro_batch_size for r in rows}
@@ -275,6 +280,12 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     _add_speedups(ctx, rows, strategies)
     mode = trace_mode(precision, casts_weights=False)
     warnings = list(spec.warnings) + list(hw.warnings) + precision_notes
+    if attention == Attention.FLASH and resolve_attention(Attention.AUTO, device, hw.gpu_name, precision) != attention:
+        warnings.append(
+            f"--attention flash: FlashAttention needs an Ampere or newer GPU and 16-bit inputs, and PyTorch's SDPA "
+            f"picks the memory-efficient kernel on {hw.gpu_name} with {precision}: planned as flash, as asked "
+            "(forcing the flash backend there raises 'No available kernel')"
+        )
     if opts.activation_checkpointing and profile.activations(mode).checkpointed_blocks == 0:
         warnings.append(f"{spec.name} has no repeated blocks to checkpoint: activation checkpointing changes nothing")
     warnings += _ignored_flags(opts, profile, rows, mode)

@@ -11,9 +11,18 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # Tests take their own verification lock, so a developer's benchmark run does not make them busy.
-os.environ["ADVISOR_VERIFY_LOCK"] = str(ROOT / ".pytest-verify.lock")
+# Under pytest-xdist each worker has its own (PYTEST_XDIST_WORKER): two workers' verifications may run side by side.
+os.environ["ADVISOR_VERIFY_LOCK"] = str(ROOT / f".pytest-verify{os.environ.get('PYTEST_XDIST_WORKER', '')}.lock")
 # Tests never write the user's trace cache (~/.cache/advisor); tests of the cache set their own directory.
-os.environ["ADVISOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="advisor-test-cache-")
+# pytest-xdist's workers share one (PYTEST_XDIST_TESTRUNUID names the run): a trace or CPU calibration one worker
+# made serves the other, as the cache serves two users' processes (tests/test_concurrency.py).
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+if _RUN:
+    _CACHE = Path(tempfile.gettempdir()) / f"advisor-test-cache-{_RUN}"
+    _CACHE.mkdir(exist_ok=True)
+    os.environ["ADVISOR_CACHE_DIR"] = str(_CACHE)
+else:
+    os.environ["ADVISOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="advisor-test-cache-")
 
 
 @pytest.fixture(scope="session")

@@ -394,3 +394,22 @@ def test_a_misspelt_subcommand_is_named(word, subcommand, capsys):
     assert main([word]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"advisor: error: unknown model {word!r}: did you mean the subcommand `advisor {subcommand}`?"
+
+
+def test_flash_attention_on_a_gpu_without_it_is_warned():
+    """--attention flash on a V100 (no FlashAttention before Ampere) is planned as asked, with a warning naming the
+    kernel SDPA would pick; on an A100 in bf16 nothing is said."""
+    from advisor.plan import plan
+    from advisor.schema import plan_inputs
+
+    def said(gpu):
+        p = plan(
+            plan_inputs(
+                model="gpt2", seq_len=64, gpus=1, gpu=gpu, attention="flash", detect_hardware=False, micro_batch_size=1
+            )
+        )
+        return [w for w in p.warnings if w.startswith("--attention flash")]
+
+    (line,) = said("V100-16GB")
+    assert "memory-efficient kernel on V100-16GB" in line
+    assert said("A100-80GB") == []

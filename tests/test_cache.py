@@ -598,3 +598,24 @@ def test_face_info_says_when_the_location_is_unusable(tmp_path, monkeypatch, cap
     monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path / "fresh"))
     assert main(["info"]) == 0
     assert "nothing is cached" not in capsys.readouterr().out
+
+
+def test_a_cache_that_takes_no_file_is_named_once(tmp_path, monkeypatch, capsys):
+    """A cache directory that exists nowhere writable (XDG_CACHE_HOME=/proc/x: mkdir fails) would cache nothing,
+    silently, so every plan traces again: planning and ``cache info`` each say so in one line."""
+    from advisor.cli import main as advisor_main
+
+    monkeypatch.delenv("ADVISOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/proc/advisor-no-such-dir")
+    assert main(["info"]) == 0
+    assert "/proc/advisor-no-such-dir/advisor cannot be written" in capsys.readouterr().out
+    tiny = str(Path(__file__).parent / "data" / "small_llama.json")
+    assert advisor_main(["--config", tiny, "--seq-len", "32", "--gpus", "2", "--gpu", "A100-80GB", "--json"]) == 0
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if "cannot be written" in x]
+    assert "nothing is cached" in line and "ADVISOR_CACHE_DIR" in line
+    assert (
+        advisor_main(["--config", tiny, "--seq-len", "32", "--gpus", "2", "--gpu", "A100-80GB", "--json", "--no-cache"])
+        == 0
+    )
+    assert "cannot be written" not in capsys.readouterr().err

@@ -213,15 +213,31 @@ def test_bus_bandwidths_as_nccl_tests_define_them():
     assert busbw(None) == {} and busbw({"world": 1}) == {}
 
 
+# The session cache's trace namespaces, which a test's own cache shares (advisor.profile's and advisor.trace's).
+TRACE_NAMESPACES = ("activations", "facts", "param_stats")
+
+
 @pytest.fixture
-def stored_a100():
-    """A fake A100 calibration in the session's cache (plans read the cache of ``cache_dir()``), removed after."""
-    cache = DiskCache()
+def own_calibrations(tmp_path, monkeypatch) -> DiskCache:
+    """A cache of this test's own for calibrations (``ADVISOR_CACHE_DIR`` pointed at it) whose trace namespaces are
+    the session cache's, linked: a fake calibration never reaches another test's plans (pytest-xdist's other worker
+    plans from the same session cache at the same time), and the traces are not made again."""
+    session = DiskCache().directory
+    own = tmp_path / "cache"
+    own.mkdir()
+    for namespace in TRACE_NAMESPACES:
+        (session / namespace).mkdir(parents=True, exist_ok=True)
+        (own / namespace).symlink_to(session / namespace, target_is_directory=True)
+    monkeypatch.setenv("ADVISOR_CACHE_DIR", str(own))
+    return DiskCache()
+
+
+@pytest.fixture
+def stored_a100(own_calibrations):
+    """A fake A100 calibration in the test's own cache (plans read the cache of ``cache_dir()``)."""
     cal = from_measurements(fake_measurements(), now=NOW)
-    gpu_calibrate.store(cal, cache)
-    yield cal
-    path = cache.path_for(gpu_calibrate.NAMESPACE, gpu_calibrate.key(cal.gpu, cal.driver, cal.torch))
-    path.unlink(missing_ok=True)
+    gpu_calibrate.store(cal, own_calibrations)
+    return cal
 
 
 def test_a_stored_calibration_is_found_for_its_gpu_and_torch_only(tmp_path, monkeypatch):
@@ -383,6 +399,10 @@ def test_show_prints_the_stored_calibrations(tmp_path, monkeypatch, capsys):
         (["--ranks", "0"], "must be a positive integer"),
         (["--ranks", "9"], "at most 4 ranks"),
         (["--device", "tpu"], "invalid choice: 'tpu'"),
+        (["--show", "--ranks", "3"], "measures nothing: drop --ranks"),
+        (["--show", "--device", "cuda"], "measures nothing: drop --device"),
+        (["--show", "--no-collectives"], "measures nothing: drop --no-collectives"),
+        (["--device", "cpu", "--no-collectives"], "a CPU calibration has no collectives"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, words, tmp_path, monkeypatch, capsys):
@@ -421,3 +441,27 @@ def test_no_writable_cache_dir_and_no_gpu_are_bad_input(tmp_path, monkeypatch, c
     monkeypatch.setattr("advisor.calibrate_face._cuda_visible", lambda: False)
     assert main(["calibrate", "--device", "cuda"]) == 2
     assert "no CUDA GPU is visible here" in capsys.readouterr().err
+
+
+def test_a_busy_machine_keeps_the_idle_calibration(tmp_path, monkeypatch, capsys):
+    """A CPU measurement that other processes disturbed (contended) does not replace one taken on an idle machine:
+    the stored one is kept, and the face says so."""
+    from tests.test_cpu_calibration import FAKE
+
+    monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ADVISOR_VERIFY_LOCK", str(tmp_path / "lock"))
+    idle = replace(FAKE, measured_at=NOW)
+    busy = replace(FAKE, matmul_fp32_flops_per_s=25e9, contended=True, measured_at=NOW + 60)
+    measured = iter([idle, busy, busy])
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: next(measured))
+    assert main(["calibrate", "--device", "cpu", "--ranks", "2"]) == 0
+    assert main(["calibrate", "--device", "cpu", "--ranks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "other processes were busy, so the calibration measured on an idle machine (2026-12-03) is kept" in out
+    kept = calibrate.cached_calibration(2, 1, DiskCache())
+    assert kept is not None and kept.matmul_fp32_flops_per_s == 50e9 and not kept.contended
+    # with nothing idle stored, a busy measurement is stored (rough, and renewed after CONTENDED_TTL_S)
+    monkeypatch.setenv("ADVISOR_CACHE_DIR", str(tmp_path / "fresh"))
+    assert main(["calibrate", "--device", "cpu", "--ranks", "2"]) == 0
+    assert "(other processes were busy: rough)" in capsys.readouterr().out
+    assert calibrate.cached_calibration(2, 1, DiskCache()).contended

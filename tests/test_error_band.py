@@ -67,6 +67,21 @@ def test_band_text() -> None:
     assert ErrorBand(0.0, 2.2159, "x").text() == "typically within 0%/+222%"
 
 
+def test_a_band_says_how_many_rows_stand_behind_it() -> None:
+    """A band from fewer than FEW_ROWS rows reads as a rough guide (2 of 2 inside says nothing of the next run); one
+    from more says its coverage; every reading says which way + points."""
+    assert band_from_ratios([1.2, 1.5], "two").rows == 2
+    assert band_from_ratios([1.2, 1.5], "two").reading() == (
+        "only 2 runs behind it: a rough guide; + is slower than estimated"
+    )
+    many = band_from_ratios([1.0 + i / 100 for i in range(51)], "many")
+    assert many.rows == 51
+    assert many.reading("more memory") == "80% of 51 runs fell inside; + is more memory than estimated"
+    assert ErrorBand(-0.1, 0.1, "uncounted").reading() == "+ is slower than estimated"
+    assert TIME_BANDS[TimeKey("gpu", "ampere", "cnn")].rows == PUBLISHED_LOSO_BANDS[("ampere", "cnn")][2]
+    assert MEMORY_BAND.rows == 71 and memory_band(Device.CUDA).rows == 71
+
+
 def test_gpu_bands_are_bench_published_md_residual_bands() -> None:
     """The GPU bands are the leave-one-source-out table bench/PUBLISHED.md prints (python -m bench.published), row
     by row, and each is the entry its key gives."""
@@ -205,3 +220,24 @@ def test_train_time_line_carries_the_band() -> None:
     text = render_text(plan(inputs))
     line = next(line for line in text.splitlines() if ": train time " in line)
     assert line.endswith("typically within -3.1%/+47%")  # PUBLISHED_LOSO_BANDS ampere transformer
+
+
+def test_a_step_mostly_waiting_on_the_network_says_the_band_may_not_hold() -> None:
+    """The GPU bands come from runs in one node or over InfiniBand/RoCE: a step whose exposed communication is
+    above COMM_BOUND_SHARE of it (gpt2 on 2 nodes over 1 Gb Ethernet) says its error can be wider; the same job in
+    one node does not."""
+    from advisor.text_report import COMM_BOUND_SHARE
+
+    def lines(**cluster):
+        inputs = plan_inputs(
+            detect_hardware=False, model="gpt2", seq_len=128, gpu="A100-80GB", micro_batch_size=2, **cluster
+        )
+        p = plan(inputs)
+        row = p.row(p.recommendation.strategy)
+        share = row.time.exposed_comm_s / row.time.step_s
+        return share, [line for line in render_text(p).splitlines() if "communication compute does not hide" in line]
+
+    share, said = lines(gpus=8, nodes=2, network="1gbe")
+    assert share > COMM_BOUND_SHARE and len(said) == 1 and f"{100 * share:.0f}% of this step" in said[0]
+    share, said = lines(gpus=2)
+    assert share < COMM_BOUND_SHARE and said == []

@@ -392,7 +392,9 @@ def cpu_calibration(
 ) -> CpuCalibration:
     """This machine's calibration for ``ranks`` CPU ranks of ``threads`` threads each: from the cache
     (``open_cache()`` unless ``cache`` is given) or measured now (``measure``, holding ``MachineLock`` so no
-    verification competes for the cores) and cached (a ``contended`` one for ``CONTENDED_TTL_S``).
+    verification competes for the cores) and cached (a ``contended`` one for ``CONTENDED_TTL_S``). A measurement
+    that other processes disturbed (``contended``) never replaces a cached one taken on an idle machine: that one
+    is returned (``cached`` True) and kept.
 
     Raises:
         RuntimeError: the measurement failed.
@@ -405,6 +407,10 @@ def cpu_calibration(
             return hit
     with MachineLock():
         cal = measure(ranks, threads, seconds)
+    if cal.contended:
+        idle = cached_calibration(ranks, threads, cache)
+        if idle is not None and not idle.contended:
+            return idle
     cache.put(NAMESPACE, cache_key(ranks, threads), cal.document())
     return cal
 

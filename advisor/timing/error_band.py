@@ -27,16 +27,21 @@ from .compute import GENERATION, preset_for_gpu
 from .gpu_model import GpuModel
 
 COVERAGE = 0.8  # the share of the rows a band covers at least (band_from_ratios)
+# Below this many rows a band is shown as a rough guide: with 2 or 3 rows, "80% inside" means every row inside,
+# and the next run can fall anywhere.
+FEW_ROWS = 10
 
 
 @dataclass(frozen=True)
 class ErrorBand:
     """The true figure lies in ``[estimate x (1 + low), estimate x (1 + high)]`` for at least 80% of the rows in
-    ``based_on`` (fractions: -0.15 is 15% below the estimate; ``low <= 0 <= high``)."""
+    ``based_on`` (fractions: -0.15 is 15% below the estimate; ``low <= 0 <= high``). ``rows``: how many rows it
+    was built from (0: not counted)."""
 
     low: float
     high: float
     based_on: str
+    rows: int = 0
 
     def as_dict(self) -> dict[str, object]:
         """The JSON document's ``error_band``: ``{"low": -0.15, "high": 0.12, "based_on": "..."}``."""
@@ -54,6 +59,17 @@ class ErrorBand:
             return f"typically within +-{hi}"
         return f"typically within {'-' + lo if self.low else '0%'}/{'+' + hi if self.high else '0%'}"
 
+    def reading(self, slower: str = "slower") -> str:
+        """How to read the band, for the line that quotes it: ``"80% of 51 runs fell inside; + is slower than
+        estimated"``, or with fewer than ``FEW_ROWS`` rows ``"only 2 runs behind it: a rough guide; + is slower
+        than estimated"``. ``slower``: what + means for this figure ("slower" for a time, "more" for memory)."""
+        sign = f"+ is {slower} than estimated"
+        if not self.rows:
+            return sign
+        if self.rows < FEW_ROWS:
+            return f"only {self.rows} run{'s' if self.rows > 1 else ''} behind it: a rough guide; {sign}"
+        return f"{COVERAGE:.0%} of {self.rows} runs fell inside; {sign}"
+
 
 def _pct(x: float) -> str:
     x = abs(x)
@@ -68,7 +84,7 @@ def band_from_ratios(ratios: Sequence[float], based_on: str) -> ErrorBand:
         raise ValueError(f"a band needs at least one positive, finite ratio: {list(ratios)}")
     rel = sorted(r - 1 for r in ratios)
     k = len(rel) // 10
-    return ErrorBand(min(rel[k], 0.0), max(rel[-1 - k], 0.0), based_on)
+    return ErrorBand(min(rel[k], 0.0), max(rel[-1 - k], 0.0), based_on, len(rel))
 
 
 def band_from_errors(errors: Sequence[float], based_on: str) -> ErrorBand:
@@ -127,6 +143,7 @@ def _pooled(workload: Workload) -> ErrorBand:
         min(b[0] for b in bands),
         max(b[1] for b in bands),
         f"no published {workload} run on this GPU generation: the widest of the others' bands, {_LOSO}, {rows} rows",
+        rows,
     )
 
 
@@ -139,7 +156,7 @@ def _pooled(workload: Workload) -> ErrorBand:
 TIME_BANDS: Mapping[TimeKey, ErrorBand] = MappingProxyType(
     {
         **{
-            TimeKey("gpu", g, w): ErrorBand(lo, hi, f"{_LOSO}: {n} {g.capitalize()} {w} runs, {k} inside")  # type: ignore[arg-type]
+            TimeKey("gpu", g, w): ErrorBand(lo, hi, f"{_LOSO}: {n} {g.capitalize()} {w} runs, {k} inside", n)  # type: ignore[arg-type]
             for (g, w), (lo, hi, n, k) in PUBLISHED_LOSO_BANDS.items()
         },
         TimeKey("gpu", None, "transformer"): _pooled("transformer"),
@@ -149,6 +166,7 @@ TIME_BANDS: Mapping[TimeKey, ErrorBand] = MappingProxyType(
             _pooled("transformer").high,
             "calibrated on this machine; no calibrated GPU run measured yet, so the widest published-run band "
             f"({_LOSO})",
+            _pooled("transformer").rows,
         ),
         TimeKey("offload"): band_from_ratios(
             OFFLOAD_SHOWN_RATIOS,
@@ -159,14 +177,18 @@ TIME_BANDS: Mapping[TimeKey, ErrorBand] = MappingProxyType(
             -0.0464,
             0.6928,
             "69 CPU verification runs timed with this machine's CPU calibration (bench/RESULTS.md)",
+            69,
         ),
     }
 )
 
 # bench/results.json's per-rank peak memory errors of all its completed cases (estimate vs the largest measured
 # per-rank peak allocated, CPU runs over gloo), through ``bench_case_errors`` and ``band_from_errors``.
-MEMORY_BAND = ErrorBand(-0.0167, 0.0152, "71 measured CPU runs, per-rank peak allocated (bench/RESULTS.md)")
-_GPU_MEMORY_NOTE = "; a GPU's device overhead (CUDA context, NCCL, fragmentation) is not measured there"
+MEMORY_BAND = ErrorBand(-0.0167, 0.0152, "71 measured CPU runs, per-rank peak allocated (bench/RESULTS.md)", 71)
+_GPU_MEMORY_NOTE = (
+    "; no GPU run is measured yet (small fp32 and bf16 models on CPU ranks), and a GPU's device overhead (CUDA "
+    "context, NCCL, fragmentation) is not measured there"
+)
 
 _VISION_TRANSFORMERS = ("vit", "swin", "maxvit")  # torchvision's transformer image models
 
@@ -230,7 +252,7 @@ def memory_band(device: Device) -> ErrorBand:
     ``based_on`` adds that the device overhead terms are not part of what was measured."""
     if device == Device.CPU:
         return MEMORY_BAND
-    return ErrorBand(MEMORY_BAND.low, MEMORY_BAND.high, MEMORY_BAND.based_on + _GPU_MEMORY_NOTE)
+    return ErrorBand(MEMORY_BAND.low, MEMORY_BAND.high, MEMORY_BAND.based_on + _GPU_MEMORY_NOTE, MEMORY_BAND.rows)
 
 
 def bench_case_errors(results: Mapping[str, object], contended_share: float = 0.25) -> tuple[list[float], list[float]]:
