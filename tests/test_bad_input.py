@@ -39,6 +39,8 @@ def files(tmp_path_factory) -> dict[str, str]:
         "nan.json": '{"model_type": "llama", "hidden_size": NaN}',
         "huge_int.json": '{"model_type": "llama", "num_hidden_layers": ' + "9" * 5001 + "}",
         "huge_int_small.json": json.dumps(tiny | {"num_hidden_layers": 10**40}),
+        "twice.json": '{"model_type": "gpt2", "hidden_size": 64, "model_type": "llama"}',
+        "rope_list.json": json.dumps(tiny | {"rope_scaling": [1, 2]}),
         "kv5.json": json.dumps(
             {
                 "model_type": "llama",
@@ -79,7 +81,9 @@ CASES = [
     (["--config", "/nonexistent/config.json"], ["does not exist"]),
     (["--config", "{dir}"], ["not a file"]),
     (["--config", "{malformed.json}"], ["malformed JSON", "line 1"]),
-    (["--config", "{empty.json}"], ["malformed JSON"]),
+    (["--config", "{empty.json}"], ["is empty", "config.json"]),
+    (["--config", "{twice.json}"], ["the key 'model_type' appears twice", "remove one"]),
+    (["--config", "{rope_list.json}"], ["rejected the llama config", "rope_parameters", "expected dict"]),
     (["--config", "{binary.json}"], ["cannot read"]),
     (["--config", "{list.json}"], ["JSON object"]),
     (["--config", "{no_type.json}"], ["model_type"]),

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import AdvisorError
+from ..errors import AdvisorError, one_line
 from ..locks import MODEL_BUILD_LOCK
 from .limits import (
     FFN_KEYS,
@@ -182,7 +182,7 @@ def _with_class_defaults(config: dict[str, object], model_type: str) -> tuple[di
         try:
             obj = AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
         except Exception as err:  # transformers validates fields with many exception types
-            raise AdvisorError(f"transformers rejected the {model_type} config: {str(err).splitlines()[0][:200]}")
+            raise AdvisorError(f"transformers rejected the {model_type} config: {one_line(err)}: fix that field")
     values = obj.to_dict()
     out, defaulted = dict(config), []
     for group in _SIZE_FIELDS:
@@ -316,6 +316,21 @@ def load_config_file(path: str) -> object:
     return parse_config_text(text, path)
 
 
+class _RepeatedKey(Exception):
+    """A JSON object names a key twice (``json.loads`` keeps the last); its message is the key."""
+
+
+def _no_repeated_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """``json.loads``'s ``object_pairs_hook``: the object as a dict, or ``_RepeatedKey`` for a key given twice (two
+    ``model_type`` values would otherwise plan the second without a word)."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
 def parse_config_text(text: str, source: str = "pasted config") -> object:
     """Parse pasted/uploaded text as JSON only (never eval): any JSON value (``spec_from_hf_config`` refuses all but
     an object).
@@ -323,8 +338,15 @@ def parse_config_text(text: str, source: str = "pasted config") -> object:
     Raises:
         AdvisorError: malformed JSON (with line and column).
     """
+    if not text.strip():
+        raise AdvisorError(f"{source} is empty: pass a model's config.json (a JSON object with its model_type)")
     try:
-        return json.loads(text.removeprefix("\ufeff"))
+        return json.loads(text.removeprefix("\ufeff"), object_pairs_hook=_no_repeated_keys)
+    except _RepeatedKey as err:
+        raise AdvisorError(
+            f"{source}: the key {short_value(str(err))} appears twice in one object (JSON would keep the last "
+            "silently): remove one"
+        )
     except json.JSONDecodeError as err:
         raise AdvisorError(f"{source}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}")
     except RecursionError:

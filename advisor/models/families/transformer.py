@@ -12,7 +12,7 @@ import copy
 from typing import TYPE_CHECKING
 
 from ...choices import Optimizer
-from ...errors import AdvisorError
+from ...errors import AdvisorError, one_line
 from ...locks import MODEL_BUILD_LOCK
 from ..limits import as_int, num_layers
 from ..spec import ModelSpec
@@ -151,8 +151,8 @@ class TransformerFamily(ModelFamily):
                 raise
             except Exception as err:
                 raise AdvisorError(
-                    f"transformers could not build {spec.name}: {err.__class__.__name__}: "
-                    f"{str(err).splitlines()[0][:200]}"
+                    f"transformers could not build {spec.name}: {err.__class__.__name__}: {one_line(err)}: check "
+                    "the config's fields"
                 )
 
     def make_batch(
