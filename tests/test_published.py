@@ -54,10 +54,12 @@ def test_every_required_row_is_expressed_or_listed_with_a_reason() -> None:
     assert "F25" in listed and "F25" not in expressed  # FP8
     for pp in ("O19", "O20", "O21", "O22", "O25", "O26", "O33", "O34"):
         assert any(rid == pp and "pipeline" in why for rid, why in NOT_EXPRESSED)
-    # ResNet-50 from O73/O74's notes, 1 and 8 GPUs each, batch 256 per GPU (assumed)
+    # ResNet-50 from O73/O74's notes, 1 and 8 GPUs each, as Lambda's 80 GB config runs it: batch 1280 per GPU, the
+    # default NCHW layout, SGD with momentum
     rn = [c for c in cases() if c.model == "resnet50"]
     assert sorted(c.row for c in rn) == ["O73-rn50-1", "O73-rn50-8", "O74-rn50-1", "O74-rn50-8"]
-    assert all(c.micro_batch == 256 and "assumed" in c.note for c in rn)
+    assert all(c.micro_batch == 1280 and "NCHW" in c.note for c in rn)
+    assert all(c.plan_values()["optimizer"] == "sgd-momentum" for c in rn)
     assert len([c for c in cases() if c.source == "LF"]) == 61
 
 
