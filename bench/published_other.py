@@ -392,9 +392,15 @@ def lambda_cases() -> tuple[Case, ...]:
                 note=bert,
             )  # fmt: skip
         )
+    # Lambda's ResNet-50 runs on the 80 GB cards (lambdal/deeplearning-benchmark pytorch/scripts/config_v1/
+    # config_pytorch_80GB.sh, sourced by config_pytorch_8x80GB.sh; pytorch/pytorch-train-bs-fp16.csv: resnet50 1280
+    # for A100 80GB SXM4): DeepLearningExamples' ConvNets main.py with --amp --static-loss-scale 256 --batch-size
+    # 1280 --data-backend synthetic --training-only, no --memory-format, so its default nchw (main.py), and its
+    # default optimizer, SGD with momentum 0.9.
     resnet = (
-        "ResNet-50 from O73/O74's notes: AMP, DDP, 224 px; batch 256 per GPU assumed (NVIDIA DeepLearningExamples' "
-        "default), as are its DALI loader and channels-last layout (not modelled)"
+        "ResNet-50 from O73/O74's notes: AMP, DDP, 224 px; Lambda's config (config_v1/config_pytorch_80GB.sh): "
+        "batch 1280 per GPU, synthetic data, DeepLearningExamples' default NCHW layout and SGD with momentum (the "
+        "BERT rows' batch 112 comes from the same file)"
     )
     for rid, gpu, one, many in (("O73", "A100-80GB", 1582, 11439), ("O74", "H100-80GB", 2616, 20728)):
         for n, value in ((1, one), (8, many)):
@@ -411,13 +417,14 @@ def lambda_cases() -> tuple[Case, ...]:
                     "single" if n == 1 else "ddp",
                     "fp16",
                     False,
-                    256,
+                    1280,
                     1,
                     value,
                     SAMPLES_S,
                     _LAMBDA_COMPARE,
                     workload=CNN,
                     note=resnet,
+                    extra={"optimizer": "sgd-momentum"},
                 )  # fmt: skip
             )
     return tuple(out)

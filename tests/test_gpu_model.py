@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from advisor.gpu_presets import get_gpu_preset
-from advisor.timing.compute import ATTENTION, CONV, GEMM, gpu_rates
+from advisor.timing.compute import ATTENTION, CONV, GEMM, NORM, gpu_rates
 from advisor.timing.gpu_model import AMPERE, MODELS, SM_COUNT, GpuModel
 from advisor.timing.gpu_time import (
     FLASH,
@@ -20,7 +20,9 @@ from advisor.timing.gpu_time import (
     gemm_compute_s,
     gemm_s,
     head_dim_factor,
+    layout_s,
     memory_op_s,
+    op_gpu_s,
     op_times,
     queue_s,
     split_k,
@@ -173,14 +175,80 @@ def test_a_resnet_conv_layer_records_its_implicit_gemms():
     fwd, bwd, _ = _traced(conv, x)
     flops = 2 * 2 * 28 * 28 * 128 * 64 * 9
     (f,) = [op for op in fwd if len(op) > 2 and op[2] == CONV]
-    assert f[:3] == (flops, f[1], CONV) and f[3:] == (flops, 2 * 28 * 28, 128, 64 * 9, 1, 4)
+    # fp32: no layout transposes (0 bytes, 0 tensors), then the GEMM.
+    assert f[:3] == (flops, f[1], CONV) and f[3:] == (0, 0, flops, 2 * 28 * 28, 128, 64 * 9, 1, 4)
     (b,) = [op for op in bwd if op[2] == CONV]
     assert b[0] == 2 * flops
-    assert b[3:] == (flops, 2 * 56 * 56, 64, 128 * 9, 1, 4, flops, 128, 64 * 9, 2 * 28 * 28, 1, 4)
+    assert b[3:] == (0, 0, flops, 2 * 56 * 56, 64, 128 * 9, 1, 4, flops, 128, 64 * 9, 2 * 28 * 28, 1, 4)
     # The first layer's input needs no gradient: its backward records the wgrad GEMM alone.
     fwd, bwd, _ = _traced(conv, torch.empty(2, 64, 56, 56, device="meta"))
     (b,) = [op for op in bwd if op[2] == CONV]
-    assert b[0] == flops and b[3:] == (flops, 128, 64 * 9, 2 * 28 * 28, 1, 4)
+    assert b[0] == flops and b[3:] == (0, 0, flops, 128, 64 * 9, 2 * 28 * 28, 1, 4)
+
+
+def test_a_16_bit_nchw_conv_records_cudnns_layout_transposes():
+    """The same layer in bf16, NCHW: cuDNN transposes each GEMM's two operands and its result to and from NHWC, each
+    read and written once. Elements: input 2 x 64 x 56 x 56 = 401,408, weight 128 x 64 x 9 = 73,728, output
+    2 x 128 x 28 x 28 = 200,704; forward 2 x 2 bytes x (401,408 + 73,728 + 200,704) = 2,703,360 bytes in 3 tensors;
+    backward the same for dgrad (grad_output, weight, grad_input) and for wgrad (input, grad_output, grad_weight):
+    5,406,720 bytes in 6. Channels-last and grouped convolutions record none."""
+    import torch
+    import torchvision
+
+    conv = torchvision.models.resnet18().layer2[0].conv1.to("meta", torch.bfloat16)
+    x = torch.empty(2, 64, 56, 56, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    fwd, bwd, _ = _traced(conv, x)
+    per_gemm = 2 * 2 * (401_408 + 73_728 + 200_704)
+    (f,) = [op for op in fwd if len(op) > 2 and op[2] == CONV]
+    assert f[3:5] == (per_gemm, 3) == (2_703_360, 3) and f[5:] == (f[0], 2 * 28 * 28, 128, 64 * 9, 1, 2)
+    (b,) = [op for op in bwd if op[2] == CONV]
+    assert b[3:5] == (2 * per_gemm, 6)
+    last = conv.to(memory_format=torch.channels_last)
+    fwd, bwd, _ = _traced(last, x.detach().to(memory_format=torch.channels_last).requires_grad_())
+    assert [op[3:5] for op in fwd + bwd if len(op) > 2 and op[2] == CONV] == [(0, 0), (0, 0)]
+    grouped = torch.nn.Conv2d(64, 64, 3, groups=4, device="meta", dtype=torch.bfloat16)
+    fwd, bwd, _ = _traced(grouped, x)
+    assert [op[3:5] for op in fwd + bwd if len(op) > 2 and op[2] == CONV] == [(0, 0), (0, 0)]
+
+
+def test_layout_transposes_are_timed_as_memory_bound_kernels():
+    """A CONV op's first two fields: its transposes' bytes at the achieved bandwidth plus one kernel's fixed time
+    (half_bandwidth_bytes at that bandwidth) per tensor, before its GEMMs."""
+    bw, h = BF16.bytes_per_s, AMPERE.half_bandwidth_bytes
+    gemm = (2 * 4096 * 256 * 576, 4096, 256, 576, 1, 2)
+    alone = op_gpu_s(gemm[0], 0, CONV, (0, 0, *gemm), BF16)
+    assert alone == gemm_s(*gemm, BF16.conv_flops_per_s, bw, 108)
+    assert layout_s(6e6, 3, bw, h) == pytest.approx((6e6 + 3 * h) / (0.88 * 2039e9))
+    assert op_gpu_s(gemm[0], 0, CONV, (6e6, 3, *gemm), BF16) == pytest.approx(alone + layout_s(6e6, 3, bw, h))
+
+
+def test_batch_norm_in_training_records_its_statistics_pass():
+    """BatchNorm2d(64) in training on 2 x 64 x 56 x 56 bf16 (802,816 bytes): forward NORM with the statistics
+    pass's read of the input; backward the reduction's reads of grad_output and the input (1,605,632). Timed as two
+    memory-bound kernels: that pass, then the op's own bytes. In evaluation: one pass, no shape."""
+    import torch
+
+    bn = torch.nn.BatchNorm2d(64, device="meta", dtype=torch.bfloat16)
+    x = torch.empty(2, 64, 56, 56, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    from advisor.trace.live_bytes import _LiveBytes
+
+    tracker = _LiveBytes([])
+    with tracker.mode:
+        out = bn(x)
+        tracker.mark_forward_end()
+        out.sum().backward()
+    norms = [op for op in tracker.fwd_ops + tracker.ops if len(op) > 2 and op[2] == NORM]
+    assert [op[3:] for op in norms] == [(802_816,), (1_605_632,)]
+    fwd = norms[0]
+    bw, h = BF16.bytes_per_s, AMPERE.half_bandwidth_bytes
+    assert op_gpu_s(0, fwd[1], NORM, fwd[3:], BF16) == pytest.approx(
+        memory_op_s(802_816, bw, h) + memory_op_s(fwd[1], bw, h)
+    )
+    bn.eval()
+    tracker = _LiveBytes([])
+    with tracker.mode:
+        bn(x)
+    assert not [op for op in tracker.ops if len(op) > 2 and op[2] == NORM]
 
 
 def test_a_linear_layer_records_m_n_k():

@@ -45,10 +45,13 @@ GB = 1e9
 Op = tuple[int, ...]  # (flops, bytes read + written[, kind[, *shape]]) of one traced op; no kind: MEMORY
 # Kinds of traced op (``advisor.trace``): which rate bounds its compute term.
 MEMORY = 0  # every op without a kind of its own: bytes at memory bandwidth (FLOPs, if any, at the matmul peak)
-CONV = 1  # convolutions: FLOPs at the convolution peak; shape: their implicit GEMMs (advisor.timing.gpu_time)
+CONV = 1  # convolutions: FLOPs at the convolution peak; shape: the bytes and tensors of cuDNN's layout transposes, then
+# their implicit GEMMs (advisor.trace.shapes, advisor.timing.gpu_time)
 TRANSCENDENTAL = 2  # exp/log/sqrt/activations/softmax: bytes at the transcendental rate where one is known (CPU)
 ATTENTION = 3  # the fused SDPA kernel: FLOPs at the attention rate; shape: heads, lengths, head dim, kernel
 GEMM = 4  # mm / addmm / bmm / baddbmm / _scaled_mm: FLOPs at the matmul peak; shape: (flops, M, N, K, batch, size)
+NORM = 5  # batch norm in training: two passes on a GPU (statistics, then normalize); shape: the first pass's
+# bytes (advisor.trace.shapes.norm_shape). A calibrated CPU times it as MEMORY (its bytes at memory bandwidth).
 
 
 @dataclass(frozen=True)

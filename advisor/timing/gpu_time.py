@@ -4,7 +4,8 @@ A GPU's ``Rates`` (``advisor.timing.compute.gpu_rates``) carry its ``GpuModel`` 
 SM count; each traced op (``advisor.trace``: ``(flops, bytes, kind, *shape)``) is timed by its kind:
 
 * GEMMs (``GEMM``: mm, addmm, bmm, baddbmm, _scaled_mm) and convolutions (``CONV``: the forward as its implicit
-  GEMM, the backward as its dgrad and wgrad GEMMs) by their ``(flops, M, N, K, batch, element size)``: the GEMM's
+  GEMM, the backward as its dgrad and wgrad GEMMs, after the NCHW <-> NHWC transposes cuDNN runs around a 16-bit
+  convolution in PyTorch's default layout, ``layout_s``) by their ``(flops, M, N, K, batch, element size)``: the GEMM's
   own roofline (NVIDIA, "Matrix Multiplication Background User's Guide": arithmetic intensity, tile quantization,
   wave quantization)::
 
@@ -20,6 +21,8 @@ SM count; each traced op (``advisor.trace``: ``(flops, bytes, kind, *shape)``) i
   length, head dim, kernel, backward)``: FLOPs at peak x attention x the head-dim factor (``head_dim_factor``) x
   the wave efficiency of batch x heads x ceil(q length / 128) thread blocks over the SMs; at least its bytes at the
   achieved bandwidth. Math attention is bmm + softmax ops in the trace, timed by the GEMM and memory rules;
+* a batch norm in training (``NORM``) as its two kernels, the statistics pass (its recorded bytes) and the
+  normalization (the op's bytes), each as a memory-bound op;
 * every other op by its bytes: bytes / (HBM x bandwidth x bytes / (bytes + half_bandwidth_bytes)), i.e. its bytes
   at the achieved bandwidth plus a fixed time per kernel (small tensors do not fill the GPU); an op with FLOPs but
   no shape (the experts' grouped matmul) by the plain roofline at its kind's rate.
@@ -33,11 +36,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .compute import ATTENTION, CONV, GEMM, MEMORY, Op, Rates, aligned
+from .compute import ATTENTION, CONV, GEMM, MEMORY, NORM, Op, Rates, aligned
 from .gpu_model import ATTENTION_BLOCK_ROWS, HEAD_DIM_64_SHARE, REFERENCE_TILE, SPLIT_K_MIN, TILES
 
 # Fields of one GEMM in a GEMM or convolution op's shape: (flops, M, N, K, batch, element size).
 GEMM_FIELDS = 6
+# A convolution's shape starts with its layout transposes' (bytes, tensors), then its GEMMs.
+CONV_LAYOUT_FIELDS = 2
 # A fused attention op's shape: (batch x heads, q length, kv length, head dim, kernel, backward 0/1).
 ATTENTION_FIELDS = 6
 FLASH, MEM_EFFICIENT, CUDNN = 0, 1, 2  # the ``kernel`` field
@@ -154,6 +159,15 @@ def memory_op_s(nbytes: float, bytes_per_s: float, half_bandwidth_bytes: float) 
     return (nbytes + half_bandwidth_bytes) / bytes_per_s
 
 
+def layout_s(nbytes: float, tensors: float, bytes_per_s: float, half_bandwidth_bytes: float) -> float:
+    """Seconds of a convolution's layout transposes (``advisor.trace.shapes.layout_transposes``): ``tensors``
+    memory-bound kernels moving ``nbytes`` in all, each at ``memory_op_s``'s rate, (nbytes + tensors x
+    half_bandwidth_bytes) / bytes_per_s; 0 when there are none."""
+    if nbytes <= 0 or tensors <= 0 or bytes_per_s <= 0:
+        return 0.0
+    return (nbytes + tensors * half_bandwidth_bytes) / bytes_per_s
+
+
 def op_gpu_s(flops: float, nbytes: float, kind: int, shape: Sequence[float], r: Rates) -> float:
     """Seconds the GPU runs one op of ``kind`` with its recorded ``shape`` (module docstring).
 
@@ -166,11 +180,15 @@ def op_gpu_s(flops: float, nbytes: float, kind: int, shape: Sequence[float], r: 
     bw = r.bytes_per_s
     if shape and (kind == GEMM or kind == CONV):
         rate = r.conv_flops_per_s if kind == CONV else r.flops_per_s
-        total = 0.0
-        for i in range(0, len(shape) - GEMM_FIELDS + 1, GEMM_FIELDS):
+        total, start = 0.0, 0
+        if kind == CONV:  # cuDNN's layout transposes first: memory-bound kernels, one per tensor
+            total, start = layout_s(shape[0], shape[1], bw, gpu.half_bandwidth_bytes), CONV_LAYOUT_FIELDS
+        for i in range(start, len(shape) - GEMM_FIELDS + 1, GEMM_FIELDS):
             f, m, n, k, batch, elsize = shape[i : i + GEMM_FIELDS]
             total += gemm_s(f, m, n, k, batch, elsize, rate, bw, r.sm_count)
         return total
+    if shape and kind == NORM:  # two kernels: the statistics pass, then the normalization the op's bytes count
+        return memory_op_s(shape[0], bw, gpu.half_bandwidth_bytes) + memory_op_s(nbytes, bw, gpu.half_bandwidth_bytes)
     if shape and kind == ATTENTION:
         heads, q_len, _kv_len, head_dim = shape[0], shape[1], shape[2], shape[3]
         rate = r.attention_flops_per_s or r.flops_per_s

@@ -31,8 +31,9 @@ T = TypeVar("T")
 _CODE_FILES = ("profile.py", "checkpointing.py", "locks.py", "bnb_layout.py")
 # The layout of a stored trace's per-op records (``Timeline.fwd_ops``): bump it when what an op records changes, so
 # traces cached in an older layout miss. 2: GEMMs, convolutions and fused attention record their shapes
-# (``advisor.trace.shapes``).
-TRACE_FORMAT = 2
+# (``advisor.trace.shapes``). 3: convolutions record their layout transposes first, batch norms their statistics
+# pass.
+TRACE_FORMAT = 3
 _CODE_PACKAGES = ("trace", "models")
 
 

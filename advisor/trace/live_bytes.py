@@ -17,7 +17,7 @@ from ..timing.compute import ATTENTION, CONV, MEMORY, TRANSCENDENTAL
 from .grouped_mm import _grouped_mm_flops, _grouped_mm_fp32
 from .onednn import _conv_backward_scratch
 from .op_costs import _NO_DATA_OPS, _TRANSCENDENTAL_OPS, _op_bytes
-from .shapes import Shape, op_shape, shaped_ops
+from .shapes import Shape, op_shape, records_without_flops, shaped_ops
 
 if TYPE_CHECKING:
     import torch
@@ -72,7 +72,7 @@ class _LiveBytes:
                 )
                 shape: Shape = ()
                 name = shaped.get(func._overloadpacket)
-                if name is not None and flops:
+                if name is not None and (flops or records_without_flops(name)):
                     kind, shape = op_shape(name, func is conv_backward or func in conv_ops, args, out, flops, kind)
                 tracker.record_op(flops, _op_bytes(func, args, kwargs, out, no_data), kind, shape)
                 return out

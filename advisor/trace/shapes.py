@@ -8,6 +8,10 @@ implicit GEMMs (NVIDIA, "Convolutional Layers User's Guide", convolution algorit
 N = C_out / groups, K = C_in / groups x kh x kw, one GEMM per group; backward data M = N x H_in x W_in,
 N = C_in / groups, K = C_out / groups x kh x kw; backward filter M = C_out / groups, N = C_in / groups x kh x kw,
 K = N x H_out x W_out.
+
+A convolution's shape starts with the bytes and the number of tensors of the layout transposes cuDNN runs around it
+(``layout_transposes``), then its GEMM groups. A batch norm in training records the bytes of its statistics pass
+(``norm_shape``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..timing.compute import ATTENTION, CONV, GEMM
+from ..timing.compute import ATTENTION, CONV, GEMM, NORM
 from ..timing.gpu_time import CUDNN, FLASH, MEM_EFFICIENT
 
 if TYPE_CHECKING:
@@ -65,8 +69,43 @@ def _gemms(flops: int, gemms: list[tuple[int, int, int, int]], elsize: int, weig
     return tuple(out)
 
 
+def _bytes(t: object) -> int:
+    import torch
+
+    return int(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else 0
+
+
+def _channels_last(t: object) -> bool:
+    """Whether ``t`` is laid out channels-last (NHWC / NDHWC) and not also plain contiguous."""
+    import torch
+
+    if not isinstance(t, torch.Tensor) or t.dim() not in (4, 5):
+        return False
+    fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+    return t.is_contiguous(memory_format=fmt) and not t.is_contiguous()
+
+
+def layout_transposes(x: object, w: object, groups: int, calls: Sequence[Sequence[object]]) -> tuple[int, int]:
+    """(bytes, tensors) of the layout transposes cuDNN runs around a convolution whose input is ``x`` and weight
+    ``w``: each of ``calls`` (one per GEMM: its two operands and its result, as tensors) transposes its three tensors
+    between NCHW and NHWC, each read and written once (2 x its bytes), when the convolution is a 16-bit one in the
+    NCHW layout (PyTorch's default, contiguous) and ungrouped; (0, 0) otherwise.
+
+    Tensor cores run convolutions in NHWC: "every time a convolution operation is called ... the cuDNN library
+    performs a transpose to convert the tensor into NHWC format", before the convolution and back after it
+    (MosaicML Composer, "Channels Last" method card, from NVIDIA's "Convolutional Layers User's Guide", tensor
+    layouts; it measures about 30% on ResNet-50 training on V100 and A100). Measured beside it: ResNet-50 AMP
+    training on a V100 at batch 128, 110.9 ms per step in NHWC against 152.2 ms in NCHW (sandeepkumar-skb/
+    pytorch_experiments, torchvision_exp/README.md). fp32 (TF32) and grouped convolutions: none counted (no
+    measurement here says what cuDNN runs there)."""
+    if groups != 1 or _size(x) != 2 or _channels_last(x) or _channels_last(w) or len(_dims(x)) not in (4, 5):
+        return 0, 0
+    return sum(2 * _bytes(t) for call in calls for t in call), 3 * len(calls)
+
+
 def conv_shape(args: Sequence[object], out: object, flops: int) -> Shape:
-    """The implicit GEMM of ``aten.convolution(input, weight, bias, stride, padding, dilation, transposed,
+    """``(layout bytes, layout tensors, *GEMM)``: the layout transposes (``layout_transposes``: input, weight and
+    output) and the implicit GEMM of ``aten.convolution(input, weight, bias, stride, padding, dilation, transposed,
     output_padding, groups)`` (module docstring; a transposed convolution's GEMM runs over its input's positions)."""
     x, w = _dims(args[0]), _dims(args[1])
     y = _dims(out)
@@ -74,15 +113,20 @@ def conv_shape(args: Sequence[object], out: object, flops: int) -> Shape:
         return ()
     transposed, groups = bool(args[6]), max(1, int(args[8]))  # type: ignore[call-overload]
     kernel = math.prod(w[2:])
+    layout = layout_transposes(args[0], args[1], groups, [(args[0], args[1], out)])
     if transposed:  # weight (C_in, C_out / groups, k...)
-        return _gemms(flops, [(x[0] * math.prod(x[2:]), w[1], w[0] // groups * kernel, groups)], _size(args[0]))
-    return _gemms(flops, [(y[0] * math.prod(y[2:]), w[0] // groups, w[1] * kernel, groups)], _size(args[0]))
+        gemm = (x[0] * math.prod(x[2:]), w[1], w[0] // groups * kernel, groups)
+    else:
+        gemm = (y[0] * math.prod(y[2:]), w[0] // groups, w[1] * kernel, groups)
+    return (*layout, *_gemms(flops, [gemm], _size(args[0])))
 
 
 def conv_backward_shape(args: Sequence[object], flops: int) -> Shape:
-    """The dgrad and wgrad GEMMs of ``aten.convolution_backward(grad_output, input, weight, bias_sizes, stride,
-    padding, dilation, transposed, output_padding, groups, output_mask)``, only those its output mask asks for,
-    ``flops`` split between them (module docstring)."""
+    """``(layout bytes, layout tensors, *GEMMs)``: the dgrad and wgrad GEMMs of ``aten.convolution_backward(
+    grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+    output_mask)``, only those its output mask asks for, ``flops`` split between them (module docstring), after the
+    layout transposes of each (``layout_transposes``: dgrad grad_output, weight and grad_input; wgrad input,
+    grad_output and grad_weight, cuDNN's two calls transposing each its own)."""
     dy, x, w = _dims(args[0]), _dims(args[1]), _dims(args[2])
     if len(dy) < 3 or len(x) < 3 or len(w) < 3:
         return ()
@@ -98,14 +142,56 @@ def conv_backward_shape(args: Sequence[object], flops: int) -> Shape:
     # FLOPs of each gradient as torch.utils.flop_counter's conv_backward_flop counts it (grad_input: the
     # convolution of grad_output with the weight; grad_weight: of the input with grad_output), the split's weights.
     positions = math.prod(x[2:]) if transposed else math.prod(dy[2:])
-    gemms, weights = [], []
+    gemms, weights, calls = [], [], []
+    grad_out, inp, weight = args[0], args[1], args[2]
     if mask[0]:  # type: ignore[index]
         gemms.append((x[0] * math.prod(x[2:]), c_in, c_out * kernel, groups))
         weights.append(dy[0] * math.prod(w) * positions)
+        calls.append((grad_out, weight, inp))  # grad_input has the input's shape
     if mask[1]:  # type: ignore[index]
         gemms.append((w[0] // groups, w[1] * kernel, summed[0] * math.prod(summed[2:]), groups))
         weights.append((dy[1] if transposed else x[1]) * dy[0] * (x[1] if transposed else dy[1]) * positions * kernel)
-    return _gemms(flops, gemms, _size(args[0]), weights) if gemms else ()
+        calls.append((inp, grad_out, weight))  # grad_weight has the weight's shape
+    if not gemms:
+        return ()
+    layout = layout_transposes(inp, weight, groups, calls)
+    return (*layout, *_gemms(flops, gemms, _size(args[0]), weights))
+
+
+# Batch norm ops whose training form runs two passes over the activation (``norm_shape``): forwards, backwards.
+_NORM_FORWARDS = (
+    "native_batch_norm",
+    "_native_batch_norm_legit",
+    "_native_batch_norm_legit_functional",
+    "_batch_norm_with_update",
+)
+_NORM_BACKWARDS = ("native_batch_norm_backward", "batch_norm_backward")
+_NORMS = _NORM_FORWARDS + _NORM_BACKWARDS
+
+
+def norm_shape(name: str, args: Sequence[object]) -> Shape:
+    """``(bytes of the statistics pass,)`` of a batch norm ``aten.<name>`` in training; () in evaluation (its first
+    bool argument, ``training`` / ``train`` / ``update``, False) or for other arguments.
+
+    Training needs the batch's mean and variance before it can normalize, so the GPU runs two kernels over the
+    activation: forward, the statistics (reads the input), then the normalization (reads it again, writes the
+    output: the op's recorded bytes); backward, the reduction of grad_output and grad_output x (x - mean) (reads
+    both), then the element-wise input gradient (reads both again, writes it). PyTorch's CUDA kernels
+    (aten/src/ATen/native/cuda/Normalization.cuh: batch_norm_collect_statistics, then batch_norm_elemt; backward
+    batch_norm_backward_reduce, then batch_norm_backward_elemt) and cuDNN's CUDNN_BATCHNORM_SPATIAL, which PyTorch
+    takes for NCHW tensors (aten/src/ATen/native/cudnn/BatchNorm.cpp, getCudnnBatchNormMode: the persistent kernel
+    only for channels-last); W. Jung et al., "Restructuring Batch Normalization to Accelerate CNN Training" (2018):
+    the mini-batch statistics make BN main-memory bound."""
+    import torch
+
+    training = next((a for a in args if isinstance(a, bool)), True)
+    if not training or not args or not isinstance(args[0], torch.Tensor):
+        return ()
+    if name in _NORM_FORWARDS:
+        return (_bytes(args[0]),)
+    if len(args) < 2 or not isinstance(args[1], torch.Tensor):
+        return ()
+    return (_bytes(args[0]) + _bytes(args[1]),)  # grad_output and the input
 
 
 _KERNELS = {"flash": FLASH, "efficient": MEM_EFFICIENT, "cudnn": CUDNN}
@@ -147,15 +233,24 @@ def shaped_ops() -> dict[OpOverloadPacket, str]:
     import torch
 
     aten = torch.ops.aten
-    names = (*_MATMULS, "convolution", "convolution_backward", *_ATTENTIONS)
+    names = (*_MATMULS, "convolution", "convolution_backward", *_ATTENTIONS, *_NORMS)
     return {getattr(aten, n): n for n in names if hasattr(aten, n)}
+
+
+def records_without_flops(name: str) -> bool:
+    """Whether ``op_shape`` records a shape for ``aten.<name>`` when it ran no FLOPs (the batch norms)."""
+    return name in _NORMS
 
 
 def op_shape(name: str, conv: bool, args: Sequence[object], out: object, flops: int, kind: int) -> tuple[int, Shape]:
     """(kind, shape) of a call of ``aten.<name>`` (one of ``shaped_ops``) that ran ``flops``: GEMM for the matmuls,
     CONV for the convolution and its backward (``conv``: the overload is one the trace times as a convolution),
-    ATTENTION for the fused attention ops; ``kind`` and () where the arguments are not of the shapes expected."""
+    ATTENTION for the fused attention ops, NORM for a batch norm in training; ``kind`` and () where the arguments
+    are not of the shapes expected."""
     try:
+        if name in _NORMS:
+            shape = norm_shape(name, args)
+            return (NORM, shape) if shape else (kind, ())
         if name in _MATMULS:
             shape = matmul_shape(name, args, flops)
             return (GEMM, shape) if shape else (kind, ())
