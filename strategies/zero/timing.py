@@ -270,9 +270,10 @@ def step_time(
             )
         comm, exposed = ga * (2 * ag_s + rs_s), ga * (fwd + bwd)
         overlap = (
-            "per module, each gather prefetched behind the compute of the module before it "
-            f"({plan.ahead} ahead), each reduce bucket once its gradients exist (overlap_comm); exposed: the "
-            "first gathers, whatever a gather outlasts the compute it hides behind, and the last reduce bucket"
+            "per module, each gather prefetched behind the compute of the modules before it (up to "
+            f"{plan.ahead} module{'s' if plan.ahead > 1 else ''} ahead), each reduce bucket once its gradients "
+            "exist (overlap_comm); exposed: the first gathers, whatever a gather outlasts the compute it hides "
+            "behind, and the last reduce bucket"
         )
     k_opt = 0.0
     host = 0.0
