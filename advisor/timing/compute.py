@@ -280,6 +280,12 @@ class ComputeTime:
     flops: int
     recompute_flops: int
     bytes: int = 0
+    # Deep stacks traced at one and two blocks: the repeated blocks at full depth and one block's forward and
+    # backward seconds (what the two-block trace adds: ``ActivationProfile.compute_time``); the rest of each phase
+    # is outside the blocks (embeddings, final norm, head, loss). 0: not split (a stack traced at its real depth).
+    blocks: int = 0
+    block_fwd_s: float = 0.0
+    block_bwd_s: float = 0.0
 
     @property
     def total_s(self) -> float:

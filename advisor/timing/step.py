@@ -12,6 +12,7 @@ queue of each phase (``advisor.timing.gpu_time.phase_s``, ``GpuModel.dispatch_s`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 GB = 1e9
@@ -129,3 +130,56 @@ def exposed_s(comm_s: float, compute_s: float, pieces: int, first_s: float = 0.0
     middle = max(0.0, comm_s - first_s - last_s)
     overrun = max(0.0, middle - compute_s * (pieces - 1) / pieces)
     return min(comm_s, first_s + last_s + overrun)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer (block, module) of a pass whose parameters are gathered before its compute: ``gather_s`` the
+    all-gather that must end before ``compute_s`` starts, ``reduce_s`` a reduce-scatter issued when the compute
+    ends (its gradients, or a full reduce bucket; the last layer's: what is left at the end of backward)."""
+
+    gather_s: float
+    compute_s: float
+    reduce_s: float = 0.0
+
+
+def prefetched_exposed_s(layers: Sequence[Layer], ahead: int = 1) -> float:
+    """Communication of one pass (a forward or a backward) that its compute does not hide, layer by layer, when
+    each layer's all-gather is prefetched ``ahead`` layers early and reduce-scatters wait for their gradients.
+
+    The schedule (DeepSpeed's ZeRO-3, deepspeed/runtime/zero/partitioned_param_coordinator.py
+    ``_fetch_sub_module_impl``: the current module's gather is waited for, then the next modules' gathers are
+    issued, up to ``stage3_prefetch_bucket_size`` elements, before the module computes; stage3.py
+    ``__add_grad_to_ipg_bucket``: the reduce stream waits for the compute stream, so a bucket's reduce-scatter
+    starts once its gradients exist; FSDP2: torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, the next
+    unit's all-gather issued ahead of its compute, each reduce-scatter after its unit's backward):
+
+    * the gathers of the first ``ahead`` layers are issued at the start, layer i + ``ahead``'s when layer i's
+      compute starts; layer i computes once the previous layer ended and its own gather arrived;
+    * layer i's reduce-scatter is issued when its compute ends;
+    * collectives share the one link and run in the order issued (NCCL serialises them on the network: one
+      collective's bandwidth at a time, a simplification of streams that in fact interleave).
+
+    With ``ahead`` 1 and no reduce-scatters this is the gather of the first layer plus, per layer,
+    max(0, gather_{i+1} - compute_i): prefetch hides a gather only behind the compute of the layer before it, so
+    a gather longer than that compute is exposed by the difference, and a short gather leaves the link idle (its
+    slack is not lent to later layers, as one queue over the whole pass, ``exposed_s``, would). Returns seconds:
+    when the last compute or collective ends, minus the compute."""
+    ahead = max(1, ahead)
+    n = len(layers)
+    done = [0.0] * n
+    link = 0.0  # when the link is free
+    for j in range(min(ahead, n)):
+        link += layers[j].gather_s
+        done[j] = link
+    t = 0.0  # when the compute stream is free
+    for i, layer in enumerate(layers):
+        start = max(t, done[i])
+        j = i + ahead
+        if j < n:
+            link = max(link, start) + layers[j].gather_s
+            done[j] = link
+        t = start + layer.compute_s
+        if layer.reduce_s:
+            link = max(link, t) + layer.reduce_s
+    return max(0.0, max(t, link) - sum(layer.compute_s for layer in layers))

@@ -268,21 +268,28 @@ class ActivationProfile:
             (d1, _, _), (d2, _, _) = self.depths
             extra = (self.full_depth - d1) / (d2 - d1)
             total, rec = (max(0.0, (1 - extra) * u + extra * v) for u, v in zip(*flops))
-        if r.gpu is not None:
-            fwd, bwd = (
-                self._gpu_phase(micro_batch, r, "fwd_ops", extra),
-                self._gpu_phase(micro_batch, r, "bwd_ops", extra),
-            )
-        else:
-            fwd, bwd = (
-                self._roofline_phase(micro_batch, r, "fwd_ops", extra),
-                self._roofline_phase(micro_batch, r, "bwd_ops", extra),
-            )
-        return ComputeTime(fwd_s=fwd, bwd_s=bwd, flops=int(round(total)), recompute_flops=int(round(rec)))
+        phase = self._gpu_phase if r.gpu is not None else self._roofline_phase
+        (fwd, one_f), (bwd, one_b) = phase(micro_batch, r, "fwd_ops", extra), phase(micro_batch, r, "bwd_ops", extra)
+        blocks, block_f, block_b = 0, 0.0, 0.0
+        if len(self.depths) == 2 and self.full_depth > self.depths[0][0]:
+            # One block's seconds: what the full depth adds to the one-block phase, per added block (the per-layer
+            # overlap of ZeRO-3 and FSDP2, ``advisor.timing.step.prefetched_exposed_s``).
+            added = self.full_depth - self.depths[0][0]
+            blocks, block_f, block_b = self.full_depth, max(0.0, (fwd - one_f) / added), max(0.0, (bwd - one_b) / added)
+        return ComputeTime(
+            fwd_s=fwd,
+            bwd_s=bwd,
+            flops=int(round(total)),
+            recompute_flops=int(round(rec)),
+            blocks=blocks,
+            block_fwd_s=block_f,
+            block_bwd_s=block_b,
+        )
 
-    def _roofline_phase(self, micro_batch: int, r: Rates, phase: str, extra: float) -> float:
+    def _roofline_phase(self, micro_batch: int, r: Rates, phase: str, extra: float) -> tuple[float, float]:
         """A calibrated CPU's phase: the roofline work per traced depth, extrapolated linearly in depth, with the
-        dispatch floor on the whole extrapolated phase (a floor applied per depth and extrapolated is not one)."""
+        dispatch floor on the whole extrapolated phase (a floor applied per depth and extrapolated is not one).
+        (seconds at full depth, seconds at the first traced depth)."""
         per = [
             roofline_work(getattr(t1, phase), getattr(t2, phase), micro_batch, BASE_B, r) for _, t1, t2 in self.depths
         ]
@@ -290,25 +297,27 @@ class ActivationProfile:
             work, ops = per[0]
         else:
             work, ops = (max(0.0, (1 - extra) * u + extra * v) for u, v in zip(*per))
-        return floored_s(work, ops, r)
+        return floored_s(work, ops, r), floored_s(*per[0], r)
 
-    def _gpu_phase(self, micro_batch: int, r: Rates, phase: str, extra: float) -> float:
+    def _gpu_phase(self, micro_batch: int, r: Rates, phase: str, extra: float) -> tuple[float, float]:
         """A GPU's phase through the eager queue (``advisor.timing.gpu_time``): at full depth from the one- and
         two-block traces by repeating the added block's ops (``deep_queue_s``, exact); where the traces do not
         differ by one inserted stretch, each depth's queue extrapolated linearly, at least the extrapolated GPU
-        work and issue time (both bound the full-depth queue from below)."""
+        work and issue time (both bound the full-depth queue from below). (seconds at full depth, seconds at the
+        first traced depth)."""
         times = [op_times(getattr(t1, phase), getattr(t2, phase), micro_batch, BASE_B, r) for _, t1, t2 in self.depths]
+        first = queue_s(times[0], r.dispatch_s)
         if len(times) == 1:
-            return queue_s(times[0], r.dispatch_s)
+            return first, first
         one, two = times
         repeats = round(extra)
         if abs(extra - repeats) < 1e-9:
             exact = deep_queue_s(one, two, repeats, r.dispatch_s)
             if exact is not None:
-                return exact
+                return exact, first
         ext = lambda u, v: max(0.0, (1 - extra) * u + extra * v)  # noqa: E731
-        queued = ext(queue_s(one, r.dispatch_s), queue_s(two, r.dispatch_s))
-        return max(queued, ext(sum(one), sum(two)), ext(len(one), len(two)) * r.dispatch_s)
+        queued = ext(first, queue_s(two, r.dispatch_s))
+        return max(queued, ext(sum(one), sum(two)), ext(len(one), len(two)) * r.dispatch_s), first
 
     @property
     def uses_sdpa(self) -> bool:

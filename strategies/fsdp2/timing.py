@@ -4,13 +4,23 @@ PCIe copies and CPU step). Torch 2.14, torch/distributed/fsdp/_fully_shard/."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from advisor.context import StrategyContext
 from advisor.memory import states_per_element
 from advisor.timing.comm import pcie_transfer_s
 from advisor.timing.compute import ComputeTime
-from advisor.timing.step import FOREACH_FACTOR, HOST_MEM_GBPS, HOST_MEM_SOURCE, Collective, StepTime, exposed_s
+from advisor.timing.step import (
+    FOREACH_FACTOR,
+    HOST_MEM_GBPS,
+    HOST_MEM_SOURCE,
+    Collective,
+    Layer,
+    StepTime,
+    prefetched_exposed_s,
+)
 
-from ..base import Timing, accumulated_step, fabric_of, optimizer_step_s
+from ..base import Timing, accumulated_step, fabric_of, optimizer_step_s, unit_compute_s
 from .layout import FSDP2Rule, units
 
 
@@ -45,8 +55,9 @@ def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime, gr
     resharding) and reduce-scatters the gradients in fp32 (every micro-step, or the last with
     ``--fsdp-grad-sync last-micro-step``). Overlap (FSDP2's streams: ``_fsdp_param_group.py``): a unit's
     all-gather is prefetched behind the previous unit's compute (implicit in forward, ``_backward_prefetch`` in
-    backward) and each reduce-scatter runs beside the next unit's backward; exposed: each pass's first gather,
-    the last reduce-scatter (the root's) and any overrun (``advisor.timing.step.exposed_s``). HSDP: gathers and
+    backward) and each reduce-scatter, issued after its unit's backward, shares the link with the gathers;
+    exposed, unit by unit (``advisor.timing.step.prefetched_exposed_s``): each pass's first gather, whatever a
+    gather outlasts the compute of the unit before it, and the root's reduce-scatter, last. HSDP: gathers and
     reduce-scatters inside the node, then an all-reduce of the fp32 shards across nodes (exposed only where it
     outlasts backward). Optimizer: fused AdamW over this rank's shards; offload: the shards' PCIe copies and the
     CPU step (torch's foreach loop at host memory bandwidth), exposed.
@@ -61,15 +72,16 @@ def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime, gr
     us = units(stats, n)
     pieces = max(1, len(us))
     fwd_b, bwd_b, rs_b = volumes(fs, ctx)
-    if n > 1:
-        ag_f = sum(fabric.time_s("all_gather", u.padded * d.param) for u in us)
-        ag_b = sum(fabric.time_s("all_gather", u.padded * d.param) for u in us[1:]) if fs.reshard else 0.0
-        rs_times = [fabric.time_s("reduce_scatter", u.trainable_padded * d.reduce) for u in us if u.trainable_padded]
-    else:
-        ag_f = ag_b = 0.0
-        rs_times = []
+    fwd_c, bwd_c = unit_compute_s(c, [u.numel for u in us])
+    ag_u = [fabric.time_s("all_gather", u.padded * d.param) if n > 1 else 0.0 for u in us]
+    rs_u = [
+        fabric.time_s("reduce_scatter", u.trainable_padded * d.reduce) if n > 1 and u.trainable_padded else 0.0
+        for u in us
+    ]
+    rs_times = [x for x in rs_u if x]
+    ag_f = sum(ag_u)
+    ag_b = sum(ag_u[1:]) if fs.reshard else 0.0
     rs = sum(rs_times)
-    rs_last = rs_times[0] if rs_times else 0.0  # the root reduces last
     syncs = ga if fs.sync_every(ctx) else 1
     ar = ar_exposed = 0.0
     coll: list[Collective] = []
@@ -78,12 +90,21 @@ def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime, gr
         ar = across.time_s("all_reduce", rs_b // n) if hw.num_nodes > 1 else 0.0
         # The root's shard after backward, and any overrun; never more than the all-reduce itself.
         ar_exposed = min(ar, max(0.0, ar - c.bwd_s) + (ar / pieces))
-    fwd_x = exposed_s(ag_f, c.fwd_s, pieces, first_s=ag_f / pieces)
-    bwd_x = exposed_s(
-        ag_b + rs, c.bwd_s, pieces + len(rs_times), first_s=ag_b / pieces if ag_b else 0.0, last_s=rs_last
+    # Per unit (advisor.timing.step.prefetched_exposed_s), one unit ahead: forward gathers the root, computes the
+    # blocks, then the root's head and loss; backward starts with the root's (not resharded: no gather), then the
+    # blocks in reverse, each reduce-scatter issued after its unit's backward, the root's last (the input
+    # embedding's gradient is ready last). The embedding lookup's compute is left out (the root's compute is put
+    # after the blocks): a simplification.
+    fwd_layers = [Layer(ag_u[0], 0.0)] + [Layer(ag_u[i], fwd_c[i]) for i in range(1, len(us))] + [Layer(0.0, fwd_c[0])]
+    bwd_layers = (
+        [Layer(0.0, bwd_c[0])]
+        + [Layer(ag_u[i] if fs.reshard else 0.0, bwd_c[i], rs_u[i]) for i in reversed(range(1, len(us)))]
+        + [Layer(0.0, 0.0, rs_u[0])]
     )
-    rs_only_x = exposed_s(rs, c.bwd_s, len(rs_times), last_s=rs_last)
-    ag_b_only_x = exposed_s(ag_b, c.bwd_s, pieces, first_s=ag_b / pieces) if ag_b else 0.0
+    fwd_x = prefetched_exposed_s(fwd_layers)
+    bwd_x = prefetched_exposed_s(bwd_layers)
+    ag_b_only_x = prefetched_exposed_s([replace(x, reduce_s=0.0) for x in bwd_layers])
+    rs_x = min(rs, max(0.0, bwd_x - ag_b_only_x))  # the reduce-scatters' share: what they add to the gathers'
     # Per optimizer step: every micro-step gathers; the reduce-scatter runs on `syncs` of them.
     exposed = ga * fwd_x + syncs * bwd_x + (ga - syncs) * ag_b_only_x + syncs * ar_exposed
     comm = ga * (ag_f + ag_b) + syncs * (rs + ar)
@@ -97,7 +118,7 @@ def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime, gr
                 fwd_b,
                 ga * (len(us) + (len(us) - 1 if ag_b else 0)),
                 ga * (ag_f + ag_b),
-                ga * fwd_x + (ga - syncs) * ag_b_only_x + syncs * max(0.0, bwd_x - rs_only_x),
+                ga * fwd_x + (ga - syncs) * ag_b_only_x + syncs * (bwd_x - rs_x),
                 passes=ga * (2 if ag_b else 1),
             )
         )
@@ -111,7 +132,7 @@ def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime, gr
                 rs_b,
                 syncs * len(rs_times),
                 syncs * rs,
-                syncs * min(bwd_x, rs_only_x),
+                syncs * rs_x,
                 passes=syncs,
             )
         )
@@ -168,9 +189,9 @@ def step_time(fs: FSDP2Rule, ctx: StrategyContext, t: Timing, c: ComputeTime, gr
     else:
         opt = optimizer_step_s(ctx, t, part, d.orig, d.orig, d.orig)
     overlap = (
-        "each unit's all-gather prefetched behind the previous unit's compute, each reduce-scatter beside "
-        "the next unit's backward; exposed: each pass's first gather, the root's reduce-scatter and any "
-        "overrun"
+        "per unit, each all-gather prefetched behind the previous unit's compute, each reduce-scatter after "
+        "its unit's backward; exposed: each pass's first gather, whatever a gather outlasts the compute it "
+        "hides behind, and the root's reduce-scatter"
     )
     return accumulated_step(
         ctx,

@@ -4,14 +4,25 @@ deepspeed/runtime/zero/stage_1_and_2.py and stage3.py (DeepSpeed 0.19)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from advisor.context import StrategyContext
 from advisor.memory import states_per_element
-from advisor.timing.comm import pcie_transfer_s, split_buckets
+from advisor.profile import ZERO3_PERSISTENCE_THRESHOLD
+from advisor.timing.comm import Fabric, pcie_transfer_s, split_buckets
 from advisor.timing.compute import ComputeTime
-from advisor.timing.step import FOREACH_FACTOR, HOST_MEM_GBPS, HOST_MEM_SOURCE, Collective, StepTime, exposed_s
+from advisor.timing.step import (
+    FOREACH_FACTOR,
+    HOST_MEM_GBPS,
+    HOST_MEM_SOURCE,
+    Collective,
+    Layer,
+    StepTime,
+    prefetched_exposed_s,
+)
 
-from ..base import Timing, accumulated_step, fabric_of, optimizer_step_s
-from .ds_config import bucket_elems
+from ..base import Timing, accumulated_step, fabric_of, optimizer_step_s, unit_compute_s
+from .ds_config import DS_MAX_LIVE_PARAMETERS, bucket_elems
 from .sizes import module_dtype_bytes, quantized_sizes
 
 
@@ -46,6 +57,108 @@ def gathered_total(ctx: StrategyContext, quantized_base: bool) -> int:
     return (stats.num_params - stats.persistent_params) * module_dtype_bytes(ctx)
 
 
+@dataclass(frozen=True)
+class Stage3Passes:
+    """One ZeRO-3 micro-step's layers in execution order (``advisor.timing.step.Layer``): ``fwd`` and ``bwd``
+    (reduce buckets on the layer whose gradients close them), the seconds of one pass's gathers and of the
+    reduce-scatters, how many gathers and reduce-scatters one pass runs, the bytes one pass gathers, and how many
+    modules ahead DeepSpeed's prefetch issues their gathers."""
+
+    fwd: tuple[Layer, ...]
+    bwd: tuple[Layer, ...]
+    gather_s: float
+    reduce_s: float
+    gathers: int
+    reduces: int
+    gathered: int
+    ahead: int
+
+
+def stage3_passes(
+    ctx: StrategyContext, fabric: Fabric, c: ComputeTime, quantized_base: bool, b: dict[str, int]
+) -> Stage3Passes:
+    """ZeRO-3's forward and backward of one micro-step, module by module (deepspeed/runtime/zero/stage3.py,
+    partitioned_param_coordinator.py; DeepSpeed 0.19). Simplifications, each stated:
+
+    * a gathered module is a parameter of at least ``stage3_param_persistence_threshold`` elements (a linear's
+      weight; its bias and norms are below it and stay persistent), from ``ParamStats.fsdp_units``; its bytes
+      are its share of ``gathered_total`` (QLoRA: the packed storage);
+    * the root's parameters (embeddings, final norm, an untied head) are gathered before the first block in both
+      passes (the tied head's second gather is not counted, as in ``gathered_total``); its compute (head, loss)
+      runs after the last block in forward and first in backward (``strategies.base.unit_compute_s``), a block's
+      among its modules in proportion to their parameters;
+    * gradients join the reduce bucket (``reduce_bucket_size`` elements) as each module's backward ends; a full
+      bucket is reduce-scattered when the next gradient does not fit (stage3.py
+      ``reduce_independent_p_g_buckets_and_remove_grads``), the rest at the end of backward
+      (``independent_gradient_partition_epilogue``), the root's gradients last (the input embedding's);
+    * prefetch (``fetch_sub_module``: after each fetch, gathers of the next modules until
+      ``stage3_prefetch_bucket_size`` elements are in flight, at most ``stage3_max_live_parameters`` gathered):
+      one module ahead when a module holds at least the prefetch bucket, otherwise as many as the live
+      parameters allow (each fetch adds more than it uses until that cap).
+
+    No unit list (a hand-made ParamStats): ``num_gathered_modules`` equal modules in one stack."""
+    stats, w = ctx.profile.stats, module_dtype_bytes(ctx)
+    gathered = gathered_total(ctx, quantized_base) if ctx.world_size > 1 else 0
+    units = stats.fsdp_units
+    if units:
+        big = [[size for _d, size, _t, _l in u if size >= ZERO3_PERSISTENCE_THRESHOLD] for u in units]
+        numel = [sum(size for _d, size, _t, _l in u) for u in units]
+        grads = [sum(size for _d, size, t, _l in u if t) for u in units]
+    else:
+        modules = max(1, stats.num_gathered_modules or stats.num_param_tensors)
+        each = max(1, (stats.num_params - stats.persistent_params) // modules)
+        big = [[], [each] * modules]
+        numel, grads = [0, stats.num_params], [0, stats.num_trainable]
+    pieces = sum(len(x) for x in big)
+    scale = gathered / max(1, sum(sum(x) for x in big))
+
+    def gather(elems: int) -> float:
+        return fabric.time_s("all_gather", int(elems * scale)) if gathered else 0.0
+
+    fwd_c, bwd_c = unit_compute_s(c, numel)
+    root_gathers = [Layer(gather(x), 0.0) for x in big[0]]
+    fwd: list[Layer] = list(root_gathers)
+    bwd: list[Layer] = list(root_gathers) + [Layer(0.0, bwd_c[0])]
+    cap = max(1, b["reduce_bucket_size"])
+    bucket = 0
+    reduce_s, reduces = 0.0, 0
+
+    def flush() -> float:
+        nonlocal bucket, reduce_s, reduces
+        s = fabric.time_s("reduce_scatter", bucket * w) if bucket and ctx.world_size > 1 else 0.0
+        reduce_s, reduces, bucket = reduce_s + s, reduces + (1 if s else 0), 0
+        return s
+
+    for i in range(1, len(units) if units else 2):
+        mods = big[i] or [0]
+        total = max(1, sum(mods))
+        fwd += [Layer(gather(m), fwd_c[i] * (m / total if big[i] else 1.0)) for m in mods]
+        for m in reversed(mods):
+            g = grads[i] * m // total if big[i] else grads[i]
+            r = flush() if bucket and bucket + g > cap else 0.0
+            bucket += g
+            bwd.append(Layer(gather(m), bwd_c[i] * (m / total if big[i] else 1.0), r))
+    fwd.append(Layer(0.0, fwd_c[0]))
+    r = flush() if bucket and bucket + grads[0] > cap else 0.0
+    bucket += grads[0]
+    bwd.append(Layer(0.0, 0.0, r + flush()))
+    block_mods = [m for x in big[1:] for m in x]
+    mean = sum(block_mods) // max(1, len(block_mods))
+    prefetch = b["stage3_prefetch_bucket_size"]
+    live = b.get("stage3_max_live_parameters", DS_MAX_LIVE_PARAMETERS)
+    ahead = 1 if mean >= prefetch or mean <= 0 else max(1, min(pieces, live // mean))
+    return Stage3Passes(
+        fwd=tuple(fwd),
+        bwd=tuple(bwd),
+        gather_s=sum(x.gather_s for x in fwd),
+        reduce_s=reduce_s,
+        gathers=pieces,
+        reduces=reduces,
+        gathered=gathered,
+        ahead=ahead,
+    )
+
+
 def step_time(
     ctx: StrategyContext,
     t: Timing,
@@ -65,10 +178,12 @@ def step_time(
       only its partition), all-gather after the step. The emitted config sets ``overlap_comm`` false for
       stages 1-2, so each bucket is reduced inside the backward hook that filled it: nothing overlaps;
     * ZeRO-3 (``overlap_comm`` true, prefetch ``stage3_prefetch_bucket_size``): every micro-step gathers the
-      non-persistent parameters module by module in forward and again in backward and reduce-scatters the
-      gradients; gathers are prefetched behind the compute of the modules before them, the reduce-scatter
-      runs beside backward; exposed: the first module's gather of each pass, the last reduce bucket, and
-      whatever communication outlasts compute (``advisor.timing.step.exposed_s``);
+      non-persistent parameters module by module in forward and again in backward (the parameters are released
+      after each module) and reduce-scatters the gradients bucket by bucket; overlap per module
+      (``stage3_passes``, ``advisor.timing.step.prefetched_exposed_s``): a prefetched gather hides only behind
+      the compute of the modules it is issued ahead of, so at a small micro-batch, where a module's gather
+      outlasts its neighbour's compute, each module exposes the difference; a reduce bucket starts once its
+      gradients exist and shares the link with the gathers; the last bucket waits for the end of backward;
     * offload: the gradient partition goes to host memory over PCIe on every micro-step, the optimizer runs on
       the CPU (torch's foreach loop, all the node's ranks sharing the host memory bandwidth), the updated
       16-bit partition comes back over PCIe (ZeRO-3 + offload_param: the parameter partition comes up before
@@ -120,23 +235,23 @@ def step_time(
         comm = exposed = per * rs_s + ag_s
         overlap = "none: the emitted ds_config sets overlap_comm false for ZeRO-1/2"
     else:
-        gathered = gathered_total(ctx, quantized_base)
-        modules = max(1, stats.num_gathered_modules or stats.num_param_tensors)
-        ag_s = fabric.time_s("all_gather", gathered // modules) * modules if n > 1 and gathered else 0.0
-        rs_s, rs_last, rs_calls = run("reduce_scatter", grads, b["reduce_bucket_size"] * w)
-        first = ag_s / modules
-        fwd = exposed_s(ag_s, c.fwd_s, modules, first_s=first)
-        bwd = exposed_s(ag_s + rs_s, c.bwd_s, modules + rs_calls, first_s=first, last_s=rs_last)
+        plan = stage3_passes(ctx, fabric, c, quantized_base, b)
+        ag_s, rs_s = plan.gather_s, plan.reduce_s
+        fwd = prefetched_exposed_s(plan.fwd, plan.ahead)
+        bwd = prefetched_exposed_s(plan.bwd, plan.ahead)
+        bwd_ag = prefetched_exposed_s([replace(x, reduce_s=0.0) for x in plan.bwd], plan.ahead)
+        # The reduce-scatters' share of backward's exposure: what they add to the gathers' own.
+        rs_x = min(rs_s, max(0.0, bwd - bwd_ag))
         if ag_s:
             coll.append(
                 Collective(
-                    f"parameter all-gather in forward and in backward (every micro-step, {modules} modules)",
+                    f"parameter all-gather in forward and in backward (every micro-step, {plan.gathers} modules)",
                     "all_gather",
                     "data-parallel",
-                    gathered,
-                    2 * ga * modules,
+                    plan.gathered,
+                    2 * ga * plan.gathers,
                     2 * ga * ag_s,
-                    ga * (fwd + bwd - min(bwd, rs_last)),
+                    ga * (fwd + bwd - rs_x),
                     passes=2 * ga,
                 )
             )
@@ -147,17 +262,18 @@ def step_time(
                     "reduce_scatter",
                     "data-parallel",
                     grads,
-                    ga * rs_calls,
+                    ga * plan.reduces,
                     ga * rs_s,
-                    ga * min(bwd, rs_last),
+                    ga * rs_x,
                     passes=ga,
                 )
             )
         comm, exposed = ga * (2 * ag_s + rs_s), ga * (fwd + bwd)
         overlap = (
-            "parameter gathers prefetched behind the compute of the modules before them, the gradient "
-            "reduce-scatter beside backward (overlap_comm); exposed: each pass's first gather, the last "
-            "reduce bucket and any overrun"
+            "per module, each gather prefetched behind the compute of the modules before it (up to "
+            f"{plan.ahead} module{'s' if plan.ahead > 1 else ''} ahead), each reduce bucket once its gradients "
+            "exist (overlap_comm); exposed: the first gathers, whatever a gather outlasts the compute it hides "
+            "behind, and the last reduce bucket"
         )
     k_opt = 0.0
     host = 0.0
