@@ -85,19 +85,70 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first, then the parent, ...; the start time
+    is index 19), or None for a process that is gone (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()  # comm may hold spaces and ')': split after its last ')'
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """Every live process below ``pid`` (children, their children, ...) as (pid, start time), read from Linux's
+    /proc; [] where /proc is missing. The start time tells a process from a later one given the same pid."""
+    try:
+        entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    info = {e: s for e in entries if (s := _stat(e)) is not None and len(s) > 19}
+    found: list[tuple[int, str]] = []
+    frontier = {pid}
+    while frontier:
+        children = {c for c, s in info.items() if int(s[1]) in frontier}
+        found += [(c, info[c][19]) for c in sorted(children)]
+        frontier = children
+    return found
+
+
+def _alive(pid: int, started: str) -> bool:
+    """Whether the process ``pid`` that started at ``started`` still runs (not a zombie, not a newer process
+    given the same pid)."""
+    s = _stat(pid)
+    return s is not None and len(s) > 19 and s[19] == started and s[0] not in ("Z", "X")
+
+
 def kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the launcher's whole process group, then SIGKILL whatever is left after 5 s."""
+    """SIGTERM the launcher's whole process group, then SIGKILL whatever is left after 5 s, its descendants in
+    other sessions included: torchrun starts each rank in a session of its own (torch.distributed.elastic's
+    subprocess handler, ``start_new_session``), so a killpg of the launcher's group misses the ranks, and a
+    launcher killed before it has stopped them (a busy machine: more than 5 s to act on SIGTERM) would leave
+    them training. The descendants are listed before the first signal, while they still have their parent."""
+    below = descendants(proc.pid)
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        if sig == signal.SIGKILL:
+            for pid, started in below:
+                if _alive(pid, started):
+                    try:
+                        os.kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
         try:
             os.killpg(proc.pid, sig)
+            group = True
         except ProcessLookupError:
-            return
+            group = False
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
             proc.poll()  # reap the leader so it does not linger as a zombie
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
+            if group:
+                try:
+                    os.killpg(proc.pid, 0)
+                except ProcessLookupError:
+                    group = False
+            if not group and not any(_alive(pid, started) for pid, started in below):
                 return
             time.sleep(0.1)
 

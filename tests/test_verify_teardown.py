@@ -258,3 +258,23 @@ def test_deepspeed_launch_sh_says_so_on_a_cpu(tmp_path):
         "minutes, once; cached in torch's extension directory): nothing is printed until it is done\"\nfi\n"
     ) in zero
     assert "compiles" not in render_files(p, "ddp")["launch.sh"]
+
+
+def test_kill_group_reaches_descendants_in_sessions_of_their_own():
+    """torchrun starts each rank in a session of its own, so a killpg of the launcher's group misses them: a
+    launcher that dies on SIGTERM before stopping its children (here bash, whose setsid children ignore the
+    group's signal) leaves them running unless kill_group kills its descendants too, by pid and start time."""
+    import subprocess
+
+    from advisor.processes import _alive, descendants, kill_group
+
+    leader = subprocess.Popen(["bash", "-c", "setsid sleep 300 & setsid sleep 301 & wait"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while len(descendants(leader.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    below = descendants(leader.pid)
+    assert len(below) == 2
+    assert all(os.getpgid(pid) == pid for pid, _ in below)  # each its own group: killpg(leader) cannot reach them
+    kill_group(leader)
+    assert leader.poll() is not None
+    assert not any(_alive(pid, started) for pid, started in below)
