@@ -191,25 +191,6 @@ def optimizer_step_s(
     return numel * per * factor / t.rates.bytes_per_s if t.rates.bytes_per_s else 0.0
 
 
-def unit_compute_s(c: ComputeTime, numels: list[int]) -> tuple[list[float], list[float]]:
-    """Forward and backward seconds of each unit of a micro-step, for units of ``numels`` parameters, the root
-    (everything outside the repeated blocks: embeddings, final norm, head) first, then one per repeated block, as
-    ``ParamStats.fsdp_units`` lists them. A deep stack's split (``ComputeTime.blocks``: one block's seconds from
-    the one- and two-block traces) when it has one block per unit, the root the rest of each phase (its head and
-    loss); otherwise each phase in proportion to the units' parameters (a simplification: a transformer's compute
-    is mostly 2 x tokens x parameters of its linears, and the attention scores are left out of that share)."""
-    blocks = len(numels) - 1
-    if blocks >= 1 and c.blocks == blocks:
-        bf, bb = c.block_fwd_s, c.block_bwd_s
-        return [max(0.0, c.fwd_s - blocks * bf)] + [bf] * blocks, [max(0.0, c.bwd_s - blocks * bb)] + [bb] * blocks
-    total = sum(numels)
-    if total <= 0:
-        share = [1 / max(1, len(numels))] * len(numels)
-    else:
-        share = [x / total for x in numels]
-    return [c.fwd_s * x for x in share], [c.bwd_s * x for x in share]
-
-
 def accumulated_step(
     ctx: StrategyContext,
     t: Timing,

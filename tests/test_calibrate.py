@@ -430,7 +430,7 @@ def test_no_writable_cache_dir_and_no_gpu_are_bad_input(tmp_path, monkeypatch, c
     def refuse(*args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("advisor.calibrate_face.tempfile.NamedTemporaryFile", refuse)
+    monkeypatch.setattr("advisor.cache_face.tempfile.NamedTemporaryFile", refuse)
     assert main(["calibrate", "--device", "cpu"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"advisor: error: {tmp_path / 'cache'} cannot be written (Permission denied): nowhere to store the "

@@ -9,7 +9,7 @@ from dataclasses import replace
 from advisor.context import StrategyContext
 from advisor.memory import states_per_element
 from advisor.timing.comm import pcie_transfer_s
-from advisor.timing.compute import ComputeTime
+from advisor.timing.compute import ComputeTime, unit_compute_s
 from advisor.timing.step import (
     FOREACH_FACTOR,
     HOST_MEM_GBPS,
@@ -20,7 +20,7 @@ from advisor.timing.step import (
     prefetched_exposed_s,
 )
 
-from ..base import Timing, accumulated_step, fabric_of, optimizer_step_s, unit_compute_s
+from ..base import Timing, accumulated_step, fabric_of, optimizer_step_s
 from .layout import FSDP2Rule, units
 
 

@@ -10,7 +10,7 @@ from advisor.context import StrategyContext
 from advisor.memory import states_per_element
 from advisor.profile import ZERO3_PERSISTENCE_THRESHOLD
 from advisor.timing.comm import Fabric, pcie_transfer_s, split_buckets
-from advisor.timing.compute import ComputeTime
+from advisor.timing.compute import ComputeTime, unit_compute_s
 from advisor.timing.step import (
     FOREACH_FACTOR,
     HOST_MEM_GBPS,
@@ -21,7 +21,7 @@ from advisor.timing.step import (
     prefetched_exposed_s,
 )
 
-from ..base import Timing, accumulated_step, fabric_of, optimizer_step_s, unit_compute_s
+from ..base import Timing, accumulated_step, fabric_of, optimizer_step_s
 from .ds_config import DS_MAX_LIVE_PARAMETERS, bucket_elems
 from .sizes import module_dtype_bytes, quantized_sizes
 
@@ -85,7 +85,7 @@ def stage3_passes(
       are its share of ``gathered_total`` (QLoRA: the packed storage);
     * the root's parameters (embeddings, final norm, an untied head) are gathered before the first block in both
       passes (the tied head's second gather is not counted, as in ``gathered_total``); its compute (head, loss)
-      runs after the last block in forward and first in backward (``strategies.base.unit_compute_s``), a block's
+      runs after the last block in forward and first in backward (``advisor.timing.compute.unit_compute_s``), a block's
       among its modules in proportion to their parameters;
     * gradients join the reduce bucket (``reduce_bucket_size`` elements) as each module's backward ends; a full
       bucket is reduce-scattered when the next gradient does not fit (stage3.py
