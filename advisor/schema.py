@@ -211,7 +211,7 @@ class RunOptions:
         None,
         flag="--emit",
         metavar="DIR",
-        help="write train.py, launch.sh, slurm.sbatch (and ds_config.json) into DIR (with "
+        help="write train.py (and its data.py), launch.sh, slurm.sbatch (and ds_config.json) into DIR (with "
         "--verify: the run's directory; default advisor-runs/MODEL-STRATEGY-TIME)",
     )
     force: bool = _f(False, flag="--force", help="let --emit overwrite its own files in a non-empty DIR")

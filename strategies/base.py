@@ -411,6 +411,14 @@ class Strategy(ABC):
     # reads resumable checkpoints (torch.distributed.checkpoint by default).
     script_parts: tuple[str, ...] = ("checkpoint_dcp.py",)
 
+    # The shared training loop (templates/loop.py): the template modules with this strategy's functions for it
+    # (``start``, ``wrap_model``, ``micro_step_context``, ...). Empty: the strategy's own ``template`` holds its main().
+    script_loop: tuple[str, ...] = ()
+
+    def script_variants(self, job: ScriptJob) -> dict[str, str]:
+        """The variant (``strategies.pick``) of each of its template functions that has several, for ``job``."""
+        return {}
+
     def script_tags(self, job: ScriptJob) -> set[str]:
         """The template blocks (``strategies.render.select_blocks``) this strategy's script keeps beyond the job-wide
         ones: only the code that runs for this job is written."""

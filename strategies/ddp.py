@@ -171,6 +171,11 @@ class DDP(Strategy):
     quantized_base = True  # QLoRA: each rank holds the quantized base; only the adapters' gradients are reduced
     comm_pattern = "all-reduce of the gradients in buckets, overlapped with backward"
     script_imports = (*DCP_IMPORTS, "from torch.nn.parallel import DistributedDataParallel as DDP")
+    script_loop = ("torch_steps.py", "ddp.py")
+
+    def script_variants(self, job: ScriptJob) -> dict[str, str]:
+        # SyncBatchNorm's decision where a model may have BatchNorm (images, your own model); transformers have none.
+        return {"wrap_model": "plain" if job.spec.is_transformer else "batchnorm"}
 
     def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
         # SyncBatchNorm below this per-GPU batch (docs/pitfalls.md, pitfall 8: small batches need global statistics);

@@ -3,12 +3,17 @@
 
 A generated ``train.py`` is flat and import-free of this project: a docstring with the launch
 lines and the batch arithmetic, a block of constants (every value written with ``repr`` of
-validated data, so nothing the user typed becomes code), helpers copied from this package with
-``inspect.getsource`` (activation checkpointing, where used), ``templates/common.py`` and
-the strategy's own template. Nothing of the measurement is in it: ``--verify``, bench and the tests run it through
-``strategies/probe/_advisor_probe.py``.
+validated data, so nothing the user typed becomes code), then ``main()`` and the functions it calls, copied whole
+(``strategies.pick``) from the template modules: advisor's activation-checkpointing helpers (``inspect.getsource``),
+``templates/common.py``, the process group's helpers, the model family's fragment, LoRA's ``templates/adapters.py``,
+the checkpoint part and the strategy's own. Single and DDP are built on the shared loop, ``templates/loop.py``'s
+``main()``, with their functions from ``templates/torch_steps.py`` and their own module (``Strategy.script_loop``);
+each function the job needs in one of several variants is picked by name (``variants``). FSDP2, TP and ZeRO still
+carry a ``main()`` of their own. Nothing of the measurement is in a script: ``--verify``, bench and the tests run it
+through ``strategies/probe/_advisor_probe.py``.
 
-Fine-tuning with LoRA / QLoRA (``job.spec.adapter``) is written into the same templates as optional blocks: lines
+Not yet ported to whole functions: the shared template files (common.py, collectives.py, local.py, adapters.py,
+checkpoint_*.py, the families' fragments) and the FSDP2/TP/ZeRO templates keep optional blocks: lines
 between ``# [TAG]`` and ``# [/TAG]`` (each marker alone on its line) are kept, without the markers, only where the
 tag applies (``_block_tags``): ``full`` (no adapter), ``lora`` (any adapter), ``lora16`` (LoRA on a 16/32-bit
 base), ``qlora`` (a bitsandbytes-quantized base), ``generic-base`` (``templates/adapters.py``'s ``build_base``, for
@@ -37,6 +42,7 @@ from advisor.models import ModelSpec, family_of
 from . import get_strategy, strategy_names
 from .emit_manifest import MANIFEST, edited_files, kept_copy, manifest_text, stale_files
 from .launchers import check_options_lines
+from .pick import pick
 from .slurm import SLURM_FILE, render_slurm
 
 if TYPE_CHECKING:
@@ -572,6 +578,11 @@ def _helpers_source(job: Job, template: str) -> str:
     return "# --- helpers copied from advisor ---\n" + "\n\n\n".join(inspect.getsource(f).strip("\n") for f in parts)
 
 
+def _parts(names: list[str] | tuple[str, ...], tags: set[str]) -> list[tuple[str, str]]:
+    """(file name, text) of template modules, their optional blocks selected for ``tags``."""
+    return [(name, select_blocks((TEMPLATES / name).read_text(), tags)) for name in names]
+
+
 def _used_names(statement: str, text: str) -> str:
     """``from M import (a, b, ...)`` cut to the names ``text`` uses (one per line when more than one; empty when none);
     any other import statement unchanged."""
@@ -585,6 +596,24 @@ def _used_names(statement: str, text: str) -> str:
     return f"from {m.group(1)} import (\n" + "".join(f"    {n},\n" for n in used) + ")"
 
 
+def variants(job: Job) -> dict[str, str]:
+    """The variant of each function the shared loop's template modules offer in several (``strategies.pick``): the
+    job's precision, model (full, LoRA on a 16/32-bit base, QLoRA), activation checkpointing and export, then the
+    strategy's own (``Strategy.script_variants``)."""
+    adapter = job.spec.adapter
+    pure = job.precision == Precision.PURE_BF16
+    model = "qlora" if adapter and adapter.quantize else "lora" if adapter else "pure_bf16" if pure else "full"
+    # --export-merged: LoRA on a 16/32-bit base only (no merging into a quantized base)
+    export = "lora" if adapter and adapter.quantize else "lora_merged" if adapter else "full"
+    return {
+        "precision_dtypes": "pure_bf16" if pure else "mixed",
+        "prepare_model": model,
+        "checkpoint_activations": "on" if job.activation_checkpointing else "off",
+        "export": export,
+        **job.strategy_unit.script_variants(job),
+    }
+
+
 def render_train_py(job: Job) -> str:
     consts = _constants(job)
     launch = launch_command_for(job)
@@ -594,21 +623,23 @@ def render_train_py(job: Job) -> str:
     # A family's fragment may bring its own LoRA base (``build_base``: the transformer's loads --init-from with
     # from_pretrained); otherwise templates/adapters.py's generic one is used.
     tags = _block_tags(job, family_has_base=lora and "def build_base(" in select_blocks(fragment, _block_tags(job)))
-    template = select_blocks((TEMPLATES / strategy.template).read_text(), tags)
-    adapters = select_blocks((TEMPLATES / "adapters.py").read_text(), tags) if lora else ""
-    body = [
-        _helpers_source(job, template),
-        select_blocks((TEMPLATES / "common.py").read_text(), tags),
+    # The shared loop (templates/loop.py) with the strategy's function modules, or the strategy's own main().
+    own = ["loop.py", *strategy.script_loop] if strategy.script_loop else [strategy.template]
+    template = "\n".join((TEMPLATES / name).read_text() for name in own)
+    sources = [
+        ("advisor.checkpointing", _helpers_source(job, template)),
+        ("common.py", select_blocks((TEMPLATES / "common.py").read_text(), tags)),
         # The process group's helpers, or their one-process stand-ins (a one-process script never touches
         # torch.distributed).
-        select_blocks((TEMPLATES / ("collectives.py" if strategy.distributes else "local.py")).read_text(), tags),
-        select_blocks(fragment, tags),
-        adapters,
-        *(select_blocks((TEMPLATES / part).read_text(), tags) for part in strategy.script_parts),
-        template,
+        *_parts(["collectives.py" if strategy.distributes else "local.py"], tags),
+        ("the model family's fragment", select_blocks(fragment, tags)),
+        *_parts(["adapters.py"] if lora else [], tags),
+        *_parts(strategy.script_parts, tags),
+        *_parts(own, tags),
     ]
-    # Two blank lines between the parts, as between any two top-level definitions.
-    text = "\n\n\n".join(part.strip("\n") for part in body if part.strip()) + "\n"
+    text = pick(
+        [(where, part) for where, part in sources if part.strip()], variants(job) if strategy.script_loop else {}
+    )
     # The standard-library modules the script uses (no unused import).
     quiet = BNB_QUIET if lora or "bnb" in tags else ""
     stdlib = sorted(m for m in _STDLIB if re.search(rf"\b{m}\.[A-Za-z_]", text + quiet))
@@ -616,8 +647,12 @@ def render_train_py(job: Job) -> str:
     lines = [
         _docstring(job, launch),
         "",
+        # annotations name the script's own classes, defined after main(), which uses them first
+        "from __future__ import annotations",
+        "",
         *(f"import {m}" for m in stdlib),
         "",
+        *(["import data  # data.py, beside this file: the --data readers"] if _data_module(job) else []),
         "import torch",
         *(["import torch.distributed as dist"] if strategy.distributes else []),
         *(i for i in imports if i),
@@ -632,8 +667,17 @@ def render_train_py(job: Job) -> str:
         "",
         "",
         text,
+        "",
+        'if __name__ == "__main__":',
+        "    main()",
+        "",
     ]
     return "\n".join(lines)
+
+
+def _data_module(job: Job) -> str | None:
+    """``data.py`` for ``job`` (None: its family has no readers of its own)."""
+    return family_of(job.spec).data_module()
 
 
 def render_launch_sh(job: Job) -> str:
@@ -690,6 +734,9 @@ def render_job(job: Job) -> dict[str, str]:
         "launch.sh": render_launch_sh(job),
         SLURM_FILE: render_slurm(job, job.time_limit_s, job.folder),
     }
+    data = _data_module(job)
+    if data is not None:
+        files["data.py"] = data
     files.update(job.strategy_unit.extra_files(job))
     return files
 
@@ -712,7 +759,7 @@ def launch_command(plan: RenderedPlan, strategy: str) -> str | None:
     return get_strategy(strategy).launcher.command(hw.gpus_per_node, hw.num_nodes, MASTER_PORT)
 
 
-OWN_FILES = ("train.py", "launch.sh", "slurm.sbatch", "ds_config.json", "hostfile")
+OWN_FILES = ("train.py", "data.py", "launch.sh", "slurm.sbatch", "ds_config.json", "hostfile")
 
 
 def check_emit_dir(out_dir: str | Path, force: bool, names: list[str] | tuple[str, ...] = OWN_FILES) -> Path:

@@ -28,7 +28,7 @@ class Single(Strategy):
     title = "Single GPU"
     framework = "torch"
     launcher = PYTHON
-    template = "single.py"
+    script_loop = ("torch_steps.py", "single.py")
     script_parts = ("checkpoint_local.py",)  # one process: torch.save, no torch.distributed
     distributes = False
     comm_order = -1  # no communication at all: first among ties

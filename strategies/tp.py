@@ -67,8 +67,18 @@ class TensorParallel(Strategy):
         "wrap here: use single, ddp, fsdp2 or ZeRO for LoRA"
     )
     client_optimizers = False  # bitsandbytes' and Adafactor's steps on DTensor shards are not verified
-    template = "tp.py"
-    script_imports = DCP_IMPORTS
+    script_loop = ("torch_steps.py", "tp.py")
+    script_imports = (
+        *DCP_IMPORTS,
+        "from torch.distributed.device_mesh import init_device_mesh",
+        "from torch.distributed.tensor import DTensor",
+        "from torch.distributed.tensor.parallel import loss_parallel",
+    )
+
+    def script_variants(self, job: ScriptJob) -> dict[str, str]:
+        # Full weights only (LoRA does not apply: lora_blocker): in bf16 throughout under pure bf16.
+        return {"prepare_model": "pure_bf16" if job.precision == Precision.PURE_BF16 else "full"}
+
     uses_tp_degree = True
     comm_pattern = (
         "all-reduce of the activations twice per block in forward and in backward (tensor parallel), the "

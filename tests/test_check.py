@@ -140,10 +140,24 @@ def test_generated_scripts_are_clean(generated, model, strategy):
 
 # Remove one safeguard from a generated script: the rule guarding it must fire (so "clean" above is
 # not clean by blindness). (model, strategy, text in the script, replacement, expected rule)
+# The generated scripts keep the wrapper in ``run.model`` (templates/loop.py's Run), an attribute assigned in another
+# function than the save: the checker follows an attribute assigned once in the file (advisor/check/scope.py).
 MUTATIONS = [
-    ("resnet18", "ddp", "if rank == 0:\n            export_weights(", "if 1:\n            export_weights(", "MG009"),
-    ("llama", "ddp", "export_weights(ddp.module, args)", "torch.save(ddp.state_dict(), 'model.pt')", "MG007"),
-    ("llama", "ddp", "export_weights(ddp.module, args)", "torch.save(ddp, 'model.pt')", "MG006"),
+    ("resnet18", "ddp", "if run.rank == 0:\n        export_weights(", "if 1:\n        export_weights(", "MG009"),
+    pytest.param(
+        "llama",
+        "ddp",
+        "export_weights(run.module, args)",
+        "torch.save(run.model.state_dict(), 'model.pt')",
+        "MG007",
+    ),
+    pytest.param(
+        "llama",
+        "ddp",
+        "export_weights(run.module, args)",
+        "torch.save(run.model, 'model.pt')",
+        "MG006",
+    ),
     ("llama", "ddp", "    dist.destroy_process_group()\n", "    pass\n", "MG013"),
     ("llama", "ddp", 'if int(os.environ.get("RANK", "0")) == 0:\n        print', "if True:\n        print", "MG009"),
     ("llama", "ddp", "torch.cuda.set_device(local_rank)", "torch.cuda.set_device(rank)", "MG004"),
@@ -151,11 +165,11 @@ MUTATIONS = [
     (
         "resnet18",
         "ddp",
-        "        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)",
-        "        model = torch.nn.Sequential(model, torch.nn.BatchNorm1d(8))",
+        "        run.module = torch.nn.SyncBatchNorm.convert_sync_batchnorm(run.module)",
+        "        run.module = torch.nn.Sequential(run.module, torch.nn.BatchNorm1d(8))",
         "MG010",
     ),
-    ("llama", "tp", "                    g.div_(dp_size)", "                    pass", "MG012"),
+    ("llama", "tp", "            g.div_(run.dp_size)", "            pass", "MG012"),
     ("llama", "zero3", "deepspeed.init_distributed(", "print(", "MG009"),
 ]
 
@@ -779,3 +793,18 @@ def test_framework_scripts_are_not_called_single_process(tmp_path, capsys):
     script.write_text("from accelerate import Accelerator\naccelerator = Accelerator()\n")
     assert main([str(script)]) == 0
     assert "use(s) no torch.distributed" not in capsys.readouterr().err
+
+
+def test_an_attribute_with_one_known_value_is_followed():
+    """``run.model = DDP(...)`` in one function, saved in another: MG006/MG007 see the wrapper through the attribute;
+    an attribute given two known values is not followed (which one is saved is unknown)."""
+    wrap = "\ndef wrap(run):\n    run.model = DDP(run.module)\n"
+    src = (
+        "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+        + wrap
+        + "\ndef main(run):\n    run.model, run.other = make()\n    wrap(run)\n"
+        "    torch.save(run.model.state_dict(), 'm.pt')\n    torch.save(run.model, 'm.pt')\n"
+    )
+    assert sorted(f.rule for f in check_source(src, "x.py")) == ["MG006", "MG007"]
+    twice = src.replace("    wrap(run)\n", "    wrap(run)\n    run.model = run.model.module\n")
+    assert [f.rule for f in check_source(twice, "x.py")] == []

@@ -75,7 +75,7 @@ def test_each_script_carries_only_its_own_mode(emitted):
         "def load_quantized_base": lambda n: "qlora" in n and not n.endswith(zero3),
         # the full weights (a QLoRA script exports the adapters alone: no merged export)
         "_zero3_consolidated_16bit_state_dict": lambda n: n.endswith(zero3) and "qlora" not in n,
-        'make_optimizer(params, torch.device("cpu"))': lambda n: n.endswith("offload"),
+        "# offload: the optimizer steps in host memory": lambda n: n.endswith("offload"),
         "CPUOffloadPolicy": lambda n: n.endswith("fsdp2_offload"),
         "REPLICATE_DEGREE": lambda n: n.endswith("-hsdp"),
         # several accumulation micro-steps and --fsdp-grad-sync last-micro-step: FSDP2's rows of that case

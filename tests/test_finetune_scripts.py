@@ -8,7 +8,6 @@ were loaded), the loss falls, evaluation on the held-out split ran, the saved we
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -23,6 +22,7 @@ from advisor.plan import plan
 from advisor.schema import plan_inputs
 from strategies import get_strategy
 from strategies.render import render_files, write_files
+from tests.emitted import load_train_py
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN = 32
@@ -56,10 +56,7 @@ def pretrained(tmp_path_factory) -> Path:
 
 
 def _load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(f"generated_{path.parent.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_train_py(path, f"generated_{path.parent.name}")
 
 
 def _run_script(job_dir: Path, strategy: str, *script_args: str, steps: int = STEPS) -> dict:
@@ -280,7 +277,7 @@ def test_resume_continues_with_the_same_losses(strategy, lm_runs, pretrained, tm
 
     _, job_dir, uninterrupted_report = lm_runs(strategy)
     resume_dir = tmp_path_factory.mktemp(f"{strategy}-resume")
-    for name in ("train.py", "ds_config.json"):
+    for name in ("train.py", "data.py", "ds_config.json"):
         if (job_dir / name).exists():
             shutil.copy(job_dir / name, resume_dir / name)
     saved = job_dir / "out" / "checkpoints"

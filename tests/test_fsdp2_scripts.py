@@ -4,7 +4,6 @@ model is shared by all the assertions on it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ from advisor.processes import free_port
 from advisor.schema import plan_inputs
 from advisor.verify import TOLERANCE, verify
 from strategies import get_strategy
+from tests.emitted import load_train_py
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_LLAMA = str(ROOT / "tests" / "data" / "small_llama.json")
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 # Run under torchrun: builds each given script's model the way its main() does (meta device, fully_shard,
 # to_empty, init), then saves the full weights, every rank's buffers and its local parameter numel.
 _INIT_PROBE = """\
-import argparse, importlib.util, sys
+import argparse, importlib.util, os, sys
 import torch, torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
@@ -41,6 +41,8 @@ dist.init_process_group("gloo")
 mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("shard",))
 found = {}
 for i, path in enumerate(sys.argv[2:]):
+    sys.modules.pop("data", None)  # each script its own data.py, imported from beside it
+    sys.path.insert(0, os.path.dirname(path))
     spec = importlib.util.spec_from_file_location(f"probe_script_{i}", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -83,10 +85,7 @@ def _report(out: Path) -> dict:
 
 
 def _load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(f"generated_{path.parent.parent.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_train_py(path, f"generated_{path.parent.parent.name}")
 
 
 def _check_fsdp2_memory(result, out: Path) -> None:

@@ -9,7 +9,6 @@ weights, by the adapters' product."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -31,6 +30,7 @@ from strategies.render import (
     select_blocks,
     write_files,
 )
+from tests.emitted import load_train_py
 from tests.fixtures.tiny_llama import save_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,10 +74,7 @@ def _inputs(config: str, gpus: int, **training):
 
 
 def _load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(f"lora_{path.parent.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_train_py(path, f"lora_{path.parent.name}")
 
 
 # --- rendering (quick) -----------------------------------------------------------------------------------------
@@ -132,10 +129,12 @@ def _const(text: str, name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _script_module(text: str, path: Path):
-    """A rendered script as a module (its main() does not run: the __main__ guard)."""
+def _script_module(files: dict[str, str], path: Path):
+    """A rendered script as a module (its main() does not run: the __main__ guard), its data.py beside it."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "train.py").write_text(text)
+    for name in ("train.py", "data.py"):
+        if name in files:
+            (path / name).write_text(files[name])
     return _load_script(path / "train.py")
 
 
@@ -143,7 +142,7 @@ def test_add_lora_freezes_the_base_and_trains(tmp_path):
     """The script's add_lora: only the adapters trainable (lora_B zero), and the model back in training mode (a base
     from from_pretrained comes in eval mode, where transformers' blocks skip activation checkpointing)."""
     p = plan(_inputs(SMALL_LLAMA, 2, **LORA), device="cpu")
-    script = _script_module(render_files(p, "ddp")["train.py"], tmp_path / "probe")
+    script = _script_module(render_files(p, "ddp"), tmp_path / "probe")
     model = script.add_lora(script.build_model().eval())
     assert all(m.training for m in model.modules())
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -159,8 +158,9 @@ def test_make_optimizer_builds_every_optimizer(tmp_path):
     LambdaLR schedule."""
     job = job_from_plan(plan(_inputs(SMALL_LLAMA, 2), device="cpu"), "ddp")
     for name, cls in OPTIMIZERS.items():
-        text = render_job(dataclasses.replace(job, optimizer=name))["train.py"]
-        script = _script_module(text, tmp_path / name)
+        files = render_job(dataclasses.replace(job, optimizer=name))
+        text = files["train.py"]
+        script = _script_module(files, tmp_path / name)
         assert text.count("torch.optim.") + text.count("bnb.optim.") + text.count("Adafactor(") >= 1
         assert ("bitsandbytes" in text) == (name in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion")), name
         w = torch.nn.Parameter(torch.randn(8, 8))

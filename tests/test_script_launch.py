@@ -5,7 +5,6 @@ folder an earlier --emit wrote (its stale files go, the user's stay)."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import math
 import os
@@ -21,6 +20,7 @@ from advisor.plan import plan
 from advisor.schema import plan_inputs
 from strategies.emit_manifest import MANIFEST, read_manifest, stale_files
 from strategies.render import render_files, write_files
+from tests.emitted import load_train_py
 
 ROOT = Path(__file__).resolve().parents[1]
 CNN = dict(model_factory="tests.fixtures.factories:small_cnn", image_size=16, detect_hardware=False, precision="fp32")
@@ -38,10 +38,7 @@ def script(cnn_plan, tmp_path_factory):
     """The single-process train.py of ``cnn_plan``, imported (its helpers are called directly)."""
     folder = tmp_path_factory.mktemp("single")
     write_files(render_files(cnn_plan, "single"), folder)
-    spec = importlib.util.spec_from_file_location("generated_single_lr", folder / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_train_py(folder / "train.py", "generated_single_lr")
 
 
 # --- the LR schedule on --resume --------------------------------------------------------------------------------

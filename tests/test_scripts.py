@@ -4,7 +4,6 @@ tiny models, a few steps. One run per strategy is shared by all the assertions o
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,6 +19,7 @@ from advisor.schema import PlanInputs, plan_inputs
 from advisor.verify import TIMING_STEPS, TOLERANCE, step_time_line, verify
 from strategies import strategy_names
 from strategies.render import render_files, write_files
+from tests.emitted import load_train_py
 
 ROOT = Path(__file__).resolve().parents[1]
 # About 2.2M parameters: large enough that fixed allocator/gloo/DeepSpeed overheads (1-2 MiB) stay
@@ -87,10 +87,7 @@ def _exported(out: Path) -> dict:
 
 
 def _load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(f"generated_{path.parent.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_train_py(path, f"generated_{path.parent.name}")
 
 
 def _check_run(result, world: int, tolerance: float = TOLERANCE) -> None:

@@ -102,6 +102,10 @@ class Context:
         self.functions = dict(functions)  # name -> the functions and methods defined under it
         self._bindings: dict[tuple[ast.AST, str], list[Binding]] = defaultdict(list)
         self._globals: dict[ast.AST, set[str]] = defaultdict(set)
+        # ``a.b = value`` anywhere in the file, by the target's text (None: a value not known, as from unpacking a
+        # call): an attribute with one known value is followed by ``resolve`` (``run.model = DDP(...)`` in one
+        # function, ``torch.save(run.model, ...)`` in another).
+        self._attributes: dict[str, list[ast.expr | None]] = defaultdict(list)
         for node in nodes:
             if isinstance(node, ast.Global):
                 self._globals[self.scope_of(node)].update(node.names)
@@ -250,6 +254,14 @@ class Context:
         """Follow ``expr`` through names to the value it was assigned; the last name if unknown."""
         found: N | ast.expr = expr
         for _ in range(_HOPS):
+            if isinstance(found, ast.Attribute) and _dotted_names(found):
+                # One known value: followed, even beside assignments of unknown values (``run.model, run.params =
+                # prepare(...)`` before ``run.model = DDP(...)``); two known values, or none: unknown.
+                known = [v for v in self._attributes.get(ast.unparse(found), []) if v is not None]
+                if len(known) != 1:
+                    return found
+                found = known[0]
+                continue
             if not isinstance(found, ast.Name):
                 return found
             value = self.lookup(found)
@@ -317,6 +329,15 @@ class Context:
                 self._bind_target(scope, elt, values[i] if pairs else None, at)
         elif isinstance(target, ast.Starred):
             self._bind_target(scope, target.value, None, at)
+        elif isinstance(target, ast.Attribute) and _dotted_names(target):
+            self._attributes[ast.unparse(target)].append(value)
+
+
+def _dotted_names(node: ast.AST) -> bool:
+    """Whether ``node`` is a chain of attributes on a plain name (``run.model``, ``self.net.body``)."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name)
 
 
 def argument(call: ast.Call, index: int | None, name: str) -> ast.expr | None:

@@ -14,7 +14,7 @@ phase) and ``timing`` (the bytes sent and the time rule).
 
 from __future__ import annotations
 
-from advisor.choices import Device, FsdpGradSync
+from advisor.choices import Device, FsdpGradSync, Precision
 from advisor.context import StrategyContext
 from advisor.memory import (
     RULE_OF_THUMB_BYTES_PER_PARAM,
@@ -54,7 +54,7 @@ class FSDP2(Strategy):
         "from torch.distributed.device_mesh import init_device_mesh",
         (
             "from torch.distributed.fsdp import (\n    CPUOffloadPolicy,\n    FSDPModule,\n"
-            "    MixedPrecisionPolicy,\n    OffloadPolicy,\n    fully_shard,\n)"
+            "    MixedPrecisionPolicy,\n    fully_shard,\n)"
         ),
     )
 
@@ -160,6 +160,25 @@ class FSDP2(Strategy):
         return timing.step_time(self, ctx, t, self.compute_time(ctx, t), row.grad_accum_steps or 1)
 
     # --- the script -------------------------------------------------------------------------------------------
+    script_loop = ("torch_steps.py", "fsdp2.py")
+
+    def script_variants(self, job: ScriptJob) -> dict[str, str]:
+        """The mesh (HSDP's 2-D one), the model built on meta (full, pure bf16 or LoRA), where the shards live
+        (CPUOffloadPolicy's host memory) and the gradient sync (on the last accumulation micro-step only, where there
+        are several, with ``--fsdp-grad-sync last-micro-step``)."""
+        pure = job.precision == Precision.PURE_BF16
+        model = "lora" if job.spec.adapter else "pure_bf16" if pure else "full"
+        sync_last = job.fsdp_grad_sync == FsdpGradSync.LAST_MICRO_STEP and job.grad_accum_steps > 1
+        return {
+            "start": "hsdp" if self.hybrid else "fsdp",
+            "precision_dtypes": "pure_bf16" if pure else "policy",
+            "prepare_model": "lora" if job.spec.adapter else "full",
+            "adapt_on_meta": model,
+            "build_whole": model,
+            "shard_placement": "offload" if self.offload else "device",
+            "micro_step_context": "sync_last" if sync_last else "every",
+        }
+
     def script_tags(self, job: ScriptJob) -> set[str]:
         """``offload`` (CPUOffloadPolicy), ``hsdp`` (the 2-D mesh) and ``sync-last`` (gradients reduce-scattered on
         the last accumulation micro-step only, where there are several)."""

@@ -1,4 +1,161 @@
-# --- FSDP2 (torch.distributed.fsdp.fully_shard): parameters, gradients and optimizer states sharded ---
+"""FSDP2 (torch.distributed.fsdp.fully_shard): parameters, gradients and optimizer states sharded over a device mesh
+(HSDP: replicated across nodes, sharded inside one). The loop's strategy functions (``loop.py``): the mesh, the model
+built on the meta device and sharded before any rank holds it whole, the gradient sync, the clipping of sharded
+gradients, the sharded evaluation and the gathered export.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+
+if TYPE_CHECKING:  # the script's own names (see loop.py)
+    import torch.distributed as dist
+
+    from advisor.checkpointing import repeated_blocks
+    from advisor.models.families.fragments.transformer import build_base, build_model, export_weights
+
+    from .adapters import add_lora, base_dtype, export_merged, save_adapter, trainable_parameters
+    from .collectives import barrier, init_torchrun
+    from .common import StepLog, evaluate, log
+    from .constants import (
+        GRAD_ACCUM_STEPS,
+        LR,
+        MAX_GRAD_NORM,
+        MICRO_BATCH_SIZE,
+        PRECISION,
+        REPLICATE_DEGREE,
+        RESHARD_AFTER_FORWARD,
+        SEED,
+    )
+    from .loop import Run
+    from .torch_steps import checkpoint_activations
+
+
+def start__fsdp() -> Run:
+    """This process's rank and device once the process group is up, and the 1-D mesh every rank shards over."""
+    rank, local_rank, world_size, device = init_torchrun()
+    run = Run(rank, local_rank, rank, world_size, device)  # every rank is a data-parallel rank
+    run.mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
+    log_layout(run)
+    return run
+
+
+def start__hsdp() -> Run:
+    """This process's rank and device once the process group is up, and HSDP's 2-D mesh: replicate across nodes
+    (dim 0), shard inside a node (dim 1), so the gathers stay on fast links."""
+    rank, local_rank, world_size, device = init_torchrun()
+    if world_size % REPLICATE_DEGREE:
+        raise SystemExit(f"world size {world_size} is not a multiple of the replicate degree {REPLICATE_DEGREE}")
+    run = Run(rank, local_rank, rank, world_size, device)  # every rank is a data-parallel rank
+    run.mesh = init_device_mesh(device.type, (REPLICATE_DEGREE, world_size // REPLICATE_DEGREE),
+                                mesh_dim_names=("replicate", "shard"))
+    log_layout(run)
+    return run
+
+
+def log_layout(run: Run) -> None:
+    world_size = run.dp_size
+    log(f"FSDP2: world size {world_size} (mesh {tuple(run.mesh.shape)}), reshard after forward "
+        f"{RESHARD_AFTER_FORWARD}, micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation {GRAD_ACCUM_STEPS} -> global batch "
+        f"{MICRO_BATCH_SIZE} x {world_size} x {GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * world_size * GRAD_ACCUM_STEPS}; "
+        f"lr {LR:g}")
+
+
+def precision_dtypes__policy() -> tuple[None, None]:
+    """(autocast dtype, input dtype): neither; the mixed-precision policy casts (mixed_precision_policy)."""
+    return None, None
+
+
+def prepare_model__full(args, run: Run) -> tuple[torch.nn.Module, list]:
+    """(the sharded model, its parameters): the optimizer sees the shards, so its states are shards too."""
+    model = build_sharded_model(run.mesh, run.device, args)
+    run.optimizer_device = shard_placement(run.device)[1]
+    return model, list(model.parameters())
+
+
+def prepare_model__lora(args, run: Run) -> tuple[torch.nn.Module, list]:
+    """(the sharded model, the adapters' shards): the optimizer and clipping see only them."""
+    model = build_sharded_model(run.mesh, run.device, args)
+    run.optimizer_device = shard_placement(run.device)[1]
+    params = trainable_parameters(model)
+    return model, params
+
+
+def build_sharded_model(mesh, device, args):
+    """Build on meta, shard, then materialise only this rank's shards and write them (init_parameters).
+
+    Returns the model: one FSDP2 unit per repeated block, and the root.
+    """
+    model, buffers = build_on_meta()
+    model = adapt_on_meta(model)
+    checkpoint_activations(model)  # before sharding: fully_shard then wraps the checkpointed blocks
+    shard_args, where = shard_placement(device)
+    shard_args["mesh"], shard_args["mp_policy"] = mesh, mixed_precision_policy()
+    # One unit per repeated block: its parameters are gathered just before it runs and freed after,
+    # in forward (and, resharding, gathered again in backward).
+    blocks = repeated_blocks(model)
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=RESHARD_AFTER_FORWARD, **shard_args)
+    # The root unit takes everything else (embeddings, head, final norm). It keeps torch's default for
+    # the root: its parameters stay gathered from forward to backward, which needs them first.
+    fully_shard(model, **shard_args)
+    model.to_empty(device=where)  # only now is memory allocated: each rank's shards, nothing else
+    init_parameters(model, args)
+    restore_buffers(buffers, device)
+    return model
+
+
+def shard_placement__device(device) -> tuple[dict, torch.device]:
+    """(fully_shard's extra arguments, where the shards and the optimizer step live): on the compute device."""
+    return {}, device
+
+
+def shard_placement__offload(device) -> tuple[dict, torch.device]:
+    """(fully_shard's extra arguments, where the shards and the optimizer step live): the shards in pinned host
+    memory, stepped by the CPU (CPUOffloadPolicy); each block's are copied to the device to compute."""
+    return {"offload_policy": CPUOffloadPolicy()}, torch.device("cpu")  # offload: the optimizer steps in host memory
+
+
+def adapt_on_meta__full(model):
+    """Full fine-tuning: every parameter trains, as built."""
+    return model
+
+
+def adapt_on_meta__pure_bf16(model):
+    """Pure bf16: weights, gradients and optimizer states all in bf16."""
+    return model.to(torch.bfloat16)
+
+
+def adapt_on_meta__lora(model):
+    """LoRA, still on meta: the base's parameters in its dtype (buffers stay as built, as from_pretrained leaves
+    them), then peft's adapters. fully_shard shards the frozen base too (each rank holds 1/N of it)."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(base_dtype())
+    return add_lora(model)
+
+
+def build_whole__full(args):
+    """Rank 0's whole model for init_parameters: SEED's init or --init-from's weights."""
+    return build_model(args.init_from)
+
+
+def build_whole__pure_bf16(args):
+    """Rank 0's whole model for init_parameters, in bf16."""
+    return build_model(args.init_from).to(torch.bfloat16)
+
+
+def build_whole__lora(args):
+    """Rank 0's whole model for init_parameters: the base, then peft's adapters (lora_B zero)."""
+    return add_lora(build_base(args, base_dtype()))
+
+
 @contextlib.contextmanager
 def parameters_on_meta():
     """While active, every parameter a module registers is moved to the meta device at once (no memory, and
@@ -56,15 +213,7 @@ def init_parameters(model, args) -> None:
     state, missing = {}, [None]
     if dist.get_rank() == 0:
         torch.manual_seed(SEED)  # the seed the other scripts build with: the same init draws
-        # [full]
-        whole = build_model(args.init_from)
-        # [pure-bf16]
-        whole = whole.to(torch.bfloat16)
-        # [/pure-bf16]
-        # [/full]
-        # [lora]
-        whole = add_lora(build_base(args, base_dtype()))  # the base, then peft's adapters (lora_B zero)
-        # [/lora]
+        whole = build_whole(args)
         state = whole.state_dict()
         del whole
         missing = [[name for name in names if name not in state]]
@@ -99,181 +248,88 @@ def mixed_precision_policy():
     return MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
 
 
-def build_sharded_model(mesh, device, args):
-    """Build on meta, shard, then materialise only this rank's shards and write them (init_parameters).
-
-    Returns the model: one FSDP2 unit per repeated block, and the root.
-    """
-    model, buffers = build_on_meta()
-    # [full]
-    # [pure-bf16]
-    model = model.to(torch.bfloat16)  # pure bf16: weights, gradients and optimizer states all in bf16
-    # [/pure-bf16]
-    # [/full]
-    # [lora]
-    # LoRA, still on meta: the base's parameters in its dtype (buffers stay as built, as from_pretrained leaves them),
-    # then peft's adapters. fully_shard below shards the frozen base too (each rank holds 1/N of it).
-    for p in model.parameters():
-        if p.is_floating_point():
-            p.data = p.data.to(base_dtype())
-    model = add_lora(model)
-    # [/lora]
-    # [ac]
-    # before sharding: fully_shard then wraps the checkpointed blocks
-    log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
-    # [/ac]
-    shard_args = {"mesh": mesh, "mp_policy": mixed_precision_policy()}
-    # [offload]
-    shard_args["offload_policy"] = CPUOffloadPolicy()  # the shards live in pinned host memory; the CPU steps them
-    # [/offload]
-    # One unit per repeated block: its parameters are gathered just before it runs and freed after,
-    # in forward (and, resharding, gathered again in backward).
-    blocks = repeated_blocks(model)
-    for block in blocks:
-        fully_shard(block, reshard_after_forward=RESHARD_AFTER_FORWARD, **shard_args)
-    # The root unit takes everything else (embeddings, head, final norm). It keeps torch's default for
-    # the root: its parameters stay gathered from forward to backward, which needs them first.
-    fully_shard(model, **shard_args)
-    # Only now is memory allocated: each rank's shards, nothing else.
-    # [offload]
-    model.to_empty(device=torch.device("cpu"))
-    # [/offload]
-    # [!offload]
-    model.to_empty(device=device)
-    # [/!offload]
-    init_parameters(model, args)
-    restore_buffers(buffers, device)
-    return model
+def wrap_model(run: Run) -> None:
+    """Nothing wraps the model: fully_shard made its blocks FSDP2 units as it was built (prepare_model)."""
 
 
-def evaluate_sharded(model, dataset, num_replicas: int, rank: int, device, input_dtype) -> float:
+def micro_step_context__every(run: Run, last_micro: bool):
+    """Every micro-step reduce-scatters its gradients into the shards (FSDP2's default)."""
+    return contextlib.nullcontext()
+
+
+def micro_step_context__sync_last(run: Run, last_micro: bool):
+    """Syncing only on the last micro-step skips the reduce-scatters before it, but every rank keeps its unsharded
+    gradients until then (syncing every micro-step would accumulate shards)."""
+    run.model.set_requires_gradient_sync(last_micro)
+    return contextlib.nullcontext()
+
+
+def optimizer_step(run: Run, steps: StepLog) -> None:
+    """Clip the true gradients (unscale first: a no-op unless fp16; torch.amp's GradScaler works on DTensor gradients,
+    taking the max of found_inf over the mesh, so every rank skips the same steps). The norm comes back as a DTensor
+    reduced over every rank's shards: full_tensor() is the global norm. Then step, release the gradients, move the LR
+    schedule on and log the step with the LR it used."""
+    run.scaler.unscale_(run.optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(run.params, MAX_GRAD_NORM)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    lr = run.scheduler.get_last_lr()[0]
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    steps.end_step(lr, norm)
+
+
+def held_out_loss(run: Run, dataset) -> float:
     """evaluate() (no autocast: the policy casts), then every unit resharded: without gradients nothing reshards
     the root (nor, unresharded, the blocks)."""
-    loss = evaluate(model, dataset, num_replicas, rank, device, None, input_dtype)
-    for module in model.modules():
+    loss = evaluate(run.model, dataset, run.dp_size, run.dp_rank, run.device, None, run.input_dtype)
+    for module in run.model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
     return loss
 
 
-def main() -> None:
-    args = parse_args()
-    rank, _, world_size, device = init_torchrun()  # the process group first; LOCAL_RANK picks the GPU
-    # [hsdp]
-    if world_size % REPLICATE_DEGREE:
-        raise SystemExit(f"world size {world_size} is not a multiple of the replicate degree {REPLICATE_DEGREE}")
-    # HSDP: replicate across nodes (dim 0), shard inside a node (dim 1): the gathers stay on fast links.
-    mesh = init_device_mesh(device.type, (REPLICATE_DEGREE, world_size // REPLICATE_DEGREE),
-                            mesh_dim_names=("replicate", "shard"))
-    # [/hsdp]
-    # [!hsdp]
-    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
-    # [/!hsdp]
-    log(f"FSDP2: world size {world_size} (mesh {tuple(mesh.shape)}), reshard after forward {RESHARD_AFTER_FORWARD}, "
-        f"micro-batch {MICRO_BATCH_SIZE}/GPU, accumulation {GRAD_ACCUM_STEPS} -> global batch {MICRO_BATCH_SIZE} x "
-        f"{world_size} x {GRAD_ACCUM_STEPS} = {MICRO_BATCH_SIZE * world_size * GRAD_ACCUM_STEPS}; lr {LR:g}")
+def export__full(args, run: Run) -> None:
+    """Portable: the full weights, gathered by every rank (a collective) into rank 0's CPU memory; rank 0 alone
+    writes them, loadable into the plain model (no wrapper prefix in the names)."""
+    full = get_model_state_dict(run.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if run.rank == 0:
+        export_weights(run.model, args, full)
+    del full
+    barrier()
 
-    model = build_sharded_model(mesh, device, args)
-    # The optimizer sees the sharded parameters: its states are shards too (offload: a CPU step).
-    # [full]
-    params = list(model.parameters())
-    # [/full]
-    # [lora]
-    params = trainable_parameters(model)  # the adapters' shards: the optimizer and clipping see only them
-    # [/lora]
-    # [offload]
-    optimizer = make_optimizer(params, torch.device("cpu"))
-    # [/offload]
-    # [!offload]
-    optimizer = make_optimizer(params, device)
-    # [/!offload]
-    schedule = lr_schedule(args.steps)  # --resume carries on the checkpoint's (resume_lr_schedule)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, schedule) / LR)
-    # fp16 needs a GradScaler. torch.amp's works on DTensor gradients: DTensor's unscale takes the max of
-    # found_inf over the mesh, so every rank skips the same steps.
-    scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
-    dataset, held_out = make_datasets(args)
-    sampler, loader = make_loader(dataset, world_size, rank)  # every rank is a data-parallel rank
-    torch.manual_seed(SEED + rank)  # per-rank randomness for augmentation and dropout
-    # [pure-bf16]
-    input_dtype = torch.bfloat16  # pure bf16: no policy casts the inputs, so float inputs are cast by hand
-    # [/pure-bf16]
-    # [!pure-bf16]
-    input_dtype = None  # the mixed-precision policy casts the inputs
-    # [/!pure-bf16]
 
-    steps, preemption = StepLog(args.steps, device, world_size), Preemption()
-    epoch, done_micro = 0, 0
-    if args.resume:  # each rank reads its own shards
-        path = load_checkpoint(args.out, model, optimizer)
-        epoch, done_micro = restore_training_state(path, rank, steps, schedule, scheduler, scaler)
-    while not steps.done:
-        # A new order every epoch (set_epoch); a resumed run starts where its checkpoint stopped.
-        sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
-        for micro, batch in enumerate(loader, start=done_micro + 1):
-            last_micro = micro % GRAD_ACCUM_STEPS == 0
-            # [sync-last]
-            # Syncing only on the last micro-step skips the reduce-scatters before it, but every rank keeps its
-            # unsharded gradients until then (syncing every micro-step would accumulate shards).
-            model.set_requires_gradient_sync(last_micro)
-            # [/sync-last]
-            loss = compute_loss(model, batch, device, input_dtype)  # no autocast: the policy casts
-            scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
-            steps.micro_step(loss)
-            if not last_micro:
-                continue
-            # Clip the true gradients: unscale first (a no-op unless fp16). The norm comes back as a DTensor
-            # reduced over every rank's shards: full_tensor() is the global norm.
-            scaler.unscale_(optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
-            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-            optimizer_step(scaler, optimizer, scheduler, steps, norm)
-            steps.evaluate(args.eval_every, evaluate_sharded, model, held_out, world_size, rank, device,
-                           input_dtype)
-            if checkpoint_due(args, steps, preemption, device, epoch, micro):
-                save_checkpoint(args, model, optimizer, training_state(steps, schedule, scheduler, scaler), rank)
-                steps.restart_clock()
-            if steps.done:
-                break
-        epoch, done_micro = epoch + 1, 0
-
-    if steps.stopped:
-        log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
-        teardown()
-        return
-
-    os.makedirs(args.out, exist_ok=True)
-    if final_checkpoint_due(args, steps):  # resumable: every rank writes its own shards (DCP), in parallel
-        save_checkpoint(args, model, optimizer, training_state(steps, schedule, scheduler, scaler), rank)
-    if not args.no_save:
-        # [full]
-        # Portable: the full weights, gathered by every rank (a collective) into rank 0's CPU memory; rank 0
-        # alone writes them, loadable into the plain model (no wrapper prefix in the names).
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if rank == 0:
-            export_weights(model, args, full)
-        del full
-        # [/full]
-        # [lora]
-        # The checkpoint above holds the adapters' shards and their optimizer states only (the frozen base is
-        # --init-from's, unchanged), so it is cheap. No full weights either.
-        # Portable: the adapters whole, gathered by every rank (a collective) into rank 0's CPU memory; rank 0 writes
-        # them in peft's format (names of the plain model).
-        adapter = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+def export__lora(args, run: Run) -> None:
+    """Portable: the adapters whole, gathered by every rank (a collective) into rank 0's CPU memory; rank 0 writes
+    them in peft's format (names of the plain model). The base is --init-from's, unchanged: no full weights."""
+    adapter = get_model_state_dict(run.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
                                                                        ignore_frozen_params=True))
-        if rank == 0:
-            save_adapter(model, args.out, adapter)
-        # [/lora]
-        # [lora16]
-        if args.export_merged:  # the whole model gathered into rank 0's host memory (a collective)
-            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            if rank == 0:
-                export_merged(full, args.out)
-            del full
-        # [/lora16]
-        dist.barrier()
-    teardown()
+    if run.rank == 0:
+        save_adapter(run.model, args.out, adapter)
+    barrier()
 
 
-if __name__ == "__main__":
-    main()
+def export__lora_merged(args, run: Run) -> None:
+    """The adapters as export__lora writes them; with --export-merged also the whole model, gathered into rank 0's
+    host memory (a collective), with the adapters merged in."""
+    adapter = get_model_state_dict(run.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                       ignore_frozen_params=True))
+    if run.rank == 0:
+        save_adapter(run.model, args.out, adapter)
+    if args.export_merged:
+        full = get_model_state_dict(run.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if run.rank == 0:
+            export_merged(full, args.out)
+        del full
+    barrier()
+
+
+start = start__fsdp
+precision_dtypes = precision_dtypes__policy
+prepare_model = prepare_model__full
+shard_placement = shard_placement__device
+adapt_on_meta = adapt_on_meta__full
+build_whole = build_whole__full
+micro_step_context = micro_step_context__every
+export = export__full

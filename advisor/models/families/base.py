@@ -80,3 +80,9 @@ class ModelFamily(ABC):
     def script_fragment(self) -> str:
         """Source of ``build_model()``, ``make_sample(g)`` and ``compute_loss(...)`` for scripts."""
         return (FRAGMENTS / f"{self.name}.py").read_text()
+
+    def data_module(self) -> str | None:
+        """Source of the ``data.py`` a script of this family imports (its --data readers), or None: the family
+        reads no data of its own (your model's: load_real_dataset in train.py)."""
+        path = FRAGMENTS / f"{self.name}_data.py"
+        return path.read_text() if path.exists() else None

@@ -44,57 +44,9 @@ def make_sample(g: torch.Generator) -> dict:
     return {"input_ids": ids, "labels": ids}
 
 
-class PackedText(torch.utils.data.Dataset):
-    """Consecutive SEQ_LEN-token blocks of one token stream (documents joined by EOS): no padding."""
-
-    def __init__(self, tokens: torch.Tensor) -> None:
-        self.blocks = tokens[: len(tokens) // SEQ_LEN * SEQ_LEN].view(-1, SEQ_LEN)
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def __getitem__(self, index: int) -> dict:
-        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
-
-
-def read_documents(path: str) -> list[str]:
-    """A datasets directory's 'text' column (its train split), a JSONL file's 'text' fields, or a text file."""
-    if os.path.isdir(path):
-        try:
-            import datasets  # optional: only for directories written by Dataset.save_to_disk
-        except ImportError:
-            raise SystemExit(f"--data {path}: a directory is read as a datasets save_to_disk directory: pip install "
-                             "datasets, or pass a .txt or .jsonl file") from None
-        try:
-            data = datasets.load_from_disk(path)
-        except FileNotFoundError:
-            raise SystemExit(f"--data {path}: not a datasets save_to_disk directory: pass one, or a .txt or .jsonl "
-                             "file") from None
-        data = data["train"] if isinstance(data, datasets.DatasetDict) else data
-        if "text" not in data.column_names:
-            raise SystemExit(f"--data {path}: no 'text' column (columns: {', '.join(data.column_names)})")
-        return list(data["text"])
-    try:
-        with open(path, encoding="utf-8") as f:
-            if not path.endswith((".jsonl", ".json")):
-                return [f.read()]
-            docs = []
-            for number, line in enumerate(f, start=1):
-                if line.strip():
-                    record = json.loads(line)
-                    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                        raise SystemExit(f"--data {path}:{number}: each line needs a 'text' string")
-                    docs.append(record["text"])
-            return docs
-    except UnicodeDecodeError:
-        raise SystemExit(f"--data {path}: not UTF-8 text: pass a .txt or .jsonl file") from None
-    except json.JSONDecodeError as err:
-        raise SystemExit(f"--data {path}:{number}: not JSON ({err.msg})") from None
-
-
 def load_real_dataset(args):
-    """(training blocks, held-out blocks) from --data. Every rank tokenizes the same file the same way, so the blocks
-    agree without communication (for many GB, tokenize once ahead into a datasets directory)."""
+    """(training blocks, held-out blocks) from --data, tokenized with --tokenizer (else --init-from's tokenizer) and
+    packed into SEQ_LEN-token blocks (data.py)."""
     import transformers
 
     source = args.tokenizer or args.init_from
@@ -102,22 +54,9 @@ def load_real_dataset(args):
         raise SystemExit("--data needs a tokenizer: pass --tokenizer DIR (or --init-from DIR, which has one)")
     tokenizer = pretrained(transformers.AutoTokenizer.from_pretrained, source,
                            "--tokenizer" if args.tokenizer else "--init-from")
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    ids = []
-    for doc in read_documents(args.data):
-        ids += tokenizer(doc, add_special_tokens=False)["input_ids"] + eos
-    tokens = torch.tensor(ids, dtype=torch.long)
-    if len(tokens) and int(tokens.max()) >= VOCAB_SIZE:
-        raise SystemExit(f"--tokenizer {source}: token id {int(tokens.max())} is outside the model's vocabulary "
-                         f"({VOCAB_SIZE}): use the model's own tokenizer")
-    blocks = len(tokens) // SEQ_LEN
-    held_out = max(1, round(blocks * HELD_OUT_FRACTION))
-    if blocks - held_out < 1:
-        raise SystemExit(f"--data {args.data}: {len(tokens)} tokens make {blocks} blocks of {SEQ_LEN}: too few to "
-                         "train and hold some out")
-    split = (blocks - held_out) * SEQ_LEN
-    log(f"data: {len(tokens):,} tokens -> {blocks - held_out} training and {held_out} held-out blocks of {SEQ_LEN}")
-    return PackedText(tokens[:split]), PackedText(tokens[split:])
+    train, held_out, said = data.packed_blocks(args.data, tokenizer, source, SEQ_LEN, VOCAB_SIZE, HELD_OUT_FRACTION)
+    log(said)
+    return train, held_out
 
 
 def compute_loss(model, batch: dict, device, dtype=None):

@@ -3,7 +3,6 @@ INIT_FROM_HELP = ("pretrained weights to start from: a state_dict file (such as 
                   "a torchvision weights name such as IMAGENET1K_V2 (downloaded); without it freshly initialised")
 DATA_HELP = ("an ImageFolder tree (one sub-directory of images per class): DIR/train and DIR/val when both exist, "
              "else DIR with a seeded HELD_OUT_FRACTION of it held out for evaluation")
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # what torchvision's weights expect
 
 
 def build_model(init_from=None):
@@ -24,56 +23,11 @@ def make_sample(g: torch.Generator) -> dict:
     return {"x": x, "target": torch.randint(0, NUM_CLASSES, (), generator=g)}
 
 
-class LabelledImages(torch.utils.data.Dataset):
-    """(image, class) pairs as the dicts the training loop reads."""
-
-    def __init__(self, images) -> None:
-        self.images = images
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> dict:
-        x, target = self.images[index]
-        return {"x": x, "target": target}
-
-
 def load_real_dataset(args):
-    """(training, held-out) images from --data: a random resized crop and flip for training, a resize and centre
-    crop for evaluation (the usual ImageNet transforms)."""
-    from torchvision import datasets, transforms
-
-    if not os.path.isdir(args.data):
-        raise SystemExit(f"--data {args.data}: an image dataset is a directory (ImageFolder: one sub-directory per "
-                         "class)")
-    size = INPUT_SHAPE[-1]
-    normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
-    train_tf = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
-                                   transforms.ToTensor(), normalize])
-    eval_tf = transforms.Compose([transforms.Resize(size * 256 // 224), transforms.CenterCrop(size),
-                                  transforms.ToTensor(), normalize])
-    train_dir, val_dir = os.path.join(args.data, "train"), os.path.join(args.data, "val")
-    try:
-        return split_images(args, train_dir, val_dir, train_tf, eval_tf, datasets)
-    except FileNotFoundError as err:  # ImageFolder: no class directory or no image in one
-        raise SystemExit(f"--data {args.data}: {err}") from None
-
-
-def split_images(args, train_dir: str, val_dir: str, train_tf, eval_tf, datasets):
-    """(training images, held-out images): DIR/train and DIR/val, or a seeded split of DIR."""
-    if os.path.isdir(train_dir) and os.path.isdir(val_dir):
-        train, held_out = datasets.ImageFolder(train_dir, train_tf), datasets.ImageFolder(val_dir, eval_tf)
-    else:
-        train, held_out = datasets.ImageFolder(args.data, train_tf), datasets.ImageFolder(args.data, eval_tf)
-        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(DATA_SEED)).tolist()
-        cut = max(1, round(len(order) * HELD_OUT_FRACTION))
-        train, held_out = torch.utils.data.Subset(train, order[cut:]), torch.utils.data.Subset(held_out, order[:cut])
-    classes = len(train.dataset.classes if isinstance(train, torch.utils.data.Subset) else train.classes)
-    if classes > NUM_CLASSES:
-        raise SystemExit(f"--data {args.data}: {classes} classes, the model has {NUM_CLASSES} outputs: replace its "
-                         "classifier layer in build_model()")
-    log(f"data: {len(train)} training and {len(held_out)} held-out images in {classes} classes")
-    return LabelledImages(train), LabelledImages(held_out)
+    """(training, held-out) images from --data (data.py's ImageFolder reader, at the model's input size)."""
+    train, held_out, said = data.image_folder(args.data, INPUT_SHAPE[-1], HELD_OUT_FRACTION, DATA_SEED, NUM_CLASSES)
+    log(said)
+    return train, held_out
 
 
 def compute_loss(model, batch: dict, device, dtype=None):

@@ -1,0 +1,181 @@
+"""The shape of every emitted train.py (read as a syntax tree): exactly one training loop, written once in the shared
+skeleton (strategies/templates/loop.py's ``main``) for the strategies built on it; ``main()`` near the top; no
+function or class the script never uses; and the skeleton's template modules lint-clean as the Python modules they
+are (no undefined name)."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from strategies import get_strategy, strategy_names
+from tests.test_emitted_lint import emitted  # noqa: F401  (the fixture: every family x strategy x mode)
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = ROOT / "strategies" / "templates"
+# Built on the shared loop (Strategy.script_loop). DeepSpeed's (ZeRO) still carry a main() of their own: the one
+# training loop they do have is checked for being main()'s.
+SKELETON_MODULES = ("loop.py", "torch_steps.py", "single.py", "ddp.py", "fsdp2.py", "tp.py")
+
+
+def _strategy(name: str) -> str:
+    """``llama-lora-zero3_offload`` -> ``zero3_offload``: the case names have no underscore, strategies may."""
+    return name.split("-")[-1]
+
+
+def _loops(tree: ast.AST) -> list[ast.While]:
+    """The training loops: a ``while`` whose body iterates over the loader and calls ``steps.micro_step``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.While) and any(
+            isinstance(n, ast.Attribute) and n.attr == "micro_step" for n in ast.walk(node)
+        ):
+            found.append(node)
+    return found
+
+
+def _defined(tree: ast.Module) -> dict[str, ast.stmt]:
+    return {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def test_one_training_loop_in_main_from_the_shared_skeleton(emitted):  # noqa: F811
+    skeleton = next(
+        n for n in ast.parse((TEMPLATES / "loop.py").read_text()).body if getattr(n, "name", None) == "main"
+    )
+    want = ast.dump(_loops(skeleton)[0])
+    checked = 0
+    for name, text in emitted.items():
+        tree = ast.parse(text)
+        loops = _loops(tree)
+        assert len(loops) == 1, (name, len(loops))
+        main = _defined(tree)["main"]
+        assert loops[0] in list(ast.walk(main)), name  # the loop is main's
+        if get_strategy(_strategy(name)).script_loop:
+            assert ast.dump(loops[0]) == want, name  # copied from the skeleton, not written again
+            checked += 1
+    assert checked >= 20, checked
+    own = sorted(s for s in strategy_names() if not get_strategy(s).script_loop)
+    assert own == ["zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"], own
+
+
+def test_every_function_and_class_of_every_script_is_used(emitted):  # noqa: F811
+    """Each top-level function and class is named somewhere else in the script (called, subclassed, passed on)."""
+    unused = {}
+    for name, text in emitted.items():
+        tree = ast.parse(text)
+        defined = _defined(tree)
+        used: set[str] = set()
+        for node in tree.body:
+            own = getattr(node, "name", None)
+            used |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id != own}
+        never = sorted(set(defined) - used - {"main"})
+        if never:
+            unused[name] = never
+    assert unused == {}
+
+
+def test_main_comes_first(emitted):  # noqa: F811
+    for name, text in emitted.items():
+        tree = ast.parse(text)
+        functions = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert functions[0].name == "main", (name, functions[0].name)
+        assert functions[0].lineno <= 0.4 * len(text.splitlines()), (name, functions[0].lineno)
+
+
+def test_skeleton_templates_are_clean_modules():
+    """The shared loop's template modules: pyflakes (ruff's F rules: no undefined, unused or redefined name) at the
+    emitted scripts' column limit, and each imports as a module. The names they take from the templates not yet
+    importable (common.py, collectives.py, local.py, adapters.py, the families' fragments) are imported for the
+    checkers only (``TYPE_CHECKING``)."""
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    assert ruff is not None, "ruff is not installed: it is in the test extra (bash scripts/setup.sh --dev)"
+    paths = [str(TEMPLATES / m) for m in SKELETON_MODULES]
+    done = subprocess.run(
+        [ruff, "check", "--isolated", "--select", "F", "--line-length", "120", "--output-format", "concise", *paths],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+    # data.py, emitted as it is: ruff's default rules, as the scripts are linted (tests/test_emitted_lint.py)
+    data = sorted(str(p) for p in (ROOT / "advisor" / "models" / "families" / "fragments").glob("*_data.py"))
+    assert len(data) == 2, data
+    done = subprocess.run(
+        [ruff, "check", "--isolated", "--line-length", "120", "--output-format", "concise", *data],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+    import importlib
+
+    for m in SKELETON_MODULES:
+        module = importlib.import_module(f"strategies.templates.{m.removesuffix('.py')}")
+        assert callable(getattr(module, "main", None) or getattr(module, "start", None) or module.backward)
+
+
+@pytest.mark.parametrize("module", SKELETON_MODULES)
+def test_no_template_tags_in_the_skeleton(module):
+    assert "# [" not in (TEMPLATES / module).read_text()
+
+
+# --- the picker itself ------------------------------------------------------------------------------------------
+SOURCE = '''"""a template module"""
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .other import helper
+
+LIMIT = 3  # a module-level value
+
+
+def main():
+    return step(LIMIT)
+
+
+# why step exists
+def step__a(n):
+    return helper(n)
+
+
+def step__b(n):
+    return n
+
+
+def unused():
+    return 1
+
+
+step = step__a
+'''
+
+
+def test_pick_copies_what_main_reaches_with_the_chosen_variant_renamed():
+    from strategies.pick import pick
+
+    body = pick([("t.py", SOURCE), ("other.py", "def helper(n):\n    return n + 1\n")], {"step": "a"})
+    assert body == (
+        "LIMIT = 3  # a module-level value\n\n\n"
+        "def main():\n    return step(LIMIT)\n\n\n"
+        "# why step exists\ndef step(n):\n    return helper(n)\n\n\n"
+        "def helper(n):\n    return n + 1\n"
+    )
+    assert "def step(n):\n    return n\n" in pick([("t.py", SOURCE)], {"step": "b"})  # b needs no helper
+    assert "helper" not in pick([("t.py", SOURCE)], {"step": "b"})
+
+
+def test_pick_refuses_template_bugs():
+    from advisor.errors import AdvisorError
+    from strategies.pick import pick
+
+    with pytest.raises(AdvisorError, match="no variant chosen for step"):
+        pick([("t.py", SOURCE)], {})
+    with pytest.raises(AdvisorError, match="variant chosen for nothing"):
+        pick([("t.py", SOURCE)], {"step": "a", "nothing": "x"})
+    with pytest.raises(AdvisorError, match="only definitions"):
+        pick([("t.py", "print('hi')\n\n\ndef main():\n    pass\n")], {})
