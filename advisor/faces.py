@@ -61,11 +61,14 @@ def positive_float(text: str) -> float:
 def quiet_library_logs() -> None:
     """Quiet the one library warning that is noise to users: bitsandbytes (imported by peft) tries an optional
     Hub kernel on CPUs with AVX-512 bf16 and logs "Failed to load CPU gemm_4bit_forward from kernels-community"
-    when it cannot (bitsandbytes/backends/cpu/ops.py), then runs its built-in kernel. Set at a face's entry,
-    not on import; the emitted scripts carry the same line (``strategies.render.BNB_QUIET``)."""
+    when it cannot (bitsandbytes/backends/cpu/ops.py), then runs its built-in kernel; with the ``kernels`` package
+    installed (transformers 5.25 requires it) and the Hub offline, as advisor runs it, that attempt also logs
+    "Skipping publisher trust check" (kernels/_internals/hf_hub.py). Set at a face's entry, not on import; the
+    emitted scripts carry the same lines (``strategies.render.BNB_QUIET``)."""
     import logging
 
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    logging.getLogger("kernels._internals.hf_hub").setLevel(logging.ERROR)
 
 
 def run_face(body: Callable[[], int]) -> int:

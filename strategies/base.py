@@ -39,6 +39,7 @@ from advisor.training_options import TrainingOptions
 from advisor.units import fmt_gib
 
 from .launchers import TORCHRUN, Launcher
+from .protocols import PlannedRow
 
 # The imports of templates/checkpoint_dcp.py (and FSDP2's full state dicts); the renderer keeps the names a script uses.
 DCP_IMPORTS = (
@@ -46,23 +47,6 @@ DCP_IMPORTS = (
     "from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, "
     "get_state_dict, set_state_dict",
 )
-
-
-class PlannedRow(Protocol):
-    """What a strategy reads of the plan's row it is sized in (``advisor.rows.StrategyRow``, which sits above
-    strategies)."""
-
-    @property
-    def applicable(self) -> bool: ...
-
-    @property
-    def grad_accum_steps(self) -> int | None: ...
-
-    @property
-    def dp_size(self) -> int: ...
-
-    @property
-    def tp_degree(self) -> int: ...
 
 
 class ScriptJob(Protocol):

@@ -69,9 +69,13 @@ _STDLIB = (
 # bitsandbytes (imported by peft, and for its optimizers) tries an optional Hub kernel on CPUs with AVX-512 bf16
 # and logs a warning on every rank when it cannot load it (bitsandbytes/backends/cpu/ops.py); it then uses its
 # own kernel, so the line is noise to users. The scripts and advisor's faces quiet that one logger.
+# With the `kernels` package installed (transformers 5.25 requires it), the attempt also logs "Skipping publisher
+# trust check" from kernels/_internals/hf_hub.py when the Hub is offline (HF_HUB_OFFLINE=1, as --verify runs): the
+# same attempt, the same noise, quieted the same way.
 BNB_QUIET = (
     "# bitsandbytes warns on each rank that an optional kernel from the Hub is missing; its built-in one runs.\n"
-    'logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)'
+    'logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)\n'
+    'logging.getLogger("kernels._internals.hf_hub").setLevel(logging.ERROR)'
 )
 BLOCK_TAGS = (
     "full",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -118,8 +119,15 @@ def test_ddp_run_measures_and_predicts_step_time(ddp_run):
     assert "memory meter stopped after step 6" in (out / "run.log").read_text()
 
 
-def _deepspeed_shm() -> set[str]:
-    return {p.name for p in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*")}
+def _deepspeed_shm(run_dir: Path | None = None) -> set[str]:
+    """DeepSpeed's CPU all-reduce buffers in /dev/shm (``deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}``);
+    with ``run_dir``, only those of that run's master port (read from its launch.sh): another pytest-xdist
+    worker's run may hold buffers of its own meanwhile."""
+    names = {p.name for p in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*")}
+    if run_dir is None:
+        return names
+    port = re.search(r"--master_port[ =](\d+)", (run_dir / "launch.sh").read_text()).group(1)
+    return {n for n in names if n.rsplit("_", 2)[-2] == port}
 
 
 # ZeRO-1 runs DeepSpeed's stage_1_and_2.py code path like ZeRO-2; bench/ measures it (CI time).
@@ -128,7 +136,7 @@ def test_zero_runs_and_matches_estimate(tmp_path_factory, strategy):
     before = _deepspeed_shm()
     result, out = _run(tmp_path_factory, strategy)
     # DeepSpeed's CPU ranks leave a ~66 MiB /dev/shm buffer each; verify removes its run's
-    assert _deepspeed_shm() <= before
+    assert _deepspeed_shm(out) <= before
     # ZeRO-3 on gloo keeps between 1 and 4 bucket-sized copies alive during the end-of-backward
     # reduce-scatter, varying run to run (bench/README.md, finding 4); ZeRO-1/2 ranks (one code path,
     # stage_1_and_2.py) sometimes hold one or two more weights-sized allocations at the start of backward
