@@ -168,6 +168,17 @@ def test_launch_sh_with_a_bad_option_prints_one_line_and_exits_2(cnn_plan, tmp_p
     shown = launch("--help")
     assert shown.returncode == 0 and shown.stdout.count("usage: train.py") == 1, shown.stdout + shown.stderr
     assert "no CUDA GPU" not in shown.stdout  # stopped after the check, before the launch
+    # what a rank would find only after torchrun started every process: missing data, nothing to resume, an --out
+    # that takes no file (root passes os.access on /proc: a file is written to find out)
+    for args, line in (
+        (("--data", "/nonexistent/data"), "train.py: error: --data /nonexistent/data: no such file or directory"),
+        (("--resume",), "train.py: error: --resume: no checkpoint in ./checkpoints: checkpoints are written"),
+        (("--out", "/proc/advisor-x"), "train.py: error: --out /proc/advisor-x: /proc cannot take files"),
+    ):
+        said = launch(*args)
+        assert said.returncode == 2 and said.stdout == "", said.stdout + said.stderr
+        assert len(said.stderr.splitlines()) == 1 and said.stderr.startswith(line), said.stderr
+    assert not list(elsewhere.iterdir())  # the --out check left no file behind
 
 
 # --- --emit --force removes what an earlier --emit wrote and this one does not -----------------------------------

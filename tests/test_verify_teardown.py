@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -262,16 +263,22 @@ def test_deepspeed_launch_sh_says_so_on_a_cpu(tmp_path):
 
 def test_kill_group_reaches_descendants_in_sessions_of_their_own():
     """torchrun starts each rank in a session of its own, so a killpg of the launcher's group misses them: a
-    launcher that dies on SIGTERM before stopping its children (here bash, whose setsid children ignore the
-    group's signal) leaves them running unless kill_group kills its descendants too, by pid and start time."""
+    launcher that dies on SIGTERM before stopping its children leaves them running unless kill_group kills its
+    descendants too, by pid and start time."""
     import subprocess
 
     from advisor.processes import _alive, descendants, kill_group
 
-    leader = subprocess.Popen(["bash", "-c", "setsid sleep 300 & setsid sleep 301 & wait"], start_new_session=True)
-    deadline = time.monotonic() + 10
-    while len(descendants(leader.pid)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # A leader that starts two children in sessions of their own, as torchrun starts its ranks, and dies on SIGTERM
+    # without stopping them; it says "ready" once both exist (bash's setsid may still be forking when listed).
+    spawn = (
+        "import subprocess, time\n"
+        "kids = [subprocess.Popen(['sleep', str(300 + i)], start_new_session=True) for i in range(2)]\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    leader = subprocess.Popen([sys.executable, "-c", spawn], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert leader.stdout is not None and leader.stdout.readline().strip() == "ready"
     below = descendants(leader.pid)
     assert len(below) == 2
     assert all(os.getpgid(pid) == pid for pid, _ in below)  # each its own group: killpg(leader) cannot reach them

@@ -383,6 +383,25 @@ def parse_args():
                            or value.endswith((".pt", ".pth", ".bin", ".safetensors")))
         if local and not os.path.exists(os.path.expanduser(value)):
             p.error(f"{flag} {value}: no such file or directory")
+    if args.data is not None and not os.path.exists(os.path.expanduser(args.data)):
+        p.error(f"--data {args.data}: no such file or directory")
+    # --out must take files: the nearest folder that exists (the rest is created) takes a test file (root passes
+    # os.access on read-only file systems such as /proc, so the file is written, then removed).
+    out = os.path.abspath(os.path.expanduser(args.out))
+    while not os.path.exists(out):
+        out = os.path.dirname(out)
+    probe = os.path.join(out, f".write-check-{os.getpid()}")
+    try:
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as err:
+        p.error(f"--out {args.out}: {out} cannot take files ({err.strerror}): pass a writable directory")
+    if args.resume:
+        try:
+            latest_checkpoint(args.out)
+        except SystemExit as err:  # no checkpoint to resume from: one line now, not one per rank later
+            p.error(str(err))
     if args.check_args:
         raise SystemExit(0)
     return args
