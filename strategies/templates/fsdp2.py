@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the script's own names (see loop.py)
         SEED,
     )
     from .loop import Run
-    from .torch_steps import checkpoint_activations
+    from .torch_steps import checkpoint_activations, step_with
 
 
 def start__fsdp() -> Run:
@@ -272,12 +272,7 @@ def optimizer_step(run: Run, steps: StepLog) -> None:
     run.scaler.unscale_(run.optimizer)
     norm = torch.nn.utils.clip_grad_norm_(run.params, MAX_GRAD_NORM)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    lr = run.scheduler.get_last_lr()[0]
-    run.scaler.step(run.optimizer)
-    run.scaler.update()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.scheduler.step()
-    steps.end_step(lr, norm)
+    step_with(run, steps, norm)
 
 
 def held_out_loss(run: Run, dataset) -> float:

@@ -100,6 +100,12 @@ def optimizer_step(run: Run, steps: StepLog) -> None:
     release the gradients, move the LR schedule on, log the step with the LR it used."""
     run.scaler.unscale_(run.optimizer)
     norm = torch.nn.utils.clip_grad_norm_(run.params, MAX_GRAD_NORM)
+    step_with(run, steps, norm)
+
+
+def step_with(run: Run, steps: StepLog, norm) -> None:
+    """After the caller unscaled and clipped the gradients (``norm``: their global norm): step through the
+    GradScaler, release the gradients, move the LR schedule on and log the step with the LR it used."""
     lr = run.scheduler.get_last_lr()[0]
     run.scaler.step(run.optimizer)
     run.scaler.update()

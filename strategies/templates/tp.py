@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the script's own names (see loop.py)
     from .common import StepLog, evaluate, log
     from .constants import GRAD_ACCUM_STEPS, LR, MAX_GRAD_NORM, MICRO_BATCH_SIZE, TP_DEGREE
     from .loop import Run
-    from .torch_steps import checkpoint_activations
+    from .torch_steps import checkpoint_activations, step_with
 
 
 def start() -> Run:
@@ -167,12 +167,7 @@ def optimizer_step(run: Run, steps: StepLog) -> None:
             g.div_(run.dp_size)
     run.scaler.unscale_(run.optimizer)
     norm = clip_grad_norm(run.model, MAX_GRAD_NORM, run.mesh["tp"].get_group())
-    lr = run.scheduler.get_last_lr()[0]
-    run.scaler.step(run.optimizer)
-    run.scaler.update()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.scheduler.step()
-    steps.end_step(lr, norm)
+    step_with(run, steps, norm)
 
 
 def held_out_loss(run: Run, dataset) -> float:
