@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up .venv with everything advisor needs. Idempotent: re-running with the same pyproject.toml
+# Set up .venv with everything advisor needs (pip keeps no cache: torch and its CUDA libraries are about 5.5 GB
+# installed, and a cached copy of the downloads doubled that on a small disk). Idempotent: re-running with the same pyproject.toml
 # is a no-op. Needs only Python 3.11 on a fresh machine.
 #   bash scripts/setup.sh          # the tool (torch, torchvision, transformers, peft, deepspeed, streamlit,
 #                                  # bitsandbytes for QLoRA and 8-bit optimizers)
@@ -14,11 +15,11 @@ STAMP=".venv/.advisor-setup-$(sha1sum pyproject.toml | cut -c1-12)-$DEV"
 if [[ ! -f "$STAMP" ]]; then
   [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
   # torch first, pinned: pip takes 2.14.1/0.29.1 from local disk on the dev machines.
-  .venv/bin/pip install -q --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1"
+  .venv/bin/pip install -q --no-cache-dir --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1"
   EXTRAS="deepspeed,app,bench,quant"
   [[ $DEV == 1 ]] && EXTRAS="$EXTRAS,test"
   # DS_BUILD_OPS=0: no CUDA/C++ op builds at install time (DeepSpeed installs pure Python).
-  DS_BUILD_OPS=0 .venv/bin/pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
+  DS_BUILD_OPS=0 .venv/bin/pip install -q --no-cache-dir --disable-pip-version-check -e ".[$EXTRAS]"
   rm -f .venv/.advisor-setup-*
   touch "$STAMP"
 fi

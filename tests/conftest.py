@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -14,15 +15,21 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # Under pytest-xdist each worker has its own (PYTEST_XDIST_WORKER): two workers' verifications may run side by side.
 os.environ["ADVISOR_VERIFY_LOCK"] = str(ROOT / f".pytest-verify{os.environ.get('PYTEST_XDIST_WORKER', '')}.lock")
 # Tests never write the user's trace cache (~/.cache/advisor); tests of the cache set their own directory.
-# pytest-xdist's workers share one (PYTEST_XDIST_TESTRUNUID names the run): a trace or CPU calibration one worker
-# made serves the other, as the cache serves two users' processes (tests/test_concurrency.py).
-_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-if _RUN:
-    _CACHE = Path(tempfile.gettempdir()) / f"advisor-test-cache-{_RUN}"
-    _CACHE.mkdir(exist_ok=True)
-    os.environ["ADVISOR_CACHE_DIR"] = str(_CACHE)
+# pytest-xdist's workers share one: the controller (the process without PYTEST_XDIST_WORKER, or a plain run) makes it
+# and exports it to the workers it starts, so a trace or CPU calibration one worker made serves the other, as the
+# cache serves two users' processes (tests/test_concurrency.py); the controller removes it at the end of the run
+# (temporary folders left by every run filled the disk).
+if os.environ.get("PYTEST_XDIST_WORKER") is None:
+    _OWN_CACHE: str | None = tempfile.mkdtemp(prefix="advisor-test-cache-")
+    os.environ["ADVISOR_TEST_CACHE"] = _OWN_CACHE
 else:
-    os.environ["ADVISOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="advisor-test-cache-")
+    _OWN_CACHE = None  # a worker: its controller exported ADVISOR_TEST_CACHE
+os.environ["ADVISOR_CACHE_DIR"] = os.environ["ADVISOR_TEST_CACHE"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
