@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Set up .venv with everything advisor needs (pip keeps no cache: torch and its CUDA libraries are about 5.5 GB
-# installed, and a cached copy of the downloads doubled that on a small disk). Idempotent: re-running with the same pyproject.toml
-# is a no-op. Needs only Python 3.11 on a fresh machine.
+# Set up .venv with everything advisor needs. Idempotent: re-running with the same pyproject.toml is a no-op.
+# Needs only Python 3.11 on a fresh machine. pip keeps no cache: torch and its CUDA libraries are about 5.5 GB
+# installed, and a cached copy of the downloads doubled that on a small disk.
 #   bash scripts/setup.sh          # the tool (torch, torchvision, transformers, peft, deepspeed, streamlit,
 #                                  # bitsandbytes for QLoRA and 8-bit optimizers)
 #   bash scripts/setup.sh --dev    # + test tools, and Debian's chromium/chromedriver for the browser test
