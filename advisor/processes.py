@@ -153,6 +153,26 @@ def kill_group(proc: subprocess.Popen) -> None:
             time.sleep(0.1)
 
 
+def run_group(
+    argv: list[str], cwd: Path, log_path: Path, env: dict[str, str], timeout_s: float
+) -> tuple[int | None, bool]:
+    """Run ``argv`` in ``cwd`` in a session (process group) of its own, stdout and stderr to ``log_path``, stdin
+    closed; wait at most ``timeout_s`` seconds, then stop the group and its descendants (``kill_group``) whether it
+    returned or not (torchrun's ranks may outlive it). Returns (exit code, or None when it timed out; timed out)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            proc.wait(timeout=timeout_s)
+            return proc.returncode, False
+        except subprocess.TimeoutExpired:
+            return None, True
+        finally:
+            kill_group(proc)
+
+
 _ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_.]*(?:Error|Exception|Interrupt)\b.*)$")
 
 

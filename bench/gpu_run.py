@@ -28,7 +28,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
-from advisor.processes import free_port, kill_group
+from advisor.processes import free_port, run_group
 from advisor.run_report import failure_message, read_report, teardown_note
 from advisor.verify import median_step_s
 
@@ -149,23 +149,7 @@ def conclude_case(
 def launch(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> tuple[int | None, bool]:
     """Run ``argv`` in its own process group with its output in ``cwd``/run.log; the whole group is stopped at
     ``timeout_s`` or when it returns. Returns (exit code or None, timed out)."""
-    with open(cwd / "run.log", "w") as log:
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            proc.wait(timeout=timeout_s)
-            return proc.returncode, False
-        except subprocess.TimeoutExpired:
-            return None, True
-        finally:
-            kill_group(proc)
+    return run_group(argv, cwd, cwd / "run.log", env, timeout_s)
 
 
 def _append(path: Path, text: str) -> None:
@@ -245,17 +229,7 @@ def run_calibrate(out_dir: Path, timeout_s: float, env: dict[str, str], scratch:
     env = dict(env, ADVISOR_CACHE_DIR=str(cache))
     t0 = time.monotonic()
     log = out_dir / "calibrate.log"
-    with open(log, "w") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "advisor", "calibrate"], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-            start_new_session=True,
-        )  # fmt: skip
-        try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            kill_group(proc)
+    rc, _ = run_group([sys.executable, "-m", "advisor", "calibrate"], ROOT, log, env, timeout_s)
     seconds = time.monotonic() - t0
     if rc == 0:
         with open(log, "a") as f:

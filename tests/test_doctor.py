@@ -400,12 +400,8 @@ def test_ranks_in_their_own_session_are_killed(tmp_path):
         f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}, {str(tmp_path)!r}], "
         "start_new_session=True); time.sleep(120)"
     )
-    from advisor.processes import kill_group
-
     log = tmp_path / "run.log"
-    rc, timed_out = launch._run_group(
-        [sys.executable, "-c", launcher], tmp_path, log, dict(os.environ), 3.0, kill_group
-    )
+    rc, timed_out = launch._run_group([sys.executable, "-c", launcher], tmp_path, log, dict(os.environ), 3.0)
     assert (rc, timed_out) == (None, True)
     pids = re.findall(r"^DOCTOR_PID (\d+)$", log.read_text(), re.M)
     assert pids, log.read_text()

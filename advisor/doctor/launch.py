@@ -7,11 +7,9 @@ import re
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from .checks import FAIL, PASS, WARN, Check
@@ -27,7 +25,7 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
     Takes verify's machine lock (waiting up to ``timeout_s`` for a running verification); on timeout kills the
     launcher's process group and the ranks it started.
     The script and its log live in a temp dir, removed on success and kept (and named) on failure."""
-    from ..processes import MachineLock, VerifyBusy, free_port, kill_group, root_cause
+    from ..processes import MachineLock, VerifyBusy, free_port, root_cause
 
     backend = "nccl" if gpu_count >= 2 else "gloo"
     how = {0: "gloo (CPU)", 1: "gloo (1 GPU: NCCL needs a GPU per rank, so the 2 ranks run on CPU)"}.get(
@@ -53,7 +51,7 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
             ]
             env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
             start = time.monotonic()
-            rc, timed_out = _run_group(cmd, work, log_path, env, timeout_s, kill_group)
+            rc, timed_out = _run_group(cmd, work, log_path, env, timeout_s)
             elapsed = time.monotonic() - start
     except VerifyBusy:
         shutil.rmtree(work, ignore_errors=True)
@@ -112,35 +110,17 @@ def check_allreduce(gpu_count: int, timeout_s: float) -> Check:
 
 
 def _run_group(
-    cmd: list[str],
-    cwd: Path,
-    log_path: Path,
-    env: dict[str, str],
-    timeout_s: float,
-    kill_group: Callable[[subprocess.Popen], None],
+    cmd: list[str], cwd: Path, log_path: Path, env: dict[str, str], timeout_s: float
 ) -> tuple[int | None, bool]:
-    """Run ``cmd`` in its own process group with output to ``log_path``; returns (exit code, timed_out).
-    torchrun starts each rank in a session of its own, so after killing the group, ranks that printed
-    ``DOCTOR_PID`` and still run this script are killed by pid."""
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=cwd,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            proc.wait(timeout=timeout_s)
-            return proc.returncode, False
-        except subprocess.TimeoutExpired:
-            return None, True
-        finally:
-            if proc.returncode is None:
-                kill_group(proc)
-                _kill_ranks(log_path, str(cwd))
+    """Run ``cmd`` in its own process group with output to ``log_path`` (``advisor.processes.run_group``); returns
+    (exit code, timed_out). Ranks that printed ``DOCTOR_PID`` and still run this script are then killed by pid, in
+    case one was started outside the launcher's descendants."""
+    from ..processes import run_group
+
+    try:
+        return run_group(cmd, cwd, log_path, env, timeout_s)
+    finally:
+        _kill_ranks(log_path, str(cwd))
 
 
 def _kill_ranks(log_path: Path, marker: str) -> None:
