@@ -1,0 +1,86 @@
+"""Chunked cross-entropy that keeps only the 16-bit logits and each row's logsumexp for backward.
+
+Eager chunking alone saves nothing: ``F.cross_entropy`` on each chunk keeps that chunk's fp32 log-softmax for
+backward, so every chunk's survives to backward and the sum is the whole fp32 log-softmax again (torchtune's
+``CEWithChunkedOutputLoss`` gets its saving from compiling the loss). ``ChunkedCrossEntropy`` is a custom autograd
+function instead: forward walks the rows ``chunks`` at a time, upcasting one chunk to fp32, and saves only the 16-bit
+logits it was given (already alive: the model's output holds them), the labels and one fp32 logsumexp per row;
+backward recomputes each chunk's softmax from those in one fp32 chunk, turns it into its gradient in place and
+writes it into the 16-bit gradient chunk by chunk.
+
+Bytes (T rows, V classes, c chunks; ``advisor.memory_options.chunked_ce_bytes``): saved for backward T x V x 2 (the
+logits) + T x 4 (logsumexp) + T x 8 (int64 labels); transient one fp32 chunk (T/c x V x 4; forward: its copy and
+logsumexp; backward: it becomes its gradient in place) beside the 16-bit gradient (T x V x 2) being filled. Plain ``F.cross_entropy`` on
+``logits.float()`` keeps T x V x 4 of log-softmax and at the start of backward holds two more fp32 T x V tensors.
+
+Generated scripts can carry this file's source beside their own ``import torch`` (it imports nothing else).
+"""
+
+from __future__ import annotations
+
+import torch
+
+IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index, which transformers' causal-LM loss uses
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy over the rows of ``logits`` (T x V, any float dtype) whose label is not ``ignore_index``;
+    the result is fp32, equal to ``F.cross_entropy(logits.float(), labels, ignore_index=...)``."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        chunks: int,
+        ignore_index: int,
+    ) -> torch.Tensor:
+        rows = logits.shape[0]
+        size = -(-rows // max(1, chunks))
+        lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        valid = labels != ignore_index
+        for start in range(0, rows, size):
+            part = logits[start : start + size].float()  # the one fp32 chunk alive at a time
+            lab = labels[start : start + size]
+            ok = valid[start : start + size]
+            chunk_lse = torch.logsumexp(part, dim=-1)
+            lse[start : start + size] = chunk_lse
+            picked = part.gather(1, lab.clamp(min=0).unsqueeze(1)).squeeze(1)
+            total = total + torch.where(ok, chunk_lse - picked, 0.0).sum()
+            del part
+        count = valid.sum()
+        ctx.chunks, ctx.ignore_index = chunks, ignore_index
+        ctx.save_for_backward(logits, labels, lse, count)
+        return total / count.clamp(min=1)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor
+    ) -> tuple[torch.Tensor | None, None, None, None]:
+        logits, labels, lse, count = ctx.saved_tensors  # type: ignore[attr-defined]
+        rows = logits.shape[0]
+        size = -(-rows // max(1, ctx.chunks))  # type: ignore[attr-defined]
+        grad = torch.empty_like(logits)
+        scale = grad_out / count.clamp(min=1)
+        for start in range(0, rows, size):
+            lab = labels[start : start + size]
+            ok = (lab != ctx.ignore_index).unsqueeze(1)  # type: ignore[attr-defined]
+            # softmax - one_hot(label), in place on the one fp32 chunk: d(lse - x_label)/dx
+            part = logits[start : start + size].float().sub_(lse[start : start + size].unsqueeze(1)).exp_()
+            part.scatter_add_(1, lab.clamp(min=0).unsqueeze(1), torch.full_like(part[:, :1], -1.0))
+            grad[start : start + size] = part.mul_(ok).mul_(scale)  # in place: the chunk becomes its gradient
+            del part
+        return grad, None, None, None
+
+
+def chunked_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, chunks: int = 8, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor:
+    """``ChunkedCrossEntropy`` over ``logits`` (..., V) and ``labels`` (...): flattened to rows; ``chunks`` row
+    chunks (torchtune's ``CEWithChunkedOutputLoss`` default, 8). Raises ValueError on shapes that do not match."""
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} do not match")
+    loss = ChunkedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), chunks, ignore_index)
+    assert isinstance(loss, torch.Tensor)
+    return loss
