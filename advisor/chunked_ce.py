@@ -10,8 +10,9 @@ writes it into the 16-bit gradient chunk by chunk.
 
 Bytes (T rows, V classes, c chunks; ``advisor.memory_options.chunked_ce_bytes``): saved for backward T x V x 2 (the
 logits) + T x 4 (logsumexp) + T x 8 (int64 labels); transient one fp32 chunk (T/c x V x 4; forward: its copy and
-logsumexp; backward: it becomes its gradient in place) beside the 16-bit gradient (T x V x 2) being filled. Plain ``F.cross_entropy`` on
-``logits.float()`` keeps T x V x 4 of log-softmax and at the start of backward holds two more fp32 T x V tensors.
+logsumexp; backward: it becomes its gradient in place) beside the 16-bit gradient (T x V x 2) being filled.
+Plain ``F.cross_entropy`` on ``logits.float()`` keeps T x V x 4 of log-softmax and at the start of backward holds
+two more fp32 T x V tensors.
 
 Generated scripts can carry this file's source beside their own ``import torch`` (it imports nothing else).
 """
