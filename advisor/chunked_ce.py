@@ -19,6 +19,8 @@ Generated scripts can carry this file's source beside their own ``import torch``
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index, which transformers' causal-LM loss uses
@@ -29,8 +31,8 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     the result is fp32, equal to ``F.cross_entropy(logits.float(), labels, ignore_index=...)``."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
+    def forward(
+        ctx: Any,  # torch.autograd.function.FunctionCtx, which carries the attributes set here
         logits: torch.Tensor,
         labels: torch.Tensor,
         chunks: int,
@@ -56,17 +58,15 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return total / count.clamp(min=1)
 
     @staticmethod
-    def backward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor
-    ) -> tuple[torch.Tensor | None, None, None, None]:
-        logits, labels, lse, count = ctx.saved_tensors  # type: ignore[attr-defined]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        logits, labels, lse, count = ctx.saved_tensors
         rows = logits.shape[0]
-        size = -(-rows // max(1, ctx.chunks))  # type: ignore[attr-defined]
+        size = -(-rows // max(1, ctx.chunks))
         grad = torch.empty_like(logits)
         scale = grad_out / count.clamp(min=1)
         for start in range(0, rows, size):
             lab = labels[start : start + size]
-            ok = (lab != ctx.ignore_index).unsqueeze(1)  # type: ignore[attr-defined]
+            ok = (lab != ctx.ignore_index).unsqueeze(1)
             # softmax - one_hot(label), in place on the one fp32 chunk: d(lse - x_label)/dx
             part = logits[start : start + size].float().sub_(lse[start : start + size].unsqueeze(1)).exp_()
             part.scatter_add_(1, lab.clamp(min=0).unsqueeze(1), torch.full_like(part[:, :1], -1.0))

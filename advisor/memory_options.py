@@ -24,15 +24,15 @@ DEFAULT_CE_CHUNKS = 8
 OFFLOAD_MIN_BYTES = 1024
 
 
-def ce_plain_bytes(rows: int, vocab: int, logit_bytes: int) -> int:
+def ce_plain_bytes(rows: int, vocab: int) -> int:
     """Bytes of the loss's logits at the start of backward with ``F.cross_entropy(logits.float(), ...)``
-    (transformers' ``ForCausalLMLoss`` upcasts the logits, then log-softmax + NLL): the logits as the LM head wrote
-    them (``logit_bytes`` each: 2 in 16 bits, 4 in fp32; the model's output holds them), the fp32 log-softmax
+    (transformers' ``ForCausalLMLoss`` upcasts the logits, then log-softmax + NLL): the fp32 log-softmax
     ``aten._log_softmax`` saves for backward, then ``nll_loss_backward``'s fp32 gradient of it and
-    ``_log_softmax_backward_data``'s fp32 gradient of the logits: ``rows x vocab x (logit_bytes + 12)``. The trace
-    of Llama 3.2 3B at 2 x 4096 tokens holds exactly the two fp32 gradients (8 x 8192 x 128256 bytes) as
-    temporaries at its backward peak."""
-    return rows * vocab * (logit_bytes + 12)
+    ``_log_softmax_backward_data``'s fp32 gradient of the logits: ``rows x vocab x 12``. The logits themselves are
+    not saved (the upcast's backward needs no input; torchtune's recipes ``del logits`` before backward). The trace of
+    Llama 3.2 3B at 2 x 4096 tokens holds exactly this at its backward peak: 4 bytes per logit in its activations, the
+    two fp32 gradients (8 x 8192 x 128256 bytes) as temporaries."""
+    return rows * vocab * 12
 
 
 def chunked_ce_bytes(rows: int, vocab: int, logit_bytes: int, chunks: int) -> int:
@@ -47,7 +47,13 @@ def chunked_ce_bytes(rows: int, vocab: int, logit_bytes: int, chunks: int) -> in
 
 def ce_saving(rows: int, vocab: int, logit_bytes: int, chunks: int = DEFAULT_CE_CHUNKS) -> int:
     """Bytes chunked cross-entropy saves at the backward peak (``ce_plain_bytes`` - ``chunked_ce_bytes``, >= 0)."""
-    return max(0, ce_plain_bytes(rows, vocab, logit_bytes) - chunked_ce_bytes(rows, vocab, logit_bytes, chunks))
+    return max(0, ce_plain_bytes(rows, vocab) - chunked_ce_bytes(rows, vocab, logit_bytes, chunks))
+
+
+def ce_saved_activation_bytes(rows: int, vocab: int, logit_bytes: int, chunked: bool) -> int:
+    """What the loss keeps for backward (outside the model's blocks, so not offloaded with them): the fp32
+    log-softmax (plain), or the 16-bit logits and per row the fp32 logsumexp and int64 label (chunked)."""
+    return rows * (vocab * logit_bytes + 12) if chunked else rows * vocab * 4
 
 
 @dataclass(frozen=True)

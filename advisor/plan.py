@@ -17,6 +17,7 @@ from .explain import tokens_per_sample
 from .free_text import lora_targets
 from .hardware import Hardware, resolve_hardware, with_gpu_calibration
 from .invariants import enforce
+from .ladder import Ladder, build_ladder
 from .memory import trace_mode
 from .models import AdapterSpec, ModelSpec, family_of, resolve_source
 from .models.adapters import default_targets
@@ -69,6 +70,8 @@ class Plan:
     rows: list[StrategyRow]
     recommendation: Recommendation
     warnings: list[str]
+    # The ladder of memory savings (advisor.ladder): with --ladder, or when nothing fits a GPU plan; else None.
+    ladder: Ladder | None = None
 
     def row(self, name: str) -> StrategyRow:
         """Raises KeyError for a strategy the plan has no row for."""
@@ -322,6 +325,11 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
             warnings.append(hint)
     if mb_note and rec.strategy is not None:
         rec.reasons.append(mb_note)
+    ladder = None
+    if device == Device.CUDA and (opts.ladder or rec.strategy is None):
+        ladder = build_ladder(ctx, rows, cache, scratch_threads, rec.strategy, rec.min_gpus)
+        if ladder is not None and rec.strategy is None:
+            rec.reasons.insert(1, ladder_reason(ladder, ctx))
     warnings += _budget_warnings(opts, ctx)
     if inputs.use_cache:  # what-if questions (another --gpus) then find their traces in the cache
         for traced, tp in {t for s in strategies for t in s.what_if_traces(ctx)}:
@@ -338,9 +346,26 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
         rows=rows,
         recommendation=rec,
         warnings=warnings,
+        ladder=ladder,
     )
     enforce(result)
     return result
+
+
+def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
+    """The nothing-fits answer's line on the ladder: the cheapest rung that fits (the options up to it), before
+    more GPUs, or that none does."""
+    fit = ladder.first_fit
+    if fit is None:
+        return (
+            f"no rung of the memory-savings ladder fits {ladder.title} on one {ctx.hardware.gpu_name} (see the ladder)"
+        )
+    taken = [r.flags for r in ladder.rungs[1 : ladder.rungs.index(fit) + 1] if r.blocker is None and r.flags]
+    rate = f", {fit.throughput:,.0f} {fit.unit}" if fit.throughput else ""
+    return (
+        f"cheapest fix before more GPUs: {ladder.title} fits with {fit.label} ({' '.join(taken)}): "
+        f"{fit.device_bytes / 2**30 if fit.device_bytes else 0:.2f} GiB per GPU{rate} (the ladder below)"
+    )
 
 
 def _add_speedups(ctx: StrategyContext, rows: list[StrategyRow], strategies: Sequence[Strategy]) -> None:
