@@ -253,7 +253,7 @@ def _evaluate(env: _Env, st: _State) -> _Figures | str:
             return "chunked cross-entropy needs a language model's vocabulary-wide loss"
         # The plain loss's 12 bytes per logit at the backward peak (memory_options.ce_plain_bytes): 4 kept for
         # backward (activations), 8 of gradients (temporaries); chunked: the saved 16-bit logits and per-row
-        # logsumexp and label (activations), their 16-bit gradient and one fp32 chunk (temporaries).
+        # logsumexp and label (activations), one chunk's fp32 copy and 16-bit gradient (temporaries).
         logits = rows * env.vocab
         kept = ce_saved_activation_bytes(rows, env.vocab, lb, chunked=True)
         act = max(0, act - ce_saved_activation_bytes(rows, env.vocab, lb, chunked=False)) + kept

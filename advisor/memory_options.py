@@ -36,13 +36,15 @@ def ce_plain_bytes(rows: int, vocab: int) -> int:
 
 
 def chunked_ce_bytes(rows: int, vocab: int, logit_bytes: int, chunks: int) -> int:
-    """Bytes of the loss with ``advisor.chunked_ce`` at its backward peak: the logits (``logit_bytes`` each,
-    kept: the model's output holds them), the gradient being filled in their dtype, and one chunk's fp32 copy,
-    which becomes its gradient in place (``rows / chunks x vocab x 4``), plus per row the fp32 logsumexp and int64
-    label the function saves (12 bytes). Measured with saved-tensor hooks in
-    tests/test_memory_options.py."""
+    """Bytes of the loss with ``advisor.chunked_ce`` over per-chunk logits (the output head applied per chunk, as
+    torchtune's ``num_output_chunks`` models do) at its backward peak: every chunk's logits (``logit_bytes`` each,
+    saved for backward; autograd runs every chunk's loss node before any head's matmul, each chunk's saved logits
+    giving way to its gradient in the same dtype), per row the fp32 logsumexp and int64 label (12 bytes), and the
+    last chunk's temporaries: its fp32 copy, which becomes its gradient in place, beside its saved logits while it
+    is cast (``rows / chunks x vocab x (4 + logit_bytes)``). Measured with saved-tensor hooks and a
+    dispatch mode in tests/test_memory_options.py."""
     per_chunk = -(-rows // max(1, chunks))
-    return rows * vocab * 2 * logit_bytes + per_chunk * vocab * 4 + rows * 12
+    return rows * (vocab * logit_bytes + 12) + per_chunk * vocab * (4 + logit_bytes)
 
 
 def ce_saving(rows: int, vocab: int, logit_bytes: int, chunks: int = DEFAULT_CE_CHUNKS) -> int:
