@@ -349,8 +349,12 @@ def build_ladder(
     carriers = [r for r in rows if r.applicable and r.memory is not None and not r.strategy.offload]
     if not carriers:
         return None
-    pick = next((r for r in carriers if r.name == recommended), None) or min(
-        carriers, key=lambda r: r.memory.device_total if r.memory else 0
+    # The recommended row; else plain training on one GPU; else the row that needs the least memory.
+    alone = "single" if ctx.hardware.num_gpus == 1 else None
+    pick = (
+        next((r for r in carriers if r.name == recommended), None)
+        or next((r for r in carriers if r.name == alone), None)
+        or min(carriers, key=lambda r: r.memory.device_total if r.memory else 0)
     )
     env = _Env(ctx, pick.strategy, cache, scratch_threads)
     first = _evaluate(env, _State())

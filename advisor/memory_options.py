@@ -119,23 +119,23 @@ def optimizer_in_backward_blocker(strategy: str, grad_accum_steps: int, clipping
     all-reduce."""
     if grad_accum_steps > 1:
         return (
-            f"optimizer in backward: {grad_accum_steps} accumulation steps need the summed gradient, but each "
+            f"{grad_accum_steps} accumulation steps need the summed gradient, but each "
             "parameter steps as soon as its gradient is ready (torchtune refuses gradient_accumulation_steps > 1)"
         )
     if clipping:
         return (
-            "optimizer in backward: global-norm clipping needs every gradient before any step, and each "
+            "global-norm clipping needs every gradient before any step, and each "
             "parameter steps in its own hook (torchtune refuses clip_grad_norm with optimizer_in_bwd)"
         )
     if strategy == "ddp":
         return (
-            "optimizer in backward: DDP all-reduces gradients in buckets after the hook has fired, so the step "
+            "DDP all-reduces gradients in buckets after the hook has fired, so the step "
             "would use this rank's unreduced gradient (needs a DDP comm hook instead)"
         )
     if strategy.startswith("zero"):
-        return "optimizer in backward: DeepSpeed's engine runs the optimizer step itself (engine.step())"
+        return "DeepSpeed's engine runs the optimizer step itself (engine.step())"
     if strategy in ("tp", "tp_dp", "hsdp") or strategy.startswith("pp"):
-        return f"optimizer in backward: not wired for {strategy} (torchtune pairs it with one GPU or FSDP2)"
+        return f"not wired for {strategy} (torchtune pairs it with one GPU or FSDP2)"
     return None
 
 

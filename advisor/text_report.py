@@ -308,6 +308,9 @@ def _ladder_lines(p: Plan) -> list[str]:
         if r.blocker is not None:
             blocked.append(f"  {r.label}: n/a: {r.blocker}")
             continue
+        if r.peak_bytes is None:  # more GPUs: the recommendation's cluster, not sized here
+            blocked.append(f"  {r.label}: {r.flags} ({r.note})")
+            continue
         rows.append(
             [
                 r.label + (" <- first fit" if r.first_fit else ""),
