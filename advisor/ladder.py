@@ -283,11 +283,11 @@ def _evaluate(env: _Env, st: _State) -> _Figures | str:
     end = mem.model_state_bytes
     if st.optimizer_in_backward:
         ga = row.grad_accum_steps or 1
-        blocker = optimizer_in_backward_blocker(env.strategy.name, ga, clipping=False)
+        blocker = optimizer_in_backward_blocker(env.strategy.optimizer_in_backward_blocker, ga, clipping=False)
         if blocker:
             return blocker
         elem = weight_bytes(ctx.profile.stats, ctx.profile.spec.adapter, env.strategy.trace_mode(ctx.options.precision))
-        shards = row.dp_size if env.strategy.name.startswith("fsdp") else 1
+        shards = row.dp_size if env.strategy.hook_grads_sharded else 1
         sizes = sorted((_numel(s) for s in ctx.profile.stats.trainable_shapes), reverse=True)
         tied = (env.vocab * int(str((ctx.profile.spec.config or {}).get("hidden_size") or 0))) if env.tied else 0
         largest = next((n for n in sizes if n != tied), 0) if tied else (sizes[0] if sizes else 0)

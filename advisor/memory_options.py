@@ -112,31 +112,22 @@ def offload_transfer_s(offloaded: int, gbps: float, fwd_s: float, bwd_s: float) 
     return 2 * one_way, max(0.0, one_way - fwd_s) + max(0.0, one_way - bwd_s)
 
 
-def optimizer_in_backward_blocker(strategy: str, grad_accum_steps: int, clipping: bool) -> str | None:
+def optimizer_in_backward_blocker(strategy_blocker: str | None, grad_accum_steps: int, clipping: bool) -> str | None:
     """Why the optimizer step cannot run in backward here (None: it can), one line each: torchtune's
     ``optimizer_in_bwd`` steps each parameter in ``register_post_accumulate_grad_hook`` and refuses accumulation and
-    clipping (torchtune/recipes/full_finetune_single_device.py), and under DDP the hook fires before the bucket's
-    all-reduce."""
+    clipping (torchtune/recipes/full_finetune_single_device.py); ``strategy_blocker``: the strategy's own reason
+    (``Strategy.optimizer_in_backward_blocker``: under DDP the hook fires before the bucket's all-reduce)."""
     if grad_accum_steps > 1:
         return (
-            f"{grad_accum_steps} accumulation steps need the summed gradient, but each "
-            "parameter steps as soon as its gradient is ready (torchtune refuses gradient_accumulation_steps > 1)"
+            f"{grad_accum_steps} accumulation steps need the summed gradient, but each parameter steps as soon as "
+            "its gradient is ready (torchtune refuses gradient_accumulation_steps > 1)"
         )
     if clipping:
         return (
-            "global-norm clipping needs every gradient before any step, and each "
-            "parameter steps in its own hook (torchtune refuses clip_grad_norm with optimizer_in_bwd)"
+            "global-norm clipping needs every gradient before any step, and each parameter steps in its own hook "
+            "(torchtune refuses clip_grad_norm with optimizer_in_bwd)"
         )
-    if strategy == "ddp":
-        return (
-            "DDP all-reduces gradients in buckets after the hook has fired, so the step "
-            "would use this rank's unreduced gradient (needs a DDP comm hook instead)"
-        )
-    if strategy.startswith("zero"):
-        return "DeepSpeed's engine runs the optimizer step itself (engine.step())"
-    if strategy in ("tp", "tp_dp", "hsdp") or strategy.startswith("pp"):
-        return f"not wired for {strategy} (torchtune pairs it with one GPU or FSDP2)"
-    return None
+    return strategy_blocker
 
 
 def optimizer_in_backward_grad_bytes(largest_grad: int, tied_grad: int) -> int:

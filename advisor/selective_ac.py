@@ -24,6 +24,7 @@ Imports only torch: generated scripts can carry this file's source.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -81,7 +82,7 @@ def op_policy() -> Callable[..., object]:
     return policy
 
 
-def op_context_fn() -> object:
+def op_context_fn() -> tuple[AbstractContextManager, AbstractContextManager]:
     """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for the op policy."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 

@@ -22,6 +22,11 @@ from advisor.memory_options import (
 )
 from advisor.schema import plan_inputs, validate
 from advisor.selective_ac import layer_policy_blocks, op_context_fn
+from strategies.base import Strategy
+from strategies.ddp import DDP
+from strategies.fsdp2 import FSDP2
+from strategies.single import Single
+from strategies.zero import Zero
 
 
 class _Peak(TorchDispatchMode):
@@ -42,6 +47,16 @@ class _Peak(TorchDispatchMode):
                     self.made.append((weakref.ref(s), s.nbytes()))
         self.peak = max(self.peak, sum(n for ref, n in self.made if ref() is not None))
         return out
+
+
+def _keep(saved: list[torch.Tensor]):  # noqa: ANN202
+    """A pack hook that records every tensor saved for backward."""
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    return pack
 
 
 def test_chunked_ce_saved_bytes_and_loss() -> None:
@@ -65,7 +80,7 @@ def test_chunked_ce_saved_bytes_and_loss() -> None:
     labels = torch.randint(0, vocab, (rows,))
     labels[5] = -100
     saved: list[torch.Tensor] = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(_keep(saved), lambda t: t):
         loss = chunked_cross_entropy(parts, labels, chunks)
     # Hand arithmetic: the 16-bit logits (rows x vocab x 2), the int64 labels and fp32 logsumexp per row, and the
     # int64 valid-row count once per chunk; no fp32 chunk kept.
@@ -132,7 +147,7 @@ def test_selective_checkpointing_saves_the_stated_ops() -> None:
     torch.manual_seed(0)
     block, x = _Block(), torch.randn(2, 16, 32, requires_grad=True)
     saved: list[torch.Tensor] = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(_keep(saved), lambda t: t):
         out = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False, context_fn=op_context_fn)
     # Non-reentrant checkpointing saves only the block's input through the outer hooks; the policy's own cache
     # holds the MUST_SAVE outputs. Count them from the policy's view: run the forward under the policy and collect
@@ -177,13 +192,14 @@ def test_layer_policy_blocks() -> None:
 
 @pytest.mark.parametrize(
     ("strategy", "ga", "clip", "word"),
-    [("single", 2, False, "accumulation"), ("single", 1, True, "clipping"), ("ddp", 1, False, "DDP")],
+    [(Single(), 2, False, "accumulation"), (Single(), 1, True, "clipping"), (DDP(), 1, False, "DDP")],
 )
-def test_optimizer_in_backward_refusals(strategy: str, ga: int, clip: bool, word: str) -> None:
-    reason = optimizer_in_backward_blocker(strategy, ga, clip)
+def test_optimizer_in_backward_refusals(strategy: Strategy, ga: int, clip: bool, word: str) -> None:
+    reason = optimizer_in_backward_blocker(strategy.optimizer_in_backward_blocker, ga, clip)
     assert reason is not None and word in reason and "\n" not in reason
-    assert optimizer_in_backward_blocker("single", 1, False) is None
-    assert optimizer_in_backward_blocker("fsdp2", 1, False) is None
+    assert optimizer_in_backward_blocker(Single().optimizer_in_backward_blocker, 1, False) is None
+    assert optimizer_in_backward_blocker(FSDP2().optimizer_in_backward_blocker, 1, False) is None
+    assert "DeepSpeed" in (optimizer_in_backward_blocker(Zero(3).optimizer_in_backward_blocker, 1, False) or "")
 
 
 def test_checkpointing_flags_refused_together() -> None:
