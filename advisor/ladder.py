@@ -2,19 +2,11 @@
 GPU, step time and throughput, and where the job first fits; then LoRA and QLoRA (fine-tuning a transformer) and
 more GPUs.
 
-One strategy carries the ladder: the recommended one, or when nothing fits the applicable row without offload that
-needs the least memory. Each rung is a state of the options evaluated on that strategy's row: full activation
-checkpointing, 8-bit AdamW, LoRA and QLoRA through the traces and rows themselves (``advisor.rows.evaluate_row`` on
-another profile or optimizer); chunked cross-entropy, the selective op policy, activation offload and the optimizer
-step in backward by the rules of ``advisor.memory_options`` applied to the row's peak (``advisor.memory.Breakdown``):
-
-- two moments bound the peak: the row's own peak (at the start of backward for a language model, where activations
-  and the loss's logits are largest) and the end of backward (``StrategyMemory.model_state_bytes``: weights,
-  every gradient, optimizer states); the options lower the first (activations, logits, gradients held) or the
-  second (gradients held with the optimizer step in backward);
-- step time: the row's (``StrategyRow.time``), plus the op policy's share of full checkpointing's recompute and
-  activation offload's PCIe time that outlasts its phase (forward taken as a third of the compute, backward as two:
-  backward runs two matmuls per forward matmul, Narayanan et al. 2021, section 5.1).
+One strategy carries the ladder: the recommended one; else on one GPU plain training; else the applicable row
+without offload that needs the least memory. Each rung is a state of the options (``advisor.ladder_state``):
+full activation checkpointing, 8-bit AdamW, LoRA and QLoRA through the traces and rows themselves; chunked
+cross-entropy, the selective op policy, activation offload and the optimizer step in backward by the rules of
+``advisor.memory_options`` applied to the row's peak.
 
 The order is greedy: from the current state, the candidate with the least added seconds per GiB saved comes next;
 a candidate that saves nothing here goes last and says so; one that the strategy cannot compose with says why.
@@ -23,37 +15,17 @@ a candidate that saves nothing here goes last and says so; one that the strategy
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from .cache import DiskCache, NullCache
-from .choices import Optimizer, Quant, TraceMode
+from .choices import Optimizer
 from .context import StrategyContext
 from .errors import AdvisorError
-from .memory import trace_mode, weight_bytes
-from .memory_options import (
-    DEFAULT_CE_CHUNKS,
-    block_dims,
-    ce_saved_activation_bytes,
-    chunked_ce_bytes,
-    offload_transfer_s,
-    optimizer_in_backward_blocker,
-    optimizer_in_backward_grad_bytes,
-    sac_op_recompute_flops_per_block,
-    sac_op_saved_bytes_per_block,
-)
-from .models import AdapterSpec
-from .profile import ModelProfile, build_profile
-from .rows import StrategyRow, evaluate_row
+from .ladder_state import LORA_RANK, Env, Figures, State, evaluate_state, throughput
+from .memory_options import DEFAULT_CE_CHUNKS, optimizer_in_backward_blocker
+from .rows import StrategyRow
+from .training_options import TrainingOptions
 
-if TYPE_CHECKING:
-    from strategies.base import Strategy
-
-# The ladder's adapters: torchtune's LoRA recipes for Llama 3.2 (rank 8, alpha 16 on q/k/v/o and the MLP
-# projections: ``lora_attn_modules`` q_proj, k_proj, v_proj, output_proj with ``apply_lora_to_mlp``), which peft's
-# all-linear (every nn.Linear but the output head) names; QLoRA on an nf4 base with double quantization (the QLoRA
-# paper's recipe; torchtune's NF4 quantizes its scales too).
-LORA_RANK, LORA_ALPHA_LADDER = 8, 16.0
 # Candidates in the order they are offered before the greedy sort (ties keep it).
 CANDIDATES = ("chunked_ce", "sac_op", "ac_full", "optimizer_in_backward", "activation_offload", "adamw_8bit")
 LABELS = {
@@ -107,233 +79,6 @@ class Ladder:
         return next((r for r in self.rungs if r.first_fit), None)
 
 
-@dataclass(frozen=True)
-class _State:
-    chunked_ce: bool = False
-    ac: str = ""  # "", "op", "full"
-    optimizer_in_backward: bool = False
-    activation_offload: bool = False
-    adamw_8bit: bool = False
-    adapter: str = ""  # "", "lora", "qlora"
-
-    def plus(self, key: str) -> _State:
-        if key == "sac_op":
-            return replace(self, ac="op")
-        if key == "ac_full":
-            return replace(self, ac="full")
-        if key in ("lora", "qlora"):
-            return replace(self, adapter=key)
-        return replace(
-            self,
-            chunked_ce=self.chunked_ce or key == "chunked_ce",
-            optimizer_in_backward=self.optimizer_in_backward or key == "optimizer_in_backward",
-            activation_offload=self.activation_offload or key == "activation_offload",
-            adamw_8bit=self.adamw_8bit or key == "adamw_8bit",
-        )
-
-
-@dataclass(frozen=True)
-class _Figures:
-    peak: int
-    device: int
-    step_s: float | None
-    notes: tuple[tuple[str, str], ...] = ()  # (option key, what its figure assumes)
-    host: int = 0
-
-    def note(self, key: str) -> str:
-        return next((text for k, text in self.notes if k == key), "")
-
-
-class _Env:
-    """What every state is evaluated from: the plan's context, its strategy and the profiles by (checkpointing,
-    adapter), built once each (``advisor.profile.build_profile``, disk-cached traces)."""
-
-    def __init__(
-        self, ctx: StrategyContext, strategy: Strategy, cache: DiskCache | NullCache, scratch_threads: int
-    ) -> None:
-        self.ctx, self.strategy, self.cache, self.scratch = ctx, strategy, cache, scratch_threads
-        self.profiles: dict[tuple[bool, str], ModelProfile] = {}
-        self.rows: dict[tuple[bool, str, bool], StrategyRow] = {}
-        spec = ctx.profile.spec
-        self.tokens = spec.seq_len if spec.seq_len and spec.family not in ("vision", "custom") else None
-        cfg = spec.config or {}
-        self.vocab = int(str(cfg.get("vocab_size") or 0)) if spec.is_transformer else 0
-        self.blocks = int(str(cfg.get("num_hidden_layers") or 0)) if spec.is_transformer else 0
-        self.dims = block_dims(cfg) if spec.is_transformer else None
-        self.tied = bool(cfg.get("tie_word_embeddings", False)) and self.vocab > 0
-
-    def adapter(self, kind: str) -> AdapterSpec | None:
-        if not kind:
-            return self.ctx.profile.spec.adapter
-        precision = self.ctx.options.precision
-        assert precision is not None, "the plan resolves the precision"
-        return AdapterSpec(
-            rank=LORA_RANK,
-            alpha=LORA_ALPHA_LADDER,
-            targets=("all-linear",),
-            compute_dtype=precision.compute_dtype,
-            quantize=Quant.NF4 if kind == "qlora" else None,
-            double_quant=kind == "qlora",
-        )
-
-    def profile(self, checkpointing: bool, kind: str) -> ModelProfile:
-        key = (checkpointing, kind)
-        if key not in self.profiles:
-            base = self.ctx.profile
-            if key == (base.checkpointing, ""):
-                self.profiles[key] = base
-            else:
-                spec = replace(base.spec, adapter=self.adapter(kind))
-                self.profiles[key] = build_profile(
-                    spec, base.attention, checkpointing, cache=self.cache, cpu_conv_scratch_threads=self.scratch
-                )
-        return self.profiles[key]
-
-    def row(self, checkpointing: bool, kind: str, eight_bit: bool) -> tuple[StrategyContext, StrategyRow]:
-        opts = replace(self.ctx.options, activation_checkpointing=checkpointing)
-        if eight_bit:
-            opts = replace(opts, optimizer=Optimizer.ADAMW_8BIT)
-        ctx = StrategyContext(self.profile(checkpointing, kind), self.ctx.hardware, opts, self.ctx.device)
-        key = (checkpointing, kind, eight_bit)
-        if key not in self.rows:
-            self.rows[key] = evaluate_row(self.strategy, ctx, False)
-        return ctx, self.rows[key]
-
-    @property
-    def rows_per_step(self) -> int:
-        """Loss rows (tokens) in one micro-step on this GPU."""
-        return (self.tokens or 0) * self.ctx.micro_batch_size
-
-
-def _logit_bytes(ctx: StrategyContext) -> int:
-    return 4 if trace_mode(ctx.options.precision, casts_weights=False) == TraceMode.FP32 else 2
-
-
-def _evaluate(env: _Env, st: _State) -> _Figures | str:
-    """The figures of state ``st`` on ``env``'s strategy, or the one line saying why it cannot be had."""
-    base_ac = env.ctx.options.activation_checkpointing
-    full = st.ac == "full" or st.adapter == "qlora" or (base_ac and st.ac != "op")
-    try:
-        ctx, row = env.row(full, st.adapter, st.adamw_8bit)
-    except AdvisorError as err:
-        return str(err)
-    if not row.applicable or row.memory is None:
-        return row.reason or f"{row.title} does not apply"
-    mem, notes = row.memory, []  # (key, note)
-    peak = mem.peak
-    act, other, grads = peak.activations, peak.other, peak.grads
-    rest = peak.total - act - other - grads
-    step_s = row.time.step_s if row.time is not None else None
-    lb = _logit_bytes(ctx)
-    rows = env.rows_per_step
-    if st.ac == "op" and not full:
-        if env.dims is None or not env.blocks:
-            return "the op policy's saved outputs are sized for Llama-style blocks (q/k/v/o and a gated MLP) only"
-        plain_ctx, plain_row = env.row(False, st.adapter, st.adamw_8bit)
-        _, ac_row = env.row(True, st.adapter, st.adamw_8bit)
-        if ac_row.memory is None or plain_row.memory is None:
-            return "no row with full checkpointing to start the op policy from"
-        saved = env.blocks * sac_op_saved_bytes_per_block(rows, env.dims, lb)
-        ap = ac_row.memory.peak
-        act, other, grads = min(plain_row.memory.peak.activations, ap.activations + saved), ap.other, ap.grads
-        rest = ap.total - ap.activations - ap.other - ap.grads
-        mem = ac_row.memory
-        if ac_row.time is not None and plain_row.time is not None:
-            recompute = ac_row.time.flops - ac_row.time.model_flops
-            share = (
-                min(1.0, env.blocks * sac_op_recompute_flops_per_block(rows, env.dims) * ac_row.time.micro_steps
-                    / recompute)
-                if recompute > 0
-                else 0.0
-            )  # fmt: skip
-            step_s = plain_row.time.step_s + share * (ac_row.time.step_s - plain_row.time.step_s)
-        notes.append(("sac_op", "full checkpointing's peak plus the saved matmul and attention outputs"))
-    if st.chunked_ce:
-        if not env.vocab or not rows:
-            return "chunked cross-entropy needs a language model's vocabulary-wide loss"
-        # The plain loss's 12 bytes per logit at the backward peak (memory_options.ce_plain_bytes): 4 kept for
-        # backward (activations), 8 of gradients (temporaries); chunked: the saved 16-bit logits and per-row
-        # logsumexp and label (activations), one chunk's fp32 copy and 16-bit gradient (temporaries).
-        logits = rows * env.vocab
-        kept = ce_saved_activation_bytes(rows, env.vocab, lb, chunked=True)
-        act = max(0, act - ce_saved_activation_bytes(rows, env.vocab, lb, chunked=False)) + kept
-        chunked = chunked_ce_bytes(rows, env.vocab, lb, DEFAULT_CE_CHUNKS) - kept
-        other = max(0, other - 8 * logits) + chunked
-    if st.activation_offload:
-        blocks = max(1, env.blocks or ctx.profile.activations(_ctx_mode(ctx)).checkpointed_blocks or 1)
-        loss_kept = ce_saved_activation_bytes(rows, env.vocab, lb, st.chunked_ce) if env.vocab and rows else 0
-        inside = max(0, act - loss_kept)
-        # torchtune's OffloadActivations brings each tensor back just before its backward, the next one prefetched:
-        # about two blocks' saved tensors are on the GPU at the backward peak.
-        offloaded = inside - min(inside, 2 * inside // blocks)
-        act -= offloaded
-        if row.time is not None and step_s is not None:
-            t = row.time.compute_s / max(1, row.time.micro_steps)
-            gbps = _host_gbps(env)
-            moved, exposed = offload_transfer_s(offloaded, gbps, t / 3, 2 * t / 3)
-            step_s += exposed * row.time.micro_steps
-            notes.append(
-                (
-                    "activation_offload",
-                    f"{offloaded / 2**30:.2f} GiB to pinned host memory and back per micro-step, "
-                    f"{moved * 1e3:.0f} ms over PCIe at {gbps:g} GB/s"
-                    + (", hidden under compute" if exposed == 0 else f", {exposed * 1e3:.0f} ms exposed"),
-                )
-            )
-    end = mem.model_state_bytes
-    if st.optimizer_in_backward:
-        ga = row.grad_accum_steps or 1
-        blocker = optimizer_in_backward_blocker(env.strategy.optimizer_in_backward_blocker, ga, clipping=False)
-        if blocker:
-            return blocker
-        elem = weight_bytes(ctx.profile.stats, ctx.profile.spec.adapter, env.strategy.trace_mode(ctx.options.precision))
-        shards = row.dp_size if env.strategy.hook_grads_sharded else 1
-        sizes = sorted((_numel(s) for s in ctx.profile.stats.trainable_shapes), reverse=True)
-        tied = (env.vocab * int(str((ctx.profile.spec.config or {}).get("hidden_size") or 0))) if env.tied else 0
-        largest = next((n for n in sizes if n != tied), 0) if tied else (sizes[0] if sizes else 0)
-        tied = tied if ctx.profile.spec.adapter is None else 0
-        held = optimizer_in_backward_grad_bytes(largest * elem.trainable_elem, tied * elem.trainable_elem) // shards
-        all_grads = ctx.profile.stats.num_trainable * elem.trainable_elem // shards
-        end = end - all_grads + held
-        grads = min(grads, held)
-        notes.append(("optimizer_in_backward", "no global-norm clipping (each parameter steps in its own hook)"))
-    total = max(rest + act + other + grads, end)
-    device = total + mem.overhead.total
-    host = 0
-    if st.activation_offload:
-        host = offloaded
-    return _Figures(total, device, step_s, tuple(notes), host)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _host_gbps(env: _Env) -> float:
-    """Pinned host<->device bandwidth of the GPU's PCIe generation (``advisor.timing.comm.pcie_host_gbps``)."""
-    from strategies.base import timing_of
-
-    from .timing.comm import pcie_host_gbps
-
-    t = timing_of(env.ctx)
-    return pcie_host_gbps(t.preset.pcie_gen) if t is not None else pcie_host_gbps(4)
-
-
-def _ctx_mode(ctx: StrategyContext) -> TraceMode:
-    return trace_mode(ctx.options.precision, casts_weights=False)
-
-
-def _throughput(env: _Env, row_batch: int | None, step_s: float | None) -> tuple[float | None, str]:
-    if step_s is None or not step_s or not row_batch:
-        return None, "tokens/s" if env.tokens else "samples/s"
-    if env.tokens:
-        return row_batch * env.tokens / step_s, "tokens/s"
-    return row_batch / step_s, "samples/s"
-
-
 def build_ladder(
     ctx: StrategyContext,
     rows: Sequence[StrategyRow],
@@ -356,14 +101,14 @@ def build_ladder(
         or next((r for r in carriers if r.name == alone), None)
         or min(carriers, key=lambda r: r.memory.device_total if r.memory else 0)
     )
-    env = _Env(ctx, pick.strategy, cache, scratch_threads)
-    first = _evaluate(env, _State())
+    env = Env(ctx, pick.strategy, cache, scratch_threads)
+    first = evaluate_state(env, State())
     if isinstance(first, str):
         return None
     steps = _Steps(env, pick.global_batch_size, first)
     if order is not None:
         for k in order:
-            fig = _evaluate(env, steps.state.plus(k))
+            fig = evaluate_state(env, steps.state.plus(k))
             steps.add(k, fig)
     else:
         steps.greedy([k for k in CANDIDATES if _offered(env, k)])
@@ -371,7 +116,7 @@ def build_ladder(
     if spec.adapter is None and spec.is_transformer:
         state = steps.state
         for k in ("lora", "qlora"):
-            steps.add(k, _evaluate(env, state.plus(k)), advance=False)
+            steps.add(k, evaluate_state(env, state.plus(k)), advance=False)
     label, _ = LABELS["more_gpus"]
     if min_gpus:
         steps.out.append(Rung("more_gpus", label, f"--gpus {min_gpus}", note="the recommendation's smallest cluster"))
@@ -383,16 +128,16 @@ def build_ladder(
 class _Steps:
     """The rungs so far: the state reached, its figures, and the table."""
 
-    def __init__(self, env: _Env, batch: int | None, first: _Figures) -> None:
+    def __init__(self, env: Env, batch: int | None, first: Figures) -> None:
         self.env, self.batch, self.gpu = env, batch, env.ctx.hardware.gpu_memory_bytes
-        self.state, self.cur = _State(), first
+        self.state, self.cur = State(), first
         self.out: list[Rung] = []
         self.fitted = False
         self._rung("base", first, None)
 
-    def _rung(self, key: str, fig: _Figures, prev: _Figures | None) -> None:
+    def _rung(self, key: str, fig: Figures, prev: Figures | None) -> None:
         label, flags = LABELS[key]
-        thr, unit = _throughput(self.env, self.batch, fig.step_s)
+        thr, unit = throughput(self.env, self.batch, fig.step_s)
         fits = fig.device <= self.gpu
         saved = prev.peak - fig.peak if prev else 0
         slow = (fig.step_s / prev.step_s - 1) if prev and prev.step_s and fig.step_s else 0.0
@@ -404,7 +149,7 @@ class _Steps:
         )  # fmt: skip
         self.fitted = self.fitted or fits
 
-    def add(self, key: str, fig: _Figures | str, advance: bool = True) -> None:
+    def add(self, key: str, fig: Figures | str, advance: bool = True) -> None:
         """One rung on top of the current state (``advance``: it becomes the state the next rung adds to)."""
         label, flags = LABELS[key]
         if isinstance(fig, str):
@@ -418,21 +163,21 @@ class _Steps:
         """Add ``left`` least added seconds per GiB saved first; those that cannot compose say why, those that
         save nothing at the peak reached go last and say so."""
         while left:
-            scored = [(k, _evaluate(self.env, self.state.plus(k))) for k in left]
+            scored = [(k, evaluate_state(self.env, self.state.plus(k))) for k in left]
             for k, f in scored:
                 if isinstance(f, str):
                     self.add(k, f)
                     left.remove(k)
             cur = self.cur
-            useful = [(k, f) for k, f in scored if isinstance(f, _Figures) and cur.peak - f.peak >= 2**20]
+            useful = [(k, f) for k, f in scored if isinstance(f, Figures) and cur.peak - f.peak >= 2**20]
             if not useful:
                 for k, f in scored:
-                    if isinstance(f, _Figures):
+                    if isinstance(f, Figures):
                         label, flags = LABELS[k]
                         self.out.append(Rung(k, label, flags, blocker="saves nothing at this peak", note=f.note(k)))
                 return
 
-            def cost(item: tuple[str, _Figures]) -> float:
+            def cost(item: tuple[str, Figures]) -> float:
                 dt = (item[1].step_s or 0.0) - (cur.step_s or 0.0)
                 return dt / ((cur.peak - item[1].peak) / 2**30)
 
@@ -443,7 +188,7 @@ class _Steps:
                 left.remove("sac_op")
 
 
-def _offered(env: _Env, key: str) -> bool:
+def _offered(env: Env, key: str) -> bool:
     opts = env.ctx.options
     if key == "adamw_8bit":
         return opts.optimizer == Optimizer.ADAMW
@@ -474,4 +219,51 @@ def ladder_doc(ladder: Ladder) -> list[dict[str, object]]:
             "note": r.note,
         }
         for r in ladder.rungs
+    ]
+
+
+def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
+    """The nothing-fits answer's line on the ladder: the cheapest rung that fits (the options up to it), before
+    more GPUs, or that none does."""
+    fit = ladder.first_fit
+    if fit is None:
+        return (
+            f"no rung of the memory-savings ladder fits {ladder.title} on one {ctx.hardware.gpu_name} (see the ladder)"
+        )
+    taken = [r.flags for r in ladder.rungs[1 : ladder.rungs.index(fit) + 1] if r.blocker is None and r.flags]
+    rate = f", {fit.throughput:,.0f} {fit.unit}" if fit.throughput else ""
+    return (
+        f"cheapest fix before more GPUs: {ladder.title} fits with {fit.label} ({' '.join(taken)}): "
+        f"{fit.device_bytes / 2**30 if fit.device_bytes else 0:.2f} GiB per GPU{rate} (the ladder below)"
+    )
+
+
+def ladder_only_flags(opts: TrainingOptions, rows: list[StrategyRow]) -> list[str]:
+    """The memory options the ladder sizes (advisor.memory_options) but the rows and the generated scripts do not
+    apply yet: said, with the refusal that holds already (the optimizer step in backward with accumulation).
+
+    Raises:
+        AdvisorError: --optimizer-in-backward with gradient accumulation (every row accumulates).
+    """
+    given = [
+        flag
+        for flag, on in (
+            ("--selective-checkpointing", opts.selective_checkpointing is not None),
+            ("--activation-offload", opts.activation_offload),
+            ("--optimizer-in-backward", opts.optimizer_in_backward),
+            ("--chunked-cross-entropy", opts.chunked_cross_entropy is not None),
+        )
+        if on
+    ]
+    if opts.optimizer_in_backward:
+        steps = [r.grad_accum_steps or 1 for r in rows if r.applicable]
+        if steps and min(steps) > 1:
+            raise AdvisorError(
+                "--optimizer-in-backward: " + (optimizer_in_backward_blocker(None, min(steps), False) or "")
+            )
+    if not given:
+        return []
+    return [
+        f"{', '.join(given)}: sized in the memory-savings ladder (--ladder) only; the strategy rows above and the "
+        "generated scripts do not apply them yet"
     ]

@@ -17,7 +17,7 @@ from .explain import tokens_per_sample
 from .free_text import lora_targets
 from .hardware import Hardware, resolve_hardware, with_gpu_calibration
 from .invariants import enforce
-from .ladder import Ladder, build_ladder
+from .ladder import Ladder, build_ladder, ladder_only_flags, ladder_reason
 from .memory import trace_mode
 from .models import AdapterSpec, ModelSpec, family_of, resolve_source
 from .models.adapters import default_targets
@@ -292,6 +292,7 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     if opts.activation_checkpointing and profile.activations(mode).checkpointed_blocks == 0:
         warnings.append(f"{spec.name} has no repeated blocks to checkpoint: activation checkpointing changes nothing")
     warnings += _ignored_flags(opts, profile, rows, mode)
+    warnings += ladder_only_flags(opts, rows)
     adapter = spec.adapter
     unquantized = profile.stats.num_frozen - profile.stats.quantized_numel
     if adapter is not None and adapter.quantize and unquantized > 0.25 * profile.stats.num_frozen:
@@ -350,22 +351,6 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     )
     enforce(result)
     return result
-
-
-def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
-    """The nothing-fits answer's line on the ladder: the cheapest rung that fits (the options up to it), before
-    more GPUs, or that none does."""
-    fit = ladder.first_fit
-    if fit is None:
-        return (
-            f"no rung of the memory-savings ladder fits {ladder.title} on one {ctx.hardware.gpu_name} (see the ladder)"
-        )
-    taken = [r.flags for r in ladder.rungs[1 : ladder.rungs.index(fit) + 1] if r.blocker is None and r.flags]
-    rate = f", {fit.throughput:,.0f} {fit.unit}" if fit.throughput else ""
-    return (
-        f"cheapest fix before more GPUs: {ladder.title} fits with {fit.label} ({' '.join(taken)}): "
-        f"{fit.device_bytes / 2**30 if fit.device_bytes else 0:.2f} GiB per GPU{rate} (the ladder below)"
-    )
 
 
 def _add_speedups(ctx: StrategyContext, rows: list[StrategyRow], strategies: Sequence[Strategy]) -> None:
