@@ -3,10 +3,10 @@ GPU, step time and throughput, and where the job first fits; then LoRA and QLoRA
 more GPUs.
 
 One strategy carries the ladder: the recommended one; else on one GPU plain training; else the applicable row
-without offload that needs the least memory. Each rung is a state of the options (``advisor.ladder_state``):
-full activation checkpointing, 8-bit AdamW, LoRA and QLoRA through the traces and rows themselves; chunked
-cross-entropy, the selective op policy, activation offload and the optimizer step in backward by the rules of
-``advisor.memory_options`` applied to the row's peak.
+without offload that shards everything (FSDP2, ZeRO-3) and needs the least memory. Each rung is a state of the
+options (``advisor.ladder_state``): full activation checkpointing, 8-bit AdamW, LoRA and QLoRA through the traces
+and rows themselves; chunked cross-entropy, the selective op policy, activation offload and the optimizer step in
+backward by the rules of ``advisor.memory_options`` applied to the row's peak.
 
 The order is greedy: from the current state, the candidate with the least added seconds per GiB saved comes next;
 a candidate that saves nothing here goes last and says so; one that the strategy cannot compose with says why.
@@ -94,12 +94,14 @@ def build_ladder(
     carriers = [r for r in rows if r.applicable and r.memory is not None and not r.strategy.offload]
     if not carriers:
         return None
-    # The recommended row; else plain training on one GPU; else the row that needs the least memory.
+    # The recommended row; else plain training on one GPU; else the row that shards everything without offload
+    # (what more GPUs would scale: the nothing-fits answer's own), least memory first; else the least memory.
     alone = "single" if ctx.hardware.num_gpus == 1 else None
+    sharded = [r for r in carriers if r.strategy.shards_everything]
     pick = (
         next((r for r in carriers if r.name == recommended), None)
         or next((r for r in carriers if r.name == alone), None)
-        or min(carriers, key=lambda r: r.memory.device_total if r.memory else 0)
+        or min(sharded or carriers, key=lambda r: r.memory.device_total if r.memory else 0)
     )
     env = Env(ctx, pick.strategy, cache, scratch_threads)
     first = evaluate_state(env, State())
@@ -228,7 +230,8 @@ def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
     fit = ladder.first_fit
     if fit is None:
         return (
-            f"no rung of the memory-savings ladder fits {ladder.title} on one {ctx.hardware.gpu_name} (see the ladder)"
+            f"no rung of the memory-savings ladder fits {ladder.title} on {ctx.hardware.num_gpus} x "
+            f"{ctx.hardware.gpu_name} (see the ladder)"
         )
     taken = [r.flags for r in ladder.rungs[1 : ladder.rungs.index(fit) + 1] if r.blocker is None and r.flags]
     rate = f", {fit.throughput:,.0f} {fit.unit}" if fit.throughput else ""
