@@ -165,6 +165,14 @@ class FsdpGradSync(StrEnum):
     LAST_MICRO_STEP = "last-micro-step"
 
 
+class SelectiveCheckpointing(StrEnum):
+    """``--selective-checkpointing``: torchtitan's selective activation checkpointing policies
+    (``advisor.selective_ac``): per op inside every block, or every k-th block whole."""
+
+    OP = "op"
+    LAYER = "layer"
+
+
 class PipelineSchedule(StrEnum):
     """A pipeline-parallel schedule (``torch.distributed.pipelining``'s ``ScheduleGPipe``, ``Schedule1F1B``,
     ``ScheduleInterleaved1F1B``): its bubble and micro-batches in flight are ``advisor.timing.pipeline``'s."""

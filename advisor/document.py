@@ -12,6 +12,7 @@ import time
 from typing import NotRequired, TypedDict
 
 from .explain import tokens_per_sample
+from .ladder import ladder_doc
 from .plan import Plan, training_budget
 from .rows import StrategyRow, gpus_used
 from .schema import echo
@@ -185,6 +186,8 @@ class PlanDoc(TypedDict):
     recommendation: RecommendationDoc
     timing: TimingDoc | None
     warnings: list[str]
+    # The memory-savings ladder (advisor.ladder.ladder_doc): with --ladder, or when nothing fits a GPU plan.
+    ladder: NotRequired[list[dict[str, object]]]
     verify: NotRequired[dict[str, object]]  # added by the CLI after a --verify run
 
 
@@ -403,7 +406,7 @@ def time_source(p: Plan, preset: str, efficiency_source: str) -> str:
 def plan_to_dict(p: Plan) -> PlanDoc:
     """The ``--json`` document (schema in README.md) of a finished plan, keys in print order."""
     opts = p.options
-    return {
+    doc: PlanDoc = {
         "schema_version": SCHEMA_VERSION,
         "inputs": echo(p.inputs),
         "model": _model_doc(p),
@@ -422,3 +425,6 @@ def plan_to_dict(p: Plan) -> PlanDoc:
         "timing": timing_doc(p),
         "warnings": p.warnings,
     }
+    if p.ladder is not None:
+        doc["ladder"] = ladder_doc(p.ladder)
+    return doc

@@ -17,6 +17,7 @@ from .explain import tokens_per_sample
 from .free_text import lora_targets
 from .hardware import Hardware, resolve_hardware, with_gpu_calibration
 from .invariants import enforce
+from .ladder import Ladder, build_ladder, ladder_only_flags, ladder_reason
 from .memory import trace_mode
 from .models import AdapterSpec, ModelSpec, family_of, resolve_source
 from .models.adapters import default_targets
@@ -69,6 +70,8 @@ class Plan:
     rows: list[StrategyRow]
     recommendation: Recommendation
     warnings: list[str]
+    # The ladder of memory savings (advisor.ladder): with --ladder, or when nothing fits a GPU plan; else None.
+    ladder: Ladder | None = None
 
     def row(self, name: str) -> StrategyRow:
         """Raises KeyError for a strategy the plan has no row for."""
@@ -289,6 +292,7 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     if opts.activation_checkpointing and profile.activations(mode).checkpointed_blocks == 0:
         warnings.append(f"{spec.name} has no repeated blocks to checkpoint: activation checkpointing changes nothing")
     warnings += _ignored_flags(opts, profile, rows, mode)
+    warnings += ladder_only_flags(opts, rows)
     adapter = spec.adapter
     unquantized = profile.stats.num_frozen - profile.stats.quantized_numel
     if adapter is not None and adapter.quantize and unquantized > 0.25 * profile.stats.num_frozen:
@@ -322,6 +326,11 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
             warnings.append(hint)
     if mb_note and rec.strategy is not None:
         rec.reasons.append(mb_note)
+    ladder = None
+    if device == Device.CUDA and (opts.ladder or rec.strategy is None):
+        ladder = build_ladder(ctx, rows, cache, scratch_threads, rec.strategy, rec.min_gpus)
+        if ladder is not None and rec.strategy is None:
+            rec.reasons.insert(1, ladder_reason(ladder, ctx))
     warnings += _budget_warnings(opts, ctx)
     if inputs.use_cache:  # what-if questions (another --gpus) then find their traces in the cache
         for traced, tp in {t for s in strategies for t in s.what_if_traces(ctx)}:
@@ -338,6 +347,7 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
         rows=rows,
         recommendation=rec,
         warnings=warnings,
+        ladder=ladder,
     )
     enforce(result)
     return result

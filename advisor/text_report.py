@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from .choices import Precision
 from .text_table import amount, fits_word, gib_cell, short_phase, table
-from .units import counted, fmt_count, gib
+from .units import counted, fmt_count, fmt_rate, fmt_s, gib
 
 if TYPE_CHECKING:
     from .document import TimeDoc
@@ -141,6 +141,8 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
     lines += [f"  - {reason}" for reason in rec.reasons]
     for w in p.warnings + rec.warnings:
         lines.append(f"  ! {w}")
+    if p.ladder is not None:
+        lines += ["", *_ladder_lines(p)]
     launch = _launch_line(p, strategy or rec.strategy)
     if launch:
         lines += ["", f"Launch{'' if strategy in (None, rec.strategy) else f' ({strategy})'}: {launch}"]
@@ -284,3 +286,47 @@ def _launch_line(p: Plan, strategy: str | None) -> str | None:
     from strategies.render import launch_command
 
     return launch_command(p, strategy)
+
+
+def _ladder_lines(p: Plan) -> list[str]:
+    """The memory-savings ladder (``advisor.ladder``) as a table: each rung adds its option to those above it."""
+    ladder = p.ladder
+    assert ladder is not None
+    cols = [
+        ("rung", "<", 4, ""),
+        ("peak", ">", 6, "  "),
+        ("device", ">", 6, " "),
+        ("fits", "<", 4, "  "),
+        ("step", ">", 6, " "),
+        ("rate", ">", 6, " "),
+        ("slowdown", ">", 8, " "),
+        ("flags", "<", 0, "  "),
+    ]
+    rows: list[list[str] | str] = []
+    blocked = []
+    for r in ladder.rungs:
+        if r.blocker is not None:
+            blocked.append(f"  {r.label}: n/a: {r.blocker}")
+            continue
+        if r.peak_bytes is None:  # more GPUs: the recommendation's cluster, not sized here
+            blocked.append(f"  {r.label}: {r.flags} ({r.note})")
+            continue
+        rows.append(
+            [
+                r.label + (" <- first fit" if r.first_fit else ""),
+                gib_cell(r.peak_bytes),
+                gib_cell(r.device_bytes),
+                fits_word(r.fits),
+                fmt_s(r.step_s) if r.step_s is not None else "-",
+                f"{fmt_rate(r.throughput)} {r.unit}" if r.throughput else "-",
+                f"{100 * r.slowdown:+.0f}%" if r.key != "base" else "-",
+                r.flags,
+            ]
+        )
+        if r.note:
+            rows.append(f"  {r.note}")
+    head = (
+        f"Memory-savings ladder on {ladder.title} ({ladder.strategy}), each rung adding its option to those above, "
+        "least slowdown per GiB saved first (GiB per GPU; peak allocated and device total):"
+    )
+    return [head, *table(cols, rows), *blocked]

@@ -11,7 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .bnb_layout import OPTIMIZER_CHOICES, QUANT_CHOICES
-from .choices import Attention, Dtype, Framework, FsdpGradSync, Optimizer, PipelineSchedule, Precision, Quant, values
+from .choices import (
+    Attention,
+    Dtype,
+    Framework,
+    FsdpGradSync,
+    Optimizer,
+    PipelineSchedule,
+    Precision,
+    Quant,
+    SelectiveCheckpointing,
+    values,
+)
 from .errors import AdvisorError
 from .fields import as_members
 from .fields import option as _f  # short: the dataclass body below calls it once per field
@@ -27,6 +38,7 @@ ADAPTER_DTYPES = values(Dtype)
 COMPUTE_DTYPES = tuple(d.value for d in (Dtype.BF16, Dtype.FP16, Dtype.FP32))
 ATTENTION_CHOICES = values(Attention)
 PP_SCHEDULES = values(PipelineSchedule)
+SELECTIVE_CHECKPOINTING = values(SelectiveCheckpointing)
 LORA_ALPHA = 16.0  # LoRA's alpha when --lora-alpha is not given: the QLoRA paper's (Dettmers et al. 2023, appendix)
 LORA_DROPOUT = 0.05  # adapter input dropout when --lora-dropout is not given: the QLoRA paper's for 33B-65B
 
@@ -164,6 +176,48 @@ class TrainingOptions:
         label="Activation checkpointing",
         faces=("cli", "page", "bench"),
         help="recompute blocks in backward",
+    )
+    # The memory options beyond full checkpointing (advisor.memory_options): sized in the ladder (--ladder); the
+    # strategy rows and the generated scripts do not apply them yet.
+    selective_checkpointing: SelectiveCheckpointing | None = _f(
+        None,
+        flag="--selective-checkpointing",
+        choices=SELECTIVE_CHECKPOINTING,
+        none="off",
+        help="torchtitan's selective activation checkpointing: op (save matmul and attention outputs, recompute "
+        "every second matmul) or layer (checkpoint every --checkpoint-every-th block)",
+    )
+    checkpoint_every: int | None = _f(
+        None,
+        flag="--checkpoint-every",
+        low=1,
+        high=1024,
+        none="2",
+        help="--selective-checkpointing layer: checkpoint every k-th block",
+    )
+    activation_offload: bool = _f(
+        False,
+        flag="--activation-offload",
+        help="move the activations saved for backward to pinned host memory (saved_tensors_hooks)",
+    )
+    optimizer_in_backward: bool = _f(
+        False,
+        flag="--optimizer-in-backward",
+        help="step each parameter in its post-accumulate-grad hook (no accumulation, no global-norm clipping)",
+    )
+    chunked_cross_entropy: int | None = _f(
+        None,
+        flag="--chunked-cross-entropy",
+        low=1,
+        high=4096,
+        metavar="CHUNKS",
+        none="off",
+        help="cross-entropy over CHUNKS row chunks keeping only the 16-bit logits (torchtune uses 8)",
+    )
+    ladder: bool = _f(
+        False,
+        flag="--ladder",
+        help="show the ladder of memory savings with their cost in speed (also when nothing fits)",
     )
     framework: Framework = _f(
         Framework.ANY,
@@ -333,7 +387,18 @@ def validate_training(t: TrainingOptions) -> None:
         raise AdvisorError(f"give one training budget, not {' and '.join(budgets)}")
     _validate_adapter(t)
     _validate_pipeline(t)
+    _validate_memory_options(t)
     init_from(t.init_from)
+
+
+def _validate_memory_options(t: TrainingOptions) -> None:
+    """The checkpointing flags against each other: one policy, and --checkpoint-every only with the layer policy."""
+    if t.selective_checkpointing is not None and t.activation_checkpointing:
+        raise AdvisorError(
+            "--selective-checkpointing and --activation-checkpointing are two policies: give one of them"
+        )
+    if t.checkpoint_every is not None and t.selective_checkpointing != SelectiveCheckpointing.LAYER:
+        raise AdvisorError("--checkpoint-every goes with --selective-checkpointing layer: add it, or drop the flag")
 
 
 def _validate_pipeline(t: TrainingOptions) -> None:

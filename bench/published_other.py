@@ -461,8 +461,8 @@ NOT_EXPRESSED: tuple[tuple[str, str], ...] = (
     ),  # fmt: skip
     (
         "O67",
-        "torchtune's flags (packing, torch.compile, chunked cross-entropy, optimizer in backward, activation "
-        "offload) are not modelled; its peak-memory column belongs to the memory benchmark",
+        "torchtune's tokens/s come from packing and torch.compile, which the time fit does not model; its "
+        "peak-memory column is re-predicted rung by rung in bench/published_ladder.py",
     ),  # fmt: skip
     ("O77 8x RTX 6000 Ada", "642 seq/s on 8 GPUs is marked uncertain (102% scaling) in published_runs.md"),
     (

@@ -166,6 +166,10 @@ def replicated_memory(
 class DDP(Strategy):
     name = "ddp"
     sharding_stage = 0
+    optimizer_in_backward_blocker = (
+        "DDP all-reduces gradients in buckets after the hook has fired, so the step would use this rank's "
+        "unreduced gradient (needs a DDP comm hook instead)"
+    )
     title = "DDP"
     comm_order = 0
     quantized_base = True  # QLoRA: each rank holds the quantized base; only the adapters' gradients are reduced

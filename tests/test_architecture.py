@@ -55,6 +55,8 @@ LAYERS: list[tuple[str, ...]] = [
         "advisor.recommend",
         "advisor.invariants",
         "advisor.variants",
+        "advisor.ladder_state",
+        "advisor.ladder",
     ),
     ("advisor.plan",),
     ("advisor.document",),

@@ -49,6 +49,8 @@ class FSDP2(Strategy):
     casts_weights = True  # MixedPrecisionPolicy runs the blocks on 16-bit parameters (no autocast): the half trace
     uses_fsdp_grad_sync = True
     client_optimizers = False  # bitsandbytes' and Adafactor's steps on DTensor shards are not verified
+    optimizer_in_backward_blocker = None  # torchtune's full_finetune_distributed optimizer_in_bwd: each hook a shard
+    hook_grads_sharded = True
     script_imports = (
         *DCP_IMPORTS,
         "from torch.distributed.device_mesh import init_device_mesh",

@@ -32,6 +32,7 @@ class Zero(Strategy):
     template = "zero.py"
     script_parts = ()  # DeepSpeed writes its own checkpoints (engine.save_checkpoint)
     casts_weights = True  # DeepSpeed's bf16/fp16 modes cast the whole module to 16 bits (no autocast)
+    optimizer_in_backward_blocker = "DeepSpeed's engine runs the optimizer step itself (engine.step())"
 
     def __init__(self, stage: int, offload: bool = False) -> None:
         self.stage, self.offload = stage, offload

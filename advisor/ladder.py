@@ -1,0 +1,272 @@
+"""The ladder: memory savings one on top of the other, least slowdown per GiB saved first, each with its peak per
+GPU, step time and throughput, and where the job first fits; then LoRA and QLoRA (fine-tuning a transformer) and
+more GPUs.
+
+One strategy carries the ladder: the recommended one; else on one GPU plain training; else the applicable row
+without offload that shards everything (FSDP2, ZeRO-3) and needs the least memory. Each rung is a state of the
+options (``advisor.ladder_state``): full activation checkpointing, 8-bit AdamW, LoRA and QLoRA through the traces
+and rows themselves; chunked cross-entropy, the selective op policy, activation offload and the optimizer step in
+backward by the rules of ``advisor.memory_options`` applied to the row's peak.
+
+The order is greedy: from the current state, the candidate with the least added seconds per GiB saved comes next;
+a candidate that saves nothing here goes last and says so; one that the strategy cannot compose with says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .cache import DiskCache, NullCache
+from .choices import Optimizer
+from .context import StrategyContext
+from .errors import AdvisorError
+from .ladder_state import LORA_RANK, Env, Figures, State, evaluate_state, throughput
+from .memory_options import DEFAULT_CE_CHUNKS, optimizer_in_backward_blocker
+from .rows import StrategyRow
+from .training_options import TrainingOptions
+
+# Candidates in the order they are offered before the greedy sort (ties keep it).
+CANDIDATES = ("chunked_ce", "sac_op", "ac_full", "optimizer_in_backward", "activation_offload", "adamw_8bit")
+LABELS = {
+    "base": ("as planned", ""),
+    "chunked_ce": ("chunked cross-entropy", f"--chunked-cross-entropy {DEFAULT_CE_CHUNKS}"),
+    "sac_op": ("selective checkpointing (op policy)", "--selective-checkpointing op"),
+    "ac_full": ("activation checkpointing (full)", "--activation-checkpointing"),
+    "optimizer_in_backward": ("optimizer step in backward", "--optimizer-in-backward"),
+    "activation_offload": ("activation offload to CPU", "--activation-offload"),
+    "adamw_8bit": ("8-bit AdamW", "--optimizer adamw-8bit"),
+    "lora": (f"LoRA (rank {LORA_RANK}, all linear layers)", f"--lora-rank {LORA_RANK} --lora-targets all-linear"),
+    "qlora": ("QLoRA (nf4)", f"--lora-rank {LORA_RANK} --lora-targets all-linear --quantize nf4 --double-quant"),
+    "more_gpus": ("more GPUs", ""),
+}
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung: the options so far plus ``key``'s (``LABELS``). Bytes per GPU; ``step_s`` one optimizer step at the
+    row's global batch; ``throughput`` tokens/s of the job (a language model) or samples/s. ``saved_bytes`` and
+    ``slowdown`` are against the rung before. ``blocker``: why the strategy cannot take it (then no figures);
+    ``note``: what the figure assumes or what else it needs."""
+
+    key: str
+    label: str
+    flags: str
+    peak_bytes: int | None = None
+    device_bytes: int | None = None
+    step_s: float | None = None
+    throughput: float | None = None
+    unit: str = "tokens/s"
+    fits: bool = False
+    saved_bytes: int = 0
+    slowdown: float = 0.0
+    first_fit: bool = False
+    blocker: str | None = None
+    note: str = ""
+    host_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """The ladder of one strategy (``strategy``: its name); ``first_fit``: the key of the first rung that fits."""
+
+    strategy: str
+    title: str
+    rungs: tuple[Rung, ...]
+
+    @property
+    def first_fit(self) -> Rung | None:
+        return next((r for r in self.rungs if r.first_fit), None)
+
+
+def build_ladder(
+    ctx: StrategyContext,
+    rows: Sequence[StrategyRow],
+    cache: DiskCache | NullCache,
+    scratch_threads: int,
+    recommended: str | None,
+    min_gpus: int | None = None,
+    order: Sequence[str] | None = None,
+) -> Ladder | None:
+    """The ladder for the plan (module docstring); None when no row can carry it (none applies with memory).
+    ``order``: take these rungs (``CANDIDATES`` keys) in this order instead of the greedy one (the benchmark
+    re-predicts a published table in its own order)."""
+    carriers = [r for r in rows if r.applicable and r.memory is not None and not r.strategy.offload]
+    if not carriers:
+        return None
+    # The recommended row; else plain training on one GPU; else the row that shards everything without offload
+    # (what more GPUs would scale: the nothing-fits answer's own), least memory first; else the least memory.
+    alone = "single" if ctx.hardware.num_gpus == 1 else None
+    sharded = [r for r in carriers if r.strategy.shards_everything]
+    pick = (
+        next((r for r in carriers if r.name == recommended), None)
+        or next((r for r in carriers if r.name == alone), None)
+        or min(sharded or carriers, key=lambda r: r.memory.device_total if r.memory else 0)
+    )
+    env = Env(ctx, pick.strategy, cache, scratch_threads)
+    first = evaluate_state(env, State())
+    if isinstance(first, str):
+        return None
+    steps = _Steps(env, pick.global_batch_size, first)
+    if order is not None:
+        for k in order:
+            fig = evaluate_state(env, steps.state.plus(k))
+            steps.add(k, fig)
+    else:
+        steps.greedy([k for k in CANDIDATES if _offered(env, k)])
+    spec = ctx.profile.spec
+    if spec.adapter is None and spec.is_transformer:
+        state = steps.state
+        for k in ("lora", "qlora"):
+            steps.add(k, evaluate_state(env, state.plus(k)), advance=False)
+    label, _ = LABELS["more_gpus"]
+    if min_gpus:
+        steps.out.append(Rung("more_gpus", label, f"--gpus {min_gpus}", note="the recommendation's smallest cluster"))
+    else:
+        steps.out.append(Rung("more_gpus", label, "", blocker="not searched: the job fits, or more GPUs do not help"))
+    return Ladder(pick.name, pick.title, tuple(steps.out))
+
+
+class _Steps:
+    """The rungs so far: the state reached, its figures, and the table."""
+
+    def __init__(self, env: Env, batch: int | None, first: Figures) -> None:
+        self.env, self.batch, self.gpu = env, batch, env.ctx.hardware.gpu_memory_bytes
+        self.state, self.cur = State(), first
+        self.out: list[Rung] = []
+        self.fitted = False
+        self._rung("base", first, None)
+
+    def _rung(self, key: str, fig: Figures, prev: Figures | None) -> None:
+        label, flags = LABELS[key]
+        thr, unit = throughput(self.env, self.batch, fig.step_s)
+        fits = fig.device <= self.gpu
+        saved = prev.peak - fig.peak if prev else 0
+        slow = (fig.step_s / prev.step_s - 1) if prev and prev.step_s and fig.step_s else 0.0
+        self.out.append(
+            Rung(
+                key, label, flags, fig.peak, fig.device, fig.step_s, thr, unit, fits, saved, slow,
+                first_fit=fits and not self.fitted, note=fig.note(key), host_bytes=fig.host,
+            )
+        )  # fmt: skip
+        self.fitted = self.fitted or fits
+
+    def add(self, key: str, fig: Figures | str, advance: bool = True) -> None:
+        """One rung on top of the current state (``advance``: it becomes the state the next rung adds to)."""
+        label, flags = LABELS[key]
+        if isinstance(fig, str):
+            self.out.append(Rung(key, label, flags, blocker=fig))
+            return
+        self._rung(key, fig, self.cur)
+        if advance:
+            self.state, self.cur = self.state.plus(key), fig
+
+    def greedy(self, left: list[str]) -> None:
+        """Add ``left`` least added seconds per GiB saved first; those that cannot compose say why, those that
+        save nothing at the peak reached go last and say so."""
+        while left:
+            scored = [(k, evaluate_state(self.env, self.state.plus(k))) for k in left]
+            for k, f in scored:
+                if isinstance(f, str):
+                    self.add(k, f)
+                    left.remove(k)
+            cur = self.cur
+            useful = [(k, f) for k, f in scored if isinstance(f, Figures) and cur.peak - f.peak >= 2**20]
+            if not useful:
+                for k, f in scored:
+                    if isinstance(f, Figures):
+                        label, flags = LABELS[k]
+                        self.out.append(Rung(k, label, flags, blocker="saves nothing at this peak", note=f.note(k)))
+                return
+
+            def cost(item: tuple[str, Figures]) -> float:
+                dt = (item[1].step_s or 0.0) - (cur.step_s or 0.0)
+                return dt / ((cur.peak - item[1].peak) / 2**30)
+
+            k, fig = min(useful, key=cost)
+            self.add(k, fig)
+            left.remove(k)
+            if k == "ac_full" and "sac_op" in left:  # full checkpointing supersedes the op policy
+                left.remove("sac_op")
+
+
+def _offered(env: Env, key: str) -> bool:
+    opts = env.ctx.options
+    if key == "adamw_8bit":
+        return opts.optimizer == Optimizer.ADAMW
+    if key in ("sac_op", "ac_full"):
+        return not opts.activation_checkpointing
+    return True
+
+
+def ladder_doc(ladder: Ladder) -> list[dict[str, object]]:
+    """The ladder as JSON rows (``ladder[]``)."""
+    return [
+        {
+            "rung": r.key,
+            "label": r.label,
+            "flags": r.flags,
+            "strategy": ladder.strategy,
+            "peak_bytes": r.peak_bytes,
+            "device_bytes": r.device_bytes,
+            "step_s": r.step_s,
+            "throughput": r.throughput,
+            "throughput_unit": r.unit,
+            "fits": r.fits if r.blocker is None else None,
+            "first_fit": r.first_fit,
+            "saved_bytes": r.saved_bytes,
+            "slowdown": r.slowdown,
+            "host_bytes": r.host_bytes,
+            "blocker": r.blocker,
+            "note": r.note,
+        }
+        for r in ladder.rungs
+    ]
+
+
+def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
+    """The nothing-fits answer's line on the ladder: the cheapest rung that fits (the options up to it), before
+    more GPUs, or that none does."""
+    fit = ladder.first_fit
+    if fit is None:
+        return (
+            f"no rung of the memory-savings ladder fits {ladder.title} on {ctx.hardware.num_gpus} x "
+            f"{ctx.hardware.gpu_name} (see the ladder)"
+        )
+    taken = [r.flags for r in ladder.rungs[1 : ladder.rungs.index(fit) + 1] if r.blocker is None and r.flags]
+    rate = f", {fit.throughput:,.0f} {fit.unit}" if fit.throughput else ""
+    return (
+        f"cheapest fix before more GPUs: {ladder.title} fits with {fit.label} ({' '.join(taken)}): "
+        f"{fit.device_bytes / 2**30 if fit.device_bytes else 0:.2f} GiB per GPU{rate} (the ladder below)"
+    )
+
+
+def ladder_only_flags(opts: TrainingOptions, rows: list[StrategyRow]) -> list[str]:
+    """The memory options the ladder sizes (advisor.memory_options) but the rows and the generated scripts do not
+    apply yet: said, with the refusal that holds already (the optimizer step in backward with accumulation).
+
+    Raises:
+        AdvisorError: --optimizer-in-backward with gradient accumulation (every row accumulates).
+    """
+    given = [
+        flag
+        for flag, on in (
+            ("--selective-checkpointing", opts.selective_checkpointing is not None),
+            ("--activation-offload", opts.activation_offload),
+            ("--optimizer-in-backward", opts.optimizer_in_backward),
+            ("--chunked-cross-entropy", opts.chunked_cross_entropy is not None),
+        )
+        if on
+    ]
+    if opts.optimizer_in_backward:
+        steps = [r.grad_accum_steps or 1 for r in rows if r.applicable]
+        if steps and min(steps) > 1:
+            raise AdvisorError(
+                "--optimizer-in-backward: " + (optimizer_in_backward_blocker(None, min(steps), False) or "")
+            )
+    if not given:
+        return []
+    return [
+        f"{', '.join(given)}: sized in the memory-savings ladder (--ladder) only; the strategy rows above and the "
+        "generated scripts do not apply them yet"
+    ]

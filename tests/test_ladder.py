@@ -1,0 +1,97 @@
+"""The memory-savings ladder (advisor.ladder): its order and first fitting rung for an LLM and a vision job that do
+not fit one GPU, the figures of the rules it applies (hand arithmetic), the JSON and the nothing-fits answer, the
+rungs a strategy cannot compose with, and no ladder for a job that fits unless asked."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.document import plan_to_dict
+from advisor.memory_options import ce_saving
+from advisor.plan import plan
+from advisor.schema import plan_inputs
+
+
+def _keys(p):  # noqa: ANN001, ANN202
+    assert p.ladder is not None
+    return [r.key for r in p.ladder.rungs if r.blocker is None], {r.key: r for r in p.ladder.rungs}
+
+
+@pytest.fixture(scope="module")
+def llm():  # noqa: ANN201
+    # Llama 3.2 3B, pure bf16 as torchtune trains, 2 x 1024 tokens on one 24 GB GPU: 31.3 GiB, does not fit.
+    return plan(
+        plan_inputs(
+            model="llama-3.2-3b",
+            gpus=1,
+            gpu="RTX4090",
+            seq_len=1024,
+            micro_batch_size=2,
+            precision="pure-bf16",
+            detect_hardware=False,
+        )
+    )
+
+
+def test_llm_ladder_order_and_first_fit(llm) -> None:  # noqa: ANN001
+    assert llm.recommendation.strategy is None
+    order, rungs = _keys(llm)
+    # Least added seconds per GiB first: 8-bit AdamW (no slower), chunked cross-entropy (no slower) and there it
+    # fits; then offload (PCIe partly exposed) before the optimizer step in backward, which saves only once offload
+    # has lowered the start-of-backward peak below the end-of-backward one; then LoRA and QLoRA.
+    assert order == [
+        "base",
+        "adamw_8bit",
+        "chunked_ce",
+        "activation_offload",
+        "optimizer_in_backward",
+        "lora",
+        "qlora",
+    ]
+    assert [r.key for r in llm.ladder.rungs if r.first_fit] == ["chunked_ce"]
+    assert not rungs["base"].fits and not rungs["adamw_8bit"].fits and rungs["chunked_ce"].fits
+    # Chunked cross-entropy saves exactly its rule at 2 x 1024 rows of a 128256 vocabulary in 16 bits.
+    assert rungs["chunked_ce"].saved_bytes == ce_saving(2048, 128256, 2)
+    # 8-bit AdamW: bf16 moments (2 x 2 bytes) become 1-byte blocks (2 x 1 byte) for every large tensor: about 2
+    # bytes per parameter (3.21B parameters), bitsandbytes' block scales and its fp32 small tensors on top.
+    saved = rungs["adamw_8bit"].saved_bytes
+    assert 2 * 3.21e9 * 0.97 < saved < 2 * 3.21e9 * 1.01
+    # Slower rungs say so: offload's exposed PCIe time, and each rung's step is the previous one's or more.
+    assert rungs["activation_offload"].slowdown > 0
+    assert "pinned host memory" in rungs["activation_offload"].note
+    # Checkpointing saves nothing once offload has moved the activations off the GPU: said, not hidden.
+    assert "saves nothing" in (rungs["ac_full"].blocker or "")
+
+
+def test_llm_ladder_in_json_and_answer(llm) -> None:  # noqa: ANN001
+    doc = plan_to_dict(llm)
+    assert [row["rung"] for row in doc["ladder"]][:3] == ["base", "adamw_8bit", "chunked_ce"]
+    first = next(row for row in doc["ladder"] if row["first_fit"])
+    assert first["rung"] == "chunked_ce" and first["strategy"] == "single"
+    reason = llm.recommendation.reasons[1]
+    assert reason.startswith("cheapest fix before more GPUs: Single GPU fits with chunked cross-entropy")
+    assert "--optimizer adamw-8bit --chunked-cross-entropy 8" in reason
+
+
+def test_vision_ladder_order_and_first_fit() -> None:
+    p = plan(plan_inputs(model="resnet50", gpus=1, gpu="RTX4090", micro_batch_size=640, detect_hardware=False))
+    assert p.recommendation.strategy is None
+    order, rungs = _keys(p)
+    assert order == ["base", "adamw_8bit", "ac_full", "optimizer_in_backward", "activation_offload"]
+    assert [r.key for r in p.ladder.rungs if r.first_fit] == ["ac_full"]  # type: ignore[union-attr]
+    # No vocabulary-wide loss, no Llama block: each says why in one line.
+    for key in ("chunked_ce", "sac_op"):
+        assert rungs[key].blocker and "\n" not in rungs[key].blocker
+    # ResNet-50's trainable parameters (25.6M): 8-bit AdamW saves about 6 of the 8 bytes of fp32 moments each.
+    assert 25.5e6 * 6 * 0.9 < rungs["adamw_8bit"].saved_bytes < 25.6e6 * 6 * 1.01
+
+
+def test_ddp_ladder_refuses_optimizer_in_backward_and_fitting_job_has_none() -> None:
+    values = dict(model="gpt2", gpus=2, gpu="A100-80GB", seq_len=256, detect_hardware=False)
+    quiet = plan(plan_inputs(**values))
+    assert quiet.ladder is None and "ladder" not in plan_to_dict(quiet)
+    p = plan(plan_inputs(**values, ladder=True))
+    assert p.ladder is not None and p.ladder.strategy == "ddp"
+    _, rungs = _keys(p)
+    blocker = rungs["optimizer_in_backward"].blocker
+    assert blocker is not None and "DDP" in blocker and "\n" not in blocker
