@@ -25,6 +25,7 @@ class Item:
     text: str
     uses: tuple[str, ...]  # in the order of first use
     is_value: bool  # a module-level assignment (written before the functions: it runs at import)
+    bases: tuple[str, ...] = ()  # a class's base classes: written before it (they are needed when it is defined)
 
 
 def _is_guard(node: ast.stmt) -> bool:
@@ -92,7 +93,8 @@ def items_of(source: str, variants: Mapping[str, str], where: str, offered: set[
                     continue
                 text = text.replace(f"def {name}(", f"def {base}(", 1)
                 name = base
-            out[name] = Item((name,), text, tuple(u for u in uses if u != name), is_value=False)
+            bases = tuple(b.id for b in node.bases if isinstance(b, ast.Name)) if isinstance(node, ast.ClassDef) else ()
+            out[name] = Item((name,), text, tuple(u for u in uses if u != name), is_value=False, bases=bases)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             names = _target_names(node)
             item = Item(names, text, tuple(u for u in uses if u not in names), is_value=True)
@@ -105,7 +107,8 @@ def items_of(source: str, variants: Mapping[str, str], where: str, offered: set[
 def pick(sources: Sequence[tuple[str, str]], variants: Mapping[str, str], root: str = "main") -> str:
     """The script body: ``root`` and everything it reaches in ``sources`` ((where, text) pairs; a later definition of
     a name replaces an earlier one), values first, then ``root`` and the functions and classes in the order of first
-    use (depth first). Names no source defines are left alone (the constants, builtins, imports).
+    use (depth first; a class's own base classes before it). Names no source defines are left alone (the constants,
+    builtins, imports).
 
     Raises:
         AdvisorError: ``root`` is not defined, a chosen variant that no source has, or a function offered in
@@ -128,6 +131,8 @@ def pick(sources: Sequence[tuple[str, str]], variants: Mapping[str, str], root: 
         if item is None or name in seen:
             return
         seen.update(item.names)
+        for base in item.bases:  # a base class is defined before the class
+            visit(base)
         order.append(item)
         for used in item.uses:
             visit(used)

@@ -50,6 +50,6 @@ def barrier() -> None:
     dist.barrier()
 
 
-def teardown() -> None:
+def teardown(run: Run) -> None:
     """Finished or stopped: destroy the process group, so no rank is left waiting."""
     dist.destroy_process_group()
