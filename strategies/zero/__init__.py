@@ -168,22 +168,6 @@ class Zero(Strategy):
             "adapter_state_dict": gathered,
         }
 
-    def script_tags(self, job: ScriptJob) -> set[str]:
-        """``ds`` (the deepspeed launcher's flags), ``zero3`` (partitioned weights: gathered to export),
-        ``zero-init`` (parameters partitioned as they are created, deepspeed.zero.Init, where the family allows it
-        and the base is not quantized)
-        and ``offload`` (the optimizer steps on the CPU)."""
-        tags = {"ds"}
-        if self.stage == 3:
-            tags.add("zero3")
-            # transformers builds a quantized base without zero.Init (every rank loads it whole; quantized_sizes)
-            quantized = job.spec.adapter is not None and job.spec.adapter.quantize
-            if family_of(job.spec).zero_init and not quantized:
-                tags.add("zero-init")
-        if self.offload:
-            tags.add("offload")
-        return tags
-
     def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
         return {"DS_CONFIG_FILE": "ds_config.json"}
 
