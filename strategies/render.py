@@ -340,7 +340,7 @@ def _constant_line(name: str, value: object) -> str:
         text = f"{value:_}"  # 894_272_274_432: digits grouped
     elif isinstance(value, float) and abs(value) >= 1e6 and float(f"{value:g}") == value:
         text = f"{value:g}"  # 3.12e+14, not 312000000000000.0
-    if len(text) > 100 and isinstance(value, (dict, list)):
+    if len(name) + len(text) > 117 and isinstance(value, (dict, list)):  # wider than a line of 120 columns
         text = pprint.pformat(value, width=100, sort_dicts=False)
     note = CONSTANT_NOTES.get(name)
     if note is None:
@@ -499,8 +499,8 @@ def _helpers_source(job: Job, template: str) -> str:
 
 
 def _used_names(statement: str, text: str) -> str:
-    """``from M import (a, b, ...)`` cut to the names ``text`` uses (one per line when more than one; empty when none);
-    any other import statement unchanged."""
+    """``from M import (a, b, ...)`` cut to the names ``text`` uses (one per line when more than one, as isort writes
+    them at its default width; empty when none); any other import statement unchanged."""
     m = re.fullmatch(r"from (\S+) import \(?([^)]*)\)?", statement.strip(), re.DOTALL)
     if m is None:
         return statement
@@ -556,8 +556,9 @@ def render_train_py(job: Job) -> str:
     strategy = job.strategy_unit
     lora = job.spec.adapter is not None
     chosen = variants(job)
-    # The shared loop (templates/loop.py) with the strategy's function modules.
-    own = ["loop.py", *strategy.script_loop]
+    # The shared loop (templates/loop.py) with the strategy's function modules (or a template with a main() of its
+    # own, ``Strategy.template``, for a strategy not built on the loop).
+    own = ["loop.py", *strategy.script_loop] if strategy.script_loop else [strategy.template]
     template = "\n".join((TEMPLATES / name).read_text() for name in own)
     modules = [
         "common.py",
