@@ -408,11 +408,6 @@ class Strategy(ABC):
         """The variant (``strategies.pick``) of each of its template functions that has several, for ``job``."""
         return {}
 
-    def script_tags(self, job: ScriptJob) -> set[str]:
-        """The template blocks (``strategies.render.select_blocks``) this strategy's script keeps beyond the job-wide
-        ones: only the code that runs for this job is written."""
-        return set()
-
     def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
         """Constants the strategy's template reads (JSON-like values), given the job and its model family."""
         return {}

@@ -3,9 +3,9 @@ function, class and module-level value it uses, each copied whole from the templ
 first reaches them (a reader meets a helper after its first caller). Nothing unused is written.
 
 A template module is Python: its imports (the script's names under ``TYPE_CHECKING``) and module docstring are not
-copied. A function named ``NAME__VARIANT`` is one variant of ``NAME`` and is written, renamed ``NAME``, only where
-``variants[NAME] == VARIANT``; a module-level ``NAME = NAME__VARIANT`` (what makes the module importable with one
-variant) is not copied.
+copied. A function or module-level value named ``NAME__VARIANT`` is one variant of ``NAME`` and is written, renamed
+``NAME``, only where ``variants[NAME] == VARIANT``; a module-level ``NAME = NAME__VARIANT`` (what makes the module
+importable with one variant) is not copied.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class Item:
     text: str
     uses: tuple[str, ...]  # in the order of first use
     is_value: bool  # a module-level assignment (written before the functions: it runs at import)
+    bases: tuple[str, ...] = ()  # a class's base classes: written before it (they are needed when it is defined)
 
 
 def _is_guard(node: ast.stmt) -> bool:
@@ -92,9 +93,18 @@ def items_of(source: str, variants: Mapping[str, str], where: str, offered: set[
                     continue
                 text = text.replace(f"def {name}(", f"def {base}(", 1)
                 name = base
-            out[name] = Item((name,), text, tuple(u for u in uses if u != name), is_value=False)
+            bases = tuple(b.id for b in node.bases if isinstance(b, ast.Name)) if isinstance(node, ast.ClassDef) else ()
+            out[name] = Item((name,), text, tuple(u for u in uses if u != name), is_value=False, bases=bases)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             names = _target_names(node)
+            base, sep, variant = names[0].partition("__") if len(names) == 1 else ("", "", "")
+            if sep and base and variant and not names[0].endswith("__"):  # NAME__VARIANT = ...: a value's variant
+                if offered is not None:
+                    offered.add(base)
+                if variants.get(base) != variant:
+                    continue
+                text = text.replace(f"{names[0]} =", f"{base} =", 1)
+                names = (base,)
             item = Item(names, text, tuple(u for u in uses if u not in names), is_value=True)
             out.update(dict.fromkeys(names, item))
         else:
@@ -105,7 +115,8 @@ def items_of(source: str, variants: Mapping[str, str], where: str, offered: set[
 def pick(sources: Sequence[tuple[str, str]], variants: Mapping[str, str], root: str = "main") -> str:
     """The script body: ``root`` and everything it reaches in ``sources`` ((where, text) pairs; a later definition of
     a name replaces an earlier one), values first, then ``root`` and the functions and classes in the order of first
-    use (depth first). Names no source defines are left alone (the constants, builtins, imports).
+    use (depth first; a class's base classes and the values a value reads before it). Names no source defines are
+    left alone (the constants, builtins, imports).
 
     Raises:
         AdvisorError: ``root`` is not defined, a chosen variant that no source has, or a function offered in
@@ -128,6 +139,11 @@ def pick(sources: Sequence[tuple[str, str]], variants: Mapping[str, str], root: 
         if item is None or name in seen:
             return
         seen.update(item.names)
+        for base in item.bases:  # a base class is defined before the class
+            visit(base)
+        if item.is_value:  # run at import: the values it reads are written before it
+            for used in item.uses:
+                visit(used)
         order.append(item)
         for used in item.uses:
             visit(used)

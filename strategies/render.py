@@ -5,22 +5,13 @@ A generated ``train.py`` is flat and import-free of this project: a docstring wi
 lines and the batch arithmetic, a block of constants (every value written with ``repr`` of
 validated data, so nothing the user typed becomes code), then ``main()`` and the functions it calls, copied whole
 (``strategies.pick``) from the template modules: advisor's activation-checkpointing helpers (``inspect.getsource``),
-``templates/common.py``, the process group's helpers, the model family's fragment, LoRA's ``templates/adapters.py``,
-the checkpoint part and the strategy's own. Single and DDP are built on the shared loop, ``templates/loop.py``'s
-``main()``, with their functions from ``templates/torch_steps.py`` and their own module (``Strategy.script_loop``);
-each function the job needs in one of several variants is picked by name (``variants``). FSDP2, TP and ZeRO still
-carry a ``main()`` of their own. Nothing of the measurement is in a script: ``--verify``, bench and the tests run it
-through ``strategies/probe/_advisor_probe.py``.
-
-Not yet ported to whole functions: the shared template files (common.py, collectives.py, local.py, adapters.py,
-checkpoint_*.py, the families' fragments) and the FSDP2/TP/ZeRO templates keep optional blocks: lines
-between ``# [TAG]`` and ``# [/TAG]`` (each marker alone on its line) are kept, without the markers, only where the
-tag applies (``_block_tags``): ``full`` (no adapter), ``lora`` (any adapter), ``lora16`` (LoRA on a 16/32-bit
-base), ``qlora`` (a bitsandbytes-quantized base), ``generic-base`` (``templates/adapters.py``'s ``build_base``, for
-families whose fragment brings none), ``text`` / ``not-text`` / ``image`` (the data a family reads), ``ac``
-(activation checkpointing on), ``pure-bf16`` (the module cast to bf16), ``mfu`` (the planned GPU's peak is known),
-one per optimizer family, and the strategy's own (``Strategy.script_tags``: ``ds``, ``zero3``, ``zero-init``,
-``offload``, ``hsdp``, ``sync-last``). ``# [!TAG]`` ... ``# [/!TAG]`` keeps its lines where TAG does not apply.
+``templates/common.py``, the process group's helpers, LoRA's ``templates/adapters.py``, the model family's fragment,
+the checkpoint part and the strategy's own. Every strategy is built on the shared loop, ``templates/loop.py``'s
+``main()``, with its functions from ``templates/torch_steps.py`` and its own module (``Strategy.script_loop``); each
+function or value the job needs in one of several variants is picked by name (``variants``): the optimizer, the data
+(text or not), LoRA's base and export, precision, activation checkpointing, the launcher's options and the
+strategy's own (``Strategy.script_variants``). Nothing of the measurement is in a script: ``--verify``, bench and the
+tests run it through ``strategies/probe/_advisor_probe.py``.
 """
 
 from __future__ import annotations
@@ -77,31 +68,8 @@ BNB_QUIET = (
     'logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)\n'
     'logging.getLogger("kernels._internals.hf_hub").setLevel(logging.ERROR)'
 )
-BLOCK_TAGS = (
-    "full",
-    "lora",
-    "lora16",
-    "qlora",
-    "generic-base",
-    "text",
-    "not-text",
-    "image",
-    "adam",
-    "sgd",
-    "bnb",
-    "adafactor",
-    "ac",
-    "pure-bf16",
-    "mfu",
-    "ds",
-    "zero3",
-    "zero-init",
-    "offload",
-    "hsdp",
-    "sync-last",
-)
-# make_optimizer's branch for each optimizer (only the one the job uses is written).
-_OPTIMIZER_TAGS = {
+# make_optimizer's variant for each optimizer (only the one the job uses is written).
+_OPTIMIZER_VARIANTS = {
     "adam": "adam",
     "adamw": "adam",
     "sgd": "sgd",
@@ -112,9 +80,6 @@ _OPTIMIZER_TAGS = {
     "lion": "bnb",
     "adafactor": "adafactor",
 }
-# The data a family's script reads (``--data``): token blocks for transformers, an ImageFolder for vision.
-_FAMILY_TAGS = {"transformer": "text", "vision": "image"}
-_MARKER = re.compile(r"^[ \t]*# \[(/?)(!?[a-z0-9-]+)\][ \t]*$")
 DEFAULT_STEPS = 100
 MASTER_PORT = 29500
 
@@ -375,7 +340,7 @@ def _constant_line(name: str, value: object) -> str:
         text = f"{value:_}"  # 894_272_274_432: digits grouped
     elif isinstance(value, float) and abs(value) >= 1e6 and float(f"{value:g}") == value:
         text = f"{value:g}"  # 3.12e+14, not 312000000000000.0
-    if len(text) > 100 and isinstance(value, (dict, list)):
+    if len(name) + len(text) > 117 and isinstance(value, (dict, list)):  # wider than a line of 120 columns
         text = pprint.pformat(value, width=100, sort_dicts=False)
     note = CONSTANT_NOTES.get(name)
     if note is None:
@@ -423,55 +388,6 @@ def _adapter_constants(job: Job, consts: Mapping[str, object]) -> dict[str, obje
             }
         )
     return out
-
-
-def _block_tags(job: Job, family_has_base: bool = False) -> set[str]:
-    """The optional template blocks (module docstring) that apply to ``job``."""
-    adapter = job.spec.adapter
-    shared = {_FAMILY_TAGS[job.spec.family]} if job.spec.family in _FAMILY_TAGS else set()
-    shared.add(_OPTIMIZER_TAGS[job.optimizer])
-    if "text" not in shared:
-        shared.add("not-text")  # images or your own model: samples/s, SyncBatchNorm's decision
-    if job.activation_checkpointing:
-        shared.add("ac")
-    if job.precision == Precision.PURE_BF16:
-        shared.add("pure-bf16")
-    if job.peak_flops_per_gpu and job.model_flops_per_sample:
-        shared.add("mfu")
-    shared |= job.strategy_unit.script_tags(job)
-    if adapter is None:
-        return {"full"} | shared
-    tags = {"lora", "qlora" if adapter.quantize else "lora16"} | shared
-    if not family_has_base and not adapter.quantize:
-        tags.add("generic-base")
-    return tags
-
-
-def select_blocks(text: str, tags: set[str] | frozenset[str]) -> str:
-    """``text`` with each ``# [TAG]`` ... ``# [/TAG]`` block kept (markers dropped) where TAG is in ``tags``, else
-    removed, and each ``# [!TAG]`` ... ``# [/!TAG]`` block kept where TAG is not; blocks nest.
-
-    Raises:
-        AdvisorError: an unknown tag, or markers that do not pair up (a template bug).
-    """
-    out: list[str] = []
-    stack: list[str] = []
-    for line in text.splitlines(keepends=True):
-        m = _MARKER.match(line.rstrip("\n"))
-        if m is None:
-            if all((t[1:] not in tags) if t.startswith("!") else (t in tags) for t in stack):
-                out.append(line)
-            continue
-        closing, tag = m.group(1) == "/", m.group(2)
-        if tag.removeprefix("!") not in BLOCK_TAGS:
-            raise AdvisorError(f"template block [{tag}]: unknown tag (one of {', '.join(BLOCK_TAGS)})")
-        if not closing:
-            stack.append(tag)
-        elif not stack or stack.pop() != tag:
-            raise AdvisorError(f"template block [/{tag}] closes no open [{tag}]")
-    if stack:
-        raise AdvisorError(f"template block [{stack[-1]}] is never closed")
-    return "".join(out)
 
 
 def _doc_text(text: str) -> str:
@@ -582,14 +498,9 @@ def _helpers_source(job: Job, template: str) -> str:
     return "# --- helpers copied from advisor ---\n" + "\n\n\n".join(inspect.getsource(f).strip("\n") for f in parts)
 
 
-def _parts(names: list[str] | tuple[str, ...], tags: set[str]) -> list[tuple[str, str]]:
-    """(file name, text) of template modules, their optional blocks selected for ``tags``."""
-    return [(name, select_blocks((TEMPLATES / name).read_text(), tags)) for name in names]
-
-
 def _used_names(statement: str, text: str) -> str:
-    """``from M import (a, b, ...)`` cut to the names ``text`` uses (one per line when more than one; empty when none);
-    any other import statement unchanged."""
+    """``from M import (a, b, ...)`` cut to the names ``text`` uses (one per line when more than one, as isort writes
+    them at its default width; empty when none); any other import statement unchanged."""
     m = re.fullmatch(r"from (\S+) import \(?([^)]*)\)?", statement.strip(), re.DOTALL)
     if m is None:
         return statement
@@ -601,19 +512,40 @@ def _used_names(statement: str, text: str) -> str:
 
 
 def variants(job: Job) -> dict[str, str]:
-    """The variant of each function the shared loop's template modules offer in several (``strategies.pick``): the
-    job's precision, model (full, LoRA on a 16/32-bit base, QLoRA), activation checkpointing and export, then the
-    strategy's own (``Strategy.script_variants``)."""
+    """The variant of each function or value the template modules offer in several (``strategies.pick``): the job's
+    precision, model (full, LoRA on a 16/32-bit base, QLoRA), activation checkpointing, export, optimizer, data
+    (throughput in tokens or samples, --tokenizer), MFU (where the planned GPU's peak is known), options, LoRA's base
+    and adapters' dtype, then the strategy's own (``Strategy.script_variants``)."""
     adapter = job.spec.adapter
     pure = job.precision == Precision.PURE_BF16
     model = "qlora" if adapter and adapter.quantize else "lora" if adapter else "pure_bf16" if pure else "full"
     # --export-merged: LoRA on a 16/32-bit base only (no merging into a quantized base)
     export = "lora" if adapter and adapter.quantize else "lora_merged" if adapter else "full"
+    text = job.spec.is_transformer
+    deepspeed = job.strategy_unit.launcher.name == LauncherKind.DEEPSPEED
+    quantized_zero = bool(adapter and adapter.quantize and deepspeed)
+    # LoRA's frozen base: the family's own (the transformer's loads --init-from with from_pretrained; ZeRO-3's QLoRA
+    # one quantized into the module's dtype), else templates/adapters.py's (a state_dict)
+    family_base = "def build_base__pretrained(" in family_of(job.spec).script_fragment()
     return {
         "precision_dtypes": "pure_bf16" if pure else "mixed",
         "prepare_model": model,
         "checkpoint_activations": "on" if job.activation_checkpointing else "off",
         "export": export,
+        "make_optimizer": _OPTIMIZER_VARIANTS[job.optimizer],
+        "throughput": "tokens" if text else "samples",
+        "mfu": "known" if job.peak_flops_per_gpu and job.model_flops_per_sample else "unknown",
+        "DATA_OPTIONS": "text" if text else "files",
+        "EXPORT_OPTIONS": "merged" if export == "lora_merged" else "plain",
+        "LAUNCHER_OPTIONS": "deepspeed" if deepspeed else "torchrun",
+        **(
+            {
+                "build_base": "quantized" if quantized_zero else "pretrained" if family_base else "state_dict",
+                "adapter_dtype": "pure_bf16" if pure else "as_set",
+            }
+            if adapter
+            else {}
+        ),
         **job.strategy_unit.script_variants(job),
     }
 
@@ -623,29 +555,27 @@ def render_train_py(job: Job) -> str:
     launch = launch_command_for(job)
     strategy = job.strategy_unit
     lora = job.spec.adapter is not None
-    fragment = family_of(job.spec).script_fragment()
-    # A family's fragment may bring its own LoRA base (``build_base``: the transformer's loads --init-from with
-    # from_pretrained); otherwise templates/adapters.py's generic one is used.
-    tags = _block_tags(job, family_has_base=lora and "def build_base(" in select_blocks(fragment, _block_tags(job)))
-    # The shared loop (templates/loop.py) with the strategy's function modules, or the strategy's own main().
+    chosen = variants(job)
+    # The shared loop (templates/loop.py) with the strategy's function modules (or a template with a main() of its
+    # own, ``Strategy.template``, for a strategy not built on the loop).
     own = ["loop.py", *strategy.script_loop] if strategy.script_loop else [strategy.template]
     template = "\n".join((TEMPLATES / name).read_text() for name in own)
-    sources = [
-        ("advisor.checkpointing", _helpers_source(job, template)),
-        ("common.py", select_blocks((TEMPLATES / "common.py").read_text(), tags)),
+    modules = [
+        "common.py",
         # The process group's helpers, or their one-process stand-ins (a one-process script never touches
         # torch.distributed).
-        *_parts(["collectives.py" if strategy.distributes else "local.py"], tags),
-        ("the model family's fragment", select_blocks(fragment, tags)),
-        *_parts(["adapters.py"] if lora else [], tags),
-        *_parts(strategy.script_parts, tags),
-        *_parts(own, tags),
+        "collectives.py" if strategy.distributes else "local.py",
+        *(["adapters.py"] if lora else []),
     ]
-    text = pick(
-        [(where, part) for where, part in sources if part.strip()], variants(job) if strategy.script_loop else {}
-    )
+    sources = [
+        ("advisor.checkpointing", _helpers_source(job, template)),
+        *((name, (TEMPLATES / name).read_text()) for name in modules),
+        ("the model family's fragment", family_of(job.spec).script_fragment()),
+        *((name, (TEMPLATES / name).read_text()) for name in (*strategy.script_parts, *own)),
+    ]
+    text = pick([(where, part) for where, part in sources if part.strip()], chosen)
     # The standard-library modules the script uses (no unused import).
-    quiet = BNB_QUIET if lora or "bnb" in tags else ""
+    quiet = BNB_QUIET if lora or chosen["make_optimizer"] == "bnb" else ""
     stdlib = sorted(m for m in _STDLIB if re.search(rf"\b{m}\.[A-Za-z_]", text + quiet))
     imports = [_used_names(statement, text) for statement in strategy.script_imports]
     lines = [

@@ -27,7 +27,6 @@ from strategies.render import (
     job_from_plan,
     render_files,
     render_job,
-    select_blocks,
     write_files,
 )
 from tests.emitted import load_train_py
@@ -78,22 +77,6 @@ def _load_script(path: Path):
 
 
 # --- rendering (quick) -----------------------------------------------------------------------------------------
-def test_select_blocks():
-    text = "a\n# [lora]\nb\n    # [qlora]\n    c\n    # [/qlora]\n# [/lora]\n# [full]\nd\n# [/full]\n"
-    assert select_blocks(text, {"full"}) == "a\nd\n"
-    assert select_blocks(text, {"lora", "lora16"}) == "a\nb\n"
-    assert select_blocks(text, {"lora", "qlora"}) == "a\nb\n    c\n"
-    negated = "# [zero3]\nx\n# [/zero3]\n# [!zero3]\ny\n    # [!ds]\n    z\n    # [/!ds]\n# [/!zero3]\n"
-    assert select_blocks(negated, {"zero3", "ds"}) == "x\n"
-    assert select_blocks(negated, {"ds"}) == "y\n"
-    assert select_blocks(negated, set()) == "y\n    z\n"
-    from advisor.errors import AdvisorError
-
-    for bad in ("# [lora]\nx\n", "x\n# [/lora]\n", "# [nope]\n# [/nope]\n", "# [lora]\n# [/full]\n"):
-        with pytest.raises(AdvisorError):
-            select_blocks(bad, {"lora"})
-
-
 def test_lora_scripts_render_and_full_scripts_carry_no_lora():
     full = plan(_inputs(SMALL_LLAMA, 2), device="cpu")
     lora = plan(_inputs(SMALL_LLAMA, 2, **LORA), device="cpu")

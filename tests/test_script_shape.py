@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from strategies import get_strategy, strategy_names
+from strategies import get_strategy
 from tests.test_emitted_lint import emitted  # noqa: F401  (the fixture: every family x strategy x mode)
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "strategies" / "templates"
-# Built on the shared loop (Strategy.script_loop). DeepSpeed's (ZeRO) still carry a main() of their own: the one
-# training loop they do have is checked for being main()'s.
-SKELETON_MODULES = ("loop.py", "torch_steps.py", "single.py", "ddp.py", "fsdp2.py", "tp.py")
+# Every strategy is built on the shared loop (Strategy.script_loop), DeepSpeed's (ZeRO) too.
+SKELETON_MODULES = ("loop.py", "torch_steps.py", "single.py", "ddp.py", "fsdp2.py", "tp.py", "zero.py")
 
 
 def _strategy(name: str) -> str:
@@ -55,28 +54,55 @@ def test_one_training_loop_in_main_from_the_shared_skeleton(emitted):  # noqa: F
         assert len(loops) == 1, (name, len(loops))
         main = _defined(tree)["main"]
         assert loops[0] in list(ast.walk(main)), name  # the loop is main's
-        if get_strategy(_strategy(name)).script_loop:
-            assert ast.dump(loops[0]) == want, name  # copied from the skeleton, not written again
-            checked += 1
-    assert checked >= 20, checked
-    own = sorted(s for s in strategy_names() if not get_strategy(s).script_loop)
-    assert own == ["zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"], own
+        # nothing else iterates the training loader: the micro-steps are main's loop alone
+        over_loader = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.For) and "loader" in {x.id for x in ast.walk(n.iter) if isinstance(x, ast.Name)}
+        ]
+        assert len(over_loader) == 1 and over_loader[0] in list(ast.walk(loops[0])), name
+        assert get_strategy(_strategy(name)).script_loop, name
+        assert ast.dump(loops[0]) == want, name  # copied from the skeleton, not written again
+        checked += 1
+    assert checked == len(emitted) >= 40, checked
+
+
+def _reached(tree: ast.Module) -> set[str]:
+    """The top-level functions and classes the script runs: those ``main()`` and the module-level statements name,
+    and those they name, transitively (two helpers naming only each other are not reached)."""
+    defined = _defined(tree)
+    names = {n: {x.id for x in ast.walk(node) if isinstance(x, ast.Name)} for n, node in defined.items()}
+    todo = ["main"] + [
+        x.id for node in tree.body if node not in defined.values() for x in ast.walk(node) if isinstance(x, ast.Name)
+    ]
+    seen: set[str] = set()
+    while todo:
+        n = todo.pop()
+        if n in defined and n not in seen:
+            seen.add(n)
+            todo += names[n]
+    return seen
 
 
 def test_every_function_and_class_of_every_script_is_used(emitted):  # noqa: F811
-    """Each top-level function and class is named somewhere else in the script (called, subclassed, passed on)."""
-    unused = {}
+    """Every top-level function and class of every emitted combination is listed, and each is reached from
+    ``main()`` (called, subclassed, passed on by main or by what main reaches): none is written and never run."""
+    unused, listed = {}, 0
     for name, text in emitted.items():
         tree = ast.parse(text)
         defined = _defined(tree)
-        used: set[str] = set()
-        for node in tree.body:
-            own = getattr(node, "name", None)
-            used |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id != own}
-        never = sorted(set(defined) - used - {"main"})
+        listed += len(defined)
+        never = sorted(set(defined) - _reached(tree))
         if never:
             unused[name] = never
     assert unused == {}
+    assert listed > 40 * len(emitted), listed  # the scripts' helpers were all seen
+
+
+def test_an_unused_helper_is_found():
+    text = "def main():\n    a()\n\n\ndef a():\n    pass\n\n\ndef b():\n    c()\n\n\ndef c():\n    b()\n"
+    tree = ast.parse(text)
+    assert sorted(set(_defined(tree)) - _reached(tree)) == ["b", "c"]
 
 
 def test_main_comes_first(emitted):  # noqa: F811

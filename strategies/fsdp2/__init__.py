@@ -181,16 +181,6 @@ class FSDP2(Strategy):
             "micro_step_context": "sync_last" if sync_last else "every",
         }
 
-    def script_tags(self, job: ScriptJob) -> set[str]:
-        """``offload`` (CPUOffloadPolicy), ``hsdp`` (the 2-D mesh) and ``sync-last`` (gradients reduce-scattered on
-        the last accumulation micro-step only, where there are several)."""
-        tags = {"offload"} if self.offload else set()
-        if self.hybrid:
-            tags.add("hsdp")
-        if job.fsdp_grad_sync == FsdpGradSync.LAST_MICRO_STEP and job.grad_accum_steps > 1:
-            tags.add("sync-last")
-        return tags
-
     def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
         # Blocks free their gathered parameters after forward and gather again in backward (ZeRO-3-like).
         consts: dict[str, object] = {"RESHARD_AFTER_FORWARD": self.reshard}

@@ -5,8 +5,7 @@ def base_dtype():
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "pure-bf16": torch.bfloat16}.get(PRECISION, torch.float32)
 
 
-# [generic-base]
-def build_base(args, dtype):
+def build_base__state_dict(args, dtype):
     """LoRA's frozen base: build_model(), with --init-from FILE's weights (a state_dict such as the model.pt a full
     fine-tuning script writes) when given, its parameters in ``dtype`` (None: as built)."""
     model = build_model()
@@ -19,7 +18,6 @@ def build_base(args, dtype):
     return model
 
 
-# [/generic-base]
 def add_lora(model, quiet: bool = False):
     """``model`` frozen, with LoRA adapters on LORA_TARGETS (peft get_peft_model; None: peft's default modules for
     the architecture), as a PeftModel. The adapters start as peft makes them: lora_A random, lora_B zero (the adapted
@@ -35,11 +33,7 @@ def add_lora(model, quiet: bool = False):
     config = peft.LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, lora_dropout=LORA_DROPOUT, target_modules=LORA_TARGETS,
                              bias="none", task_type=LORA_TASK_TYPE, fan_in_fan_out=conv1d)
     model = peft.get_peft_model(model, config)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(LORA_DTYPE)
-    # [pure-bf16]
-    if LORA_DTYPE == "auto":
-        dtype = torch.bfloat16  # pure bf16: the adapters too
-    # [/pure-bf16]
+    dtype = adapter_dtype()
     if dtype is not None:
         for p in trainable_parameters(model):
             p.data = p.data.to(dtype)
@@ -51,6 +45,16 @@ def add_lora(model, quiet: bool = False):
         log(f"LoRA rank {LORA_RANK} on {LORA_TARGETS or 'peft default targets'}: trainable params {trainable:,} || "
             f"all params {total:,} || trainable% {100 * trainable / max(1, total):.4f}")
     return model
+
+
+def adapter_dtype__as_set():
+    """The adapters' dtype: LORA_DTYPE's (auto: None, as peft makes them)."""
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(LORA_DTYPE)
+
+
+def adapter_dtype__pure_bf16():
+    """The adapters' dtype: LORA_DTYPE's; auto is bf16 under pure bf16 (the adapters too)."""
+    return {"fp32": torch.float32, "auto": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16}[LORA_DTYPE]
 
 
 def trainable_parameters(model) -> list:
@@ -75,7 +79,6 @@ def save_adapter(model, out: str, state_dict=None) -> None:
     path = os.path.join(out, "adapter")
     model.save_pretrained(path, state_dict=state_dict)
     log(f"adapters: {path} (peft.PeftModel.from_pretrained(base, {path!r}) loads them onto the base)")
-# [lora16]
 
 
 def export_merged(state: dict, out: str) -> None:
@@ -96,4 +99,3 @@ def export_merged(state: dict, out: str) -> None:
         os.makedirs(path, exist_ok=True)
         torch.save(merged.state_dict(), os.path.join(path, "model.pt"))
     log(f"merged export: {path} (the base with the adapters merged in)")
-# [/lora16]

@@ -1,5 +1,4 @@
 # --- The process group: torchrun's environment, the sampler by rank, and the collectives the shared helpers use ---
-# [!ds]
 def init_torchrun():
     """Rank, local rank, world size and device from torchrun's environment, then the process group (before anything
     wraps the model or loads a checkpoint). LOCAL_RANK, not RANK (which counts across nodes), picks the GPU."""
@@ -15,8 +14,6 @@ def init_torchrun():
                             timeout=datetime.timedelta(minutes=COLLECTIVE_TIMEOUT_MINUTES))
     return rank, local_rank, world_size, device
 
-
-# [/!ds]
 
 
 def make_loader(dataset, num_replicas: int, rank: int):
@@ -50,6 +47,6 @@ def barrier() -> None:
     dist.barrier()
 
 
-def teardown() -> None:
+def teardown(run: Run) -> None:
     """Finished or stopped: destroy the process group, so no rank is left waiting."""
     dist.destroy_process_group()

@@ -97,21 +97,24 @@ def resume_lr_schedule(schedule: dict, saved, step: int, next_lr: float) -> None
     schedule.update(start=start, start_factor=factor)
 
 
-def make_optimizer(params, device):
-    """The optimizer the estimate assumed (OPTIMIZER) over ``params``."""
-    # [adam]
+def make_optimizer__adam(params, device):
+    """The optimizer the estimate assumed (OPTIMIZER: Adam or AdamW) over ``params``."""
     if OPTIMIZER not in ("adam", "adamw"):
         raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: this script holds Adam's code: emit it again with --optimizer")
     fused = {"fused": True} if device.type == "cuda" else {}  # one kernel for all parameters on CUDA
     cls = torch.optim.AdamW if OPTIMIZER == "adamw" else torch.optim.Adam
     return cls(params, lr=LR, weight_decay=WEIGHT_DECAY if OPTIMIZER == "adamw" else 0.0, **fused)
-    # [/adam]
-    # [sgd]
+
+
+def make_optimizer__sgd(params, device):
+    """The optimizer the estimate assumed (OPTIMIZER: SGD, with or without momentum) over ``params``."""
     if OPTIMIZER not in ("sgd", "sgd-momentum"):
         raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: this script holds SGD's code: emit it again with --optimizer")
     return torch.optim.SGD(params, lr=LR, momentum=0.9 if OPTIMIZER == "sgd-momentum" else 0.0)
-    # [/sgd]
-    # [bnb]
+
+
+def make_optimizer__bnb(params, device):
+    """The optimizer the estimate assumed (OPTIMIZER: one of bitsandbytes') over ``params``."""
     # bitsandbytes' 8-bit, paged and Lion optimizers; the paged ones move their states to host memory under GPU
     # memory pressure (on a CPU bitsandbytes runs them unpaged).
     import bitsandbytes as bnb
@@ -122,8 +125,10 @@ def make_optimizer(params, device):
         raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: this script holds bitsandbytes' optimizers: emit it again with "
                          "--optimizer")
     return classes[OPTIMIZER](params, lr=LR, weight_decay=WEIGHT_DECAY)
-    # [/bnb]
-    # [adafactor]
+
+
+def make_optimizer__adafactor(params, device):
+    """The optimizer the estimate assumed (OPTIMIZER: transformers' Adafactor) over ``params``."""
     if OPTIMIZER != "adafactor":
         raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: this script holds Adafactor's code: emit it again with --optimizer")
     from transformers.optimization import Adafactor
@@ -131,7 +136,6 @@ def make_optimizer(params, device):
     # transformers' Adafactor (factored second moments) at LR under this script's schedule
     return Adafactor(params, lr=LR, weight_decay=WEIGHT_DECAY, relative_step=False, scale_parameter=False,
                      warmup_init=False)
-    # [/adafactor]
 
 
 def aggregate_mean(total: float, count: int, device) -> float:
@@ -188,21 +192,30 @@ class StepLog:
         if grad_norm is not None:
             self.grad_norms.append(float(grad_norm))
             line += f" grad norm {self.grad_norms[-1]:.3g}"
-        # [text]
-        line += f" {seconds:.2f}s {samples * SEQ_LEN / seconds:,.0f} tokens/s"
-        # [/text]
-        # [not-text]
-        line += f" {seconds:.2f}s {samples / seconds:,.1f} samples/s"
-        # [/not-text]
+        line += f" {seconds:.2f}s {throughput(samples, seconds)}"
         if self.device.type == "cuda":
-            # [mfu]
-            # MFU: model FLOPs per second over the dense peak of every GPU of the run (PaLM paper, appendix B)
-            gpus = int(os.environ.get("WORLD_SIZE", "1"))
-            line += f" MFU {MODEL_FLOPS_PER_SAMPLE * samples / seconds / (PEAK_FLOPS_PER_GPU * gpus):.1%}"
-            # [/mfu]
-            line += f" peak {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f} GiB"
+            line += f"{mfu(samples, seconds)} peak {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f} GiB"
         log(line)
         self._sum, self._count, self._t0 = 0.0, 0, time.perf_counter()
+
+
+def throughput__tokens(samples: int, seconds: float) -> str:
+    return f"{samples * SEQ_LEN / seconds:,.0f} tokens/s"
+
+
+def throughput__samples(samples: int, seconds: float) -> str:
+    return f"{samples / seconds:,.1f} samples/s"
+
+
+def mfu__known(samples: int, seconds: float) -> str:
+    """MFU: model FLOPs per second over the dense peak of every GPU of the run (PaLM paper, appendix B)."""
+    gpus = int(os.environ.get("WORLD_SIZE", "1"))
+    return f" MFU {MODEL_FLOPS_PER_SAMPLE * samples / seconds / (PEAK_FLOPS_PER_GPU * gpus):.1%}"
+
+
+def mfu__unknown(samples: int, seconds: float) -> str:
+    """No MFU: the planned GPU's peak FLOP/s is not known (set PEAK_FLOPS_PER_GPU and MODEL_FLOPS_PER_SAMPLE)."""
+    return ""
 
 
 class Preemption:
@@ -312,19 +325,42 @@ def restore_training_state(path: str, rank: int, steps, schedule: dict, schedule
     return state["epoch"], state["micro"]
 
 
-# [!ds]
-def optimizer_step(scaler, optimizer, scheduler, steps: StepLog, grad_norm) -> None:
-    """The end of an accumulation window: step (through the GradScaler: a pass-through unless fp16), release the
-    gradients, move the LR schedule on, log the step with the LR it used."""
-    lr = scheduler.get_last_lr()[0]
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    scheduler.step()
-    steps.end_step(lr, grad_norm)
-
-
-# [/!ds]
+# The options (flags, add_argument's keywords): every script's, then the data's, the export's and the launcher's.
+OPTIONS = (
+    (("--steps",), {"type": int, "default": TOTAL_STEPS, "help": "optimizer steps to run"}),
+    (("--init-from",), {"metavar": "PATH", "default": INIT_FROM, "help": INIT_FROM_HELP}),
+    (("--save-every",), {"type": int, "default": SAVE_EVERY, "help": "write a resumable checkpoint every N optimizer "
+                         "steps into --out/checkpoints (0: only on SIGTERM and after the last step)"}),
+    (("--keep-checkpoints",), {"type": int, "default": KEEP_CHECKPOINTS, "help": "newest checkpoints kept"}),
+    (("--resume",), {"action": "store_true", "help": "continue from the latest checkpoint in --out/checkpoints: model, "
+                     "optimizer, LR schedule, step, position in the epoch and every rank's random state"}),
+    (("--eval-every",), {"type": int, "default": EVAL_EVERY, "help": "evaluate on the held-out set every N optimizer "
+                         "steps and after the last (0: never)"}),
+)
+DATA_OPTIONS__files = ((("--data",), {"metavar": "PATH", "default": None, "help": DATA_HELP}),)
+DATA_OPTIONS__text = (
+    (("--data",), {"metavar": "PATH", "default": None, "help": DATA_HELP}),
+    (("--tokenizer",), {"metavar": "DIR", "default": None, "help": "the tokenizer for --data (a save_pretrained "
+                        "directory or hub id); None: --init-from's"}),
+)
+EXPORT_OPTIONS__plain = (
+    (("--out",), {"default": ".", "help": "directory for the checkpoints and the trained weights"}),
+    (("--no-save",), {"action": "store_true", "help": "skip the checkpoint after the last step and the exported "
+                      "weights (periodic checkpoints are still written)"}),
+)
+EXPORT_OPTIONS__merged = (
+    (("--out",), {"default": ".", "help": "directory for the checkpoints and the trained weights"}),
+    (("--no-save",), {"action": "store_true", "help": "skip the checkpoint after the last step and the exported "
+                      "weights (periodic checkpoints are still written)"}),
+    (("--export-merged",), {"action": "store_true", "help": "also write the base with the trained adapters merged in "
+                            "(--out/merged): rank 0 holds the whole base in host RAM to do it"}),
+)
+LAUNCHER_OPTIONS__torchrun = ((("--check-args",), {"action": "store_true", "help": argparse.SUPPRESS}),)
+LAUNCHER_OPTIONS__deepspeed = (  # the deepspeed launcher passes --local_rank and, from launch.sh, --deepspeed_config
+    (("--check-args",), {"action": "store_true", "help": argparse.SUPPRESS}),
+    (("--local_rank", "--local-rank"), {"type": int, "default": None, "help": argparse.SUPPRESS}),
+    (("--deepspeed_config",), {"default": None, "help": argparse.SUPPRESS}),
+)
 
 
 class OptionParser(argparse.ArgumentParser):
@@ -341,33 +377,8 @@ def parse_args():
     p = OptionParser(description=__doc__.splitlines()[0], add_help=False,
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS, help="show this help and exit")
-    p.add_argument("--steps", type=int, default=TOTAL_STEPS, help="optimizer steps to run")
-    p.add_argument("--init-from", metavar="PATH", default=INIT_FROM, help=INIT_FROM_HELP)
-    p.add_argument("--data", metavar="PATH", default=None, help=DATA_HELP)
-    # [text]
-    p.add_argument("--tokenizer", metavar="DIR", default=None, help="the tokenizer for --data (a save_pretrained "
-                   "directory or hub id); None: --init-from's")
-    # [/text]
-    p.add_argument("--save-every", type=int, default=SAVE_EVERY, help="write a resumable checkpoint every N optimizer "
-                   "steps into --out/checkpoints (0: only on SIGTERM and after the last step)")
-    p.add_argument("--keep-checkpoints", type=int, default=KEEP_CHECKPOINTS, help="how many of the newest "
-                   "checkpoints to keep")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/checkpoints: "
-                   "model, optimizer, LR schedule, step, position in the epoch and every rank's random state")
-    p.add_argument("--eval-every", type=int, default=EVAL_EVERY, help="evaluate on the held-out set every N optimizer "
-                   "steps and after the last (0: never)")
-    p.add_argument("--out", default=".", help="directory for the checkpoints and the trained weights")
-    p.add_argument("--no-save", action="store_true", help="skip the checkpoint after the last step and the exported "
-                   "weights (periodic checkpoints are still written)")
-    # [lora16]
-    p.add_argument("--export-merged", action="store_true", help="also write the base with the trained adapters "
-                   "merged in (--out/merged): rank 0 holds the whole base in host RAM to do it")
-    # [/lora16]
-    # [ds]
-    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
-    p.add_argument("--deepspeed_config", default=None, help=argparse.SUPPRESS)
-    # [/ds]
-    p.add_argument("--check-args", action="store_true", help=argparse.SUPPRESS)
+    for flags, options in (*OPTIONS, *DATA_OPTIONS, *EXPORT_OPTIONS, *LAUNCHER_OPTIONS):
+        p.add_argument(*flags, **options)
     args = p.parse_args()
     if "help" in args:
         p.print_help()

@@ -7,7 +7,7 @@ def barrier() -> None:
     pass
 
 
-def teardown() -> None:
+def teardown(run: Run) -> None:
     pass
 
 

@@ -43,12 +43,11 @@ def main() -> None:
     run.autocast_dtype, run.input_dtype = precision_dtypes()
     run.model, run.params = prepare_model(args, run)
     run.module = run.model
-    optimizer = make_optimizer(run.params, run.optimizer_device)
+    run.optimizer = make_optimizer(run.params, run.optimizer_device)
     schedule = lr_schedule(args.steps)  # --resume carries on the checkpoint's (resume_lr_schedule)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, schedule) / LR)
+    run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda s: lr_at(s, schedule) / LR)
     # fp16 needs a GradScaler to keep small gradients from underflowing; bf16 does not (a pass-through then).
-    scaler = torch.amp.GradScaler(run.device.type, enabled=PRECISION == "fp16")
-    run.optimizer, run.scheduler, run.scaler = optimizer, scheduler, scaler
+    run.scaler = torch.amp.GradScaler(run.device.type, enabled=PRECISION == "fp16")
     wrap_model(run)  # the strategy's wrapper, if any, in run.model; run.module stays the plain model
     dataset, held_out = make_datasets(args)
     sampler, loader = make_loader(dataset, run.dp_size, run.dp_rank)
@@ -57,8 +56,8 @@ def main() -> None:
     steps, preemption = StepLog(args.steps, run.device, run.dp_size), Preemption()
     epoch, done_micro = 0, 0
     if args.resume:
-        path = load_checkpoint(args.out, run.model, optimizer)
-        epoch, done_micro = restore_training_state(path, run.rank, steps, schedule, scheduler, scaler)
+        path = load_checkpoint(args.out, run.model, run.optimizer)
+        epoch, done_micro = restore_training_state(path, run.rank, steps, schedule, run.scheduler, run.scaler)
     while not steps.done:
         # A new order every epoch (set_epoch); a resumed run starts where its checkpoint stopped.
         sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
@@ -73,8 +72,8 @@ def main() -> None:
             optimizer_step(run, steps)
             steps.evaluate(args.eval_every, held_out_loss, run, held_out)
             if checkpoint_due(args, steps, preemption, run.device, epoch, micro):
-                state = training_state(steps, schedule, scheduler, scaler)
-                save_checkpoint(args, run.model, optimizer, state, run.rank)
+                state = training_state(steps, schedule, run.scheduler, run.scaler)
+                save_checkpoint(args, run.model, run.optimizer, state, run.rank)
                 steps.restart_clock()
             if steps.done:
                 break
@@ -82,14 +81,15 @@ def main() -> None:
 
     if steps.stopped:
         log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
-        teardown()
+        teardown(run)
         return
     os.makedirs(args.out, exist_ok=True)
     if final_checkpoint_due(args, steps):
-        save_checkpoint(args, run.model, optimizer, training_state(steps, schedule, scheduler, scaler), run.rank)
+        state = training_state(steps, schedule, run.scheduler, run.scaler)
+        save_checkpoint(args, run.model, run.optimizer, state, run.rank)
     if not args.no_save:
         export(args, run)
-    teardown()
+    teardown(run)
 
 
 class Run:
@@ -104,6 +104,6 @@ class Run:
         self.mesh = None  # the device mesh of a strategy that shards over one
         self.model = self.module = None  # set by main(), then wrap_model
         self.params: list = []  # what the optimizer steps and clipping sees (only the trainable parameters)
-        self.optimizer = self.scheduler = self.scaler = None
+        self.optimizer = self.scheduler = self.scaler = None  # set by main(); the strategy's wrapper may replace them
         self.autocast_dtype = None  # mixed precision's compute dtype (None: no autocast)
         self.input_dtype = None  # float inputs cast by hand (pure bf16: no autocast casts them)

@@ -147,21 +147,27 @@ class Zero(Strategy):
             ctx, t, self.compute_time(ctx, t), row.grad_accum_steps or 1, self.stage, self.offload, self.quantized_base
         )
 
-    def script_tags(self, job: ScriptJob) -> set[str]:
-        """``ds`` (the deepspeed launcher's flags), ``zero3`` (partitioned weights: gathered to export),
-        ``zero-init`` (parameters partitioned as they are created, deepspeed.zero.Init, where the family allows it
-        and the base is not quantized)
-        and ``offload`` (the optimizer steps on the CPU)."""
-        tags = {"ds"}
-        if self.stage == 3:
-            tags.add("zero3")
-            # transformers builds a quantized base without zero.Init (every rank loads it whole; quantized_sizes)
-            quantized = job.spec.adapter is not None and job.spec.adapter.quantize
-            if family_of(job.spec).zero_init and not quantized:
-                tags.add("zero-init")
-        if self.offload:
-            tags.add("offload")
-        return tags
+    script_loop = ("torch_steps.py", "zero.py")
+
+    def script_variants(self, job: ScriptJob) -> dict[str, str]:
+        """The model built for the engine (full weights, LoRA on a 16/32-bit base, QLoRA; under deepspeed.zero.Init
+        where ZeRO-3 and the family allow it and the base is not quantized), where the client optimizer steps
+        (offload: the CPU), the checkpoint (a LoRA one leaves the frozen base out) and, under ZeRO-3, the weights
+        gathered for the export."""
+        adapter = job.spec.adapter
+        quantized = adapter is not None and adapter.quantize
+        # transformers builds a quantized base without zero.Init (every rank loads it whole; quantized_sizes)
+        init = self.stage == 3 and family_of(job.spec).zero_init and not quantized
+        model = "qlora" if quantized else ("lora" if adapter else "full") + ("_init" if init else "")
+        gathered = "zero3" if self.stage == 3 else "whole"
+        return {
+            "prepare_model": model,
+            "optimizer_device": "offload" if self.offload else "device",
+            "save_checkpoint": "lora" if adapter else "full",
+            "load_checkpoint": "lora" if adapter else "full",
+            "full_state_dict": gathered,
+            "adapter_state_dict": gathered,
+        }
 
     def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
         return {"DS_CONFIG_FILE": "ds_config.json"}

@@ -36,11 +36,9 @@ def load_real_dataset(args):
     raise SystemExit(f"--data {args.data}: write load_real_dataset() in this script to read your data")
 
 
-# [full]
 def export_weights(model, args, state_dict=None) -> None:
     """Rank 0: the trained weights, --out/model.pt (a state_dict without wrapper prefixes: build_model() loads it).
     ``state_dict``: the full weights when the strategy gathered them (sharded parameters)."""
     path = os.path.join(args.out, "model.pt")
     torch.save(model.state_dict() if state_dict is None else state_dict, path)
     log(f"trained weights: {path} (model.load_state_dict(torch.load(...)) on build_model())")
-# [/full]

@@ -65,7 +65,6 @@ def compute_loss(model, batch: dict, device, dtype=None):
     return model(input_ids=ids, labels=batch["labels"].to(device, non_blocking=True)).loss
 
 
-# [full]
 def export_weights(model, args, state_dict=None) -> None:
     """Rank 0: --out/model, a save_pretrained directory (safetensors, and --tokenizer's / --init-from's tokenizer)
     that from_pretrained loads into the plain model; ``state_dict``: the full weights a sharded strategy gathered."""
@@ -82,12 +81,8 @@ def export_weights(model, args, state_dict=None) -> None:
     log(f"trained weights: {path} (from_pretrained loads it)")
 
 
-# [/full]
-# [lora]
 # --- LoRA's frozen base (a Hugging Face checkpoint) ---
-# [/lora]
-# [lora16]
-def build_base(args, dtype):
+def build_base__pretrained(args, dtype):
     """LoRA's frozen base: --init-from DIR loads a save_pretrained directory with from_pretrained in ``dtype`` (16
     bits under bf16/fp16: what a pretrained base is trained on); without it the model is freshly initialised from
     its config (a smoke test: the adapters then learn on a random base). ``dtype`` None: as built (fp32)."""
@@ -103,8 +98,8 @@ def build_base(args, dtype):
         return model
     return pretrained(getattr(transformers, HF_MODEL_CLASS).from_pretrained, args.init_from,
                       dtype=dtype or torch.float32, attn_implementation=ATTN_IMPLEMENTATION)
-# [/lora16]
-# [qlora]
+
+
 def quantization_config(storage=torch.uint8):
     """bitsandbytes' storage of the frozen base (transformers' BitsAndBytesConfig): 4-bit QUANTIZE (nf4/fp4) with
     optional double quantization, computing in BNB_COMPUTE_DTYPE, the 4-bit codes packed into ``storage`` elements
@@ -145,7 +140,6 @@ def no_cpu_repacking(model):
     return model
 
 
-# [!ds]
 def load_quantized_base(path: str, device):
     """QLoRA's frozen base: from_pretrained with the BitsAndBytesConfig (the linear layers are quantized as they
     load, onto ``device``), then peft's prepare_model_for_kbit_training: every parameter frozen and the
@@ -159,11 +153,9 @@ def load_quantized_base(path: str, device):
                        quantization_config=quantization_config(), dtype=torch.float32, device_map={"": str(device)},
                        attn_implementation=ATTN_IMPLEMENTATION)
     return peft.prepare_model_for_kbit_training(no_cpu_repacking(model), use_gradient_checkpointing=False)
-# [/!ds]
-# [ds]
 
 
-def build_base(args, dtype):
+def build_base__quantized(args, dtype):
     """ZeRO-3's QLoRA base (--init-from, or the test base the script saved there), quantized as from_pretrained loads
     it, with its 4-bit codes packed into ``dtype`` elements (bnb_4bit_quant_storage): every parameter is then a float
     tensor of the module's dtype, which DeepSpeed's bf16/fp16 cast leaves bit-for-bit alone and ZeRO-3 partitions like
@@ -178,5 +170,3 @@ def build_base(args, dtype):
                        attn_implementation=ATTN_IMPLEMENTATION)
     model.requires_grad_(False)  # the base frozen (peft adds the trainable adapters)
     return no_cpu_repacking(model)
-# [/ds]
-# [/qlora]

@@ -39,11 +39,9 @@ def compute_loss(model, batch: dict, device, dtype=None):
     return torch.nn.functional.cross_entropy(out.float(), batch["target"].to(device, non_blocking=True))
 
 
-# [full]
 def export_weights(model, args, state_dict=None) -> None:
     """Rank 0: --out/model.pt, a state_dict without wrapper prefixes; ``state_dict``: what a sharded strategy
     gathered."""
     path = os.path.join(args.out, "model.pt")
     torch.save(model.state_dict() if state_dict is None else state_dict, path)
     log(f"trained weights: {path} (model.load_state_dict(torch.load(...)) on build_model())")
-# [/full]
