@@ -116,6 +116,7 @@ def stage_model(ctx: StrategyContext, tp: int = 1, micro_batch: int | None = Non
     mode = trace_mode(ctx.options.precision, casts_weights=False)
     one, two = _depth_steps(ctx, mode, tp, micro_batch or ctx.micro_batch_size)
     per_block = max(0, two.activations - one.activations)
+    head_tensors = [numel for _dim0, numel, _trainable, late in root if not late]
     return StageModel(
         block_params=tuple(sum(numel for _d, numel, _t, _l in unit) for unit in blocks),
         embed_params=embed,
@@ -124,6 +125,9 @@ def stage_model(ctx: StrategyContext, tp: int = 1, micro_batch: int | None = Non
         head_activation_bytes=max(0, one.activations - per_block),
         head_temp_bytes=max(0, one.bwd_other),
         tied_params=tied_params,
+        largest_block_param=max((numel for unit in blocks for _d, numel, _t, _l in unit), default=0),
+        largest_embed_param=max((numel for _d, numel, _t, late in root if late), default=0),
+        largest_head_param=max([*head_tensors, tied_params], default=0),
     )
 
 
