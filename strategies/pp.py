@@ -75,6 +75,9 @@ class PipelineParallel(Strategy):
         "from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B",
     )
 
+    def script_variants(self, job: ScriptJob) -> dict[str, str]:
+        return {"cast_weights": "pure_bf16" if job.precision == Precision.PURE_BF16 else "fp32"}
+
     def estimate_only_for(self, ctx: StrategyContext) -> str | None:
         """PP x TP and fp16 rows are sized and timed only (``script_blocker``)."""
         return self.script_blocker(self.layout(ctx).tp, ctx.options.precision or Precision.FP32)

@@ -54,7 +54,6 @@ if TYPE_CHECKING:  # the script's own names (see loop.py)
         PP_DEGREE,
         PP_SCHEDULE,
         PP_VIRTUAL_STAGES,
-        PRECISION,
         SEED,
     )
     from .loop import Run
@@ -154,9 +153,7 @@ def prepare_stages(args, run: Run) -> tuple[torch.nn.ModuleList, list]:
     PP_VIRTUAL_STAGES stages (rank r holds stages r, r + PP_DEGREE, ...: the interleaved schedules' placement), the
     other ranks' modules freed. The parameters keep the whole model's names, so the checkpoint's keys are the
     model's."""
-    model = build_model(args.init_from)
-    if PRECISION == "pure-bf16":
-        model = model.to(torch.bfloat16)
+    model = cast_weights(build_model(args.init_from))
     tied = model.lm_head.weight is model.get_input_embeddings().weight
     total = PP_DEGREE * PP_VIRTUAL_STAGES
     if len(model.model.layers) < total:
@@ -178,6 +175,17 @@ def prepare_stages(args, run: Run) -> tuple[torch.nn.ModuleList, list]:
     params = [p for chunk in chunks for p in chunk.parameters()]
     run.tied_group = tied_group(run) if tied else None
     return torch.nn.ModuleList(chunks), params
+
+
+def cast_weights__fp32(model):
+    """The weights stay fp32 (mixed precision autocasts per op)."""
+    return model
+
+
+def cast_weights__pure_bf16(model):
+    """Pure bf16: weights, gradients and optimizer states all in bf16."""
+    model = model.to(torch.bfloat16)
+    return model
 
 
 class StageModule(torch.nn.Module):
@@ -294,7 +302,8 @@ def sync_tied_gradients(run: Run) -> None:
         return
     chunk = run.module[0] if run.pp_rank == 0 else run.module[-1]
     weight = chunk.model.embed_tokens.weight if run.pp_rank == 0 else chunk.lm_head.weight
-    dist.all_reduce(weight.grad, group=run.tied_group)
+    # a sum of the two halves of one gradient, not of replicas: nothing to divide
+    dist.all_reduce(weight.grad, group=run.tied_group)  # advisor: ignore[MG012]
 
 
 def average_over_replicas(run: Run) -> None:
@@ -327,7 +336,7 @@ def held_out_loss(run: Run, dataset) -> float:
     (no schedule: forward only), the loss on the last stage; the other stages add nothing to the sums."""
     group = run.mesh["pp"].get_group()
     dtype = run.autocast_dtype
-    hidden = torch.bfloat16 if PRECISION == "pure-bf16" else torch.float32  # the residual stream's dtype
+    hidden = run.params[0].dtype  # the residual stream's: the weights' (autocast's residual adds stay fp32)
     total, count = 0.0, 0
     run.model.eval()
     with torch.no_grad(), torch.autocast(run.device.type, dtype=dtype, enabled=dtype is not None):
@@ -366,3 +375,6 @@ def export(args, run: Run) -> None:
         model.load_state_dict(full, strict=False, assign=True)
         export_weights(model, args, full)
     barrier()
+
+
+cast_weights = cast_weights__fp32
