@@ -62,7 +62,8 @@ class PipelineParallel(Strategy):
     client_optimizers = False
     comm_pattern = (
         "point-to-point sends of each micro-batch's hidden states between pipeline stages, TP's activation "
-        "all-reduces inside a stage, and a bucketed gradient all-reduce of each stage across its data-parallel group"
+        "all-reduces inside a stage, and a gradient all-reduce of each stage across its data-parallel group after "
+        "the pipeline's backward"
     )
 
     def pinned(self, options: TrainingOptions) -> bool:
