@@ -256,7 +256,13 @@ def pipeline_step(run: Run, window: list) -> list:
     losses: list = []
     dtype = run.autocast_dtype
     with torch.autocast(run.device.type, dtype=dtype, enabled=dtype is not None):
-        run.schedule.step(*([ids] if first else []), target=labels if last else None, losses=losses if last else None)
+        # return_outputs=False: the last stage does not keep every micro-batch's logits to merge them
+        run.schedule.step(
+            *([ids] if first else []),
+            target=labels if last else None,
+            losses=losses if last else None,
+            return_outputs=False,
+        )
     out = (
         torch.stack([loss.detach().float() * GRAD_ACCUM_STEPS for loss in losses]) if last else torch.zeros(len(window))
     )
