@@ -65,8 +65,8 @@ def samples_per_s(r: StrategyRow) -> float:
 def eligible(rows: list[StrategyRow], gpus: int) -> list[StrategyRow]:
     """The rows the recommender chooses among on ``gpus`` GPUs: with several GPUs, only those that distribute
     (one process, ``single``, is then the baseline row, not a choice); never an estimate-only row
-    (``Strategy.estimate_only``: no script to run it)."""
-    rows = [r for r in rows if r.strategy.estimate_only is None]
+    (``Strategy.estimate_only_for``: no script to run it)."""
+    rows = [r for r in rows if r.estimate_only is None]
     return rows if gpus == 1 else [r for r in rows if r.strategy.distributes]
 
 

@@ -76,7 +76,7 @@ def build_parser(strategy_names: tuple[str, ...] | None = None) -> argparse.Argu
     schema groups them, choices from the registries (``strategy_names`` defaults to the registered
     strategies)."""
     if strategy_names is None:
-        from strategies import strategy_names as registered
+        from strategies import runnable_names as registered
 
         strategy_names = registered()
     p = OneLineParser(
@@ -307,7 +307,7 @@ def _warn_unwritable_cache() -> None:
 
 def _plan_face(argv: list[str]) -> int:
     """Plan, print, and --emit / --verify as asked; raises AdvisorError on bad input."""
-    from strategies import strategy_names
+    from strategies import runnable_names
 
     from .schema import validate_run
     from .unsupported import find_unsupported
@@ -326,19 +326,16 @@ def _plan_face(argv: list[str]) -> int:
         print(json.dumps(names, indent=2) if args.json else "\n".join(names))
         return 0
     inputs, run = inputs_from_args(args)
-    validate_run(run, strategy_names())
+    validate_run(run, runnable_names())
     run = _check_run_flags(run)
-    if inputs.training.pp_degree and (run.emit or run.verify) and not run.strategy:
-        raise AdvisorError(
-            "--pp-degree sizes an estimate-only row: no script is emitted for it yet (the script for any layout "
-            "comes with the layouts work); drop --pp-degree, or name another --strategy for --emit / --verify"
-        )
     from .document import plan_to_dict
     from .plan import plan
 
     if inputs.use_cache:
         _warn_unwritable_cache()
     result = plan(inputs)
+    if run.strategy and run.strategy not in {r.name for r in result.rows}:  # a pinned row without its pin
+        raise AdvisorError(f"--strategy {run.strategy} is the pipeline row: add --pp-degree N (short: --pp N)")
     if run.emit and run.strategy and not result.row(run.strategy).applicable:  # before pages of a plan
         raise AdvisorError(f"--strategy {run.strategy} does not apply here: {result.row(run.strategy).reason}")
     doc = plan_to_dict(result) if run.json else None

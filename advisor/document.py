@@ -348,8 +348,8 @@ def _strategy_doc(p: Plan, r: StrategyRow) -> StrategyDoc:
         d["deepspeed_estimate"] = r.deepspeed_estimate
     if m.notes:
         d["memory_notes"] = list(m.notes)
-    if r.strategy.estimate_only:
-        d["estimate_only"] = r.strategy.estimate_only
+    if r.estimate_only:
+        d["estimate_only"] = r.estimate_only
     return d
 
 

@@ -49,6 +49,7 @@ class StrategyRow:
     deepspeed_estimate: dict[str, int] | None = None
     learning_rate: float | None = None
     time: StepTime | None = None  # at the global batch (None: no time rule / no GPU preset)
+    estimate_only: str | None = None  # why no script is emitted for this row (``Strategy.estimate_only_for``)
 
 
 @dataclass
@@ -156,6 +157,7 @@ def evaluate_row(strategy: Strategy, ctx: StrategyContext, compare: bool, max_hi
     micro-batch (``max_hint``: as ``max_micro_batch``'s), data-parallel and TP sizes, accumulation steps,
     traffic, the step time (``Strategy.step_time``), the scaled learning rate."""
     row = StrategyRow(name=strategy.name, title=strategy.title, applicable=True, strategy=strategy)
+    row.estimate_only = strategy.estimate_only_for(ctx)
     reason = framework_excludes(strategy, ctx) or strategy.fine_tuning_blocker(ctx) or strategy.not_applicable(ctx)
     if reason:
         row.applicable, row.reason = False, reason

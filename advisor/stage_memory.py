@@ -22,8 +22,13 @@ Per stage (``stage_memory``):
   micro-batch (every chunk but the model's first) and one gradient receive buffer per micro-batch (every chunk but
   the model's last) when it prepares its schedule (torch 2.14 torch/distributed/pipelining/stage.py,
   ``PipelineStage._prepare_forward_infra`` and ``_create_grad_recv_info``): ``m`` x the p2p message each.
-* temporaries: the head's (the fp32 logits and loss of the trace's backward peak) on the last stage, and one
-  block's (``StageModel.block_temp_bytes``) on every stage.
+* temporaries: the head's (the fp32 logits and loss of the trace's backward peak) on the last stage, one
+  block's (``StageModel.block_temp_bytes``) on every stage, and with more than one micro-batch per step the
+  gradient of the stage's largest weight as its backward makes it, before autograd adds it into the accumulated
+  ``.grad`` (torch/csrc/autograd/functions/accumulate_grad.h: ``variable_grad += new_grad`` once a gradient exists;
+  the first micro-batch's gradient becomes ``.grad`` itself): the embedding's on the first stage, the head's on
+  the last (measured on CPU, small Llama, PP 2: the stages' peaks rise by the embedding's and the head's fp32
+  gradient from the second micro-batch on).
 
 The row's peak is the most-loaded stage (``StageMemory.total``); every stage is listed.
 """
@@ -57,6 +62,11 @@ class StageModel:
     head_temp_bytes: int = 0
     block_temp_bytes: int = 0
     tied_params: int = 0
+    # elements of the largest single weight of a block, of the embedding, and of the final norm and head (the
+    # accumulation temporary, module docstring; 0: not counted)
+    largest_block_param: int = 0
+    largest_embed_param: int = 0
+    largest_head_param: int = 0
 
     @property
     def layers(self) -> int:
@@ -167,6 +177,12 @@ def stage_memory(
         # that has a chunk after it (gradients): rank 0's first chunk receives no activations, the last rank's
         # last chunk no gradients.
         recv = (virtual - (1 if first else 0)) + (virtual - (1 if last else 0))
+        largest = max(
+            model.largest_block_param if k else 0,
+            model.largest_embed_param if first else 0,
+            model.largest_head_param if last else 0,
+        )
+        accumulate = _shard(largest, policy.grad_bytes, policy.grad_shards) if micro_batches > 1 else 0
         out.append(
             StageMemory(
                 stage=i,
@@ -180,7 +196,7 @@ def stage_memory(
                 optimizer_states=_shard(numel, policy.optim_bytes, policy.optim_shards),
                 activations=int(round(flight * per_mb)),
                 buffers=recv * micro_batches * p2p_message_bytes if p > 1 else 0,
-                other=model.block_temp_bytes + (model.head_temp_bytes if last else 0),
+                other=model.block_temp_bytes + (model.head_temp_bytes if last else 0) + accumulate,
             )
         )
     return out

@@ -258,9 +258,9 @@ class TrainingOptions:
         low=1,
         high=256,
         none="off: no pipeline row",
-        help="pipeline-parallel degree: adds an estimate-only PP x DDP row (1F1B; TP --tp-degree, default 1, "
-        "inside a node, stages across nodes, DDP the rest) with every stage's memory; no script is emitted for it "
-        "yet",
+        help="pipeline-parallel degree: adds a PP x DP row (1F1B; TP --tp-degree, default 1, inside a node, "
+        "stages across nodes, data parallel the rest) with every stage's memory; --strategy pp emits and verifies "
+        "its script (PP x TP and fp16 rows are estimate-only)",
     )
     pp_schedule: PipelineSchedule | None = _f(
         None,

@@ -47,14 +47,8 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     ),
     Unsupported(
         ("--pipeline-parallel", "--pipeline-parallel-degree"),
-        "pipeline parallelism is --pp-degree N (short: --pp N): an estimate-only PP x DDP row with every stage's "
-        "memory",
-    ),
-    Unsupported(
-        ("--strategy",),
-        "the pipeline-parallel row (--pp-degree N) is estimate-only: no script is emitted for it yet (the script for "
-        "any layout comes with the layouts work); use tp_dp, fsdp2 or zero3 for --emit / --verify",
-        values=("pp",),
+        "pipeline parallelism is --pp-degree N (short: --pp N): a PP x DP row with every stage's memory "
+        "(--strategy pp emits and verifies its script)",
     ),
     Unsupported(
         ("--inference",),

@@ -95,6 +95,7 @@ class VerifyResult:
     losses: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     estimated_peak_bytes: int | None = None
+    rank_estimates: list[int] | None = None  # each rank's estimate where ranks differ (pipeline stages)
     predicted_step_s: float | None = None  # the step-time model's, for this machine (CPU: its calibration)
     measured_step_s: float | None = None  # max over ranks of each rank's median (``median_step_s``)
     step_time_error: float | None = None  # (predicted - measured) / measured
@@ -280,6 +281,7 @@ def verify(
             log_dir=str(run_dir),
             notes=notes,
             estimated_peak_bytes=run_memory.peak.total,
+            rank_estimates=unit.rank_peak_bytes(run_plan.context(), run_plan.context().micro_batch_size),
             predicted_step_s=predicted_step_s(hw, run_row.time),
             preset_step_s=preset_step_s(run_plan, name),
             time_source=run_plan.hardware.sources.get("time_model"),
@@ -334,6 +336,8 @@ def _compare(result: VerifyResult, report: RunReport) -> VerifyResult:
     assert est is not None, "a run is launched with its estimate"
     worst = None
     for r in report["per_rank"]:
+        if result.rank_estimates is not None:
+            est = result.rank_estimates[r["rank"]]
         measured = int(r["peak_allocated_bytes"])
         err = (est - measured) / measured if measured else None
         result.per_rank.append(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from strategies import get_strategy, strategy_names
+from strategies import get_strategy, runnable_names, strategy_names
 
 from .choices import Device, Precision
 from .errors import AdvisorError
@@ -124,7 +124,7 @@ def verify_plan(
             "--micro-batch-size to set it"
         )
         opts = replace(opts, micro_batch_size=family_default)
-    if name not in strategy_names():
+    if name not in runnable_names():
         raise AdvisorError(f"--strategy must be one of {', '.join(strategy_names())}, got {name!r}")
     hw = run_hardware(target.hardware.num_gpus, device, notes)
     hw, opts = get_strategy(name).verify_cluster(hw, opts, target.row(name))

@@ -36,6 +36,7 @@ class Case:
     lora_targets: str | None = None
     quantize: str | None = None
     double_quant: bool = False
+    pp_degree: int | None = None  # the pinned pipeline row (strategy "pp"): its degree, DP the rest
 
     @property
     def case_id(self) -> str:
@@ -48,7 +49,7 @@ class Case:
             lora = f"-lora{self.lora_rank}-{where}{quant}"
         return (
             f"{self.model}-{shape}-b{self.micro_batch}-{self.precision}-{self.optimizer}{ac}{lora}"
-            f"-{self.strategy}-w{self.world}"
+            f"-{self.strategy}{self.pp_degree or ''}-w{self.world}"
         )
 
     def as_dict(self) -> dict:
@@ -70,6 +71,8 @@ class Case:
         }
         if self.double_quant:
             lora["double_quant"] = True
+        if self.pp_degree:
+            lora["pp_degree"] = self.pp_degree
         return {
             **source,
             **shape,
@@ -130,6 +133,9 @@ SUITE: tuple[Case, ...] = (
     _lm("llama-small", 256, "zero1", 2, 4),  # issue 25: ZeRO-1, the same run as the ZeRO-2 case above
     _lm("llama-small", 256, "zero3", 1, 4, optimizer="sgd-momentum"),
     _lm("llama-small", 256, "zero3", 2, 8),
+    # the pipeline script (strategies/templates/pp.py): PP 2, 1F1B, 2 micro-batches per step; and PP 2 x DP 2
+    _lm("llama-small", 256, "pp", 2, 4, pp_degree=2),
+    _lm("llama-small", 256, "pp", 4, 2, pp_degree=2),
     _lm("llama-small", 256, "tp", 2, 2),
     _lm("llama-small", 256, "tp", 2, 8, checkpointing=True),
     _lm("llama-small", 128, "ddp", 1, 2, precision="bf16"),

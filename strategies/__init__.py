@@ -92,9 +92,24 @@ def strategy_names() -> tuple[str, ...]:
     return REGISTRY.names()
 
 
+def runnable_names() -> tuple[str, ...]:
+    """What --emit and --verify take: every registered strategy and the pinned rows (a plan has them when pinned)."""
+    return REGISTRY.names() + tuple(s.name for s in PINNED)
+
+
 def get_strategy(name: str) -> Strategy:
-    """Raises KeyError for an unknown name."""
-    return REGISTRY.get(name)
+    """A registered strategy, else a pinned row's (``PINNED``). Raises KeyError for an unknown name."""
+    pinned = {s.name: s for s in PINNED}
+    return pinned[name] if name in pinned and name not in REGISTRY.names() else REGISTRY.get(name)
 
 
-__all__ = ["PINNED", "REGISTRY", "Strategy", "all_strategies", "get_strategy", "planned_strategies", "strategy_names"]
+__all__ = [
+    "PINNED",
+    "REGISTRY",
+    "Strategy",
+    "all_strategies",
+    "get_strategy",
+    "planned_strategies",
+    "runnable_names",
+    "strategy_names",
+]

@@ -93,6 +93,11 @@ class ScriptJob(Protocol):
     def fsdp_grad_sync(self) -> str: ...
 
     @property
+    def pp_schedule(self) -> str | None: ...
+    @property
+    def pp_virtual_stages(self) -> int | None: ...
+
+    @property
     def strategy_unit(self) -> Strategy: ...
 
 
@@ -249,9 +254,13 @@ class Strategy(ABC):
     uses_tp_degree: bool = False  # reads --tp-degree
     uses_fsdp_grad_sync: bool = False  # reads --fsdp-grad-sync
     casts_weights: bool = False  # mixed precision by casting the module to 16 bits (DeepSpeed), not autocast
-    # Why no script is emitted for this strategy (None: one is): an estimate-only row is sized and timed, never
-    # recommended (``advisor.candidates.eligible``), and --emit / --verify refuse it with this line.
-    estimate_only: str | None = None
+    estimate_only: str | None = None  # why no script is emitted (None: one is): ``estimate_only_for``'s default
+
+    def estimate_only_for(self, ctx: StrategyContext) -> str | None:
+        """Why no script is emitted for the row of ``ctx`` (None: one is): an estimate-only row is sized and timed,
+        never recommended (``advisor.candidates.eligible``), and --emit / --verify refuse it with this line."""
+        return self.estimate_only
+
     # Model-state sharding stage among the data-parallel strategies without offload: 0 DDP, 1-3 ZeRO
     # stages (None: not comparable that way). A higher stage never holds more model states.
     sharding_stage: int | None = None
@@ -358,9 +367,7 @@ class Strategy(ABC):
         until ``load_state_dict`` has copied it in). LoRA keeps its rule with or without it: the base loads in its
         held dtype (``from_pretrained(..., dtype=...)``; QLoRA quantized as it loads)."""
         stats, adapter = ctx.profile.stats, ctx.profile.spec.adapter
-        if (
-            adapter is not None
-        ):  # LoRA: the base loads in its held dtype (from_pretrained dtype=; QLoRA quantized as it loads)
+        if adapter is not None:  # LoRA: the base loads in its held dtype (QLoRA quantized as it loads)
             frozen = weight_bytes(stats, adapter, trace_mode(ctx.options.precision, False)).frozen
             return ctx.hardware.gpus_per_node * (frozen + 4 * stats.num_trainable + stats.buffer_bytes)
         return ctx.hardware.gpus_per_node * pretrained_copies(ctx) * pretrained_bytes(ctx)
@@ -428,6 +435,9 @@ class Strategy(ABC):
                 "the script and verify it where a GPU is present"
             )
         return None
+
+    def rank_peak_bytes(self, ctx: StrategyContext, micro_batch: int) -> list[int] | None:
+        return None  # each rank's estimated peak allocated bytes in rank order where ranks differ (None: the row's)
 
     def verify_cluster(
         self, hw: Hardware, options: TrainingOptions, row: PlannedRow

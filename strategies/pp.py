@@ -1,65 +1,129 @@
-"""Pipeline parallelism x DDP (estimate only): the row a user asks for with ``--pp-degree N`` (``--pp N``), on the
+"""Pipeline parallelism x DDP: the row a user asks for with ``--pp-degree N`` (``--pp N``), on the
 layout TP (``--tp-degree``, default 1) inside a node, PP across, DDP the rest (``advisor.layout.Layout``), with the
 schedule ``--pp-schedule`` names (default 1F1B, ``torch.distributed.pipelining.Schedule1F1B``; GPipe; interleaved
 1F1B with ``--pp-virtual-stages`` chunks per rank). Without the pin there is no row (``pinned``), so
-every other plan is unchanged. No script is emitted yet: the script for any layout comes with the layouts work.
+every other plan is unchanged. Its script (``templates/pp.py``, ``--strategy pp``) runs PP x DDP with
+``torch.distributed.pipelining``'s manual ``PipelineStage``s; with ``--tp-degree`` above 1 the row is sized and timed
+only (``script_blocker``).
 
 Memory: ``strategies.pipeline.stages`` (every stage; the most-loaded is the row's peak, the others in the notes),
-with DDP's second gradient copy while it accumulates: torch's pipelining runs the backward of every micro-batch but
-the last under DDP's ``no_sync()`` (``PipelineStage.backward_maybe_with_nosync``), which accumulates into ordinary
-``.grad`` tensors beside the buckets (``strategies.ddp.replicated_memory``: measured +1.00x the fp32 gradients).
+the data-parallel replicas holding the stage's states whole (the script averages the accumulated ``.grad`` tensors
+by hand once the pipeline's backward is done, as TP x DP's does: no DDP buckets beside them).
 
 Time: ``advisor.timing.pipeline.pipeline_time`` over the slowest stage's forward and backward (its blocks' share of
 the one- and two-block traces' op times, ``strategies.pipeline.block_compute``), the p2p sends on the critical path
 over the link the boundaries cross, TP's activation all-reduces on the stage's blocks (as ``strategies.tp`` times
 them: 2 per block in forward and 2 in backward, 2 more with recompute; the vocab-parallel collectives are not
-counted here), DDP's bucketed gradient all-reduce of the stage across its data-parallel group (hidden behind the
-last micro-batch's backward except the last bucket, as ``strategies.ddp``), and the fused optimizer step over the
+counted here), the gradient all-reduce of the stage across its data-parallel group (after the pipeline's backward,
+not overlapped: the script all-reduces gradient by gradient; sized as ``strategies.ddp``'s buckets), and the fused
+optimizer step over the
 stage's states.
 """
 
 from __future__ import annotations
 
-from advisor.choices import Device, PipelineSchedule, Precision
+from dataclasses import replace
+
+from advisor.choices import PipelineSchedule, Precision
 from advisor.context import StrategyContext
 from advisor.errors import AdvisorError
+from advisor.hardware import Hardware
 from advisor.layout import Layout
 from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, Breakdown, StrategyMemory, device_overhead
+from advisor.models.families import ModelFamily
 from advisor.models.limits import as_int
 from advisor.stage_memory import StageMemory, peak_stage
 from advisor.timing.comm import Fabric, bucketed_allreduce
 from advisor.timing.pipeline import p2p_bytes, p2p_s, pipeline_time
-from advisor.timing.step import Collective, StepTime, exposed_s
+from advisor.timing.step import Collective, StepTime
 from advisor.training_options import TrainingOptions
 from advisor.units import fmt_gib
 
-from .base import PlannedRow, Strategy, fabric_of, optimizer_step_s, timing_of
+from .base import DCP_IMPORTS, PlannedRow, ScriptJob, Strategy, fabric_of, optimizer_step_s, timing_of
 from .pipeline import activation_bytes, block_compute, stages
 
-ESTIMATE_ONLY = (
-    "pipeline parallelism is sized and timed only: no script is emitted yet (the script for any layout comes "
-    "with the layouts work); use tp_dp, fsdp2 or zero3 for --emit / --verify"
+# What the script does not run (the row is still sized and timed): TP inside the stages, fp16's GradScaler.
+PP_TP_BLOCKER = (
+    "the pipeline script runs PP x DP only: PP x TP (--tp-degree above 1) is sized and timed, not emitted; "
+    "use tp_dp, or --pp-degree without --tp-degree"
+)
+PP_FP16_BLOCKER = (
+    "the pipeline script trains in fp32, bf16 or pure-bf16: fp16's GradScaler would skip steps stage by stage; "
+    "use --precision bf16"
 )
 
 
 class PipelineParallel(Strategy):
     name = "pp"
-    title = "PP x DDP (estimate only)"
+    title = "PP x DDP"
     comm_order = 3
     uses_tp_degree = True
-    estimate_only = ESTIMATE_ONLY
     lora_blocker = "LoRA with pipeline stages is not modelled here"
     client_optimizers = False
     comm_pattern = (
         "point-to-point sends of each micro-batch's hidden states between pipeline stages, TP's activation "
-        "all-reduces inside a stage, and a bucketed gradient all-reduce of each stage across its data-parallel group"
+        "all-reduces inside a stage, and a gradient all-reduce of each stage across its data-parallel group after "
+        "the pipeline's backward"
     )
 
     def pinned(self, options: TrainingOptions) -> bool:
         return bool(options.pp_degree)
 
-    def verify_blocker(self, device: Device) -> str | None:
-        return ESTIMATE_ONLY
+    script_loop = ("torch_steps.py", "pp.py")
+    script_imports = (
+        *DCP_IMPORTS,
+        "from torch.distributed.device_mesh import init_device_mesh",
+        "from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B",
+    )
+
+    def script_variants(self, job: ScriptJob) -> dict[str, str]:
+        return {"cast_weights": "pure_bf16" if job.precision == Precision.PURE_BF16 else "fp32"}
+
+    def estimate_only_for(self, ctx: StrategyContext) -> str | None:
+        """PP x TP and fp16 rows are sized and timed only (``script_blocker``)."""
+        return self.script_blocker(self.layout(ctx).tp, ctx.options.precision or Precision.FP32)
+
+    def script_blocker(self, tp_degree: int, precision: Precision) -> str | None:
+        """Why the row's script cannot be written (None: it can): TP inside the stages, fp16."""
+        if tp_degree > 1:
+            return PP_TP_BLOCKER
+        return PP_FP16_BLOCKER if precision == Precision.FP16 else None
+
+    def script_constants(self, job: ScriptJob, family: ModelFamily) -> dict[str, object]:
+        """The pipeline's degree, schedule and model chunks per rank (``templates/pp.py``).
+
+        Raises:
+            AdvisorError: a layout or precision the script does not run (``script_blocker``).
+        """
+        why = self.script_blocker(job.tp_degree, Precision(job.precision))
+        if why:
+            raise AdvisorError(why)
+        pp = job.gpus_per_node * job.num_nodes // max(1, job.dp_size)
+        schedule = PipelineSchedule(job.pp_schedule or PipelineSchedule.ONE_F_ONE_B)
+        virtual = (job.pp_virtual_stages or 2) if schedule.interleaved else 1
+        return {"PP_DEGREE": pp, "PP_SCHEDULE": str(schedule), "PP_VIRTUAL_STAGES": virtual}
+
+    def verify_cluster(
+        self, hw: Hardware, options: TrainingOptions, row: PlannedRow
+    ) -> tuple[Hardware, TrainingOptions]:
+        """The planned pipeline degree on this machine's ranks (DDP the rest).
+
+        Raises:
+            AdvisorError: the ranks here are not a multiple of the degree.
+        """
+        pp = options.pp_degree or 1
+        if hw.num_gpus % pp:
+            raise AdvisorError(
+                f"pp needs a multiple of --pp-degree {pp} ranks to verify; this machine runs {hw.num_gpus}"
+            )
+        return hw, replace(options, tp_degree=None)
+
+    def rank_peak_bytes(self, ctx: StrategyContext, micro_batch: int) -> list[int] | None:
+        """The estimated peak of every rank, in rank order: its stage's (rank r is stage r // (dp x tp), the mesh
+        [pp, dp] of the script)."""
+        layout = self.layout(ctx)
+        per_stage = [s.total for s in self.stages(ctx, micro_batch)]
+        return [per_stage[r // (layout.dp * layout.tp)] for r in range(layout.world_size)]
 
     def schedule(self, ctx: StrategyContext) -> tuple[PipelineSchedule, int]:
         """(schedule, model chunks per rank): ``--pp-schedule`` (default 1F1B) and ``--pp-virtual-stages`` (default
@@ -113,13 +177,11 @@ class PipelineParallel(Strategy):
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         layout = self.layout(ctx)
-        m = self._micro_batches(ctx, micro_batch)
         all_stages = self.stages(ctx, micro_batch)
         top = peak_stage(all_stages)
-        second_copy = top.grads if layout.dp > 1 and m > 1 else 0  # DDP's no_sync accumulation (module docstring)
         peak = Breakdown(
             params=top.params,
-            grads=top.grads + second_copy,
+            grads=top.grads,
             optimizer_states=top.optimizer_states,
             activations=top.activations,
             buffers=top.buffers,
@@ -128,16 +190,13 @@ class PipelineParallel(Strategy):
             phase=f"forward (stage {top.stage} of {layout.pp}, {self.schedule(ctx)[0]}: {top.in_flight:g} "
             "micro-batches in flight)",
         )
-        copy = second_copy // max(1, top.grads) if top.grads else 0  # 1 where DDP accumulates beside its buckets
 
         def note(s: StageMemory) -> str:
-            extra = copy * s.grads
             where = f"{s.blocks} blocks{' + embedding' if s.first else ''}{' + head' if s.last else ''}"
-            accum = f", gradients accumulated beside DDP's buckets {fmt_gib(extra)}" if extra else ""
             flight = f"{s.in_flight:g} micro-batch{'' if s.in_flight == 1 else 'es'}"
             return (
-                f"stage {s.stage}: {where}, {fmt_gib(s.total + extra)} (model states {fmt_gib(s.model_states)}"
-                f"{accum}, activations {fmt_gib(s.activations)} for {flight} in flight, receive buffers "
+                f"stage {s.stage}: {where}, {fmt_gib(s.total)} (model states {fmt_gib(s.model_states)}"
+                f", activations {fmt_gib(s.activations)} for {flight} in flight, receive buffers "
                 f"{fmt_gib(s.buffers)}, temporaries {fmt_gib(s.other)})"
             )
 
@@ -251,10 +310,10 @@ class PipelineParallel(Strategy):
             dp_fabric = fabric_of(ctx, t, per_node, nodes, concurrent_groups=layout.tp)
             ar = bucketed_allreduce(slowest.params_numel * g, dp_fabric)
             dp_total = ar.total_s
-            dp_exposed = exposed_s(ar.total_s, bwd, len(ar.buckets), last_s=min(ar.last_s, ar.total_s))
+            dp_exposed = dp_total  # after the pipeline's backward, gradient by gradient (module docstring)
             coll.append(
                 Collective(
-                    f"gradient all-reduce of the stage across its data-parallel group ({len(ar.buckets)} buckets)",
+                    f"gradient all-reduce of the stage across its data-parallel group ({len(ar.buckets)} bucket sizes)",
                     "all_reduce",
                     "data-parallel",
                     slowest.params_numel * g,
@@ -278,12 +337,11 @@ class PipelineParallel(Strategy):
             model_flops=model_flops // layout.pp,
             peak_flops_per_s=t.peak_flops_per_s,
             overlap=f"{schedule}: p2p sends overlap the next micro-batch's compute except on the critical path; "
-            "TP's all-reduces are on it; the stage's last gradient bucket is all-reduced after backward",
+            "TP's all-reduces are on it; the stage's gradients are all-reduced after the pipeline's backward",
             collectives=tuple(coll),
             notes=(
                 f"pipeline bubble {pipe.bubble_fraction:.1%} of the compute ({schedule}: (p - 1) / "
                 + (f"(v m) = {layout.pp - 1} / ({v} x {m})" if v > 1 else f"m = {layout.pp - 1} / {m}")
                 + ", Narayanan et al. 2021), included in the compute time",
-                ESTIMATE_ONLY,
             ),
         )

@@ -30,7 +30,7 @@ from advisor.choices import FsdpGradSync, LauncherKind, Optimizer, Precision, pl
 from advisor.errors import AdvisorError
 from advisor.models import ModelSpec, family_of
 
-from . import get_strategy, strategy_names
+from . import get_strategy, runnable_names, strategy_names
 from .emit_manifest import MANIFEST, edited_files, kept_copy, manifest_text, stale_files
 from .launchers import check_options_lines
 from .pick import pick
@@ -130,6 +130,8 @@ class Job:
     # The absolute path of the folder the files are written to: slurm.sbatch finds train.py there wherever it is
     # submitted from (None: in the directory it is submitted from, e.g. a downloaded file)
     folder: str | None = None
+    pp_schedule: str | None = None  # the pipeline row's --pp-schedule and --pp-virtual-stages (None: its defaults)
+    pp_virtual_stages: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -151,7 +153,7 @@ def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
     Raises:
         AdvisorError: unknown or not-applicable strategy.
     """
-    if strategy not in strategy_names():
+    if strategy not in runnable_names():
         raise AdvisorError(f"unknown strategy {strategy!r}: choose one of {', '.join(strategy_names())}")
     row = plan.row(strategy)
     if not row.applicable:
@@ -212,6 +214,8 @@ def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
         init_from=opts.init_from,
         model_flops_per_sample=flops,
         peak_flops_per_gpu=t.peak_flops_per_s if t is not None else None,
+        pp_schedule=opts.pp_schedule,
+        pp_virtual_stages=opts.pp_virtual_stages,
     )
 
 
@@ -687,7 +691,7 @@ def render_files(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS) 
 def launch_command(plan: RenderedPlan, strategy: str) -> str | None:
     """The launch line for ``strategy`` in ``plan`` (None when it does not apply). Renders nothing:
     the text output prints it, and it must not need the model's classes."""
-    if strategy not in strategy_names() or not plan.row(strategy).applicable:
+    if strategy not in runnable_names() or not plan.row(strategy).applicable:
         return None
     hw = plan.hardware
     return get_strategy(strategy).launcher.command(hw.gpus_per_node, hw.num_nodes, MASTER_PORT)

@@ -152,7 +152,7 @@ CASES = [
     (["llama-2-7b", "--strategy", "fsdp", "--emit", "{dir}/fsdp"], ["FSDP", "fsdp2", "hsdp"]),
     (["llama-2-7b", "--pipeline-parallel"], ["pipeline parallelism is --pp-degree N", "--pp N"]),
     # a pinned pipeline layout that does not fit the cluster or the model: the product formula, the block count
-    # (advisor.layout.Layout.validate); an estimate-only row has no script (strategies/pp.py)
+    # (advisor.layout.Layout.validate); PP x TP and fp16 rows have no script (strategies/pp.py)
     (
         ["llama-2-7b", "--gpus", "8", "--pp-degree", "3"],
         ["--pp-degree 3: invalid layout: dp_replicate(2) * dp_shard(1) * tp(1) * pp(3) = 6 != world size 8"],
@@ -163,8 +163,15 @@ CASES = [
         ["--pp-degree 64: invalid layout: pp(64) exceeds the model's 32 blocks"],
     ),
     (["resnet50", "--gpus", "2", "--pp-degree", "2"], ["pipeline stages are modelled for llama/mistral/qwen2 blocks"]),
-    (["llama-2-7b", "--gpus", "2", "--pp-degree", "2", "--emit", "{dir}/pp"], ["estimate-only", "--strategy"]),
-    (["llama-2-7b", "--gpus", "2", "--strategy", "pp", "--emit", "{dir}/pp2"], ["estimate-only", "tp_dp"]),
+    (
+        ["llama-2-7b", "--gpus", "4", "--pp", "2", "--tp", "2", "--strategy", "pp", "--emit", "{dir}/pp"],
+        ["PP x TP (--tp-degree above 1) is sized and timed, not emitted"],
+    ),
+    (
+        ["llama-2-7b", "--gpus", "2", "--pp", "2", "--precision", "fp16", "--strategy", "pp", "--emit", "{dir}/pp1"],
+        ["fp16's GradScaler", "--precision bf16"],
+    ),
+    (["llama-2-7b", "--gpus", "2", "--strategy", "pp", "--emit", "{dir}/pp2"], ["--strategy pp", "--pp-degree N"]),
     (["llama-2-7b", "--pp-schedule", "gpipe"], ["--pp-schedule configures the pipeline row", "--pp-degree N"]),
     (["llama-2-7b", "--pp", "2", "--pp-virtual-stages", "2"], ["--pp-virtual-stages 2", "interleaved-1f1b"]),
     (["llama-2-7b", "--pp", "2", "--pp-schedule", "zb"], ["--pp-schedule", "interleaved-1f1b"]),

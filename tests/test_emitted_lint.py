@@ -29,6 +29,9 @@ CASES = {
     "llama-hsdp": dict(
         LLAMA, gpus=2, nodes=2, precision="bf16", global_batch_size=16, fsdp_grad_sync="last-micro-step"
     ),
+    # the pinned pipeline row (--pp-degree): PP x DP in fp32 under 1F1B, pure bf16 under GPipe
+    "llama-pp": dict(LLAMA, gpus=4, precision="fp32", pp_degree=2),
+    "llama-pp-pure-bf16": dict(LLAMA, gpus=2, precision="pure-bf16", pp_degree=2, pp_schedule="gpipe"),
     "resnet18": dict(model="resnet18", gpus=2, precision="fp32"),
     "resnet18-lora": dict(model="resnet18", gpus=2, precision="fp32", lora_rank=4, lora_targets="fc"),
     "factory": dict(model_factory="tests.fixtures.factories:small_cnn", image_size=16, gpus=2, precision="fp32"),
@@ -41,7 +44,7 @@ def emitted(tmp_path_factory) -> dict[str, str]:
     scripts = {}
     for case, inputs in CASES.items():
         p = plan(plan_inputs(detect_hardware=False, **inputs), device="cpu")
-        for strategy in strategy_names():
+        for strategy in (r.name for r in p.rows if r.name in strategy_names() or r.estimate_only is None):
             if p.row(strategy).applicable:
                 scripts[f"{case}-{strategy}"] = render_files(p, strategy)["train.py"]
     return scripts
@@ -58,6 +61,8 @@ def test_every_family_strategy_and_mode_is_emitted(emitted):
         "resnet18-lora-zero2",
         "factory-ddp",
         "llama-fp32-single",
+        "llama-pp-pp",
+        "llama-pp-pure-bf16-pp",
     ):
         assert needed in emitted, sorted(emitted)
     assert len(emitted) >= 40, len(emitted)

@@ -1,6 +1,7 @@
-"""The estimate-only pipeline row (``strategies/pp.py``): only when ``--pp-degree`` (``--pp``) pins it, sized per
-stage (the most-loaded stage is the peak, every stage listed), timed as 1F1B with its bubble, never recommended and
-never emitted."""
+"""The pipeline row (``strategies/pp.py``): only when ``--pp-degree`` (``--pp``) pins it, sized per stage (the
+most-loaded stage is the peak, every stage listed), timed as 1F1B with its bubble; PP x DP has a script (a choice
+of the recommender), PP x TP and fp16 rows are estimate-only (never recommended, never emitted). The script's runs:
+tests/test_pp_scripts.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from advisor.schema import plan_inputs
 from strategies import strategy_names
 from strategies.base import timing_of
 from strategies.pipeline import block_compute, stages
-from strategies.pp import ESTIMATE_ONLY
+from strategies.pp import PP_FP16_BLOCKER, PP_TP_BLOCKER
 
 H, FFN, V = 64, 128, 256
 TINY = dict(
@@ -57,8 +58,9 @@ def test_the_pinned_row_is_sized_per_stage(pinned):
     assert row.grad_accum_steps == 4
     s0, s1 = stages(pinned.context(), row.strategy.layout(pinned.context()), micro_batches=4)
     peak = row.memory.peak
-    # stage 0 (2 blocks + embedding) is the most loaded: 2 micro-batches in flight; DDP accumulates its 4
-    # micro-batches' gradients beside its buckets (a second copy of the stage's fp32 gradients)
+    # stage 0 (2 blocks + embedding) is the most loaded: 2 micro-batches in flight; the replicas average the 4
+    # micro-batches' accumulated gradients by hand (one fp32 copy, no DDP buckets); from the second micro-batch on
+    # the embedding's fp32 gradient (V x H, its largest weight) is made before it is added into .grad
     assert s0.total > s1.total
     assert (peak.params, peak.optimizer_states, peak.activations, peak.buffers, peak.other) == (
         s0.params,
@@ -67,7 +69,8 @@ def test_the_pinned_row_is_sized_per_stage(pinned):
         s0.buffers,
         s0.other,
     )
-    assert peak.grads == 2 * s0.grads == 2 * 4 * s0.params_numel
+    assert peak.grads == s0.grads == 4 * s0.params_numel
+    assert s0.other == 4 * V * H and s1.other > 4 * V * H  # the last stage: the head's and the logits' temporaries
     assert peak.phase.startswith("forward (stage 0 of 2")
     notes = row.memory.notes
     assert len(notes) == 2 and notes[0].startswith("stage 0: 2 blocks + embedding")
@@ -110,11 +113,15 @@ def test_interleaved_and_gpipe_schedules(pinned):
     assert "gpipe: 4 micro-batches in flight" in gpipe.memory.peak.phase
 
 
-def test_never_recommended(pinned):
-    """Estimate-only rows are not among the recommender's choices (``advisor.candidates.eligible``), even where
-    they fit: the plan recommends what it did without the pin."""
-    assert pinned.row("pp").fits is True
-    assert pinned.recommendation.strategy == plan(plan_inputs(**ASK)).recommendation.strategy
+def test_pp_x_tp_and_fp16_rows_are_estimate_only(pinned):
+    """PP x DP has a script, so it is among the recommender's choices; PP x TP and fp16 rows are sized and timed,
+    never recommended (``advisor.candidates.eligible``), and say why."""
+    assert pinned.row("pp").estimate_only is None
+    for extra, why in ((dict(tp_degree=2), PP_TP_BLOCKER), (dict(precision="fp16"), PP_FP16_BLOCKER)):
+        p = plan(plan_inputs(**{**ASK, **extra}, pp_degree=2))
+        row = p.row("pp")
+        assert row.applicable and row.memory is not None and row.time is not None
+        assert row.estimate_only == why and p.recommendation.strategy != "pp"
 
 
 def test_cli_short_and_long_spellings(tmp_path, capsys):
@@ -127,8 +134,7 @@ def test_cli_short_and_long_spellings(tmp_path, capsys):
         docs.append(json.loads(capsys.readouterr().out))
     assert docs[0]["strategies"] == docs[1]["strategies"]
     row = next(r for r in docs[0]["strategies"] if r["name"] == "pp")
-    assert row["estimate_only"] == ESTIMATE_ONLY and len(row["memory_notes"]) == 2
-    assert docs[0]["recommendation"]["strategy"] != "pp"
+    assert "estimate_only" not in row and len(row["memory_notes"]) == 2
     assert all("estimate_only" not in r and "memory_notes" not in r for r in docs[0]["strategies"] if r["name"] != "pp")
     assert main([*base, "--pp", "2"]) == 0
     text = capsys.readouterr().out

@@ -175,7 +175,12 @@ def test_block_activations_come_from_the_one_and_two_block_traces(untied):
     s0, s1 = stages(untied, Layout(pp=2, dp_shard=1), micro_batches=4)
     assert s0.activations == 2 * 2 * m.block_activation_bytes
     assert s1.activations == 2 * m.block_activation_bytes + m.head_activation_bytes
-    assert s1.other == m.head_temp_bytes > 0 and s0.other == 0
+    # and with 4 micro-batches each stage's largest fp32 weight gradient as it is made, before it is accumulated:
+    # the embedding's and the head's, V x H = 256 x 64 elements (beside the blocks' largest, 64 x 128)
+    assert (m.largest_embed_param, m.largest_head_param, m.largest_block_param) == (256 * 64, 256 * 64, 64 * 128)
+    assert s1.other == m.head_temp_bytes + 4 * 256 * 64 and m.head_temp_bytes > 0 and s0.other == 4 * 256 * 64
+    one_micro_batch = stages(untied, Layout(pp=2, dp_shard=1), micro_batches=1)
+    assert (one_micro_batch[0].other, one_micro_batch[1].other) == (0, m.head_temp_bytes)
 
 
 def test_a_layout_that_does_not_fit_the_model(untied):

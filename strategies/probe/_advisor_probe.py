@@ -172,7 +172,7 @@ class Probe:
 
             return loss
 
-        self.plain_compute_loss = train.compute_loss
+        self.plain_compute_loss = getattr(train, "compute_loss", None)  # a pipeline script has its own loss
         wrap(train, "compute_loss", compute_loss)
         wrap(train, "make_datasets", lambda f: lambda *a: probe.keep_datasets(f(*a)))
         wrap(train, "final_checkpoint_due", lambda f: lambda *a: probe.training_ended(train) or f(*a))
