@@ -184,6 +184,7 @@ def test_zoomed_chart_renders(at: AppTest) -> None:
     assert not at.exception and not at.error
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_model_too_large_says_nothing_fits(no_what_if_traces, at: AppTest) -> None:
     at.selectbox(key="model").select("llama-2-70b")
     at.selectbox(key="gpu").select("T4-16GB")

@@ -228,6 +228,7 @@ def test_bad_input_one_line_exit_2(argv, expected, files, capsys):
         assert piece in err, (piece, err)
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_rotary_beyond_max_positions_warns_and_answers(capsys):
     code = main(["tinyllama-1.1b", "--seq-len", "4096", "--gpus", "2", "--json"])
     out = json.loads(capsys.readouterr().out)
@@ -273,6 +274,7 @@ def test_ignored_input_is_said(argv, warning, tmp_path, capsys):
     assert any(w.startswith(warning) for w in out["warnings"]), out["warnings"]
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_attention_flag_is_not_flagged_where_it_matters(capsys):
     assert main(["gpt2", "--seq-len", "64", "--attention", "math", "--json"]) == 0
     assert not any("--attention" in w for w in json.loads(capsys.readouterr().out)["warnings"])
@@ -330,6 +332,7 @@ def test_subprocess_has_no_traceback_and_exit_2(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_config_file_name_cannot_inject_code(tmp_path):
     """A config file name is user text: it must not end the generated docstring or escape."""
     import ast

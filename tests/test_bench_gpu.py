@@ -29,6 +29,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]
         return out, gpu_prepare.prepare(cases, out, say=lambda _m: None)
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_prepare_writes_a_folder_per_case_with_what_run_reads(prepared: tuple[Path, list[Path]]):
     from advisor.plan import plan
     from advisor.schema import inputs_from_values

@@ -133,6 +133,7 @@ def generated() -> dict[tuple[str, str], str]:
     return {(m, s): render_files(plans[m], s)["train.py"] for m, s in GENERATED}
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 @pytest.mark.parametrize("model,strategy", GENERATED)
 def test_generated_scripts_are_clean(generated, model, strategy):
     assert check_source(generated[(model, strategy)], f"{model}-{strategy}/train.py") == []

@@ -305,6 +305,7 @@ def test_vendored_configs_are_documented_and_varied():
     assert set(PUBLISHED) | REFUSED >= {f.name for f in VENDORED}
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 @pytest.mark.parametrize("path", VENDORED, ids=[f.stem for f in VENDORED])
 def test_vendored_config_plans_on_three_clusters(path):
     """Every real config plans (fp32: one trace mode, shared by the three clusters, keeps the sweep

@@ -93,6 +93,7 @@ def _measure_cpu_step(spec, micro_batch: int):
     "name, kw, micro_batch",
     [("resnet18", {"image_size": 96}, 8), pytest.param("gpt2", {"seq_len": 64}, 2, marks=pytest.mark.slow)],
 )  # over 20 s
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_trace_matches_real_cpu_step(name, kw, micro_batch):
     """Tolerances: backward peak 5% (same ops, same allocator sizes); activations 10% (the CPU SDPA
     kernel keeps a little more than the fused-kernel stand-in: measured 7% on gpt2 at seq 128)."""
@@ -209,6 +210,7 @@ def test_gpt2_xl_ddp_does_not_fit_24gb():
     assert p.recommendation.strategy != "ddp"
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_llama2_7b_on_8_a100_is_sharded_not_ddp():
     p = _plan(
         "llama-2-7b",
@@ -244,6 +246,7 @@ def test_llama2_7b_on_8_rtx4090_is_zero3_never_tp():
     assert any(r.startswith("Tensor parallel over pcie would take") for r in p.recommendation.reasons)
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_nothing_fits_gives_min_gpus():
     p = _plan("llama-2-70b", gpu="T4-16GB", gpus=1, host_mem_gib=64, training={"activation_checkpointing": True})
     rec = p.recommendation

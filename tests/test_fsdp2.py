@@ -213,6 +213,7 @@ def test_llama_estimate_matches_fsdp_mem_tracker(precision, world, reshard):
     assert -TRACKER_BELOW <= est / measured - 1 <= TRACKER_ABOVE, (est, measured)
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_resnet_estimate_matches_fsdp_mem_tracker():
     """Blocks of different sizes (resnet18's layer4 is 4x layer3): the windows follow the blocks in order."""
     import torchvision

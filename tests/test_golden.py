@@ -42,6 +42,7 @@ SAVED_IN = "/work/main"
 GOLD = json.loads(GOLDEN.read_text().replace(SAVED_IN, "<checkout>"))
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 @pytest.mark.parametrize("name", list(CASES))
 def test_plan_is_unchanged(name):
     new = _without_added(json.loads(json.dumps(plan_case(CASES[name])).replace(str(ROOT), "<checkout>")))

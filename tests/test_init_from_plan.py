@@ -68,6 +68,7 @@ def _meta_llama():
         return transformers.LlamaForCausalLM(config)
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_small_llama_counts_by_hand(llama):
     stats = llama[0].profile.stats
     hidden, inter, layers, kv, vocab = 256, 512, 2, 4 * 32, 2048

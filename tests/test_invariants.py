@@ -143,6 +143,7 @@ def test_nothing_fits_names_checkpointing_before_a_larger_cluster(tmp_path, no_w
     assert violations(p) == []
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_no_checkpointing_advice_when_it_is_on():
     p = plan(
         plan_inputs(
@@ -159,6 +160,7 @@ def test_no_checkpointing_advice_when_it_is_on():
     assert not any("ZeRO-3 would fit" in t for t in p.recommendation.reasons)  # ZeRO does not apply to pure bf16
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_one_gpu_cluster_search_stays_in_the_node():
     """Issue 12: "2 node(s) of 1" for ZeRO-3 on --gpus 1: GPUs are added inside the node first."""
     p = plan(plan_inputs(model="llama-2-7b", gpus=1, gpu="A100-80GB", activation_checkpointing=True))
@@ -232,6 +234,7 @@ VENDORED = sorted(p.name for p in CONFIGS.glob("*.json") if p.name != "chatglm2-
 FINE_TUNING = {"full": {}, "lora": {"lora_rank": 16}, "qlora": {"lora_rank": 16, "quantize": "nf4"}}
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_mixtral_qlora_floor_names_the_fused_experts(no_what_if_traces):
     """Issue 25: Mixtral-8x7B with QLoRA on one A100-80GB: "what more GPUs do not shrink (activations 0.00 GiB,
     gathered parameters and buffers 0.00 GiB, temporaries 0.03 GiB; 94.60 GiB per GPU in all)". ZeRO-3's peak at
@@ -283,6 +286,7 @@ SLOW_QUOTED = {
 QUOTED_PARAMS = [pytest.param(*case, marks=pytest.mark.slow) if case in SLOW_QUOTED else case for case in QUOTED_CASES]
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 @pytest.mark.parametrize("config, tuning", QUOTED_PARAMS)
 def test_quoted_totals_add_up_over_the_vendored_configs(no_what_if_traces, config, tuning):
     """On a 1 GiB GPU (nothing fits, so the "nothing fits" lines are written), full fine-tuning, LoRA and QLoRA: every

@@ -11,6 +11,9 @@ from advisor.memory_options import ce_saving
 from advisor.plan import plan
 from advisor.schema import plan_inputs
 
+# Each plans a model of its own with the ladder's extra traces (over 5 s on 2 cores).
+pytestmark = pytest.mark.slow
+
 
 def _keys(p):  # noqa: ANN001, ANN202
     assert p.ladder is not None

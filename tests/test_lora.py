@@ -119,6 +119,7 @@ def test_issue_figures_llama_2_7b():
     assert s64.num_trainable == 159_907_840
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_peft_default_targets_fill_in():
     """No --lora-targets: peft's default for the architecture, written out (llama: q_proj, v_proj)."""
     p = plan(plan_inputs(config_path=TINY, seq_len=32, gpus=1, detect_hardware=False, lora_rank=4))
@@ -215,6 +216,7 @@ def test_adamw_8bit_states_in_the_plan():
     assert not p8.row("fsdp2").applicable and "adamw-8bit" in p8.row("fsdp2").reason
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_llama_7b_lora_fits_ddp_on_4_rtx4090_full_does_not():
     """The issue's case: LoRA rank 8 on q_proj,v_proj, seq 512, micro-batch 1, bf16, no checkpointing."""
     p = plan(
@@ -293,6 +295,7 @@ def test_qlora_65b_fits_one_48gb_gpu(no_what_if_traces):
     assert any("paged-adamw" in w and "unified memory" in w for w in p.warnings)
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_nothing_fits_names_lora_and_qlora_before_more_gpus(no_what_if_traces):
     p = plan(
         plan_inputs(model="llama-2-7b", gpus=1, gpu="RTX4090", detect_hardware=False, seq_len=512, micro_batch_size=1)

@@ -77,6 +77,7 @@ def _load_script(path: Path):
 
 
 # --- rendering (quick) -----------------------------------------------------------------------------------------
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_lora_scripts_render_and_full_scripts_carry_no_lora():
     full = plan(_inputs(SMALL_LLAMA, 2), device="cpu")
     lora = plan(_inputs(SMALL_LLAMA, 2, **LORA), device="cpu")

@@ -57,6 +57,7 @@ def test_dense_model_active_equals_total():
     assert stats.num_active_params == stats.num_params and stats.num_experts == stats.experts_per_token == 0
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 @pytest.mark.parametrize("precision", ["bf16", "fp32", "pure-bf16"])
 def test_mixtral_8x7b_plans(precision):
     """It used to fail in bf16 and fp32: FakeTensor's meta kernel of aten::_grouped_mm (transformers' default

@@ -45,6 +45,7 @@ def pinned():
     return plan(plan_inputs(**ASK, pp_degree=2))
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_no_pin_no_row():
     p = plan(plan_inputs(**ASK))
     assert [r.name for r in p.rows] == list(strategy_names())

@@ -104,6 +104,7 @@ def _check_consistent(doc: dict) -> None:
         assert s["max_micro_batch_size"] >= 0
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 @SETTINGS
 @given(config=hostile_configs)
 def test_random_json_configs(tmp_path_factory, capsys, config):

@@ -82,6 +82,7 @@ def test_figures_in_their_units() -> None:
     assert error(_case("F41"), 163840.0) == pytest.approx(163840 / 142830 - 1)
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_bench_published_predicts_three_small_rows(monkeypatch: pytest.MonkeyPatch, no_what_if_traces: None) -> None:
     # The plans' offers of LoRA / QLoRA and checkpointed variants (where advisor finds nothing fits) are no part
     # of a row's figures and cost traces of their own: the suite does without them.

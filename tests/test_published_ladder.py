@@ -7,6 +7,9 @@ import pytest
 
 from bench.published_ladder import evaluate, render, speed_ratios
 
+# Each plans a model of its own with the ladder's extra traces (over 5 s on 2 cores).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def results():  # noqa: ANN201

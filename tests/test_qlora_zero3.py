@@ -137,6 +137,7 @@ def test_layout_matches_bitsandbytes():
     assert p.numel() * p.element_size() == layout.data == _by_hand(shape, 4, 2)[1]  # the same bytes as uint8 storage
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_estimate_shards_the_quantized_storage(planned):
     """ZeRO-3's per-rank quantized bytes are the hand figures; stages 1-2 and int8 stay not applicable."""
     row = planned.row("zero3")

@@ -42,6 +42,7 @@ def _defined(tree: ast.Module) -> dict[str, ast.stmt]:
     return {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_one_training_loop_in_main_from_the_shared_skeleton(emitted):  # noqa: F811
     skeleton = next(
         n for n in ast.parse((TEMPLATES / "loop.py").read_text()).body if getattr(n, "name", None) == "main"
@@ -105,6 +106,7 @@ def test_an_unused_helper_is_found():
     assert sorted(set(_defined(tree)) - _reached(tree)) == ["b", "c"]
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_main_comes_first(emitted):  # noqa: F811
     for name, text in emitted.items():
         tree = ast.parse(text)

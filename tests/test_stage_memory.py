@@ -132,6 +132,7 @@ def tied() -> StrategyContext:
     return _ctx(True)
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_stage_parameters_of_a_four_block_llama(untied, tied):
     """The model's own counts (``ParamStats.fsdp_units``): per block 4 h^2 + 3 h ffn + 2 h; the first stage adds the
     V x h embedding, the last the final norm (h) and the V x h head, tied or not (tied: the head's own copy)."""

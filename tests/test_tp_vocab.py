@@ -44,6 +44,7 @@ def bloom_tp8():
     )
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_bloom_vocab_is_sharded_over_tp_ranks(bloom_tp8):
     """Per rank: each block's q/k/v/o (4 h^2) and gate/up/down (3 h ffn) over 8, its 2 norms whole, the tied
     embedding/head 250880 / 8 = 31360 rows of h, the final norm whole. Was: the 3.6B-parameter embedding whole on

@@ -49,6 +49,7 @@ def _doc(**values) -> dict:
     return plan_to_dict(plan(plan_inputs(**(BASE | values))))
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_what_if_questions_reuse_every_trace(counted):
     first = _doc()
     assert counted["traces"] and counted["counts"]
@@ -71,6 +72,7 @@ def test_what_if_questions_reuse_every_trace(counted):
 @pytest.mark.parametrize(
     "change", [dict(seq_len=32), dict(precision="fp32"), dict(activation_checkpointing=True), dict(attention="math")]
 )
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_every_key_component_misses(counted, change):
     _doc()
     counted["traces"].clear()
@@ -78,6 +80,7 @@ def test_every_key_component_misses(counted, change):
     assert counted["traces"], f"{change} re-used a trace made for other inputs"
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_another_gpu_count_finds_its_tp_shard_already_traced(counted):
     """bench/llama_small.json has 8 heads and 4 kv heads: 2 GPUs shard TP 2 ways, 4 GPUs 4 ways. The TP
     degree is in the key, so the first question also traces the shards of the usual node sizes (2 and 4
@@ -94,6 +97,7 @@ def test_another_gpu_count_finds_its_tp_shard_already_traced(counted):
     assert {r["name"]: r.get("tp_degree") for r in doc["strategies"]}["tp"] == 4
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_the_tp_degree_is_in_the_key(counted, monkeypatch):
     """Without the what-if traces (as --no-cache plans: they write nothing to keep), a new TP degree traces."""
     from strategies.tp import TensorParallel
@@ -106,6 +110,7 @@ def test_the_tp_degree_is_in_the_key(counted, monkeypatch):
     assert counted["traces"] == [("autocast", "flash", False, 4)]  # only the TP rows' shard is new
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_a_changed_config_misses(counted, tmp_path):
     _doc()
     counted["traces"].clear()
@@ -115,6 +120,7 @@ def test_a_changed_config_misses(counted, tmp_path):
     assert counted["traces"] and counted["counts"]
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_library_and_code_versions_are_in_the_key(counted, monkeypatch):
     _doc()
     counted["traces"].clear()
@@ -132,6 +138,7 @@ def test_the_code_hash_reads_every_file_of_the_trace_package():
     assert set(package.rglob("*.py")) <= read
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_a_corrupt_entry_is_traced_again_and_rewritten(counted, tmp_path):
     first = _doc()
     entries = sorted((tmp_path / "cache" / "activations").iterdir())
@@ -147,6 +154,7 @@ def test_a_corrupt_entry_is_traced_again_and_rewritten(counted, tmp_path):
     assert counted["traces"] == []
 
 
+@pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_no_cache_neither_reads_nor_writes(counted, tmp_path, capsys):
     from advisor.cli import main
 
