@@ -20,6 +20,14 @@ if [[ ! -f "$STAMP" ]]; then
   [[ $DEV == 1 ]] && EXTRAS="$EXTRAS,test"
   # DS_BUILD_OPS=0: no CUDA/C++ op builds at install time (DeepSpeed installs pure Python).
   DS_BUILD_OPS=0 .venv/bin/pip install -q --no-cache-dir --disable-pip-version-check -e ".[$EXTRAS]"
+  if [[ $DEV == 1 ]]; then
+    # The tests run ZeRO scripts on the CPU, where DeepSpeed's communication backend JIT-compiles its shared-memory
+    # op (deepspeed/comm/torch.py build_shm_op, ShareMemCommBuilder) on first use: build it now, once, into torch's
+    # extension directory (about 40 s on 2 cores), not inside the first test that launches DeepSpeed.
+    DS_ACCELERATOR=cpu .venv/bin/python -c "from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder('ShareMemCommBuilder').load()" >/tmp/advisor-ds-op.log 2>&1 \
+      || echo "setup: DeepSpeed's CPU shared-memory op did not build (see /tmp/advisor-ds-op.log)"
+  fi
   rm -f .venv/.advisor-setup-*
   touch "$STAMP"
 fi
