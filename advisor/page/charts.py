@@ -347,7 +347,7 @@ def ladder_frame(doc: PlanDoc) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["rung", "device total GiB", "peak GiB", "throughput", "unit", "fits"])
 
 
-def ladder_chart(frame: pd.DataFrame, capacity_bytes: int) -> alt.LayerChart:
+def ladder_chart(frame: pd.DataFrame, capacity_bytes: int) -> alt.LayerChart | alt.FacetChart:
     """Horizontal bars of each rung's device total per GPU (cumulative: each rung adds its option to the ones
     above), coloured by whether it fits, and a red dashed rule at the GPU's usable memory."""
     cap = capacity_bytes / GiB
