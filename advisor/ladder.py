@@ -20,11 +20,9 @@ from dataclasses import dataclass
 from .cache import DiskCache, NullCache
 from .choices import Optimizer
 from .context import StrategyContext
-from .errors import AdvisorError
-from .ladder_state import LORA_RANK, Env, Figures, State, evaluate_state, throughput
-from .memory_options import DEFAULT_CE_CHUNKS, optimizer_in_backward_blocker
+from .ladder_state import LORA_RANK, Env, Figures, State, evaluate_state, throughput, user_state
+from .memory_options import DEFAULT_CE_CHUNKS
 from .rows import StrategyRow
-from .training_options import TrainingOptions
 
 # Candidates in the order they are offered before the greedy sort (ties keep it).
 CANDIDATES = ("chunked_ce", "sac_op", "ac_full", "optimizer_in_backward", "activation_offload", "adamw_8bit")
@@ -104,16 +102,17 @@ def build_ladder(
         or min(sharded or carriers, key=lambda r: r.memory.device_total if r.memory else 0)
     )
     env = Env(ctx, pick.strategy, cache, scratch_threads)
-    first = evaluate_state(env, State())
+    start = user_state(ctx.options)  # the options the user passed are the ladder's base, not its rungs
+    first = evaluate_state(env, start)
     if isinstance(first, str):
         return None
-    steps = _Steps(env, pick.global_batch_size, first)
+    steps = _Steps(env, pick.global_batch_size, first, start)
     if order is not None:
         for k in order:
             fig = evaluate_state(env, steps.state.plus(k))
             steps.add(k, fig)
     else:
-        steps.greedy([k for k in CANDIDATES if _offered(env, k)])
+        steps.greedy([k for k in CANDIDATES if _offered(env, k, start)])
     spec = ctx.profile.spec
     if spec.adapter is None and spec.is_transformer:
         state = steps.state
@@ -130,9 +129,9 @@ def build_ladder(
 class _Steps:
     """The rungs so far: the state reached, its figures, and the table."""
 
-    def __init__(self, env: Env, batch: int | None, first: Figures) -> None:
+    def __init__(self, env: Env, batch: int | None, first: Figures, start: State) -> None:
         self.env, self.batch, self.gpu = env, batch, env.ctx.hardware.gpu_memory_bytes
-        self.state, self.cur = State(), first
+        self.state, self.cur = start, first
         self.out: list[Rung] = []
         self.fitted = False
         self._rung("base", first, None)
@@ -190,13 +189,15 @@ class _Steps:
                 left.remove("sac_op")
 
 
-def _offered(env: Env, key: str) -> bool:
+def _offered(env: Env, key: str, start: State) -> bool:
     opts = env.ctx.options
     if key == "adamw_8bit":
         return opts.optimizer == Optimizer.ADAMW
-    if key in ("sac_op", "ac_full"):
+    if key == "sac_op":
+        return not opts.activation_checkpointing and not start.ac
+    if key == "ac_full":
         return not opts.activation_checkpointing
-    return True
+    return start.plus(key) != start  # an option the user passed is in the base already
 
 
 def ladder_doc(ladder: Ladder) -> list[dict[str, object]]:
@@ -239,34 +240,3 @@ def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
         f"cheapest fix before more GPUs: {ladder.title} fits with {fit.label} ({' '.join(taken)}): "
         f"{fit.device_bytes / 2**30 if fit.device_bytes else 0:.2f} GiB per GPU{rate} (the ladder below)"
     )
-
-
-def ladder_only_flags(opts: TrainingOptions, rows: list[StrategyRow]) -> list[str]:
-    """The memory options the ladder sizes (advisor.memory_options) but the rows and the generated scripts do not
-    apply yet: said, with the refusal that holds already (the optimizer step in backward with accumulation).
-
-    Raises:
-        AdvisorError: --optimizer-in-backward with gradient accumulation (every row accumulates).
-    """
-    given = [
-        flag
-        for flag, on in (
-            ("--selective-checkpointing", opts.selective_checkpointing is not None),
-            ("--activation-offload", opts.activation_offload),
-            ("--optimizer-in-backward", opts.optimizer_in_backward),
-            ("--chunked-cross-entropy", opts.chunked_cross_entropy is not None),
-        )
-        if on
-    ]
-    if opts.optimizer_in_backward:
-        steps = [r.grad_accum_steps or 1 for r in rows if r.applicable]
-        if steps and min(steps) > 1:
-            raise AdvisorError(
-                "--optimizer-in-backward: " + (optimizer_in_backward_blocker(None, min(steps), False) or "")
-            )
-    if not given:
-        return []
-    return [
-        f"{', '.join(given)}: sized in the memory-savings ladder (--ladder) only; the strategy rows above and the "
-        "generated scripts do not apply them yet"
-    ]

@@ -13,19 +13,20 @@ device total and step time with ``advisor.memory_options``' rules applied to the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .cache import DiskCache, NullCache
-from .choices import Optimizer, Quant, TraceMode
+from .choices import Optimizer, Quant, SelectiveCheckpointing, TraceMode
 from .context import StrategyContext
 from .errors import AdvisorError
-from .memory import trace_mode, weight_bytes
+from .memory import Breakdown, StrategyMemory, trace_mode, weight_bytes
 from .memory_options import (
     DEFAULT_CE_CHUNKS,
     block_dims,
     ce_saved_activation_bytes,
     chunked_ce_bytes,
+    layer_policy_share,
     offload_transfer_s,
     optimizer_in_backward_blocker,
     optimizer_in_backward_grad_bytes,
@@ -35,9 +36,12 @@ from .memory_options import (
 from .models import AdapterSpec
 from .profile import ModelProfile, build_profile
 from .rows import StrategyRow, evaluate_row
+from .training_options import TrainingOptions
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
+
+    from .timing.step import StepTime
 
 # The ladder's adapters: torchtune's LoRA recipes for Llama 3.2 (rank 8, alpha 16 on q/k/v/o and the MLP
 # projections: ``lora_attn_modules`` q_proj, k_proj, v_proj, output_proj with ``apply_lora_to_mlp``), which peft's
@@ -51,11 +55,13 @@ class State:
     """Which options are on: the ladder's rungs so far (``plus`` adds one by its ``advisor.ladder.LABELS`` key)."""
 
     chunked_ce: bool = False
-    ac: str = ""  # "", "op", "full"
+    ac: str = ""  # "", "op", "layer", "full"
     optimizer_in_backward: bool = False
     activation_offload: bool = False
     adamw_8bit: bool = False
     adapter: str = ""  # "", "lora", "qlora"
+    ce_chunks: int = DEFAULT_CE_CHUNKS  # chunked cross-entropy's row chunks (--chunked-cross-entropy CHUNKS)
+    every: int = 2  # the layer policy's k: every k-th block checkpointed (--checkpoint-every)
 
     def plus(self, key: str) -> State:
         if key == "sac_op":
@@ -73,6 +79,20 @@ class State:
         )
 
 
+def user_state(opts: TrainingOptions) -> State:
+    """The ladder state of the options the user passed (``State()``: none of them)."""
+    policy = opts.selective_checkpointing
+    ac = {SelectiveCheckpointing.OP: "op", SelectiveCheckpointing.LAYER: "layer"}[policy] if policy else ""
+    return State(
+        chunked_ce=opts.chunked_cross_entropy is not None,
+        ac=ac,
+        optimizer_in_backward=opts.optimizer_in_backward,
+        activation_offload=opts.activation_offload,
+        ce_chunks=opts.chunked_cross_entropy or DEFAULT_CE_CHUNKS,
+        every=opts.checkpoint_every or 2,
+    )
+
+
 @dataclass(frozen=True)
 class Figures:
     """A state's figures on the strategy: peak allocated and device total per GPU (bytes), one optimizer step
@@ -83,6 +103,10 @@ class Figures:
     step_s: float | None
     notes: tuple[tuple[str, str], ...] = ()  # (option key, what its figure assumes)
     host: int = 0
+    # The same figures as the strategy row's memory and step time (``advisor.applied_options`` puts them on the
+    # plan's rows): the breakdown at the peak sums to ``peak``; the time's parts are the row's with the options'.
+    memory: StrategyMemory | None = field(default=None, compare=False)
+    time: StepTime | None = field(default=None, compare=False)
 
     def note(self, key: str) -> str:
         return next((text for k, text in self.notes if k == key), "")
@@ -156,7 +180,7 @@ def _logit_bytes(ctx: StrategyContext) -> int:
 def evaluate_state(env: Env, st: State) -> Figures | str:
     """The figures of state ``st`` on ``env``'s strategy, or the one line saying why it cannot be had."""
     base_ac = env.ctx.options.activation_checkpointing
-    full = st.ac == "full" or st.adapter == "qlora" or (base_ac and st.ac != "op")
+    full = st.ac == "full" or st.adapter == "qlora" or (base_ac and st.ac not in ("op", "layer"))
     try:
         ctx, row = env.row(full, st.adapter, st.adamw_8bit)
     except AdvisorError as err:
@@ -168,6 +192,7 @@ def evaluate_state(env: Env, st: State) -> Figures | str:
     act, other, grads = peak.activations, peak.other, peak.grads
     rest = peak.total - act - other - grads
     step_s = row.time.step_s if row.time is not None else None
+    time = row.time
     lb = _logit_bytes(ctx)
     rows = env.rows_per_step
     if st.ac == "op" and not full:
@@ -178,7 +203,7 @@ def evaluate_state(env: Env, st: State) -> Figures | str:
         if ac_row.memory is None or plain_row.memory is None:
             return "no row with full checkpointing to start the op policy from"
         saved = env.blocks * sac_op_saved_bytes_per_block(rows, env.dims, lb)
-        ap = ac_row.memory.peak
+        ap = peak = ac_row.memory.peak
         act, other, grads = min(plain_row.memory.peak.activations, ap.activations + saved), ap.other, ap.grads
         rest = ap.total - ap.activations - ap.other - ap.grads
         mem = ac_row.memory
@@ -191,7 +216,27 @@ def evaluate_state(env: Env, st: State) -> Figures | str:
                 else 0.0
             )  # fmt: skip
             step_s = plain_row.time.step_s + share * (ac_row.time.step_s - plain_row.time.step_s)
+            time = _between(plain_row.time, ac_row.time, share)
         notes.append(("sac_op", "full checkpointing's peak plus the saved matmul and attention outputs"))
+    if st.ac == "layer" and not full:
+        _, ac_row = env.row(True, st.adapter, st.adamw_8bit)
+        if ac_row.memory is None:
+            return "no row with full checkpointing to start the layer policy from"
+        blocks = _blocks(env, ctx, st.adapter)
+        share = layer_policy_share(blocks, st.every)
+        if not share:
+            return f"every {st.every}-th block of {blocks} checkpoints none: no repeated blocks to checkpoint"
+        # memory_options.layer_policy_share: the saving and the recompute are that share of full checkpointing's;
+        # the recomputed block's temporaries are full checkpointing's.
+        ap = ac_row.memory.peak
+        act, other = act - int(share * max(0, act - ap.activations)), max(other, ap.other)
+        if ac_row.time is not None and row.time is not None:
+            step_s = row.time.step_s + share * (ac_row.time.step_s - row.time.step_s)
+            time = _between(row.time, ac_row.time, share)
+        notes.append(
+            ("sac_layer", f"{blocks // st.every} of {blocks} blocks checkpointed: that share of full checkpointing's "
+             "saving and recompute")
+        )  # fmt: skip
     if st.chunked_ce:
         if not env.vocab or not rows:
             return "chunked cross-entropy needs a language model's vocabulary-wide loss"
@@ -201,10 +246,10 @@ def evaluate_state(env: Env, st: State) -> Figures | str:
         logits = rows * env.vocab
         kept = ce_saved_activation_bytes(rows, env.vocab, lb, chunked=True)
         act = max(0, act - ce_saved_activation_bytes(rows, env.vocab, lb, chunked=False)) + kept
-        chunked = chunked_ce_bytes(rows, env.vocab, lb, DEFAULT_CE_CHUNKS) - kept
+        chunked = chunked_ce_bytes(rows, env.vocab, lb, st.ce_chunks) - kept
         other = max(0, other - 8 * logits) + chunked
     if st.activation_offload:
-        blocks = max(1, env.blocks or ctx.profile.activations(_ctx_mode(ctx)).checkpointed_blocks or 1)
+        blocks = max(1, _blocks(env, ctx, st.adapter))
         loss_kept = ce_saved_activation_bytes(rows, env.vocab, lb, st.chunked_ce) if env.vocab and rows else 0
         inside = max(0, act - loss_kept)
         # torchtune's OffloadActivations brings each tensor back just before its backward, the next one prefetched:
@@ -216,6 +261,13 @@ def evaluate_state(env: Env, st: State) -> Figures | str:
             gbps = _host_gbps(env)
             moved, exposed = offload_transfer_s(offloaded, gbps, t / 3, 2 * t / 3)
             step_s += exposed * row.time.micro_steps
+            if time is not None:  # the PCIe copies as communication beside compute, what outlasts it exposed
+                steps = row.time.micro_steps
+                time = replace(
+                    time,
+                    comm_s=time.comm_s + moved * steps,
+                    exposed_comm_s=time.exposed_comm_s + exposed * steps,
+                )
             notes.append(
                 (
                     "activation_offload",
@@ -246,7 +298,42 @@ def evaluate_state(env: Env, st: State) -> Figures | str:
     host = 0
     if st.activation_offload:
         host = offloaded
-    return Figures(total, device, step_s, tuple(notes), host)
+    bd = _peak_breakdown(replace(peak, activations=act, other=other, grads=grads), end)
+    memory = replace(mem, peak=bd, model_state_bytes=end)
+    return Figures(total, device, step_s, tuple(notes), host, memory, time)
+
+
+def _peak_breakdown(moment: Breakdown, end: int) -> Breakdown:
+    """The larger of two moments (``evaluate_state``): the row's peak with the options applied (``moment``), or the
+    end of backward, holding ``end`` bytes of weights, gradients and optimizer states (its parts: the moment's
+    weights and optimizer states, the gradients the rest)."""
+    if end <= moment.total:
+        return moment
+    params = min(moment.params, end)
+    opt = min(moment.optimizer_states, end - params)
+    parts = moment.params_parts if params == moment.params else ()
+    return Breakdown(params=params, grads=end - params - opt, optimizer_states=opt, phase="end of backward",
+                     params_parts=parts)  # fmt: skip
+
+
+def _between(a: StepTime, b: StepTime, share: float) -> StepTime:
+    """Step ``a`` moved ``share`` (0..1) of the way to step ``b`` in every timed part (a policy that checkpoints that
+    share of what ``b`` checkpoints and ``a`` does not: ``memory_options.layer_policy_share``)."""
+    return replace(
+        a,
+        compute_s=a.compute_s + share * (b.compute_s - a.compute_s),
+        comm_s=a.comm_s + share * (b.comm_s - a.comm_s),
+        exposed_comm_s=a.exposed_comm_s + share * (b.exposed_comm_s - a.exposed_comm_s),
+        optimizer_s=a.optimizer_s + share * (b.optimizer_s - a.optimizer_s),
+        host_s=a.host_s + share * (b.host_s - a.host_s),
+        flops=a.flops + round(share * (b.flops - a.flops)),
+    )
+
+
+def _blocks(env: Env, ctx: StrategyContext, adapter: str) -> int:
+    """The model's repeated blocks: a Llama-style config's ``num_hidden_layers``, else the blocks the checkpointed
+    trace finds (a plain trace checkpoints none; GPT-2 names its count ``n_layer``, a CNN has none in its config)."""
+    return env.blocks or env.profile(True, adapter).activations(_ctx_mode(ctx)).checkpointed_blocks
 
 
 def _numel(shape: tuple[int, ...]) -> int:

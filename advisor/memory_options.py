@@ -1,7 +1,8 @@
 """The memory options beyond full activation checkpointing, as arithmetic: what each keeps, saves and costs.
 
-Each rule is in bytes (ints) or seconds and names its source. The ladder (``advisor.ladder``) applies them to a
-strategy row's traced peak (``advisor.memory.Breakdown``); the rows of the plan do not apply them yet, and the
+Each rule is in bytes (ints) or seconds and names its source. ``advisor.ladder_state.evaluate_state`` applies them
+to a strategy row's traced peak (``advisor.memory.Breakdown``) and step time, for the ladder's rungs
+(``advisor.ladder``) and for the plan's rows when the user passes the options (``advisor.applied_options``); the
 generated scripts do not emit them yet (the script pieces come with the template work).
 
 - Chunked cross-entropy (``advisor.chunked_ce``): ``ce_plain_bytes`` / ``chunked_ce_bytes``.

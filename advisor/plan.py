@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from strategies import PINNED, planned_strategies
 
+from .applied_options import apply_options, refuse_accumulation, script_note
 from .cache import open_cache
 from .choices import Attention, Device, Dtype, FsdpGradSync, Precision, Quant, TraceMode
 from .context import StrategyContext
@@ -17,7 +18,7 @@ from .explain import tokens_per_sample
 from .free_text import lora_targets
 from .hardware import Hardware, resolve_hardware, with_gpu_calibration
 from .invariants import enforce
-from .ladder import Ladder, build_ladder, ladder_only_flags, ladder_reason
+from .ladder import Ladder, build_ladder, ladder_reason
 from .memory import trace_mode
 from .models import AdapterSpec, ModelSpec, family_of, resolve_source
 from .models.adapters import default_targets
@@ -280,6 +281,11 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
                 ctx = StrategyContext(profile, hw, opts, device)
                 hints = {r.name: r.max_micro_batch_size for r in rows}
                 rows = [evaluate_row(s, ctx, inputs.compare, hints.get(s.name)) for s in strategies]
+    refuse_accumulation(opts, rows)
+    rows = apply_options(ctx, rows, cache, scratch_threads)  # the memory options the user passed, by the ladder's rules
+    if not any(r.applicable for r in rows):
+        reasons = list(dict.fromkeys(r.reason for r in rows if r.reason is not None))
+        raise AdvisorError("no strategy takes these options (" + "; ".join(reasons[:3]) + ")")
     _add_speedups(ctx, rows, strategies)
     mode = trace_mode(precision, casts_weights=False)
     warnings = list(spec.warnings) + list(hw.warnings) + precision_notes
@@ -292,7 +298,7 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     if opts.activation_checkpointing and profile.activations(mode).checkpointed_blocks == 0:
         warnings.append(f"{spec.name} has no repeated blocks to checkpoint: activation checkpointing changes nothing")
     warnings += _ignored_flags(opts, profile, rows, mode)
-    warnings += ladder_only_flags(opts, rows)
+    warnings += script_note(opts)
     adapter = spec.adapter
     unquantized = profile.stats.num_frozen - profile.stats.quantized_numel
     if adapter is not None and adapter.quantize and unquantized > 0.25 * profile.stats.num_frozen:

@@ -177,8 +177,9 @@ class TrainingOptions:
         faces=("cli", "page", "bench"),
         help="recompute blocks in backward",
     )
-    # The memory options beyond full checkpointing (advisor.memory_options): sized in the ladder (--ladder); the
-    # strategy rows and the generated scripts do not apply them yet.
+    # The memory options beyond full checkpointing (advisor.memory_options): applied to every strategy row that can
+    # take them and sized in the ladder (--ladder), by the same rules (advisor.applied_options); the generated
+    # scripts do not emit them yet.
     selective_checkpointing: SelectiveCheckpointing | None = _f(
         None,
         flag="--selective-checkpointing",
@@ -217,6 +218,8 @@ class TrainingOptions:
     ladder: bool = _f(
         False,
         flag="--ladder",
+        label="Memory-savings ladder",
+        faces=("cli", "page"),
         help="show the ladder of memory savings with their cost in speed (also when nothing fits)",
     )
     framework: Framework = _f(

@@ -503,3 +503,39 @@ def test_check_tab_uploaded_file(at: AppTest) -> None:
     assert not at.exception, texts(at.exception)
     frame = next(d.value for d in at.dataframe if "rule" in d.value.columns)
     assert list(frame["rule"]) == ["MG013"]
+
+
+def test_ladder_box_draws_the_ladder_chart(at: AppTest) -> None:
+    """The Memory-savings ladder box: the plan's ladder[] as a Streamlit Altair chart, one bar per rung with figures
+    in the ladder's order, each bar the rung's device total; none without it."""
+    assert not any(s.startswith("Memory-savings ladder") for s in texts(at.subheader))
+    at.checkbox(key="ladder").check().run()
+    assert not at.exception and not at.error, texts(at.error)
+    assert any(s.startswith("Memory-savings ladder on ") for s in texts(at.subheader)), texts(at.subheader)
+    charts = [json.loads(e.proto.spec) for e in at.main if getattr(e, "type", None) == "vega_lite_chart"]
+    ladder = next(c for c in charts if "rung" in json.dumps(c))
+    order = ladder["layer"][0]["encoding"]["y"]["sort"]  # the bars' rungs, in the ladder's order
+    from advisor.ladder import LABELS
+
+    assert order[0] == "0. as planned" and len(order) >= 2, order
+    assert all(label.split(". ", 1)[1] in {text for text, _ in LABELS.values()} for label in order), order
+    assert ladder["layer"][0]["encoding"]["x"]["field"] == "device total GiB"
+
+
+def test_ladder_frame_keeps_the_rungs_with_figures_in_order() -> None:
+    from advisor.page.charts import ladder_frame
+
+    rung = {"throughput": 10.0, "throughput_unit": "tokens/s", "fits": False, "first_fit": False}
+    doc: Any = {
+        "ladder": [
+            {**rung, "label": "as planned", "device_bytes": 3 * 2**30, "peak_bytes": 2 * 2**30},
+            {**rung, "label": "optimizer step in backward", "device_bytes": None, "peak_bytes": None, "fits": None},
+            {**rung, "label": "chunked cross-entropy", "device_bytes": 2**30, "peak_bytes": 2**29, "fits": True,
+             "first_fit": True},
+        ]
+    }  # fmt: skip
+    frame = ladder_frame(doc)
+    assert list(frame["rung"]) == ["0. as planned", "2. chunked cross-entropy"]  # the blocked rung has no bar
+    assert list(frame["device total GiB"]) == [3.0, 1.0] and list(frame["peak GiB"]) == [2.0, 0.5]
+    assert list(frame["fits"]) == ["does not fit", "first fit"]
+    assert ladder_frame({"hardware": {}}).empty  # type: ignore[typeddict-item]

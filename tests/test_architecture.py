@@ -57,6 +57,7 @@ LAYERS: list[tuple[str, ...]] = [
         "advisor.variants",
         "advisor.ladder_state",
         "advisor.ladder",
+        "advisor.applied_options",
     ),
     ("advisor.plan",),
     ("advisor.document",),

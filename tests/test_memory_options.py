@@ -209,11 +209,12 @@ def test_checkpointing_flags_refused_together() -> None:
         validate(plan_inputs(model="gpt2", checkpoint_every=3))
 
 
-def test_plan_refuses_optimizer_in_backward_with_accumulation_and_says_what_the_rows_skip() -> None:
+def test_plan_refuses_optimizer_in_backward_with_accumulation_and_says_what_the_scripts_skip() -> None:
     from advisor.plan import plan
 
     base = dict(model="gpt2", seq_len=128, gpus=1, gpu="A100-80GB", micro_batch_size=2, detect_hardware=False)
     with pytest.raises(AdvisorError, match=r"^--optimizer-in-backward: 4 accumulation steps need the summed gradient"):
         plan(plan_inputs(**base, global_batch_size=8, optimizer_in_backward=True))
     p = plan(plan_inputs(**base, chunked_cross_entropy=8))
-    assert any(w.startswith("--chunked-cross-entropy: sized in the memory-savings ladder") for w in p.warnings)
+    assert not any("memory-savings ladder" in w for w in p.warnings)  # the rows apply it now
+    assert any(w.startswith("--chunked-cross-entropy 8: applied to the strategy rows") for w in p.warnings)

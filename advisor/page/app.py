@@ -22,7 +22,7 @@ import streamlit as st
 from advisor.document import PlanDoc, plan_to_dict
 from advisor.errors import AdvisorError
 from advisor.faces import quiet_library_logs
-from advisor.page.charts import show_memory
+from advisor.page.charts import show_ladder, show_memory
 from advisor.page.check_tab import show_check
 from advisor.page.form import cached_plan, read_form
 from advisor.page.runner import show_verify
@@ -183,6 +183,7 @@ def show_plan() -> None:
     show_summary(p, doc)
     show_recommendation(p)
     show_memory(doc)
+    show_ladder(doc)
     st.subheader("Training scripts")
     strategy = choose_strategy(p)
     if strategy is None:

@@ -326,3 +326,72 @@ def show_memory(doc: PlanDoc) -> None:
     # st.table, not st.dataframe: a static table wraps long reasons instead of cutting them off. Its cells
     # are Markdown, so the text is escaped.
     st.table(strategy_table(doc).map(md), hide_index=True)
+
+
+def ladder_frame(doc: PlanDoc) -> pd.DataFrame:
+    """One row per rung of the plan's ladder (``ladder[]``) that has figures, in the ladder's order: its label,
+    device total (GiB), peak allocated (GiB), throughput, whether it fits and whether it is the first that fits.
+    Empty when the plan has no ladder."""
+    rows = [
+        {
+            "rung": f"{i}. {r['label']}",
+            "device total GiB": int(r["device_bytes"]) / GiB,  # type: ignore[call-overload]
+            "peak GiB": int(r["peak_bytes"] or 0) / GiB,  # type: ignore[call-overload]
+            "throughput": r["throughput"],
+            "unit": r["throughput_unit"],
+            "fits": "first fit" if r["first_fit"] else ("fits" if r["fits"] else "does not fit"),
+        }
+        for i, r in enumerate(doc.get("ladder", []))
+        if r["device_bytes"] is not None
+    ]
+    return pd.DataFrame(rows, columns=["rung", "device total GiB", "peak GiB", "throughput", "unit", "fits"])
+
+
+def ladder_chart(frame: pd.DataFrame, capacity_bytes: int) -> alt.LayerChart | alt.FacetChart:
+    """Horizontal bars of each rung's device total per GPU (cumulative: each rung adds its option to the ones
+    above), coloured by whether it fits, and a red dashed rule at the GPU's usable memory."""
+    cap = capacity_bytes / GiB
+    order = list(frame["rung"])
+    bars = (
+        alt.Chart(frame)
+        .mark_bar()
+        .encode(
+            y=alt.Y("rung:N", sort=order, title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
+            x=alt.X("device total GiB:Q", title=f"per-GPU memory (GiB); red dashed line: GPU memory {cap:.2f} GiB"),
+            color=alt.Color(
+                "fits:N",
+                scale=alt.Scale(domain=["does not fit", "fits", "first fit"], range=["#9e9e9e", "#7fb77e", "#2e7d32"]),
+                title="on this GPU",
+            ),
+            tooltip=[
+                "rung:N",
+                alt.Tooltip("device total GiB:Q", format=".2f"),
+                alt.Tooltip("peak GiB:Q", format=".2f"),
+                alt.Tooltip("throughput:Q", format=",.0f"),
+                "unit:N",
+            ],
+        )
+        .properties(height=CHART_ROW_PX * len(order) + CHART_AXES_PX)
+    )
+    rule = (
+        alt.Chart(pd.DataFrame({"GiB": [cap]}))
+        .mark_rule(color="red", strokeDash=[6, 4], size=2)
+        .encode(x="GiB:Q", tooltip=[alt.Tooltip("GiB:Q", format=".2f", title="GPU memory (GiB)")])
+    )
+    return alt.layer(bars, rule)
+
+
+def show_ladder(doc: PlanDoc) -> None:
+    """The memory-savings ladder as a chart, when the plan has one (the Memory-savings ladder box, or nothing
+    fits)."""
+    frame = ladder_frame(doc)
+    if frame.empty:
+        return
+    strategy = str(doc["ladder"][0]["strategy"])
+    st.subheader(f"Memory-savings ladder on {strategy} (GiB per GPU)")
+    st.altair_chart(ladder_chart(frame, doc["hardware"]["gpu_memory_bytes"]), width="stretch")
+    st.caption(
+        "Each rung adds its option to the ones above, least slowdown per GiB saved first; the bar is the device "
+        "total per GPU after it. Rungs the strategy cannot take, or that save nothing, are listed in the plan's "
+        "JSON (ladder[]) with why."
+    )
