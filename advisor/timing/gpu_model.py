@@ -27,6 +27,10 @@ class GpuModel:
         dispatch_s: eager PyTorch's CPU-side seconds to issue one op (Python, autograd, dispatcher,
             cudaLaunchKernel); a stretch of ops takes the larger of its GPU time and its issue time.
         source: where the constants come from (a fit in bench/PUBLISHED.md, a calibration on this machine).
+        fused_elementwise: not a fitted constant but what the timed code runs: True where it fuses each stretch of
+            memory-bound ops between two GEMM / attention kernels into one kernel (Megatron-LM's fused kernels,
+            torch.compile's generated ones; ``advisor.timing.gpu_time.fused_times``); False, eager PyTorch's one
+            kernel per op, for every plan of advisor's own scripts.
     """
 
     gemm: float
@@ -36,6 +40,7 @@ class GpuModel:
     half_bandwidth_bytes: int
     dispatch_s: float
     source: str
+    fused_elementwise: bool = False
 
 
 # Streaming multiprocessors per GPU, the unit wave quantization counts thread blocks in (NVIDIA, "Matrix
