@@ -113,50 +113,51 @@ MEGATRON_BUCKET_PARAMS = 40_000_000
 def source_overlap(case: Case, ctx: PlanContext, row: PlannedRow, t: StepTime) -> StepTime:
     """``t`` with the source's own overlap (``Case.overlap``) in place of the strategy's exposed communication:
 
-    * the data-parallel gradient reduction (the ``data-parallel`` collectives) in buckets beside the last micro-step's
-      backward, the last bucket after it (``advisor.timing.step.exposed_s``, as DDP's rule): torch DDP's 25 MiB
-      buckets (``OVERLAP_DDP``, advisor.timing.comm.DDP_BUCKET_CAP_BYTES), Megatron-core's max(40M, 1M x DP)
-      parameters (``OVERLAP_MEGATRON_CORE``, ``MEGATRON_BUCKET_PARAMS``);
+    * the data-parallel gradient reduction (replacing the strategy's ``data-parallel`` collectives, same bytes, same
+      fabric as TP x DP's: one group per TP rank across the nodes) in the source's buckets beside the last
+      micro-step's backward, the last bucket after it (``advisor.timing.step.exposed_s``, as DDP's rule): torch
+      DDP's 25 MiB all-reduce buckets (``OVERLAP_DDP``, advisor.timing.comm.DDP_BUCKET_CAP_BYTES); Megatron-core's
+      max(40M, 1M x DP) parameters (``OVERLAP_MEGATRON_CORE``, ``MEGATRON_BUCKET_PARAMS``) with the distributed
+      optimizer (--overlap-param-gather needs --use-distributed-optimizer): each bucket reduce-scattered beside the
+      last backward and its updated parameters all-gathered beside the next forward;
     * Megatron-core also: the tensor-parallel collectives hidden behind the GEMMs they are split with
       (--tp-comm-overlap: Transformer Engine's userbuffers pipeline each all-gather / reduce-scatter with its GEMM
       in chunks), exposed only where they outlast the compute (``exposed_s``, one piece per call); and the
-      distributed optimizer (--overlap-param-gather needs --use-distributed-optimizer): the gradients
-      reduce-scattered beside the last backward and the updated parameters all-gathered beside the next forward,
-      each half of the all-reduce's time, and the optimizer step over 1 / DP of the states on each rank.
+      optimizer step over 1 / DP of the states on each rank (the distributed optimizer).
 
     Raises:
         ValueError: an unknown ``Case.overlap``.
     """
-    from advisor.timing.comm import DDP_BUCKET_CAP_BYTES
+    from advisor.timing.comm import DDP_BUCKET_CAP_BYTES, split_buckets
     from advisor.timing.step import exposed_s
-    from strategies.base import timing_of
+    from strategies.base import fabric_of, timing_of
 
     if case.overlap not in (OVERLAP_DDP, OVERLAP_MEGATRON_CORE):
         raise ValueError(f"unknown overlap {case.overlap!r}")
     timing = timing_of(ctx)
     if timing is None:
         return t
-    c = row.strategy.compute_time(ctx, timing, row.tp_degree or 1)
-    dp = [x for x in t.collectives if x.group == "data-parallel"]
+    deg, hw = row.tp_degree or 1, ctx.hardware
+    c = row.strategy.compute_time(ctx, timing, deg)
+    dp_bytes = sum(x.nbytes for x in t.collectives if x.group == "data-parallel")
     tp = [x for x in t.collectives if x.group != "data-parallel"]
-    dp_s, dp_bytes = sum(x.seconds for x in dp), sum(x.nbytes for x in dp)
-    if case.overlap == OVERLAP_DDP:
-        bucket = DDP_BUCKET_CAP_BYTES
-    else:  # the bucket in the gradients' bytes per element (dp_bytes / trainable parameters of the shard)
-        shard = ctx.profile.tp_stats(row.tp_degree or 1).num_trainable
-        bucket = max(MEGATRON_BUCKET_PARAMS, 1_000_000 * max(1, row.dp_size)) * dp_bytes // max(1, shard)
-    pieces = max(1, -(-dp_bytes // max(1, bucket)))
-    if case.overlap == OVERLAP_DDP:
-        exposed = exposed_s(dp_s, c.bwd_s, pieces, last_s=dp_s / pieces) if dp_s else 0.0
-    else:  # the distributed optimizer: a reduce-scatter beside backward, an all-gather beside the next forward,
-        # each half of the all-reduce's time (a ring all-reduce is the two: NCCL's algorithm notes)
-        half = dp_s / 2
-        exposed = exposed_s(half, c.bwd_s, pieces, last_s=half / pieces) + exposed_s(half, c.fwd_s, pieces)
+    exposed = 0.0
+    if dp_bytes:
+        fabric = fabric_of(ctx, timing, max(1, hw.gpus_per_node // deg), hw.num_nodes, concurrent_groups=deg)
+        if case.overlap == OVERLAP_DDP:
+            ar = [fabric.time_s("all_reduce", x) for x in split_buckets(dp_bytes, DDP_BUCKET_CAP_BYTES)]
+            exposed = exposed_s(sum(ar), c.bwd_s, len(ar), last_s=ar[-1])
+        else:  # the bucket in the gradients' bytes per element (dp_bytes / trainable parameters of the shard)
+            shard = ctx.profile.tp_stats(deg).num_trainable
+            bucket = max(MEGATRON_BUCKET_PARAMS, 1_000_000 * max(1, row.dp_size)) * dp_bytes // max(1, shard)
+            sizes = split_buckets(dp_bytes, max(1, bucket))
+            rs = [fabric.time_s("reduce_scatter", x) for x in sizes]
+            ag = [fabric.time_s("all_gather", x) for x in sizes]
+            exposed = exposed_s(sum(rs), c.bwd_s, len(rs), last_s=rs[-1]) + exposed_s(sum(ag), c.fwd_s, len(ag))
     tp_s = sum(x.seconds for x in tp)
     optimizer_s = t.optimizer_s
     if case.overlap == OVERLAP_MEGATRON_CORE:
-        calls = max(1, sum(x.calls for x in tp))
-        exposed += exposed_s(tp_s, t.compute_s, calls) if tp_s else 0.0
+        exposed += exposed_s(tp_s, t.compute_s, max(1, sum(x.calls for x in tp))) if tp_s else 0.0
         optimizer_s /= max(1, row.dp_size)
     else:
         exposed += tp_s
@@ -164,7 +165,7 @@ def source_overlap(case: Case, ctx: PlanContext, row: PlannedRow, t: StepTime) -
         t,
         exposed_comm_s=exposed,
         optimizer_s=optimizer_s,
-        overlap=f"the source's ({case.overlap}): {source_overlap.__doc__.splitlines()[0].strip()}",
+        overlap=f"the source's ({case.overlap}): bench.published.source_overlap",
     )
 
 

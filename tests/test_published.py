@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -144,3 +145,42 @@ def test_band_and_summary_by_hand() -> None:
     s = summary([0.2, -0.1, 0.3, 0.05, -0.05])
     assert (s["n"], s["median"], s["worst"]) == (5, pytest.approx(0.1), pytest.approx(0.3))
     assert s["bias"] == pytest.approx(math.exp(sum(math.log1p(e) for e in (0.2, -0.1, 0.3, 0.05, -0.05)) / 5) - 1)
+
+
+def test_source_overlap_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Megatron's own overlap (bench.published.source_overlap) on a stand-in step: a 1 s TP all-reduce in 100 calls
+    beside 4 s of compute, 400 MB of 4-byte gradients (100M parameters) on a fabric that all-reduces 1 GB/s (reduce-
+    scatter and all-gather 2 GB/s), a last backward of 2 s and a forward of 0.05 s, an optimizer step of 0.16 s over
+    DP 8."""
+    from types import SimpleNamespace
+
+    from advisor.timing.step import Collective, StepTime
+    from bench.published import source_overlap
+    from bench.published_case import OVERLAP_DDP, OVERLAP_MEGATRON_CORE
+
+    fabric = SimpleNamespace(time_s=lambda kind, n: n / (1e9 if kind == "all_reduce" else 2e9))
+    monkeypatch.setattr("strategies.base.timing_of", lambda ctx: object())
+    monkeypatch.setattr("strategies.base.fabric_of", lambda *args, **kwargs: fabric)
+    c = SimpleNamespace(fwd_s=0.05, bwd_s=2.0)
+    row = SimpleNamespace(strategy=SimpleNamespace(compute_time=lambda ctx, t, deg: c), tp_degree=2, dp_size=8)
+    ctx = SimpleNamespace(
+        hardware=SimpleNamespace(gpus_per_node=8, num_nodes=2),
+        profile=SimpleNamespace(tp_stats=lambda deg: SimpleNamespace(num_trainable=100_000_000)),
+    )
+    tp = Collective("activation all-reduce", "all_reduce", "tensor-parallel", 1 << 20, 100, 1.0, 1.0)
+    dp = Collective("gradient all-reduce", "all_reduce", "data-parallel", 400_000_000, 50, 0.9, 0.9)
+    t = StepTime(1, 1, 4.0, 1.9, 1.9, 0.16, 1, 1, 1.0, "none", (tp, dp))
+    base = replace(_case("O23"), overlap=OVERLAP_DDP)
+    # torch DDP: 400 MB in 25 MiB buckets, 15 full and one of 6,784,000 bytes; all but the last hide behind 2 s of
+    # backward; the TP all-reduces all exposed; the optimizer unchanged.
+    ddp = source_overlap(base, ctx, row, t)  # type: ignore[arg-type]
+    assert ddp.exposed_comm_s == pytest.approx((400_000_000 - 15 * 25 * 2**20) / 1e9 + 1.0)
+    assert ddp.optimizer_s == 0.16
+    # Megatron-core: buckets of 40M parameters (160 MB: 160, 160, 80 MB); the reduce-scatter (0.2 s) beside the
+    # backward exposes its last bucket (0.04 s); the all-gather (0.2 s in 3 buckets) beside a 0.05 s forward exposes
+    # 0.2 - 0.05 x 2 / 3 (exposed_s); the TP calls hide behind 4 s of compute; the optimizer steps 1 / 8 of the states.
+    core = source_overlap(replace(base, overlap=OVERLAP_MEGATRON_CORE), ctx, row, t)  # type: ignore[arg-type]
+    assert core.exposed_comm_s == pytest.approx(0.04 + (0.2 - 0.05 * 2 / 3)) and core.optimizer_s == pytest.approx(0.02)
+    assert core.step_s == pytest.approx(4.0 + core.exposed_comm_s + 0.02)
+    with pytest.raises(ValueError, match="unknown overlap"):
+        source_overlap(replace(base, overlap="nope"), ctx, row, t)  # type: ignore[arg-type]
