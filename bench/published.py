@@ -36,9 +36,9 @@ __all__ = ["TARGETS", "Results", "RowResult", "evaluate", "stats"]
 if TYPE_CHECKING:
     from advisor.context import StrategyContext as PlanContext
     from advisor.plan import Plan
+    from advisor.rows import StrategyRow
     from advisor.timing.gpu_model import GpuModel
     from advisor.timing.step import StepTime
-    from strategies.protocols import PlannedRow
 
 BENCH_DIR = Path(__file__).resolve().parent
 PUBLISHED_MD = BENCH_DIR / "PUBLISHED.md"
@@ -110,7 +110,7 @@ def step_of(case: Case, p: Plan, gpu_model: GpuModel | None = None) -> tuple[Ste
 MEGATRON_BUCKET_PARAMS = 40_000_000
 
 
-def source_overlap(case: Case, ctx: PlanContext, row: PlannedRow, t: StepTime) -> StepTime:
+def source_overlap(case: Case, ctx: PlanContext, row: StrategyRow, t: StepTime) -> StepTime:
     """``t`` with the source's own overlap (``Case.overlap``) in place of the strategy's exposed communication:
 
     * the data-parallel gradient reduction (replacing the strategy's ``data-parallel`` collectives, same bytes, same
