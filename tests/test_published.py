@@ -13,7 +13,7 @@ import pytest
 from advisor.timing.gpu_model import GpuModel
 from bench.published import error, evaluate, in_unit, stats
 from bench.published_cases import REQUIRED, S_EPOCH, TOK_S_GPU, Case, cases
-from bench.published_fit import Target, band, fit_group, leave_one_source_out, summary
+from bench.published_fit import FIELDS, Target, band, default_fields, fit_group, leave_one_source_out, summary
 from bench.published_other import NOT_EXPRESSED
 
 SMALL = ("F41", "F42", "F62")
@@ -121,13 +121,29 @@ def _synthetic(seed: int, n: int) -> list[Callable[[GpuModel], float]]:
 
 def test_the_fitter_recovers_known_constants() -> None:
     targets = [Target(f"r{i}", "g", f"s{i % 3}", p(TRUE), p) for i, p in enumerate(_synthetic(7, 24))]
-    fit = fit_group(targets, START)
+    fit = fit_group(targets, START, FIELDS)
     assert fit.responsive and fit.rms_log_error < 0.01
     for name in ("gemm", "conv", "attention", "bandwidth", "half_bandwidth_bytes", "dispatch_s"):
         assert getattr(fit.model, name) == pytest.approx(getattr(TRUE, name), rel=0.05), name
-    # cross-validation: each source's rows predicted by a fit on the other two sources, as good on exact data
-    held = leave_one_source_out(targets, {"g": START})
+    # cross-validation: each source's rows predicted by a fit on the other two sources, as good on exact data (from a
+    # borrowed start, so that the folds fit the attention share too: default_fields)
+    from advisor.timing.gpu_model import BORROWED
+
+    held = leave_one_source_out(targets, {"g": replace(START, source=BORROWED + "Ampere's")})
     assert max(abs(held[t.key] / t.published - 1) for t in targets) < 0.05
+
+
+def test_the_attention_share_stays_at_its_microbenchmark_unless_borrowed() -> None:
+    from advisor.timing.gpu_model import BORROWED
+
+    targets = [Target(f"r{i}", "g", f"s{i % 3}", p(TRUE), p) for i, p in enumerate(_synthetic(7, 24))]
+    assert default_fields(START, 24) == ("gemm", "conv", "bandwidth", "half_bandwidth_bytes", "dispatch_s")
+    assert default_fields(START, 9) == ("gemm",)
+    held = fit_group(targets, START)
+    assert held.model.attention == START.attention  # the microbenchmark's 1.0, not TRUE's
+    borrowed = replace(START, source=BORROWED + "Ampere's")
+    assert default_fields(borrowed, 24) == FIELDS
+    assert fit_group(targets, borrowed).model.attention == pytest.approx(TRUE.attention, rel=0.05)
 
 
 def test_a_predictor_that_ignores_the_constants_is_not_fitted() -> None:
