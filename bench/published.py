@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .published_case import OVERLAP_DDP, OVERLAP_MEGATRON_CORE
 from .published_cases import S_EPOCH, S_ITER, S_RUN, THROUGHPUT_UNITS, TOK_S_GPU, Case, cases
 from .published_fit import Fit, Target, fit_all, leave_one_source_out, paste, paste_bands
 from .published_results import TARGETS, Results, RowResult, stats
@@ -33,7 +34,9 @@ from .published_results import TARGETS, Results, RowResult, stats
 __all__ = ["TARGETS", "Results", "RowResult", "evaluate", "stats"]
 
 if TYPE_CHECKING:
+    from advisor.context import StrategyContext as PlanContext
     from advisor.plan import Plan
+    from advisor.rows import StrategyRow
     from advisor.timing.gpu_model import GpuModel
     from advisor.timing.step import StepTime
 
@@ -73,12 +76,19 @@ def plan_case(case: Case) -> Plan:
 def step_of(case: Case, p: Plan, gpu_model: GpuModel | None = None) -> tuple[StepTime, int]:
     """(the strategy's step at ``case``'s micro-batch and accumulation steps, its data-parallel size), with the
     plan context's ``hardware.gpu_model`` replaced by ``gpu_model`` when given: the plan's row for the strategy
-    with its accumulation and global batch set, evaluated by the strategy's own time rule.
+    with its accumulation and global batch set, evaluated by the strategy's own time rule; a source that fuses its
+    element-wise ops (``Case.fused``) with those constants' ``fused_elementwise`` set.
 
     Raises:
         KeyError: the plan has no row for the strategy. ValueError: the row does not apply or has no time rule.
     """
     ctx = p.context()
+    if case.fused:  # the source fuses its element-wise ops (Case.fused): the same constants, fused kernels
+        from advisor.timing.compute import model_for, preset_for_gpu
+
+        preset = preset_for_gpu(ctx.hardware.gpu_name, ctx.hardware.gpu_memory_bytes)
+        base = gpu_model or ctx.hardware.gpu_model or (model_for(preset) if preset is not None else None)
+        gpu_model = replace(base, fused_elementwise=True) if base is not None else None
     if gpu_model is not None:
         ctx = replace(ctx, hardware=replace(ctx.hardware, gpu_model=gpu_model))
     row = p.row(case.strategy)
@@ -90,7 +100,73 @@ def step_of(case: Case, p: Plan, gpu_model: GpuModel | None = None) -> tuple[Ste
     t = row.strategy.step_time(ctx, shadow)
     if t is None:
         raise ValueError(f"{case.strategy} has no step time for {case.gpu}")
+    if case.overlap:
+        t = source_overlap(case, ctx, row, t)
     return t, max(1, row.dp_size)
+
+
+# Megatron-core's gradient bucket: max(40M, 1M x DP) parameters (megatron/core/distributed/
+# distributed_data_parallel.py, ``ddp_config.bucket_size`` when --overlap-grad-reduce sets none).
+MEGATRON_BUCKET_PARAMS = 40_000_000
+
+
+def source_overlap(case: Case, ctx: PlanContext, row: StrategyRow, t: StepTime) -> StepTime:
+    """``t`` with the source's own overlap (``Case.overlap``) in place of the strategy's exposed communication:
+
+    * the data-parallel gradient reduction (replacing the strategy's ``data-parallel`` collectives, same bytes, same
+      fabric as TP x DP's: one group per TP rank across the nodes) in the source's buckets beside the last
+      micro-step's backward, the last bucket after it (``advisor.timing.step.exposed_s``, as DDP's rule): torch
+      DDP's 25 MiB all-reduce buckets (``OVERLAP_DDP``, advisor.timing.comm.DDP_BUCKET_CAP_BYTES); Megatron-core's
+      max(40M, 1M x DP) parameters (``OVERLAP_MEGATRON_CORE``, ``MEGATRON_BUCKET_PARAMS``) with the distributed
+      optimizer (--overlap-param-gather needs --use-distributed-optimizer): each bucket reduce-scattered beside the
+      last backward and its updated parameters all-gathered beside the next forward;
+    * Megatron-core also: the tensor-parallel collectives hidden behind the GEMMs they are split with
+      (--tp-comm-overlap: Transformer Engine's userbuffers pipeline each all-gather / reduce-scatter with its GEMM
+      in chunks), exposed only where they outlast the compute (``exposed_s``, one piece per call); and the
+      optimizer step over 1 / DP of the states on each rank (the distributed optimizer).
+
+    Raises:
+        ValueError: an unknown ``Case.overlap``.
+    """
+    from advisor.timing.comm import DDP_BUCKET_CAP_BYTES, split_buckets
+    from advisor.timing.step import exposed_s
+    from strategies.base import fabric_of, timing_of
+
+    if case.overlap not in (OVERLAP_DDP, OVERLAP_MEGATRON_CORE):
+        raise ValueError(f"unknown overlap {case.overlap!r}")
+    timing = timing_of(ctx)
+    if timing is None:
+        return t
+    deg, hw = row.tp_degree or 1, ctx.hardware
+    c = row.strategy.compute_time(ctx, timing, deg)
+    dp_bytes = sum(x.nbytes for x in t.collectives if x.group == "data-parallel")
+    tp = [x for x in t.collectives if x.group != "data-parallel"]
+    exposed = 0.0
+    if dp_bytes:
+        fabric = fabric_of(ctx, timing, max(1, hw.gpus_per_node // deg), hw.num_nodes, concurrent_groups=deg)
+        if case.overlap == OVERLAP_DDP:
+            ar = [fabric.time_s("all_reduce", x) for x in split_buckets(dp_bytes, DDP_BUCKET_CAP_BYTES)]
+            exposed = exposed_s(sum(ar), c.bwd_s, len(ar), last_s=ar[-1])
+        else:  # the bucket in the gradients' bytes per element (dp_bytes / trainable parameters of the shard)
+            shard = ctx.profile.tp_stats(deg).num_trainable
+            bucket = max(MEGATRON_BUCKET_PARAMS, 1_000_000 * max(1, row.dp_size)) * dp_bytes // max(1, shard)
+            sizes = split_buckets(dp_bytes, max(1, bucket))
+            rs = [fabric.time_s("reduce_scatter", x) for x in sizes]
+            ag = [fabric.time_s("all_gather", x) for x in sizes]
+            exposed = exposed_s(sum(rs), c.bwd_s, len(rs), last_s=rs[-1]) + exposed_s(sum(ag), c.fwd_s, len(ag))
+    tp_s = sum(x.seconds for x in tp)
+    optimizer_s = t.optimizer_s
+    if case.overlap == OVERLAP_MEGATRON_CORE:
+        exposed += exposed_s(tp_s, t.compute_s, max(1, sum(x.calls for x in tp))) if tp_s else 0.0
+        optimizer_s /= max(1, row.dp_size)
+    else:
+        exposed += tp_s
+    return replace(
+        t,
+        exposed_comm_s=exposed,
+        optimizer_s=optimizer_s,
+        overlap=f"the source's ({case.overlap}): bench.published.source_overlap",
+    )
 
 
 def in_unit(case: Case, step_s: float, dp: int) -> float:

@@ -18,6 +18,10 @@ TOK_S_GPU, SAMPLES_S, SEQ_S, S_ITER, S_EPOCH, S_RUN = (
     "s/run",
 )
 THROUGHPUT_UNITS = (TOK_S_GPU, SAMPLES_S, SEQ_S)
+# A source's communication overlap (``Case.overlap``): torch DDP's bucketed gradient all-reduce beside backward
+# (Megatron-LM 2021's --DDP-impl torch); Megatron-core's --overlap-grad-reduce, --overlap-param-gather (with the
+# distributed optimizer) and --tp-comm-overlap.
+OVERLAP_DDP, OVERLAP_MEGATRON_CORE = "ddp", "megatron-core"
 TRANSFORMER, CNN = "transformer", "cnn"
 
 
@@ -30,7 +34,11 @@ class Case:
     ``micro_batch`` and ``grad_accum`` are per data-parallel rank; ``tp`` the tensor-parallel degree (None: no
     TP). ``published`` is in ``unit``; ``samples`` is the samples per epoch (``S_EPOCH``) or optimizer steps
     (``S_RUN``) the figure covers. ``compare`` says what of the prediction the figure is set against. ``fitted``:
-    the row is a steady-state throughput the fit uses (False: shown, not fitted, ``compare`` says why).
+    the row is a steady-state throughput the fit uses (False: shown, not fitted, ``compare`` says why). ``fused``:
+    where the source's code fuses its element-wise work (Megatron-LM's fused kernels, torch.compile), what it fuses,
+    with its source: the row is then timed with ``GpuModel.fused_elementwise`` (advisor.timing.gpu_time.fused_times);
+    empty: eager PyTorch. ``overlap``: the source's own communication overlap where it differs from advisor's
+    strategy rule (``OVERLAP_DDP``, ``OVERLAP_MEGATRON_CORE``; bench.published.source_overlap); empty: the strategy's.
     """
 
     row: str
@@ -56,6 +64,8 @@ class Case:
     workload: str = TRANSFORMER
     note: str = ""
     extra: Mapping[str, object] = field(default_factory=dict, hash=False)
+    fused: str = ""
+    overlap: str = ""
 
     @property
     def base_id(self) -> str:

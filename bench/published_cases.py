@@ -21,7 +21,7 @@ from .published_case import (
     TRANSFORMER,
     Case,
 )
-from .published_models import megatron_config, mpt_config
+from .published_models import MEGATRON_FUSED, megatron_config, mpt_config
 from .published_other import NOT_EXPRESSED, other_cases
 
 __all__ = [
@@ -236,9 +236,11 @@ def earlier_cases() -> tuple[Case, ...]:
                 S_ITER,
                 compare_step,
                 config=megatron_config(h, a, layers, 51200, 1024),
-                extra={"interconnect": "nvlink"},
+                fused=MEGATRON_FUSED,
+                extra={"interconnect": "nvlink", "attention": "math"},
                 note="GPT-2-style model as a Llama block of the same shapes (bench/published_models.py "
-                "megatron_config); Megatron's fp16 with fp32 master weights as pure-bf16 (16-bit everything)",
+                "megatron_config); Megatron's fp16 with fp32 master weights as pure-bf16 (16-bit everything); math "
+                "attention (baddbmm, fused softmax, bmm: the 2020 code predates flash attention)",
             )
         )
     titan = dict(attention="math")

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from .published_case import CNN, S_EPOCH, SAMPLES_S, SEQ_S, TOK_S_GPU, Case
+from .published_case import CNN, OVERLAP_DDP, OVERLAP_MEGATRON_CORE, S_EPOCH, SAMPLES_S, SEQ_S, TOK_S_GPU, Case
 from .published_models import (
     DEBERTA_V2_XLARGE,
+    MEGATRON_FUSED,
     megatron_config,
     megatron_hfu_flops_per_token,
     megatron_model_flops_per_token,
@@ -41,9 +42,14 @@ def megatron_cases() -> tuple[Case, ...]:
                 tf * 1e12 / flops,
                 TOK_S_GPU,
                 _MEG_COMPARE + ": the HFU formula 96 B s l h^2 (1 + s/6h + V/16lh), recompute counted",
+                fused=MEGATRON_FUSED,
                 config=megatron_config(hidden, heads, layers, 51200, 2048),
                 tp=tp,
-                note="Selene: 8 HDR IB per node [recalled]; GPT as a Llama block of the same shapes (megatron_config)",
+                overlap=OVERLAP_DDP,
+                extra={"attention": "math"},
+                note="Selene: 8 HDR IB per node [recalled]; GPT as a Llama block of the same shapes "
+                "(megatron_config); --DDP-impl torch: torch DDP's bucketed all-reduce beside backward; math attention "
+                "(baddbmm, fused softmax, bmm: Megatron-LM 2021 predates flash attention)",
             )
         )
     # (id, layers, hidden, heads, GPUs, TP, TFLOP/s/GPU): gbs 192, DP 48 -> 4 sequences per rank per step.
@@ -70,11 +76,14 @@ def megatron_cases() -> tuple[Case, ...]:
                 tf * 1e12 / flops,
                 TOK_S_GPU,
                 _MEG_COMPARE + ": Megatron-core's 72 B s l h^2 (1 + s/6h + V/12lh), recompute not counted",
+                fused=MEGATRON_FUSED,
                 config=megatron_config(hidden, heads, layers, 131072, 4096),
                 tp=tp,
                 note="assumed: a 4h MLP and full multi-head attention (the table states neither), micro-batch 1 x "
                 "4 accumulation steps (gbs 192 over DP 48), no activation checkpointing (not stated), bf16, "
-                "NDR between nodes; the DP/TP/PP communication overlap is the strategy's own overlap rule",
+                "NDR between nodes; the README's --overlap-grad-reduce, --overlap-param-gather (distributed "
+                "optimizer) and --tp-comm-overlap as Case.overlap megatron-core (bench.published.source_overlap)",
+                overlap=OVERLAP_MEGATRON_CORE,
             )
         )
     return tuple(out)
@@ -114,6 +123,7 @@ def megatron_pp_cases() -> tuple[Case, ...]:
                 tf * 1e12 / flops,
                 TOK_S_GPU,
                 _MEG_COMPARE + ": the HFU formula 96 B s l h^2 (1 + s/6h + V/16lh), recompute counted",
+                fused=MEGATRON_FUSED,
                 config=megatron_config(hidden, heads, layers, 51200, 2048),
                 tp=8,
                 fitted=False,
@@ -146,6 +156,7 @@ def megatron_pp_cases() -> tuple[Case, ...]:
                 tf * 1e12 / flops,
                 TOK_S_GPU,
                 _MEG_COMPARE + ": Megatron-core's 72 B s l h^2 (1 + s/6h + V/12lh), recompute not counted",
+                fused=MEGATRON_FUSED,
                 config=megatron_config(hidden, heads, layers, 131072, 4096),
                 tp=8,
                 fitted=False,

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from advisor.gpu_presets import get_gpu_preset
-from advisor.timing.compute import ATTENTION, CONV, GEMM, NORM, gpu_rates
+from advisor.timing.compute import ATTENTION, CONV, GEMM, MEMORY, NORM, TRANSCENDENTAL, gpu_rates
 from advisor.timing.gpu_model import AMPERE, MODELS, SM_COUNT, GpuModel
 from advisor.timing.gpu_time import (
     FLASH,
     _at,
     attention_s,
     deep_queue_s,
+    fused_times,
     gemm_compute_s,
     gemm_s,
     head_dim_factor,
@@ -137,6 +138,29 @@ def test_the_eager_queue():
         full = head + block * (1 + repeats) + tail
         assert deep_queue_s(one, two, repeats, d) == pytest.approx(queue_s(full, d), rel=1e-12)
     assert deep_queue_s(one, [9.0] + two[1:], 3, d) is None  # not one block inserted: the caller extrapolates
+
+
+def test_fused_stretches_run_as_one_kernel_each():
+    # Stretches of fusible ops between two GEMMs: each one entry, its slowest member's time; GEMMs unchanged.
+    times = [1.0, 2.0, 5.0, 3.0, 7.0, 4.0, 6.0]
+    fusible = [True, True, False, True, False, True, True]
+    assert fused_times(times, fusible) == [2.0, 5.0, 3.0, 7.0, 6.0]
+    assert fused_times(times, [False] * 7) == times and fused_times([], []) == []
+    # Through op_times: eager times each op; fused_elementwise merges the memory-bound ops between the GEMMs.
+    mm = (2 * 64 * 64 * 64, 3 * 64 * 64 * 2, GEMM, 2 * 64 * 64 * 64, 64, 64, 64, 1, 2)
+    add = (0, 3 * 2**20, MEMORY)  # an element-wise add of two 1 MiB tensors
+    act = (0, 2 * 2**20, TRANSCENDENTAL)
+    ops = [mm, add, act, add, mm, act]
+    eager = op_times(ops, ops, 2, 2, BF16)
+    fused = op_times(ops, ops, 2, 2, gpu_rates(A100, "bf16", replace(AMPERE, fused_elementwise=True)))
+    assert len(eager) == 6 and fused == [eager[0], max(eager[1:4]), eager[4], eager[5]]
+    h = AMPERE.half_bandwidth_bytes  # the add's time: (3 MiB + half-bandwidth bytes) at the achieved bandwidth
+    assert fused[1] == pytest.approx((3 * 2**20 + h) / (0.88 * 2039e9))
+    # An op with FLOPs and no shape (the experts' grouped matmul) is not fused.
+    grouped = (10**9, 2**20, MEMORY)
+    r = gpu_rates(A100, "bf16", replace(AMPERE, fused_elementwise=True))
+    assert len(op_times([add, grouped, add], [add, grouped, add], 2, 2, r)) == 3
+    assert len(op_times([add, add, add], [add, add, add], 2, 2, r)) == 1
 
 
 def test_shape_dims_are_linear_in_the_micro_batch():

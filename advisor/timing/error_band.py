@@ -104,9 +104,9 @@ PUBLISHED_LOSO_BANDS: Mapping[tuple[str, str], tuple[float, float, int, int]] = 
     {
         ("ada", "transformer"): (0.000, 0.871, 3, 3),
         ("ampere", "cnn"): (0.000, 0.527, 2, 2),
-        ("ampere", "transformer"): (-0.269, 0.151, 51, 41),
-        ("hopper", "cnn"): (0.000, 0.448, 2, 2),
-        ("hopper", "transformer"): (-0.094, 0.235, 30, 24),
+        ("ampere", "transformer"): (-0.171, 0.080, 51, 41),
+        ("hopper", "cnn"): (0.000, 0.409, 2, 2),
+        ("hopper", "transformer"): (-0.223, 0.073, 30, 24),
         ("turing", "transformer"): (0.000, 0.386, 2, 2),
         ("volta", "transformer"): (-0.509, 0.588, 14, 12),
     }

@@ -27,6 +27,10 @@ class GpuModel:
         dispatch_s: eager PyTorch's CPU-side seconds to issue one op (Python, autograd, dispatcher,
             cudaLaunchKernel); a stretch of ops takes the larger of its GPU time and its issue time.
         source: where the constants come from (a fit in bench/PUBLISHED.md, a calibration on this machine).
+        fused_elementwise: not a fitted constant but what the timed code runs: True where it fuses each stretch of
+            memory-bound ops between two GEMM / attention kernels into one kernel (Megatron-LM's fused kernels,
+            torch.compile's generated ones; ``advisor.timing.gpu_time.fused_times``); False, eager PyTorch's one
+            kernel per op, for every plan of advisor's own scripts.
     """
 
     gemm: float
@@ -36,6 +40,7 @@ class GpuModel:
     half_bandwidth_bytes: int
     dispatch_s: float
     source: str
+    fused_elementwise: bool = False
 
 
 # Streaming multiprocessors per GPU, the unit wave quantization counts thread blocks in (NVIDIA, "Matrix
@@ -173,48 +178,52 @@ def _fitted(generation: str, rows: int, rms: float, **constants: float) -> GpuMo
 
 
 # The constants each GPU generation is timed with (``advisor.timing.compute.GENERATION`` maps presets to them):
-# the fit to published runs (bench/PUBLISHED.md), each inside bench/published_fit.py's BOUNDS. Constants the fit
-# pushed to a bound mark what the model lacks there rather than a measured rate: Ampere's bandwidth (0.93) and
-# Volta's GEMM, attention, bandwidth and half-bandwidth size; Ampere's and Hopper's convolution share (0.3) with them.
+# the fit to published runs (bench/PUBLISHED.md), each inside bench/published_fit.py's BOUNDS; the Megatron rows are
+# timed with their fused kernels and their own overlap (bench/published_cases.py ``Case.fused``, ``Case.overlap``).
+# Ampere's and Hopper's attention shares are not fitted but FlashAttention-2's measured rates (bench/published_fit.py
+# HELD). Constants the fit pushed to a bound mark what the model lacks there rather than a measured rate: Ampere's and
+# Hopper's dispatch (5 us, the lower bound), Ampere's convolution share (near 0.3, the lower bound), Hopper's
+# convolution share (1.0) and half-bandwidth size (64 MiB), and Volta's GEMM, attention, bandwidth and half-bandwidth
+# size.
 # ResNet-50's convolutions are now mostly memory-bound work (cuDNN's NCHW <-> NHWC transposes, small-channel GEMMs)
-# and its batch norms two passes (advisor.trace.shapes), so the share moves its time little: at the microbenchmarked
-# shares (INITIAL: bandwidth 0.88, convolution 0.859) the model puts torchvision ResNet-50 AMP on a V100 at batch 128
-# at 144.8 ms (NCHW) and 102.3 ms (channels-last) per step against 152.2 and 110.9 measured
+# and its batch norms two passes (advisor.trace.shapes), so the convolution share moves its time little: at the
+# microbenchmarked shares (INITIAL: bandwidth 0.88, convolution 0.859) the model puts torchvision ResNet-50 AMP on a
+# V100 at batch 128 at 144.8 ms (NCHW) and 102.3 ms (channels-last) per step against 152.2 and 110.9 measured
 # (sandeepkumar-skb/pytorch_experiments torchvision_exp/README.md), and Lambda's A100 / H100 rows within 7% / 8% at a
-# bandwidth share of 0.7; the one bandwidth share per generation fitted mostly to transformer rows (0.93 / 0.83)
-# is what the convolution share at its bound makes up for.
+# bandwidth share of 0.7; the one bandwidth share per generation fitted mostly to transformer rows is what the
+# convolution share at its bound makes up for.
 MODELS: dict[str, GpuModel] = {
     "ampere": _fitted(
         "ampere",
         53,
-        0.156,
-        gemm=0.688,
-        conv=0.300,
-        attention=0.713,
-        bandwidth=0.930,
-        half_bandwidth_bytes=18595336,
-        dispatch_s=1.89e-05,
+        0.132,
+        gemm=0.707,
+        conv=0.302,
+        attention=0.650,
+        bandwidth=0.839,
+        half_bandwidth_bytes=29179327,
+        dispatch_s=5.00e-06,
     ),
     "hopper": _fitted(
         "hopper",
         32,
-        0.304,
-        gemm=0.572,
-        conv=0.300,
-        attention=0.375,
-        bandwidth=0.826,
-        half_bandwidth_bytes=262144,
-        dispatch_s=8.18e-06,
+        0.134,
+        gemm=0.624,
+        conv=1.000,
+        attention=0.339,
+        bandwidth=0.675,
+        half_bandwidth_bytes=67108864,
+        dispatch_s=5.00e-06,
     ),
     "ada": _fitted("ada", 3, 0.285, gemm=0.514),
     "volta": _fitted(
         "volta",
         14,
-        0.306,
+        0.302,
         gemm=1.000,
         conv=0.859,
         attention=0.250,
-        bandwidth=0.603,
+        bandwidth=0.607,
         half_bandwidth_bytes=67108864,
         dispatch_s=2.50e-05,
     ),

@@ -29,6 +29,9 @@ SM count; each traced op (``advisor.trace``: ``(flops, bytes, kind, *shape)``) i
 
 Eager dispatch is a queue (CUDA runs kernels asynchronously): the CPU issues op i at (i + 1) x dispatch_s, the GPU
 starts it once it is issued and the previous op has ended, and the phase ends with its last op (``phase_s``).
+
+Code that fuses element-wise work (``GpuModel.fused_elementwise``: Megatron-LM's fused kernels, torch.compile) runs
+each stretch of memory-bound ops between two GEMM / convolution / attention kernels as one kernel (``fused_times``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .compute import ATTENTION, CONV, GEMM, MEMORY, NORM, Op, Rates, aligned
+from .compute import ATTENTION, CONV, GEMM, MEMORY, NORM, TRANSCENDENTAL, Op, Rates, aligned
 from .gpu_model import ATTENTION_BLOCK_ROWS, HEAD_DIM_64_SHARE, REFERENCE_TILE, SPLIT_K_MIN, TILES
 
 # Fields of one GEMM in a GEMM or convolution op's shape: (flops, M, N, K, batch, element size).
@@ -217,13 +220,48 @@ def _at(x: Op, y: Op, k: int) -> tuple[float, float, int, tuple[float, ...]]:
     return flops, nbytes, kind, tuple(max(0.0, a + k * (c - a)) for a, c in zip(x[3:], y[3:]))
 
 
+# The kinds of op a fusing compiler folds into its neighbours' kernel (element-wise, reductions, normalizations):
+# everything but the tensor-core kernels and the FLOP-bound ops without a shape.
+FUSIBLE = (MEMORY, TRANSCENDENTAL, NORM)
+
+
+def fused_times(times: Sequence[float], fusible: Sequence[bool]) -> list[float]:
+    """The GPU seconds of a phase's kernels when each maximal stretch of consecutive ``fusible`` ops (``FUSIBLE``
+    kinds) runs as one kernel, the other ops unchanged: a stretch takes the time of its slowest member. Source of the
+    rule: a fused element-wise kernel reads the stretch's input and writes its output once and keeps the
+    intermediates in registers (Megatron-LM megatron/core/fusions/: fused_bias_gelu, fused_bias_dropout,
+    fused_softmax, fused_layer_norm; Transformer Engine's LayerNormLinear; PyTorch 2 paper, Ansel et al. 2024,
+    section 4: TorchInductor's vertical fusion of pointwise and reduction ops), so it moves about the bytes of the
+    stretch's largest op, whose traffic is its own input and output; a second input the stretch reads (a residual)
+    is not counted. One kernel, so one dispatch, per stretch (``queue_s``)."""
+    out: list[float] = []
+    run = -1.0  # the open stretch's time so far; -1: none open
+    for g, f in zip(times, fusible):
+        if f:
+            run = max(run, g)
+            continue
+        if run >= 0:
+            out.append(run)
+            run = -1.0
+        out.append(g)
+    if run >= 0:
+        out.append(run)
+    return out
+
+
 def op_times(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int, r: Rates) -> list[float]:
-    """GPU seconds of each of one phase's ops at micro-batch ``b`` (``op_gpu_s``), each op linear in b between
+    """GPU seconds of each of one phase's kernels at micro-batch ``b`` (``op_gpu_s``), each op linear in b between
     the traces at ``base_b`` (``o1``) and ``base_b + 1`` (``o2``); aligned proportionally where their op counts
-    differ (``advisor.timing.compute.aligned``)."""
+    differ (``advisor.timing.compute.aligned``). Under ``GpuModel.fused_elementwise`` each stretch of memory-bound
+    ops is one kernel (``fused_times``): fewer entries than ops."""
     o1, o2 = aligned(o1, o2)
     k = b - base_b
-    return [op_gpu_s(*_at(x, y, k), r) for x, y in zip(o1, o2)]
+    ops = [_at(x, y, k) for x, y in zip(o1, o2)]
+    times = [op_gpu_s(*op, r) for op in ops]
+    if r.gpu is None or not r.gpu.fused_elementwise:
+        return times
+    # A FUSIBLE op with FLOPs and no shape is a FLOP-bound op (the experts' grouped matmul): not fused.
+    return fused_times(times, [op[2] in FUSIBLE and not (op[0] > 0 and not op[3]) for op in ops])
 
 
 def queue_s(times: Sequence[float], dispatch_s: float) -> float:
