@@ -19,7 +19,7 @@ from tests.test_emitted_lint import emitted  # noqa: F401  (the fixture: every f
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "strategies" / "templates"
 # Every strategy is built on the shared loop (Strategy.script_loop), DeepSpeed's (ZeRO) too.
-SKELETON_MODULES = ("loop.py", "torch_steps.py", "single.py", "ddp.py", "fsdp2.py", "tp.py", "zero.py")
+SKELETON_MODULES = ("loop.py", "torch_steps.py", "single.py", "ddp.py", "fsdp2.py", "tp.py", "zero.py", "pp.py")
 
 
 def _strategy(name: str) -> str:
