@@ -1,3 +1,26 @@
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # the script's own names (see loop.py)
+    from advisor.models.families.fragments.transformer import build_model, compute_loss
+
+    from .common import log
+    from .constants import (
+        LORA_ALPHA,
+        LORA_DROPOUT,
+        LORA_DTYPE,
+        LORA_RANK,
+        LORA_TARGETS,
+        LORA_TASK_TYPE,
+        MICRO_BATCH_SIZE,
+        PRECISION,
+    )
+
+
 # --- LoRA (peft): low-rank adapters trained on a frozen base; only the adapters are optimized and saved ---
 def base_dtype():
     """The frozen base's dtype: 16 bits under bf16 / fp16 / pure bf16 (what a base is loaded in with
@@ -99,3 +122,6 @@ def export_merged(state: dict, out: str) -> None:
         os.makedirs(path, exist_ok=True)
         torch.save(merged.state_dict(), os.path.join(path, "model.pt"))
     log(f"merged export: {path} (the base with the adapters merged in)")
+
+
+adapter_dtype = adapter_dtype__as_set

@@ -1,3 +1,14 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+if TYPE_CHECKING:  # the script's own names (see loop.py)
+    from .common import checkpoint_dir, commit_checkpoint, latest_checkpoint, save_training_state, unreadable
+
+
 # --- Checkpoints (torch.distributed.checkpoint): every rank writes its own part, in parallel ---
 def save_checkpoint(args, model, optimizer, state: dict, rank: int) -> None:
     """Model and optimizer states (sharded tensors as each rank's shards, replicated ones once; frozen parameters left

@@ -1,3 +1,14 @@
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # the script's own names (see loop.py)
+    from .common import checkpoint_dir, commit_checkpoint, latest_checkpoint, save_training_state, unreadable
+
+
 # --- Checkpoints (one process: torch.save of the model's and the optimizer's state dicts) ---
 def save_checkpoint(args, model, optimizer, state: dict, rank: int) -> None:
     """The trainable parameters and the optimizer states (frozen parameters left out: they are --init-from's),

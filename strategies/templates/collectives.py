@@ -1,3 +1,18 @@
+from __future__ import annotations
+
+import datetime
+import os
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:  # the script's own names (see loop.py)
+    from .common import ResumableSampler
+    from .constants import COLLECTIVE_TIMEOUT_MINUTES, DATA_SEED, GRAD_ACCUM_STEPS, MICRO_BATCH_SIZE, NUM_WORKERS
+    from .loop import Run
+
+
 # --- The process group: torchrun's environment, the sampler by rank, and the collectives the shared helpers use ---
 def init_torchrun():
     """Rank, local rank, world size and device from torchrun's environment, then the process group (before anything

@@ -1,3 +1,42 @@
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import re
+import shutil
+import signal
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # the script's own names (see loop.py)
+    from advisor.models.families.fragments.transformer import DATA_HELP, INIT_FROM_HELP, compute_loss, load_real_dataset, make_sample
+
+    from .collectives import all_reduce_sum, barrier, make_eval_loader
+    from .constants import (
+        DATA_SEED,
+        EVAL_BATCHES,
+        EVAL_EVERY,
+        EVAL_SAMPLES,
+        INIT_FROM,
+        KEEP_CHECKPOINTS,
+        LR,
+        MICRO_BATCH_SIZE,
+        MODEL_FLOPS_PER_SAMPLE,
+        NUM_SAMPLES,
+        OPTIMIZER,
+        PEAK_FLOPS_PER_GPU,
+        SAVE_EVERY,
+        SEQ_LEN,
+        TOTAL_STEPS,
+        WARMUP_STEPS,
+        WEIGHT_DECAY,
+    )
+
+
 # --- Data, evaluation, learning rate, optimizer, step log and checkpoints: shared by every strategy ---
 def log(msg: str) -> None:
     """Rank 0 only: one line per step, not one per rank."""
@@ -416,3 +455,10 @@ def parse_args():
     if args.check_args:
         raise SystemExit(0)
     return args
+
+
+DATA_OPTIONS = DATA_OPTIONS__text
+EXPORT_OPTIONS = EXPORT_OPTIONS__plain
+LAUNCHER_OPTIONS = LAUNCHER_OPTIONS__torchrun
+mfu = mfu__unknown
+throughput = throughput__tokens

@@ -1,3 +1,15 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # the script's own names (see loop.py)
+    from .common import ResumableSampler
+    from .constants import DATA_SEED, GRAD_ACCUM_STEPS, MICRO_BATCH_SIZE, NUM_WORKERS
+    from .loop import Run
+
+
 # --- One process: the collectives the shared helpers use do nothing (no process group exists) ---
 def all_reduce_sum(t) -> None:
     pass

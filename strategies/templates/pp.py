@@ -8,15 +8,16 @@ the pipeline's backward is done, as TP x DP's script does (no DDP wrapper: no bu
 gradients). A head tied to the embedding becomes two copies, one per end of the pipeline: their gradients are
 summed between the first and the last stage, so they stay equal.
 
-The strategy's own ``main()`` replaces ``loop.py``'s (a schedule step is all the micro-steps of a window at once);
-data, evaluation, checkpoints (DCP, each rank its stage) and resume are the shared loop's conventions.
+Built on the shared loop (``loop.py``): a schedule step is all the micro-steps of a window at once, so ``forward``
+keeps each micro-batch until the window's last, then runs the schedule over them (forward and backward), and
+``backward`` has nothing left to do. Checkpoints are DCP's (each rank its stage).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
-import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,23 +29,8 @@ if TYPE_CHECKING:  # the script's own names (see loop.py)
 
     from advisor.models.families.fragments.transformer import build_model, export_weights
 
-    from .checkpoint_dcp import load_checkpoint, save_checkpoint
-    from .collectives import barrier, init_torchrun, make_eval_loader, make_loader, teardown
-    from .common import (
-        Preemption,
-        StepLog,
-        aggregate_mean,
-        checkpoint_due,
-        final_checkpoint_due,
-        log,
-        lr_at,
-        lr_schedule,
-        make_datasets,
-        make_optimizer,
-        parse_args,
-        restore_training_state,
-        training_state,
-    )
+    from .collectives import barrier, init_torchrun, make_eval_loader
+    from .common import StepLog, aggregate_mean, log
     from .constants import (
         EVAL_BATCHES,
         GRAD_ACCUM_STEPS,
@@ -54,67 +40,9 @@ if TYPE_CHECKING:  # the script's own names (see loop.py)
         PP_DEGREE,
         PP_SCHEDULE,
         PP_VIRTUAL_STAGES,
-        SEED,
     )
     from .loop import Run
-    from .torch_steps import checkpoint_activations, precision_dtypes
-
-
-def main() -> None:
-    """Setup, the stages, the data, the training loop (one schedule step per optimizer step, with evaluation and
-    checkpoints), then the export."""
-    args = parse_args()
-    run = start()  # the process group, the [pp, dp] mesh; the data-parallel rank decides the data
-    torch.manual_seed(SEED)  # the same initial weights on every rank, and as one process would build them
-    run.autocast_dtype, run.input_dtype = precision_dtypes()
-    run.model, run.params = prepare_stages(args, run)
-    run.module = run.model
-    optimizer = make_optimizer(run.params, run.optimizer_device)
-    schedule = lr_schedule(args.steps)  # --resume carries on the checkpoint's (resume_lr_schedule)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, schedule) / LR)
-    scaler = torch.amp.GradScaler(run.device.type, enabled=False)  # bf16 and fp32 only: a pass-through
-    run.optimizer, run.scheduler, run.scaler = optimizer, scheduler, scaler
-    run.schedule = make_schedule(run)
-    dataset, held_out = make_datasets(args)
-    sampler, loader = make_loader(dataset, run.dp_size, run.dp_rank)
-    torch.manual_seed(SEED + run.dp_rank)  # per-replica randomness for dropout
-
-    steps, preemption = StepLog(args.steps, run.device, run.dp_size), Preemption()
-    epoch, done_micro = 0, 0
-    if args.resume:
-        path = load_checkpoint(args.out, run.model, optimizer)
-        epoch, done_micro = restore_training_state(path, run.rank, steps, schedule, scheduler, scaler)
-    while not steps.done:
-        # A new order every epoch (set_epoch); a resumed run starts where its checkpoint stopped.
-        sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
-        window = []
-        for micro, batch in enumerate(loader, start=done_micro + 1):
-            window.append(batch)
-            if micro % GRAD_ACCUM_STEPS:
-                continue  # the schedule runs the window's micro-batches together
-            for loss in pipeline_step(run, window):
-                steps.micro_step(loss)
-            window = []
-            optimizer_step(run, steps)
-            steps.evaluate(args.eval_every, held_out_loss, run, held_out)
-            if checkpoint_due(args, steps, preemption, run.device, epoch, micro):
-                state = training_state(steps, schedule, scheduler, scaler)
-                save_checkpoint(args, run.model, optimizer, state, run.rank)
-                steps.restart_clock()
-            if steps.done:
-                break
-        epoch, done_micro = epoch + 1, 0
-
-    if steps.stopped:
-        log(f"SIGTERM: stopped after step {steps.step} with a checkpoint; continue with --resume")
-        teardown()
-        return
-    os.makedirs(args.out, exist_ok=True)
-    if final_checkpoint_due(args, steps):
-        save_checkpoint(args, run.model, optimizer, training_state(steps, schedule, scheduler, scaler), run.rank)
-    if not args.no_save:
-        export(args, run)
-    teardown()
+    from .torch_steps import checkpoint_activations
 
 
 def start() -> Run:
@@ -148,7 +76,7 @@ def stage_layers(layers: int, stages: int) -> list[range]:
     return out
 
 
-def prepare_stages(args, run: Run) -> tuple[torch.nn.ModuleList, list]:
+def prepare_model(args, run: Run) -> tuple[torch.nn.ModuleList, list]:
     """(this rank's model chunks, their parameters): the whole model built on every rank, cut into PP_DEGREE x
     PP_VIRTUAL_STAGES stages (rank r holds stages r, r + PP_DEGREE, ...: the interleaved schedules' placement), the
     other ranks' modules freed. The parameters keep the whole model's names, so the checkpoint's keys are the
@@ -227,6 +155,36 @@ def tied_group(run: Run):
     dp = run.dp_size
     groups = [dist.new_group([d, (PP_DEGREE - 1) * dp + d]) for d in range(dp)]
     return groups[run.dp_rank] if run.pp_rank in (0, PP_DEGREE - 1) else None
+
+
+def wrap_model(run: Run) -> None:
+    """The schedule of this rank's stages (run.schedule, make_schedule) and the window of micro-batches ``forward``
+    keeps for it; no wrapper around the stages (their replicas average gradients in optimizer_step)."""
+    run.schedule, run.window = make_schedule(run), []
+
+
+def micro_step_context(run: Run, last_micro: bool):
+    """Whether this micro-step ends the window (``forward`` runs the schedule then); nothing to keep local (no DDP
+    wrapper: the replicas' gradients are averaged once, in optimizer_step)."""
+    run.last_micro = last_micro
+    return contextlib.nullcontext()
+
+
+def forward(run: Run, batch):
+    """Keeps the micro-batch; on the window's last micro-step, the schedule's forward and backward of the window
+    (pipeline_step). Returns what the step log adds up for this micro-step: 0 until then, then the sum of the
+    window's micro-batch losses (so the step's mean loss is the one-process loop's). The schedule's micro-batch count
+    is fixed: a window longer than GRAD_ACCUM_STEPS (an epoch's last micro-batches, too few for a step, carried into
+    the next epoch's first window) trains its last GRAD_ACCUM_STEPS only, the carried ones logged as 0."""
+    run.window.append(batch)
+    if not run.last_micro:
+        return torch.zeros((), dtype=torch.float64)
+    window, run.window = run.window[-GRAD_ACCUM_STEPS:], []
+    return torch.tensor(sum(loss.item() for loss in pipeline_step(run, window)), dtype=torch.float64)
+
+
+def backward(run: Run, loss) -> None:
+    """Nothing: the schedule ran every micro-batch's backward in ``forward``."""
 
 
 def make_schedule(run: Run):
