@@ -100,9 +100,14 @@ def _applied(ctx: StrategyContext, r: StrategyRow, fig: Figures, flags: list[tup
     return row
 
 
+def unscripted_flags(opts: TrainingOptions) -> list[str]:
+    """The flags passed (as written) that the rows apply but the generated scripts do not emit yet."""
+    return [f for f, _ in _flags(opts)]
+
+
 def script_note(opts: TrainingOptions) -> list[str]:
     """The options the rows apply but the generated scripts do not emit yet: said once (none passed: nothing)."""
-    flags = [f for f, _ in _flags(opts)]
+    flags = unscripted_flags(opts)
     if not flags:
         return []
     return [f"{', '.join(flags)}: applied to the strategy rows' memory and step time; the generated scripts do not "

@@ -328,6 +328,15 @@ def _plan_face(argv: list[str]) -> int:
     inputs, run = inputs_from_args(args)
     validate_run(run, runnable_names())
     run = _check_run_flags(run)
+    if run.emit or run.verify:
+        from .applied_options import unscripted_flags
+
+        if flags := unscripted_flags(inputs.training):  # before minutes of planning
+            it = "it" if len(flags) == 1 else "them"
+            raise AdvisorError(
+                f"{', '.join(flags)}: the generated scripts do not apply {it} yet, so the script would not match the "
+                f"plan; drop {it} to --emit or --verify (without --emit the plan sizes {it})"
+            )
     from .document import plan_to_dict
     from .plan import plan
 

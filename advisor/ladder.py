@@ -84,6 +84,7 @@ def build_ladder(
     scratch_threads: int,
     recommended: str | None,
     min_gpus: int | None = None,
+    min_nodes: int | None = None,
     order: Sequence[str] | None = None,
 ) -> Ladder | None:
     """The ladder for the plan (module docstring); None when no row can carry it (none applies with memory).
@@ -120,7 +121,10 @@ def build_ladder(
             steps.add(k, evaluate_state(env, state.plus(k)), advance=False)
     label, _ = LABELS["more_gpus"]
     if min_gpus:
-        steps.out.append(Rung("more_gpus", label, f"--gpus {min_gpus}", note="the recommendation's smallest cluster"))
+        # --gpus counts the GPUs of one node: a cluster of several nodes is --gpus per node x --nodes.
+        nodes = min_nodes or 1
+        flags = f"--gpus {min_gpus // nodes}" + (f" --nodes {nodes}" if nodes > 1 else "")
+        steps.out.append(Rung("more_gpus", label, flags, note="the recommendation's smallest cluster"))
     else:
         steps.out.append(Rung("more_gpus", label, "", blocker="not searched: the job fits, or more GPUs do not help"))
     return Ladder(pick.name, pick.title, tuple(steps.out))

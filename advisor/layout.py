@@ -74,9 +74,19 @@ class Layout:
             heads; ``pp`` exceeds the blocks.
         """
         if self.world_size != world_size:
+            model = self.tp * self.pp
+            hint = ""
+            if world_size % model:  # no data-parallel degree can make up the rest: say which pp would
+                fit = [d for d in range(1, world_size + 1) if world_size % (self.tp * d) == 0]
+                hint = (
+                    f"; tp({self.tp}) * pp({self.pp}) = {model} does not divide {world_size} GPUs, so no data-parallel "
+                    "degree fits: "
+                    + (f"pp values that do with tp {self.tp}: {', '.join(map(str, fit))}" if fit else
+                       f"tp {self.tp} itself does not divide {world_size}")
+                )  # fmt: skip
             raise AdvisorError(
                 f"invalid layout: {self.formula()} = {self.world_size} != world size {world_size} "
-                "(the degrees multiply to the number of GPUs)"
+                f"(the degrees multiply to the number of GPUs){hint}"
             )
         if self.tp > 1 and heads is not None:
             kv = heads if kv_heads is None else kv_heads

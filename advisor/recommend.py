@@ -250,7 +250,8 @@ def _nothing_fits(
             if min_nodes > 1:
                 reasons.append(
                     "across nodes the field's answer for models this large is data parallel x ZeRO x "
-                    "pipeline parallelism; pipeline parallelism is out of scope for this tool"
+                    "pipeline parallelism: pin a pipeline with --pp N (and --tp-degree inside a node) to size that "
+                    "layout (an estimate beside these rows; only PP x DP scripts are written)"
                 )
         else:
             lower = " or lower the micro-batch" if mb > 1 else ""

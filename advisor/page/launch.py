@@ -6,6 +6,7 @@ Streamlit itself."""
 from __future__ import annotations
 
 import importlib.util
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -46,6 +47,8 @@ def main(argv: Sequence[str]) -> int:
         print(NEEDS_STREAMLIT, file=sys.stderr)
         return EXIT_NO_STREAMLIT
     proc = subprocess.Popen(page_command(argv))
+    # A `kill` of this process (SIGTERM) stops the page too: without it Streamlit, a child, kept serving.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: proc.terminate())
     try:
         return proc.wait()
     except KeyboardInterrupt:
