@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +29,9 @@ class FakePopen:
 
     def wait(self, timeout: float | None = None) -> int:
         return FakePopen.code
+
+    def terminate(self) -> None:
+        FakePopen.calls.append(["terminate"])
 
 
 @pytest.fixture
@@ -75,6 +80,21 @@ def test_page_after_ctrl_c_waits_for_streamlit_to_stop(popen: type[FakePopen], m
     monkeypatch.setattr(FakePopen, "wait", wait)
     assert main(["page"]) == 130
     assert waits == [None, launch.STOP_WAIT_S]
+
+
+def test_a_kill_of_the_page_stops_streamlit(popen: type[FakePopen], monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM to ``advisor page`` terminates its Streamlit child (a plain kill used to leave it serving), and the
+    handler before the page is back afterwards."""
+    before = signal.getsignal(signal.SIGTERM)
+
+    def wait(self: FakePopen, timeout: float | None = None) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)  # `kill <pid of advisor page>` while Streamlit serves
+        return -signal.SIGTERM
+
+    monkeypatch.setattr(FakePopen, "wait", wait)
+    assert main(["page"]) == -signal.SIGTERM
+    assert popen.calls[-1] == ["terminate"]
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_page_without_streamlit_is_one_line(

@@ -47,8 +47,9 @@ def main(argv: Sequence[str]) -> int:
         print(NEEDS_STREAMLIT, file=sys.stderr)
         return EXIT_NO_STREAMLIT
     proc = subprocess.Popen(page_command(argv))
-    # A `kill` of this process (SIGTERM) stops the page too: without it Streamlit, a child, kept serving.
-    signal.signal(signal.SIGTERM, lambda _sig, _frame: proc.terminate())
+    # A `kill` of this process (SIGTERM) stops the page too: without it Streamlit, a child, kept serving. The
+    # caller's own handler comes back when the page has stopped.
+    previous = signal.signal(signal.SIGTERM, lambda _sig, _frame: proc.terminate())
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -58,3 +59,5 @@ def main(argv: Sequence[str]) -> int:
             proc.kill()
             proc.wait()
         return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
