@@ -258,7 +258,7 @@ class TrainingOptions:
         None,
         flag="--pp-degree",
         short="--pp",
-        low=1,
+        low=2,  # 1 is no pipeline: refused rather than a one-stage row
         high=256,
         none="off: no pipeline row",
         help="pipeline-parallel degree: adds a PP x DP row (1F1B; TP --tp-degree, default 1, inside a node, "
