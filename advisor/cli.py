@@ -307,7 +307,7 @@ def _warn_unwritable_cache() -> None:
 
 def _plan_face(argv: list[str]) -> int:
     """Plan, print, and --emit / --verify as asked; raises AdvisorError on bad input."""
-    from strategies import runnable_names
+    from strategies import get_strategy, runnable_names
 
     from .schema import validate_run
     from .unsupported import find_unsupported
@@ -328,6 +328,8 @@ def _plan_face(argv: list[str]) -> int:
     inputs, run = inputs_from_args(args)
     validate_run(run, runnable_names())
     run = _check_run_flags(run)
+    if run.strategy and not get_strategy(run.strategy).pinned(inputs.training):  # before minutes of planning
+        raise AdvisorError(f"--strategy {run.strategy} is the pipeline row: add --pp-degree N (short: --pp N)")
     if run.emit or run.verify:
         from .applied_options import unscripted_flags
 
@@ -343,8 +345,6 @@ def _plan_face(argv: list[str]) -> int:
     if inputs.use_cache:
         _warn_unwritable_cache()
     result = plan(inputs)
-    if run.strategy and run.strategy not in {r.name for r in result.rows}:  # a pinned row without its pin
-        raise AdvisorError(f"--strategy {run.strategy} is the pipeline row: add --pp-degree N (short: --pp N)")
     if run.emit and run.strategy and not result.row(run.strategy).applicable:  # before pages of a plan
         raise AdvisorError(f"--strategy {run.strategy} does not apply here: {result.row(run.strategy).reason}")
     doc = plan_to_dict(result) if run.json else None
