@@ -550,6 +550,7 @@ def variants(job: Job) -> dict[str, str]:
             if adapter
             else {}
         ),
+        **family_of(job.spec).script_variants(job.spec),
         **job.strategy_unit.script_variants(job),
     }
 

@@ -215,19 +215,16 @@ def _with_class_defaults(config: dict[str, object], model_type: str) -> tuple[di
 
 def _forced_tie_note(config: Mapping[str, object], obj: PretrainedConfig) -> str | None:
     """A note when the config file says ``tie_word_embeddings: false`` and the installed transformers' config class
-    ties the LM head to the input embedding anyway: transformers 5's ``T5Config`` / ``MT5Config`` (and
-    umt5, longt5) set ``tie_word_embeddings = True`` in ``__post_init__`` whatever the file says, reading ``false``
-    only as "do not scale the decoder output" (``scale_decoder_outputs``; transformers PR #42815), so
-    ``T5ForConditionalGeneration`` holds one shared vocab x d_model matrix. advisor counts what transformers
-    builds (the emitted scripts build the same class), and says how many parameters a checkpoint trained with a
-    separate head (T5 v1.1, mT5, T0, mT0) has beyond it. None when the flag is honoured or not set to false."""
+    ties the LM head to the input embedding anyway (``advisor.models.families.transformer.class_ties_head``: T5 /
+    MT5 / umt5 / longt5 in transformers 5). advisor counts the head apart, as fine-tuning such a checkpoint holds it
+    (``from_pretrained`` keeps a head the checkpoint stores apart: ``keep_head_apart``), and the emitted scripts build
+    it apart too. None when the flag is honoured or not set to false."""
     if config.get("tie_word_embeddings") is not False or getattr(obj, "tie_word_embeddings", False) is not True:
         return None
     vocab = getattr(obj, "vocab_size", None)
     width = getattr(obj, "d_model", None) or getattr(obj, "hidden_size", None)
     extra = (
-        f": a checkpoint trained with a separate head holds {int(vocab) * int(width):,} more parameters "
-        f"({int(vocab)} x {int(width)}) than this build"
+        f" ({int(vocab) * int(width):,} parameters, {int(vocab)} x {int(width)})"
         if isinstance(vocab, int) and isinstance(width, int)
         else ""
     )
@@ -235,10 +232,10 @@ def _forced_tie_note(config: Mapping[str, object], obj: PretrainedConfig) -> str
         import transformers
 
     return (
-        f"tie_word_embeddings is false in the config, but transformers {transformers.__version__}'s "
-        f"{type(obj).__name__} ties the LM head to the input embedding whatever the file says (false only "
-        "turns off the decoder-output scaling): counted as transformers builds it, one shared matrix"
-        f"{extra}; loading such a checkpoint into this class shares one of its two matrices"
+        f"tie_word_embeddings is false: the LM head is counted apart from the input embedding{extra}, as "
+        f"from_pretrained loads a checkpoint that stores its own head (T5 v1.1, flan-t5, mT5, T0, mT0); transformers "
+        f"{transformers.__version__}'s {type(obj).__name__} would tie the two in a model built from the config alone, "
+        "so the emitted script gives a fresh model its own head"
     )
 
 

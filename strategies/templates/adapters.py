@@ -110,10 +110,13 @@ def export_merged(state: dict, out: str) -> None:
     transformers models, else merged/model.pt, which loads into build_model())."""
     with torch.device("meta"):
         model = add_lora(build_model(), quiet=True)
+    base = model.get_base_model()
+    # load_state_dict(assign=True) gives every key its own tensor: tie the head back only where the model ties it
+    heads = [getattr(base, f"get_{end}_embeddings", lambda: None)() for end in ("input", "output")]
+    tied = None not in heads and heads[0].weight is heads[1].weight
     model.load_state_dict({k: v.detach().cpu() for k, v in state.items()}, strict=False, assign=True)
-    tie = getattr(model.get_base_model(), "tie_weights", None)
-    if callable(tie):
-        tie()
+    if tied:
+        base.tie_weights()
     merged = model.merge_and_unload()
     path = os.path.join(out, "merged")
     if hasattr(merged, "save_pretrained"):

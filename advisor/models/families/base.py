@@ -77,6 +77,11 @@ class ModelFamily(ABC):
             return 0.1 * global_batch_size / 256, "SGD 0.1 per 256 samples, linearly scaled (Goyal et al. 2017)"
         return 1e-3, "the default of torch.optim.Adam"
 
+    def script_variants(self, spec: ModelSpec) -> dict[str, str]:
+        """The variant of each function the family's script fragment offers in several (``strategies.pick``):
+        none unless a family's fragment has ``NAME__VARIANT`` definitions."""
+        return {}
+
     def script_fragment(self) -> str:
         """Source of ``build_model()``, ``make_sample(g)`` and ``compute_loss(...)`` for scripts."""
         return (FRAGMENTS / f"{self.name}.py").read_text()

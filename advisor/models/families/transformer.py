@@ -131,6 +131,34 @@ def attention_implementation(cls: type, wanted: str = "sdpa") -> str:
     return wanted if wanted != "sdpa" or getattr(cls, "_supports_sdpa", False) else "eager"
 
 
+def class_ties_head(spec: ModelSpec) -> bool:
+    """True when ``spec``'s config file says ``tie_word_embeddings: false`` and the installed transformers' config
+    class ties the LM head to the input embedding anyway: transformers 5's ``T5Config`` / ``MT5Config`` (and umt5,
+    longt5) set ``tie_word_embeddings = True`` in ``__post_init__`` whatever the file says (false only turns off the
+    decoder-output scaling, ``scale_decoder_outputs``; transformers PR #42815).
+
+    Raises:
+        AdvisorError: transformers rejects the config.
+    """
+    if (spec.config or {}).get("tie_word_embeddings") is not False:
+        return False
+    return getattr(hf_config(spec), "tie_word_embeddings", False) is True
+
+
+def keep_head_apart(model: torch.nn.Module) -> None:
+    """Give the LM head its own weight (a copy of the input embedding's; shapes (vocab, d_model)), as fine-tuning
+    such a checkpoint holds it: ``from_pretrained`` does not tie a head the checkpoint stores with other values than
+    the embedding ("both are present in the checkpoints with different values, so we will NOT tie them",
+    transformers' ``PreTrainedModel.tie_weights`` path, checked with transformers 5.24 on a T5 v1.1-shaped
+    checkpoint), so a T0 / mT0 / flan-t5 fine-tune holds vocab x d_model more parameters than ``cls(config)``
+    builds. A no-op when the two are already apart."""
+    import torch
+
+    head, embedding = (getattr(model, f"get_{end}_embeddings")() for end in ("output", "input"))
+    if head is not None and embedding is not None and head.weight is embedding.weight:
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+
+
 class TransformerFamily(ModelFamily):
     name = "transformer"
     default_micro_batch = 1
@@ -146,7 +174,7 @@ class TransformerFamily(ModelFamily):
             cls = hf_model_class(config)
             config._attn_implementation = attention_implementation(cls)
             try:
-                return cls(config)
+                model = cls(config)
             except AdvisorError:
                 raise
             except Exception as err:
@@ -154,6 +182,9 @@ class TransformerFamily(ModelFamily):
                     f"transformers could not build {spec.name}: {err.__class__.__name__}: {one_line(err)}: check "
                     "the config's fields"
                 )
+            if class_ties_head(spec):
+                keep_head_apart(model)
+            return model
 
     def make_batch(
         self,
@@ -207,6 +238,11 @@ class TransformerFamily(ModelFamily):
         if optimizer == Optimizer.LION:
             return lr / 3, why + ", divided by 3 for Lion (Chen et al. 2023)"
         return lr, why
+
+    def script_variants(self, spec: ModelSpec) -> dict[str, str]:
+        """``fresh_model``: ``untied`` where the config class ties a head the file keeps apart (``class_ties_head``),
+        so a script's fresh model has the head the plan counts; else ``as_built``."""
+        return {"fresh_model": "untied" if class_ties_head(spec) else "as_built"}
 
     def script_constants(self, spec: ModelSpec) -> dict[str, object]:
         cls = hf_model_class(hf_config(spec))

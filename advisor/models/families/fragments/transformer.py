@@ -35,7 +35,26 @@ def build_model(init_from=None):
     model_type = cfg.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **cfg)
     config._attn_implementation = ATTN_IMPLEMENTATION
+    return fresh_model(cls, config)
+
+
+def fresh_model__as_built(cls, config):
+    """The model freshly initialised from its config."""
     return cls(config)
+
+
+def fresh_model__untied(cls, config):
+    """The model freshly initialised from its config, its LM head apart from the input embedding: the config file
+    says tie_word_embeddings false, which this config class reads only as "do not scale the decoder output" and ties
+    the two anyway; a checkpoint that stores its own head loads apart (from_pretrained keeps both), so a fresh model
+    gets its own head too (a copy of the embedding's initial values)."""
+    model = cls(config)
+    head = model.get_output_embeddings()
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    return model
+
+
+fresh_model = fresh_model__as_built
 
 
 def make_sample(g: torch.Generator) -> dict:
