@@ -452,7 +452,8 @@ def test_a_busy_machine_keeps_the_idle_calibration(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("ADVISOR_VERIFY_LOCK", str(tmp_path / "lock"))
     idle = replace(FAKE, measured_at=NOW)
     busy = replace(FAKE, matmul_fp32_flops_per_s=25e9, contended=True, measured_at=NOW + 60)
-    measured = iter([idle, busy, busy])
+    # the last one stamped now: a contended calibration is reused for CONTENDED_TTL_S only, counted on the real clock
+    measured = iter([idle, busy, replace(busy, measured_at=time.time())])
     monkeypatch.setattr(calibrate, "measure", lambda *a, **k: next(measured))
     assert main(["calibrate", "--device", "cpu", "--ranks", "2"]) == 0
     assert main(["calibrate", "--device", "cpu", "--ranks", "2"]) == 0
