@@ -155,7 +155,7 @@ def _check_run_flags(run: RunOptions) -> RunOptions:
 
 
 def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
-    from strategies.emit_manifest import edited_files, kept_copy, stale_files
+    from strategies.emit_manifest import edited_files, kept_copy, read_manifest, stale_files
     from strategies.render import job_from_plan, launch_command_for, render_job, write_files
 
     from .plan import training_budget
@@ -175,6 +175,7 @@ def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
     edited = (
         [(p, kept_copy(p)) for p in edited_files(Path(out_dir), frozenset(files))] if Path(out_dir).is_dir() else []
     )
+    written_before = read_manifest(Path(out_dir))
     written = write_files(files, out_dir, force=args.force)
     stream = sys.stderr if args.json else sys.stdout
     row, mem = result.row(name), job.estimate["device_total_bytes"]
@@ -197,7 +198,10 @@ def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
             file=stream,
         )
     for path, kept in edited:
-        print(f"Kept your edited {path.name} as {kept} (it changed since advisor wrote it)", file=stream)
+        if path.name in written_before:
+            print(f"Kept your edited {path.name} as {kept} (it changed since advisor wrote it)", file=stream)
+        else:
+            print(f"Kept your own {path.name} as {kept} (advisor did not write it)", file=stream)
     where = shlex.quote(out_dir.rstrip("/") or "/")
     print(f"Run: cd {where} && {launch_command_for(job)}   (or: bash {where}/launch.sh)", file=stream)
 

@@ -49,13 +49,17 @@ def fit_reasons(
     cheaper = [r for r in rows if r.applicable and order[r.name] < order[best.name] and r.fits is not True]
     if cheaper:
         worst = min(cheaper, key=lambda r: order[r.name])
+        # Where a smaller micro-batch fits, the verdict is this micro-batch's, not the strategy's.
+        mb, smaller = opts.micro_batch_size, worst.max_micro_batch_size
+        at = f" at micro-batch {mb}" if mb and 0 < smaller < mb else ""
+        note = f"{worst.fit_note}; it fits at micro-batch {smaller} or below" if at else worst.fit_note
         if worst.short_of != "GPU memory":
             reasons.append(f"{worst.title} does not surely fit: {worst.fit_note}")
         elif hw.num_gpus == 1:  # nothing is sharded on one GPU
-            reasons.append(f"{worst.title} does not fit ({worst.fit_note})")
+            reasons.append(f"{worst.title} does not fit{at} ({note})")
         else:
             reasons.append(
-                f"{worst.title} does not fit ({worst.fit_note}); {best.title} shards what {worst.title} replicates"
+                f"{worst.title} does not fit{at} ({note}); {best.title} shards what {worst.title} replicates"
             )
     elif order[best.name] == min(order.values()) and best.time is None and best.strategy.distributes:
         reasons.append(

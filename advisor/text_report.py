@@ -120,8 +120,10 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
     if o.precision is not None and o.precision.is_mixed and p.spec.adapter is None:  # a LoRA base is 16-bit: no copies
         lines.append(
             f"DDP/TP activ or other include autocast's {o.precision} copies of the weights (cached until the "
-            "forward ends, kept for backward; about 2 bytes per parameter); ZeRO keeps 16-bit weights and "
-            "FSDP2 gathers them in 16 bits (buffers), so they have none"
+            "forward ends, kept for backward; about 2 bytes per parameter), and their activ keeps in fp32 what runs "
+            "outside autocast's 16-bit ops (the residual stream, norms, MoE token dispatch: the weights are fp32); "
+            "ZeRO keeps 16-bit weights and FSDP2 gathers them in 16 bits (buffers), so they have no copies and keep "
+            "those activations in 16 bits"
         )
     for r in p.rows:  # a row's own memory notes (a pipeline row: every stage), under its name
         if r.applicable and r.memory is not None:

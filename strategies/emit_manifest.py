@@ -1,8 +1,8 @@
 """The emit folder's manifest, ``.advisor-emit.json``: the files an ``--emit`` wrote there and the SHA-256 of each,
 so that the next ``--emit --force`` into the folder removes those it does not write again (a ZeRO job's
 ``ds_config.json`` when the strategy becomes DDP) and nothing else: a file missing from the manifest, or changed
-since it was written, is the user's and stays; a file it does write again that was edited since is moved aside
-first (``<name>.edited``), never overwritten.
+since it was written, is the user's and stays; a file it does write again that was edited since, or that advisor
+did not write, is moved aside first (``<name>.edited``), never overwritten.
 """
 
 from __future__ import annotations
@@ -56,16 +56,21 @@ def stale_files(folder: Path, names: set[str] | frozenset[str]) -> list[Path]:
 
 
 def edited_files(folder: Path, names: set[str] | frozenset[str]) -> list[Path]:
-    """The files of ``folder``'s manifest that a new ``--emit --force`` writing ``names`` would overwrite although
-    they changed since advisor wrote them (a different SHA-256): the user's edits, which ``kept_copy`` names a
-    place for before the new file is written. Sorted by name."""
+    """The files of ``folder`` that a new ``--emit --force`` writing ``names`` would overwrite although they are the
+    user's: changed since advisor wrote them (a SHA-256 other than the manifest's), or not written by advisor at
+    all (absent from the manifest: a hand-written train.py, or a folder emitted before manifests existed).
+    ``kept_copy`` names a place for each before the new file is written. Sorted by name."""
+    written = read_manifest(folder)
     edited = []
-    for name, sha in sorted(read_manifest(folder).items()):
+    for name in sorted(names):
         path = folder / name
-        if name not in names or path.is_symlink() or not path.is_file():
+        if not _plain_name(name) or path.is_symlink() or not path.is_file():
+            continue
+        if name not in written:
+            edited.append(path)
             continue
         try:
-            changed = hashlib.sha256(path.read_bytes()).hexdigest() != sha
+            changed = hashlib.sha256(path.read_bytes()).hexdigest() != written[name]
         except OSError:
             continue
         if changed:

@@ -61,3 +61,28 @@ def test_the_added_fields_are_there():
         "GPU memory",
     )
     assert all({"framework", "launcher"} <= set(r) for r in doc["strategies"])
+
+
+def test_a_replicated_strategy_that_fits_a_smaller_micro_batch_is_said_to():
+    """'DDP does not fit' is the verdict at the plan's micro-batch: where DDP fits a smaller one, the reason names
+    both, and the smaller one is the DDP row's largest (its max mb column). Four golden plans have such a DDP."""
+    import re
+
+    said = 0
+    for plan in json.loads(GOLDEN.read_text()).values():
+        rows = {r["title"]: r for r in plan["strategies"]}
+        mb = plan["training"]["micro_batch_size"]
+        for reason in plan["recommendation"]["reasons"]:
+            m = re.match(
+                r"(\S+) does not fit(?: at micro-batch (\d+))? \(.*?(?:; it fits at micro-batch (\d+) or below)?\)",
+                reason,
+            )
+            if not m:
+                continue
+            largest = rows[m.group(1)]["max_micro_batch_size"]
+            if 0 < largest < mb:
+                assert m.group(2) == str(mb) and m.group(3) == str(largest), reason
+                said += 1
+            else:
+                assert m.group(2) is None and m.group(3) is None, reason
+    assert said == 4

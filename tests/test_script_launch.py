@@ -227,6 +227,18 @@ def test_emit_force_keeps_an_edited_train_py_beside_the_new_one(tmp_path, capsys
     assert not (folder / "train.py.edited.2").exists()
 
 
+def test_emit_force_keeps_a_train_py_advisor_did_not_write(tmp_path, capsys, monkeypatch):
+    """A hand-written train.py in the folder (no manifest lists it) is the user's: --force moves it aside too."""
+    monkeypatch.chdir(ROOT)
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('my own loop')\n")
+    out = _emit(capsys, folder, "ddp", "--force")
+    assert (folder / "train.py.edited").read_text() == "print('my own loop')\n"
+    assert "DistributedDataParallel" in (folder / "train.py").read_text()
+    assert f"Kept your own train.py as {folder / 'train.py.edited'} (advisor did not write it)" in out
+
+
 def test_a_manifest_cannot_point_outside_its_folder(tmp_path):
     outside = tmp_path / "outside.txt"
     outside.write_text("x")
