@@ -176,20 +176,9 @@ def test_t5_untied_flag_counts_the_head_apart(cfg, published):
     assert len(notes) == 1 and f"{head:,} parameters" in notes[0], spec.warnings
 
 
-_TINY_T5_V11 = dict(
-    model_type="t5",
-    d_model=32,
-    d_ff=64,
-    d_kv=8,
-    num_heads=4,
-    num_layers=2,
-    num_decoder_layers=2,
-    vocab_size=128,
-    feed_forward_proj="gated-gelu",
-    tie_word_embeddings=False,
-    decoder_start_token_id=0,
-    pad_token_id=0,
-    eos_token_id=1,
+# T0_3B's shape, shrunk: a T5 v1.1 checkpoint small enough to build and save here.
+_TINY_T5_V11 = _T0_3B | dict(
+    d_model=32, d_ff=64, d_kv=8, num_heads=4, num_layers=2, num_decoder_layers=2, vocab_size=128
 )
 
 
