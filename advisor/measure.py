@@ -19,13 +19,17 @@ later than those:
 - training repeats itself, so where the same allocation site (the named ranges open, the op, the size and the
   place in the innermost range) was seen freed by the profiled thread in another step, the unseen free comes as
   many of that thread's allocator events after the allocation as the seen one did (the median over the steps);
-- otherwise, a buffer that is the profiled thread's last allocation before a collective starts was made to be
-  sent or received (``set_model_state_dict``'s broadcast from rank 0, FSDP2's all-gather output): freed at the
-  op's end.
+- otherwise, a buffer that is the profiled thread's last allocation before a collective starts, in the same
+  named range, was made to be sent or received (FSDP2's all-gather output in ``FSDP::all_gather``): freed at the
+  op's end. Outside a shared range the rule would free tensors kept for good (DeepSpeed ZeRO-2 all-gathers the
+  updated weights right after AdamW made its states: -24 MiB on a resnet18 rank), so the receive buffers of
+  ``set_model_state_dict``'s broadcast from rank 0 stay live when gloo drops them unseen.
 
 How often a gloo worker drops a last reference depends on how busy the machine is: before these two rules the
 resnet18 FSDP2 run on 2 ranks read 159 MiB alone and 159-195 MiB with three or four busy loops beside it; with
-them, 159.10 MiB on all 14 of those traces (raw figures 241-400 MiB). ``raw_peak_bytes`` keeps the profiler's
+them, 159.10-160.65 MiB on 12 of those 14 traces and 170.56 and 172.60 MiB on two (broadcast buffers of the
+model's initialisation, above; raw figures 241-400 MiB). DDP and ZeRO-2 traces of resnet18 read as before (246.01 MiB;
+249.13 and 230.36 MiB). ``raw_peak_bytes`` keeps the profiler's
 own figure, ``unseen_frees`` the count.
 
 The measurement probe (``strategies/probe/_advisor_probe.py``) imports this class; nothing of it is copied into
@@ -145,16 +149,24 @@ class CpuPeakMeter:
             return main_ts[i] if i < len(main_ts) else None
 
         main_allocs = [e[0] for e in sized if e[4] == main and (e[2] or 0) > 0]
+        named = sorted(
+            (e["ts"], e["ts"] + e["dur"])
+            for e in events
+            if e.get("cat") == "user_annotation" and "dur" in e and e.get("tid") == main
+        )
 
         def made_for_collective(k: int) -> float | None:
-            """The end of the next collective where allocation ``k`` is the profiled thread's last before it starts:
-            a buffer made to be sent or received (``set_model_state_dict``'s broadcast from rank 0, FSDP2's
-            all-gather output), which gloo may release on its own thread once the op is done."""
-            i = bisect.bisect_right(starts, sized[k][0])
-            j = bisect.bisect_right(main_allocs, sized[k][0])
+            """The end of the next collective where allocation ``k`` is the profiled thread's last before it starts
+            and both lie in one named range (FSDP2's ``FSDP::all_gather``: the all-gather output), which gloo may
+            release on its own thread once the op is done. Outside a shared range the last allocation before a
+            collective is as often a tensor kept for good (DeepSpeed's all-gather after AdamW made its states)."""
+            ts = sized[k][0]
+            i = bisect.bisect_right(starts, ts)
+            j = bisect.bisect_right(main_allocs, ts)
             if i == len(ops) or (j < len(main_allocs) and main_allocs[j] < ops[i][0]):
                 return None
-            return ops[i][1]
+            inner = [r for r in named if r[0] <= ts and ops[i][1] <= r[1]]
+            return ops[i][1] if inner else None
 
         def seen_or_sent(k: int) -> float | None:
             """Where an unseen free of allocation ``k`` goes by its own history: as seen in other steps, else at the
@@ -196,11 +208,11 @@ class CpuPeakMeter:
         sized: list[_MemoryEvent], events: list[_TraceEvent], main: int | None
     ) -> dict[int, tuple[str, str, int, int]]:
         """For each allocation of the profiled thread (its index in ``sized``): (the named ranges open on that
-        thread, outermost first, and the innermost op, the bytes, how many allocations of that size the innermost
-        range's instance made up to it). The same site recurs in every training step; the enclosing ranges tell
-        FSDP2's forward all-gather (freed at the next unit's copy-out) from its backward prefetch (freed at its
-        own), and the op a tensor made to be kept (AdamW's ``zeros_like`` states) from a temporary of the same
-        size in the same range."""
+        thread, outermost first; the ops open, outermost first; the bytes; how many allocations of that size the
+        innermost range's instance made up to it). The same site recurs in every training step; the enclosing ranges
+        tell FSDP2's forward all-gather (freed at the next unit's copy-out) from its backward prefetch (freed at its
+        own), and the ops a tensor made to be kept (AdamW's states, ``zeros_like`` > ``empty_like`` >
+        ``empty_strided``) from a temporary of the same size in the same range."""
         spans = sorted(
             (e["ts"], e["ts"] + e["dur"], e["name"], e.get("cat") == "user_annotation")
             for e in events
@@ -221,9 +233,9 @@ class CpuPeakMeter:
                 continue
             named = [i for i in open_spans if spans[i][3]]
             rng = named[-1] if named else -1
-            op = next((spans[i][2] for i in reversed(open_spans) if not spans[i][3]), "")
+            ops = " > ".join(spans[i][2] for i in open_spans if not spans[i][3])
             nth[(rng, size)] = nth.get((rng, size), 0) + 1
-            sites[k] = (" > ".join(spans[i][2] for i in named), op, size, nth[(rng, size)])
+            sites[k] = (" > ".join(spans[i][2] for i in named), ops, size, nth[(rng, size)])
         return sites
 
     @staticmethod

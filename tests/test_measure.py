@@ -61,14 +61,17 @@ def test_free_seen_in_another_step_is_put_where_that_step_had_it():
 
 
 def test_buffer_made_for_a_collective_is_freed_at_its_end():
-    # the last allocation before a broadcast is its receive buffer; never freed in sight, it is freed when the op
-    # ends. The model states made before it stay.
+    # FSDP2's all-gather output: the last allocation before the collective, in the same named range; never freed in
+    # sight, it is freed when the op ends. The model states made before it stay.
     allocs = [(0, 1000, 10), (5, 200, 11), (10, 300, 12)]
-    spans = [("cpu_op", "c10d::broadcast_", 6, 8)]
+    spans = [("user_annotation", "FSDP::all_gather (layers.0)", 4, 9), ("cpu_op", "c10d::_allgather_base_", 6, 8)]
     assert _peak(*_trace(allocs, spans)) == (1000 + 300, 1)
     # a temporary made (and freed) between the buffer and the op: the buffer is not the op's, and stays
     allocs_between = [(0, 1000, 10), (5, 200, 11), (5.5, 1, 13), (5.7, -1, 13), (10, 300, 12)]
     assert _peak(*_trace(allocs_between, spans)) == (1000 + 200 + 300, 0)
+    # no range shared with the op: DeepSpeed all-gathers the weights right after AdamW made its states, which stay
+    after_step = [("user_annotation", "Optimizer.step#AdamW.step", 4, 5.5), ("cpu_op", "c10d::_allgather_base_", 6, 8)]
+    assert _peak(*_trace(allocs, after_step)) == (1000 + 200 + 300, 0)
 
 
 def test_kept_tensor_is_not_freed_by_a_temporary_of_the_same_site():
