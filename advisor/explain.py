@@ -23,6 +23,10 @@ TINY_MODEL_PARAMS = 20_000_000
 # Above this share of the GPU's memory the chosen plan gets a warning: the caching allocator's
 # fragmentation is not in the estimate (PyTorch CUDA semantics docs, "memory management").
 HEADROOM_WARN = 0.90
+# Beyond this many GPUs a plan gets a warning that no published training run was that large: Llama 3 405B trained
+# on 16,384 H100s (Llama Team 2024, "The Llama 3 Herd of Models", section 3.3, table 4), the largest with its
+# parallel layout published; the time model's communication terms were never checked near it.
+LARGEST_PUBLISHED_GPUS = 16_384
 OVERHEAD_NAME = "CUDA context, communicator buffers and allocator fragmentation"
 _MODE_WORDS = {"autocast": "autocast over fp32 weights", "half": "a 16-bit module", "fp32": "fp32"}
 
@@ -386,6 +390,12 @@ def cluster_warnings(ctx: StrategyContext, timed: bool = False) -> list[str]:
         out.append(
             f"the model is small ({stats.num_params / 1e6:.1f}M parameters): unless the data is large, "
             "distributing may gain little (gradient sync and data loading dominate)"
+        )
+    if hw.num_gpus > LARGEST_PUBLISHED_GPUS:
+        out.append(
+            f"{hw.num_gpus:,} GPUs is more than any published training run used (Llama 3 405B: "
+            f"{LARGEST_PUBLISHED_GPUS:,} H100s): check --gpus and --nodes; the step times are extrapolated far "
+            "beyond the measured runs"
         )
     if hw.num_nodes == 1 and hw.interconnect == "pcie" and hw.num_gpus > 1:
         out.append(

@@ -202,7 +202,12 @@ def check_value(f: Field, value: FieldValue, strategy_names: tuple[str, ...]) ->
         if not math.isfinite(value):
             raise AdvisorError(f"{flag} must be a finite number, got {value}")
         lo, hi = f.opt.low, f.opt.high
-        between = f"{flag} must be between {lo} and {hi}, got {value}"
+        # a low of 0.0 is exclusive (the field's docs): say so, as the CLI's own type check does
+        between = (
+            f"{flag} must be above 0 and at most {hi}, got {value}"
+            if lo == 0.0
+            else f"{flag} must be between {lo} and {hi}, got {value}"
+        )
         if lo is not None and (value <= 0 if lo == 0.0 else value < lo):
             raise AdvisorError(
                 between

@@ -426,7 +426,7 @@ def test_every_schema_field_is_documented_and_typed():
         ({"model": "gpt2", "precision": "int4"}, "--precision must be one of bf16, fp16, fp32, pure-bf16"),
         ({"model": "gpt2", "network": "carrier-pigeon"}, "--network must be one of ib-ndr"),
         ({"model": "gpt2", "safety_factor": 3.0}, "--safety-factor must be between 1.0 and 2.0"),
-        ({"model": "gpt2", "host_mem_gib": -1.0}, "--host-mem must be between 0.0 and"),
+        ({"model": "gpt2", "host_mem_gib": -1.0}, "--host-mem must be above 0 and at most"),
         ({"model": "gpt2", "micro_batch_size": 2.5}, "--micro-batch-size must be an integer"),
         ({"model": "gpt2", "base_lr": 0.1}, "--base-lr and --base-batch-size go together"),
         ({"model": "resnet50", "input_shape": (3, 32, 32)}, "--input-shape applies to --model-factory"),

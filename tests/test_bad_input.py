@@ -387,6 +387,8 @@ def test_tables_stay_aligned_on_a_huge_cluster():
     from advisor.text_report import render_text
 
     text = render_text(plan(plan_inputs(model="llama-2-7b", gpu="H100-80GB", nodes=100_000, detect_hardware=False)))
+    # ...and such a cluster is said to be beyond any published run (Llama 3 405B's 16,384 GPUs)
+    assert "100,000 GPUs is more than any published training run used" in text
     lines = text.splitlines()
     checked = 0
     for start in (i for i, line in enumerate(lines) if line.startswith("strategy ")):

@@ -168,6 +168,14 @@ def test_ckpt_dir_states(tmp_path):
     )
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_ckpt_dir_on_a_file_system_that_takes_no_files():
+    """/proc refuses new entries whatever the permission bits (ENOENT): the fix is another path, not chmod."""
+    c = doctor.check_ckpt_dir("/proc/advisor-doctor-ckpt")
+    assert c.status == FAIL and "not writable" in c.detail
+    assert "chmod" not in c.fix and "pick a path on a disk" in c.fix, c.fix
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permission bits; the under-a-file case covers root")
 def test_ckpt_dir_without_write_permission(tmp_path):
     locked = tmp_path / "locked"

@@ -3,6 +3,7 @@ Nothing is written except a uniquely named temp file (or directory) that is dele
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import tempfile
@@ -46,9 +47,9 @@ def check_data(data: str) -> Check:
     return Check("data", PASS, f"{path}: readable, {count}")
 
 
-def _can_create(directory: Path, as_dir: bool) -> str | None:
+def _can_create(directory: Path, as_dir: bool) -> OSError | None:
     """Create and delete a uniquely named temp file (or directory) in ``directory``; ``None`` on success,
-    else the reason. ``mkstemp``/``mkdtemp`` use O_EXCL, so nothing existing is ever overwritten."""
+    else the error. ``mkstemp``/``mkdtemp`` use O_EXCL, so nothing existing is ever overwritten."""
     try:
         if as_dir:
             os.rmdir(tempfile.mkdtemp(prefix=".advisor-doctor-", dir=directory))
@@ -61,7 +62,7 @@ def _can_create(directory: Path, as_dir: bool) -> str | None:
                 os.unlink(name)
         return None
     except OSError as err:
-        return f"creating a test {'directory' if as_dir else 'file'}: {err.strerror or err}"
+        return err
 
 
 def check_ckpt_dir(ckpt_dir: str) -> Check:
@@ -86,18 +87,26 @@ def check_ckpt_dir(ckpt_dir: str) -> Check:
             f"neither {path} nor its parent exists (nearest existing: {found})",
             f"create it on every node (mkdir -p {quoted}) or fix the path",
         )
-    reason = _can_create(target, as_dir=target != path)
-    if reason is None and not os.access(target, os.W_OK | os.X_OK):
+    err = _can_create(target, as_dir=target != path)
+    if err is not None:
+        reason = f"creating a test {'directory' if target != path else 'file'}: {err.strerror or err}"
+    elif not os.access(target, os.W_OK | os.X_OK):
         reason = "os.access says no write permission"
+    else:
+        reason = None
     if reason is not None:
         what = "" if target == path else f"does not exist and its parent {target} "
-        return Check(
-            "ckpt-dir",
-            FAIL,
-            f"{path} {what}is not writable ({reason})",
-            f"chmod u+w {shlex.quote(str(target))} (or chown it to this user), check the mount is "
-            "read-write, or pick a writable path",
-        )
+        if err is not None and err.errno == errno.EROFS:
+            fix = "the file system is mounted read-only: pick a path on a writable disk, the same on every node"
+        elif err is not None and err.errno not in (errno.EACCES, errno.EPERM):
+            # /proc, /sys and the like refuse new entries whatever the permissions: chmod cannot help
+            fix = "this file system does not take new files: pick a path on a disk, the same on every node"
+        else:
+            fix = (
+                f"chmod u+w {shlex.quote(str(target))} (or chown it to this user), check the mount is read-write, "
+                "or pick a writable path"
+            )
+        return Check("ckpt-dir", FAIL, f"{path} {what}is not writable ({reason})", fix)
     if target != path:
         return Check(
             "ckpt-dir",
