@@ -428,7 +428,8 @@ Batch arithmetic:
                    x gradient accumulation steps {job.grad_accum_steps} = {job.global_batch_size}
     ({ranks})
 Learning rate: {job.lr:g} ({_doc_text(job.lr_source)}),
-    after a linear warmup, then cosine decay; gradients clipped to a total norm of 1.0.{_pure_bf16_doc(job)}
+    after a linear warmup, then cosine decay; gradients clipped to a total norm of 1.0.{_scratch_lr_doc(job)}\
+{_pure_bf16_doc(job)}
 Model: {name} ({source}), {what}; pretrained weights with --init-from; synthetic data unless --data is given;
     evaluation on held-out data every --eval-every steps.
 {_lora_doc(job)}Estimate this script was generated for: peak allocated {est["peak_allocated_bytes"] / 2**30:.3f} GiB
@@ -436,6 +437,17 @@ per rank ({est["device"]}), device total {est["device_total_bytes"] / 2**30:.3f}
 Every step logs the loss, learning rate, gradient norm, seconds and throughput (and on CUDA the MFU and the peak
 allocated memory); the trained weights go to --out at the end.
 """'''
+
+
+def _scratch_lr_doc(job: Job) -> str:
+    """A fine-tuning rate in a script that starts from fresh weights (no --init-from by default): say that training
+    from scratch wants a larger one (nanoGPT's GPT-2 124M: 6e-4, its train.py) and where to set it."""
+    if job.init_from is not None or "fine-tuning of a pretrained" not in job.lr_source:
+        return ""
+    return (
+        "\n    That rate is for fine-tuning from --init-from; from fresh weights training wants more (nanoGPT's GPT-2:"
+        "\n    6e-4): edit LR below."
+    )
 
 
 def _pure_bf16_doc(job: Job) -> str:

@@ -118,3 +118,14 @@ def test_ruff_default_rules_find_nothing(emitted, tmp_path):
 def test_advisor_check_finds_nothing(emitted):
     findings = {name: check_source(text, f"{name}/train.py") for name, text in emitted.items()}
     assert {name: f for name, f in findings.items() if f} == {}
+
+
+def test_a_fine_tuning_rate_from_fresh_weights_is_flagged(emitted):
+    """Full fine-tuning scripts start from fresh weights unless --init-from is given, at the fine-tuning rate
+    (2e-5): the docstring says training from scratch wants more and where to set it; LoRA (2e-4, always on a base)
+    and the CNNs (their own rates) say nothing of it."""
+    note = "from fresh weights training wants more"
+    for name, text in emitted.items():
+        doc = text.split('"""')[1]
+        full_transformer = name.startswith("llama-") and "lora" not in name
+        assert (note in doc) == full_transformer, name
