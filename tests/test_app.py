@@ -185,6 +185,37 @@ def test_zoomed_chart_renders(at: AppTest) -> None:
 
 
 @pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
+def test_the_script_strategy_follows_a_new_recommendation(at: AppTest) -> None:
+    """The default plan (gpt2, one GPU) recommends single; after llama-2-7b on 8 x H100 the scripts' strategy is
+    the new recommendation, not the single that no longer fits. A user's own pick stays while the answer stands."""
+    assert at.selectbox(key="strategy").value == "single"
+    at.selectbox(key="model").select("llama-2-7b")
+    at.selectbox(key="gpu").select("H100-80GB")
+    at.number_input(key="gpus").set_value(8)
+    at.run()
+    assert not at.exception, texts(at.exception)
+    rec = re.search(r"Recommendation: .* \((\w+)\)", texts(at.success)[0]).group(1)
+    assert rec != "single" and at.selectbox(key="strategy").value == rec
+    other = next(o for o in at.selectbox(key="strategy").options if rec not in o)
+    at.selectbox(key="strategy").select(other).run()
+    at.run()  # a rerun with the same inputs keeps the pick
+    assert at.selectbox(key="strategy").value != rec
+
+
+def test_nothing_fits_names_the_smallest_cluster_as_found(no_what_if_traces, at: AppTest) -> None:
+    """llama-2-7b on 2 x T4-16GB: the smallest cluster is given as nodes x GPUs per node that multiply to it (it
+    said "16 GPUs (2 nodes of 2 GPUs)": the page's own GPUs per node, not the layout found)."""
+    at.selectbox(key="model").select("llama-2-7b")
+    at.selectbox(key="gpu").select("T4-16GB")
+    at.number_input(key="gpus").set_value(2)
+    at.run()
+    assert not at.exception, texts(at.exception)
+    error = next(e for e in texts(at.error) if e.startswith("Nothing fits"))
+    m = re.search(r"smallest cluster that fits: (\d+) GPUs \((\d+) nodes? of (\d+) GPUs?\)", error)
+    assert m, error
+    assert int(m.group(1)) == int(m.group(2)) * int(m.group(3)), error
+
+
 def test_model_too_large_says_nothing_fits(no_what_if_traces, at: AppTest) -> None:
     at.selectbox(key="model").select("llama-2-70b")
     at.selectbox(key="gpu").select("T4-16GB")

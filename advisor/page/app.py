@@ -88,7 +88,8 @@ def show_recommendation(p: Plan) -> None:
             assert rec.min_nodes is not None, "found with the GPUs (advisor.recommend)"
             need = (
                 f" The smallest cluster that fits: {counted(rec.min_gpus, 'GPU')} "
-                f"({counted(rec.min_nodes, 'node')} of {counted(hw.gpus_per_node, 'GPU')}) with full sharding "
+                f"({counted(rec.min_nodes, 'node')} of {counted(rec.min_gpus // rec.min_nodes, 'GPU')}) with full "
+                "sharding "
                 "(see the reasons)."
             )
         st.error(
@@ -104,17 +105,23 @@ def show_recommendation(p: Plan) -> None:
 
 
 def choose_strategy(p: Plan) -> str | None:
-    """The strategy for scripts and verification; the recommendation by default."""
+    """The strategy for scripts and verification: the recommendation, or the user's pick while the recommendation
+    it was made beside stands. A keyed selectbox keeps its value across reruns, so without the reset below the
+    first plan's pick (gpt2 on one GPU: single) stayed after a change of model or GPUs made FSDP2 the answer and
+    single not fit, and the downloads wrote a script the page had just said would run out of memory."""
     names = [r.name for r in p.rows if r.applicable]
     if not names:
         return None
     titles = {r.name: r.title for r in p.rows}
     rec = p.recommendation.strategy
+    state = st.session_state
+    if state.get("strategy_beside") != rec or state.get("strategy") not in names:
+        state["strategy"] = rec if rec in names else names[0]
+        state["strategy_beside"] = rec
     return st.selectbox(
         get_field("strategy").label,
         names,
         key="strategy",
-        index=names.index(rec) if rec in names else 0,
         format_func=lambda n: f"{titles[n]} ({n})" + (" - recommended" if n == rec else ""),
     )
 
