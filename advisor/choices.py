@@ -165,6 +165,16 @@ class FsdpGradSync(StrEnum):
     LAST_MICRO_STEP = "last-micro-step"
 
 
+class Zero3Fetch(StrEnum):
+    """``--zero3-fetch``: how DeepSpeed's ZeRO-3 gathers a module's parameters before its forward and backward.
+    Coalesced: one all-gather per module, queued without waiting on the host (DeepSpeed 0.6 and later,
+    ``partitioned_param_coordinator.py``); per-parameter: one all-gather per parameter tensor, each followed by a host
+    synchronize (DeepSpeed before 0.6, as in published runs of 2021)."""
+
+    COALESCED = "coalesced"
+    PER_PARAMETER = "per-parameter"
+
+
 class SelectiveCheckpointing(StrEnum):
     """``--selective-checkpointing``: torchtitan's selective activation checkpointing policies
     (``advisor.selective_ac``): per op inside every block, or every k-th block whole."""

@@ -33,7 +33,8 @@ from .errors import AdvisorError
 from .fields import FACES, STRATEGY_CHOICES, Field, check_value, group_fields
 from .fields import option as _f  # short: the dataclass bodies below call it once per field
 from .gpu_presets import GPU_PRESETS, INTERCONNECTS, NETWORKS
-from .training_options import TrainingOptions, validate_training
+from .training_options import TrainingOptions
+from .training_rules import validate_training
 
 DEVICES = values(Device)  # the plain strings (advisor.choices.values); the training choices: advisor.training_options
 

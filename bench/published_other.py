@@ -172,11 +172,13 @@ _DSE_COMPARE = (
     "samples/s of the whole job against 16 x micro-batch / the predicted step (compute + exposed communication "
     "+ optimizer): the autotuner's metric sums DeepSpeed's forward, backward and step timers only, no data loading"
 )
-_DSE_EXTRA: dict[str, object] = {"interconnect": "nvlink", "link_bandwidth_gbps": 120.0}
+# The autotuning READMEs ran DeepSpeed of late 2021 (before 0.6): ZeRO-3 gathered one parameter at a time.
+_DSE_EXTRA: dict[str, object] = {"interconnect": "nvlink", "link_bandwidth_gbps": 120.0, "zero3_fetch": "per-parameter"}
 _DSE_NOTE = (
     "16 x V100 in one node (DGX-2 type: NVSwitch joins all 16; V100-32GB assumed, 16 vs 32 GB uncertain); the "
     "all-reduce busbw is the V100 preset's NVLink figure (120 GB/s) for all 16 (--link-bandwidth); block 1024 "
-    "(run_clm's default, uncertain); z0 (DeepSpeed's fp16 data parallel) as DDP"
+    "(run_clm's default, uncertain); z0 (DeepSpeed's fp16 data parallel) as DDP; DeepSpeed before 0.6: ZeRO-3 "
+    "with --zero3-fetch per-parameter"
 )
 
 

@@ -193,14 +193,14 @@ def accumulated_step(
     collectives: tuple[Collective, ...] = (),
     host_s: float = 0.0,
     notes: tuple[str, ...] = (),
+    stall_s: float = 0.0,
 ) -> StepTime:
-    """One optimizer step of ``ga`` gradient-accumulation micro-steps, each the forward + backward ``c``, with the
-    strategy's communication and optimizer terms (``advisor.timing.step.StepTime``; compute and FLOPs are ``ga``
-    times the micro-step's)."""
+    """``ga`` micro-steps of forward + backward ``c`` (compute, FLOPs) with the strategy's other terms (``StepTime``);
+    ``stall_s``: the GPU waiting for the strategy's CPU work (ZeRO-3's hooks), in compute as eager dispatch is."""
     return StepTime(
         micro_batch=ctx.micro_batch_size,
         micro_steps=ga,
-        compute_s=ga * c.total_s,
+        compute_s=ga * c.total_s + stall_s,
         comm_s=comm_s,
         exposed_comm_s=exposed_comm_s,
         optimizer_s=optimizer_s,

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
         "advisor.model_presets",
         "advisor.schema",
         "advisor.training_options",
+        "advisor.training_rules",
         "advisor.fields",
         "advisor.free_text",
         "advisor.faces",

@@ -135,7 +135,7 @@ CASES = [
     (["llama-2-7b", "--qlora"], ["--lora-rank", "--quantize nf4"]),
     (["llama-2-7b", "--load-in-4bit"], ["--quantize nf4", "--lora-rank"]),
     (["llama-2-7b", "--optimizer", "adam8bit"], ["adamw-8bit"]),
-    # LoRA / QLoRA flags against each other and the model (advisor.schema._validate_adapter, plan.resolve_adapter)
+    # LoRA / QLoRA flags against each other and the model (advisor.training_rules, plan.resolve_adapter)
     (["llama-2-7b", "--quantize", "nf4"], ["--quantize", "--lora-rank"]),
     (["llama-2-7b", "--lora-targets", "q_proj"], ["--lora-targets", "--lora-rank"]),
     # issue 25: the default's own value was taken as "not given"

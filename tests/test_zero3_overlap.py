@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from advisor.plan import plan
+from advisor.profile import ZERO3_PERSISTENCE_THRESHOLD
 from advisor.schema import plan_inputs
 from advisor.timing.step import Layer, exposed_s, prefetched_exposed_s
 from strategies.base import fabric_of, timing_of
@@ -109,3 +110,58 @@ def test_gathers_longer_than_every_layer_compute_are_mostly_exposed(gpt3):
         assert st.exposed_comm_s <= st.comm_s * (1 + 1e-9), name
         for coll in st.collectives:
             assert 0 <= coll.exposed_s <= coll.seconds * (1 + 1e-9), (name, coll.what)
+
+
+def test_the_hooks_cpu_time_hides_under_longer_compute_or_adds_when_the_host_waits():
+    # CPU ahead of the GPU (coalesced fetch): of hooks of 0.5 s before computes of 1 s only the first shows (the
+    # others run while the GPU computes); hooks of 2 s make the CPU the bottleneck: compute starts at 2, 4, 6 and
+    # ends at 7, of which 3 s compute: 4 s exposed.
+    assert prefetched_exposed_s([Layer(0.0, 1.0, host_s=0.5)] * 3) == pytest.approx(0.5)
+    assert prefetched_exposed_s([Layer(0.0, 1.0, host_s=2.0)] * 3) == pytest.approx(4.0)
+    # The CPU waits for each gather and all queued work (a synchronize per gather): each 0.5 s hook adds.
+    assert prefetched_exposed_s([Layer(0.0, 1.0, host_s=0.5)] * 3, host_waits=True) == pytest.approx(1.5)
+    # Beside a 1 s gather that is exposed anyway (the first layer's), the hook still adds when the host waits.
+    assert prefetched_exposed_s([Layer(1.0, 1.0, host_s=0.5)], host_waits=True) == pytest.approx(1.5)
+
+
+def test_zero3_hooks_per_parameter_add_their_cpu_time_to_the_step():
+    """DeepSpeed before 0.6 (``--zero3-fetch per-parameter``: DeepSpeedExamples' autotuning runs of 2021, row O43 of
+    published_runs.md) gathered one parameter tensor at a time with a host synchronize after each: every tensor
+    costs ``ZERO3_PER_PARAMETER_HOST_S`` in forward and again in backward, on top of the step. Coalesced (today's
+    DeepSpeed) the CPU runs ahead and a 0.3 ms hook per module hides under gpt2's compute on a V100."""
+    from strategies.zero.timing import ZERO3_FETCH_HOST_S, ZERO3_PER_PARAMETER_HOST_S
+
+    def zero3(fetch: str):
+        p = plan(
+            plan_inputs(
+                detect_hardware=False,
+                model="gpt2",
+                gpus=16,
+                gpu="V100-32GB",
+                precision="fp16",
+                seq_len=1024,
+                micro_batch_size=1,
+                zero3_fetch=fetch,
+            )
+        )
+        return p, p.row("zero3").time
+
+    p, old = zero3("per-parameter")
+    _, new = zero3("coalesced")
+    tensors = p.profile.stats.num_param_tensors
+    zero2 = p.row("zero2").time  # the same 16-bit compute, no hooks
+    # The host waits: nearly all of it adds (a prefetched gather in flight runs beside a hook: 0.6% hides here),
+    # as the GPU waiting for the CPU, in compute; communication is unchanged.
+    stall = old.compute_s - zero2.compute_s
+    assert 0.98 * 2 * tensors * ZERO3_PER_PARAMETER_HOST_S <= stall <= 2 * tensors * ZERO3_PER_PARAMETER_HOST_S
+    assert old.comm_s == pytest.approx(new.comm_s) and old.exposed_comm_s <= old.comm_s
+    assert any(f"{2 * tensors * ZERO3_PER_PARAMETER_HOST_S * 1e3:.3g} ms of CPU time" in n for n in old.notes)
+    # Coalesced, 0.3 ms per gathered module and pass: gpt2's modules compute longer at seq 1024 on a V100, so only
+    # the first hook of each pass shows.
+    # The gathered modules: a linear's weight or an embedding, each at least the persistence threshold (50 in gpt2).
+    modules = sum(n >= ZERO3_PERSISTENCE_THRESHOLD for unit in p.profile.stats.fsdp_units for _, n, _, _ in unit)
+    assert modules == 12 * 4 + 2 and any(
+        f"{2 * modules * ZERO3_FETCH_HOST_S * 1e3:.3g} ms of CPU time" in n for n in new.notes
+    )
+    assert new.compute_s - zero2.compute_s <= 2 * ZERO3_FETCH_HOST_S * 1.0001
+    assert new.exposed_comm_s <= new.comm_s

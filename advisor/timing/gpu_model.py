@@ -183,8 +183,7 @@ def _fitted(generation: str, rows: int, rms: float, **constants: float) -> GpuMo
 # Ampere's and Hopper's attention shares are not fitted but FlashAttention-2's measured rates (bench/published_fit.py
 # HELD). Constants the fit pushed to a bound mark what the model lacks there rather than a measured rate: Ampere's and
 # Hopper's dispatch (5 us, the lower bound), Ampere's convolution share (near 0.3, the lower bound), Hopper's
-# convolution share (1.0) and half-bandwidth size (64 MiB), and Volta's GEMM, attention, bandwidth and half-bandwidth
-# size.
+# convolution share (1.0) and half-bandwidth size (64 MiB), and Volta's GEMM, attention and bandwidth shares.
 # ResNet-50's convolutions are now mostly memory-bound work (cuDNN's NCHW <-> NHWC transposes, small-channel GEMMs)
 # and its batch norms two passes (advisor.trace.shapes), so the convolution share moves its time little: at the
 # microbenchmarked shares (INITIAL: bandwidth 0.88, convolution 0.859) the model puts torchvision ResNet-50 AMP on a
@@ -219,12 +218,12 @@ MODELS: dict[str, GpuModel] = {
     "volta": _fitted(
         "volta",
         14,
-        0.302,
+        0.168,
         gemm=1.000,
         conv=0.859,
         attention=0.250,
-        bandwidth=0.607,
-        half_bandwidth_bytes=67108864,
+        bandwidth=0.600,
+        half_bandwidth_bytes=50963231,
         dispatch_s=2.50e-05,
     ),
     "turing": _fitted("turing", 2, 0.096, gemm=0.601),

@@ -136,14 +136,17 @@ def exposed_s(comm_s: float, compute_s: float, pieces: int, first_s: float = 0.0
 class Layer:
     """One layer (block, module) of a pass whose parameters are gathered before its compute: ``gather_s`` the
     all-gather that must end before ``compute_s`` starts, ``reduce_s`` a reduce-scatter issued when the compute
-    ends (its gradients, or a full reduce bucket; the last layer's: what is left at the end of backward)."""
+    ends (its gradients, or a full reduce bucket; the last layer's: what is left at the end of backward),
+    ``host_s`` the framework's CPU seconds before the layer's compute can be queued (DeepSpeed ZeRO-3's fetch and
+    release hooks, ``strategies.zero.timing``)."""
 
     gather_s: float
     compute_s: float
     reduce_s: float = 0.0
+    host_s: float = 0.0
 
 
-def prefetched_exposed_s(layers: Sequence[Layer], ahead: int = 1) -> float:
+def prefetched_exposed_s(layers: Sequence[Layer], ahead: int = 1, host_waits: bool = False) -> float:
     """Communication of one pass (a forward or a backward) that its compute does not hide, layer by layer, when
     each layer's all-gather is prefetched ``ahead`` layers early and reduce-scatters wait for their gradients.
 
@@ -163,9 +166,15 @@ def prefetched_exposed_s(layers: Sequence[Layer], ahead: int = 1) -> float:
     With ``ahead`` 1 and no reduce-scatters this is the gather of the first layer plus, per layer,
     max(0, gather_{i+1} - compute_i): prefetch hides a gather only behind the compute of the layer before it, so
     a gather longer than that compute is exposed by the difference, and a short gather leaves the link idle (its
-    slack is not lent to later layers, as one queue over the whole pass, ``exposed_s``, would). Returns seconds:
-    when the last compute or collective ends, minus the compute."""
+    slack is not lent to later layers, as one queue over the whole pass, ``exposed_s``, would).
+
+    The host: layer i's compute cannot start before the CPU has spent the ``host_s`` of every layer up to i. The
+    CPU runs ahead of the GPU (``host_waits`` false: CUDA queues the work, so per stretch of layers the pass takes the
+    longer of GPU time and CPU time), or, with ``host_waits``, waits for each layer's gather and everything queued
+    before it (a host synchronize per gather: the CPU time adds to the GPU's). Returns seconds: when the last compute
+    or collective ends, minus the compute."""
     ahead = max(1, ahead)
+    host = 0.0  # when the CPU has queued everything so far
     n = len(layers)
     done = [0.0] * n
     link = 0.0  # when the link is free
@@ -174,7 +183,11 @@ def prefetched_exposed_s(layers: Sequence[Layer], ahead: int = 1) -> float:
         done[j] = link
     t = 0.0  # when the compute stream is free
     for i, layer in enumerate(layers):
-        start = max(t, done[i])
+        if host_waits:
+            start = max(t, done[i]) + layer.host_s
+        else:
+            host += layer.host_s
+            start = max(t, done[i], host)
         j = i + ahead
         if j < n:
             link = max(link, start) + layers[j].gather_s

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from advisor.choices import Zero3Fetch
 from advisor.context import StrategyContext
 from advisor.memory import states_per_element
 from advisor.profile import ZERO3_PERSISTENCE_THRESHOLD
@@ -24,6 +25,21 @@ from advisor.timing.step import (
 from ..base import Timing, accumulated_step, fabric_of, optimizer_step_s
 from .ds_config import DS_MAX_LIVE_PARAMETERS, bucket_elems
 from .sizes import module_dtype_bytes, quantized_sizes
+
+# DeepSpeed ZeRO-3's CPU time per gathered module per pass (its pre- and post-module hooks: fetch_sub_module, the
+# coalesced all-gather's launch, release_sub_module; DeepSpeed 0.6 and later, partitioned_param_coordinator.py).
+# No clean measurement isolates it: 0.3 ms is the bound that runs at parity with ZeRO-2 or FSDP put on the part
+# that shows (deepspeedai/DeepSpeed PR #1453, RoBERTa-10B on 64 x A100 at micro-batch 16, "roughly at parity with
+# stage 2"; Hugging Face's blog deepspeed-to-fsdp-and-back, Granite-7B on 4 x A100, 10.6 vs 10.4 s per step with
+# about 291 modules), below the 0.38 ms of launch work one gather took before coalescing (PR #1069's profile).
+# The CPU runs ahead of the GPU (the gathers are waited for on the stream), so it shows only where a module's
+# compute is shorter: small models at small micro-batches.
+ZERO3_FETCH_HOST_S = 3e-4
+# Before DeepSpeed 0.6: one all-gather per parameter tensor, each about 0.5 ms of host time with the
+# torch.cuda.synchronize after it (deepspeedai/DeepSpeed issue #1069, the June 2021 profile: ~130 us before the
+# launch, ~250 us the launch, then the synchronize; 394 tensors in RoBERTa-10B's forward), so the CPU waits for
+# the GPU and its time adds to the step (--zero3-fetch per-parameter).
+ZERO3_PER_PARAMETER_HOST_S = 5e-4
 
 
 def comm_bytes_per_step(ctx: StrategyContext, stage: int, quantized_base: bool, grad_accum_steps: int = 1) -> int:
@@ -72,6 +88,8 @@ class Stage3Passes:
     reduces: int
     gathered: int
     ahead: int
+    host_s: float = 0.0  # CPU seconds of the fetch hooks per pass (forward; backward with recompute: twice)
+    host_waits: bool = False  # the CPU synchronizes after each gather (--zero3-fetch per-parameter)
 
 
 def stage3_passes(
@@ -94,7 +112,11 @@ def stage3_passes(
     * prefetch (``fetch_sub_module``: after each fetch, gathers of the next modules until
       ``stage3_prefetch_bucket_size`` elements are in flight, at most ``stage3_max_live_parameters`` gathered):
       one module ahead when a module holds at least the prefetch bucket, otherwise as many as the live
-      parameters allow (each fetch adds more than it uses until that cap).
+      parameters allow (each fetch adds more than it uses until that cap);
+    * the CPU time of the hooks: ``ZERO3_FETCH_HOST_S`` per gathered module and pass (coalesced fetch, the CPU
+      running ahead), or ``ZERO3_PER_PARAMETER_HOST_S`` per parameter tensor and pass spread over the modules
+      (``--zero3-fetch per-parameter``: a synchronize after each gather); backward with activation checkpointing
+      fetches twice (the recompute runs the forward hooks again).
 
     No unit list (a hand-made ParamStats): ``num_gathered_modules`` equal modules in one stack."""
     stats, w = ctx.profile.stats, module_dtype_bytes(ctx)
@@ -111,14 +133,16 @@ def stage3_passes(
         numel, grads = [0, stats.num_params], [0, stats.num_trainable]
     pieces = sum(len(x) for x in big)
     scale = gathered / max(1, sum(sum(x) for x in big))
+    waits = ctx.options.zero3_fetch == Zero3Fetch.PER_PARAMETER
+    hook = ZERO3_PER_PARAMETER_HOST_S * stats.num_param_tensors / max(1, pieces) if waits else ZERO3_FETCH_HOST_S
+    bwd_hook = hook * (2 if ctx.options.activation_checkpointing else 1)
 
     def gather(elems: int) -> float:
         return fabric.time_s("all_gather", int(elems * scale)) if gathered else 0.0
 
     fwd_c, bwd_c = unit_compute_s(c, numel)
-    root_gathers = [Layer(gather(x), 0.0) for x in big[0]]
-    fwd: list[Layer] = list(root_gathers)
-    bwd: list[Layer] = list(root_gathers) + [Layer(0.0, bwd_c[0])]
+    fwd: list[Layer] = [Layer(gather(x), 0.0, host_s=hook) for x in big[0]]
+    bwd: list[Layer] = [Layer(gather(x), 0.0, host_s=bwd_hook) for x in big[0]] + [Layer(0.0, bwd_c[0])]
     cap = max(1, b["reduce_bucket_size"])
     bucket = 0
     reduce_s, reduces = 0.0, 0
@@ -132,12 +156,12 @@ def stage3_passes(
     for i in range(1, len(units) if units else 2):
         mods = big[i] or [0]
         total = max(1, sum(mods))
-        fwd += [Layer(gather(m), fwd_c[i] * (m / total if big[i] else 1.0)) for m in mods]
+        fwd += [Layer(gather(m), fwd_c[i] * (m / total if big[i] else 1.0), host_s=hook if m else 0.0) for m in mods]
         for m in reversed(mods):
             g = grads[i] * m // total if big[i] else grads[i]
             r = flush() if bucket and bucket + g > cap else 0.0
             bucket += g
-            bwd.append(Layer(gather(m), bwd_c[i] * (m / total if big[i] else 1.0), r))
+            bwd.append(Layer(gather(m), bwd_c[i] * (m / total if big[i] else 1.0), r, bwd_hook if m else 0.0))
     fwd.append(Layer(0.0, fwd_c[0]))
     r = flush() if bucket and bucket + grads[0] > cap else 0.0
     bucket += grads[0]
@@ -156,6 +180,8 @@ def stage3_passes(
         reduces=reduces,
         gathered=gathered,
         ahead=ahead,
+        host_s=hook * pieces,
+        host_waits=waits,
     )
 
 
@@ -208,7 +234,8 @@ def step_time(
         times = [fabric.time_s(kind, x) for x in sizes]
         return sum(times), (times[-1] if times else 0.0), len(sizes)
 
-    exposed = comm = 0.0
+    exposed = comm = stall = 0.0
+    notes: list[str] = []
     if stage in (1, 2):
         rs_s, _, rs_calls = run("reduce_scatter", grads, b["reduce_bucket_size"] * w)
         ag_s, _, ag_calls = run("all_gather", params, b["allgather_bucket_size"] * w)
@@ -237,9 +264,17 @@ def step_time(
     else:
         plan = stage3_passes(ctx, fabric, c, quantized_base, b)
         ag_s, rs_s = plan.gather_s, plan.reduce_s
-        fwd = prefetched_exposed_s(plan.fwd, plan.ahead)
-        bwd = prefetched_exposed_s(plan.bwd, plan.ahead)
-        bwd_ag = prefetched_exposed_s([replace(x, reduce_s=0.0) for x in plan.bwd], plan.ahead)
+
+        def exposure(layers: tuple[Layer, ...], reduces: bool = True, hooks: bool = True) -> float:
+            kept = [
+                replace(x, reduce_s=x.reduce_s if reduces else 0.0, host_s=x.host_s if hooks else 0.0) for x in layers
+            ]
+            return prefetched_exposed_s(kept, plan.ahead, plan.host_waits)
+
+        fwd, bwd = exposure(plan.fwd), exposure(plan.bwd)
+        bwd_ag = exposure(plan.bwd, reduces=False)
+        # The hooks' share: what the CPU time adds to the communication's own exposure.
+        hook_x = max(0.0, fwd + bwd - exposure(plan.fwd, hooks=False) - exposure(plan.bwd, hooks=False))
         # The reduce-scatters' share of backward's exposure: what they add to the gathers' own.
         rs_x = min(rs_s, max(0.0, bwd - bwd_ag))
         if ag_s:
@@ -251,9 +286,16 @@ def step_time(
                     plan.gathered,
                     2 * ga * plan.gathers,
                     2 * ga * ag_s,
-                    ga * (fwd + bwd - rs_x),
+                    ga * max(0.0, fwd + bwd - rs_x - hook_x),
                     passes=2 * ga,
                 )
+            )
+        if plan.host_s:
+            passes = ga * (3 if ctx.options.activation_checkpointing else 2)
+            fetch = "one gather per parameter, a synchronize after each" if plan.host_waits else "coalesced per module"
+            notes.append(
+                f"ZeRO-3's fetch hooks ({fetch}): {passes * plan.host_s * 1e3:.3g} ms of CPU time per step, "
+                f"{ga * hook_x * 1e3:.3g} ms of it beyond the GPU's work (counted in compute)"
             )
         if rs_s:
             coll.append(
@@ -268,16 +310,17 @@ def step_time(
                     passes=ga,
                 )
             )
-        comm, exposed = ga * (2 * ag_s + rs_s), ga * (fwd + bwd)
+        # What the hooks' CPU time adds is the GPU waiting for the CPU, counted in compute (as eager dispatch is).
+        stall = ga * hook_x
+        comm, exposed = ga * (2 * ag_s + rs_s), ga * (fwd + bwd) - stall
         overlap = (
             "per module, each gather prefetched behind the compute of the modules before it (up to "
             f"{plan.ahead} module{'s' if plan.ahead > 1 else ''} ahead), each reduce bucket once its gradients "
             "exist (overlap_comm); exposed: the first gathers, whatever a gather outlasts the compute it hides "
-            "behind, and the last reduce bucket"
+            "behind, and the last reduce bucket (the fetch hooks' CPU time beyond the GPU's work is in compute)"
         )
     k_opt = 0.0
     host = 0.0
-    notes: list[str] = []
     part = -(-stats.num_trainable // n)
     if offload:
         pcie = t.preset.pcie_gen
@@ -328,4 +371,5 @@ def step_time(
         collectives=tuple(coll),
         host_s=host,
         notes=tuple(notes),
+        stall_s=stall,
     )
