@@ -189,6 +189,11 @@ def resolve_hardware(cluster: ClusterSpec) -> Hardware:
     sources.update(gpu_name=src, gpu_memory_bytes=src, bf16_tflops=src if tflops else "unknown")
     sources["interconnect"] = src
     if gpu_mem_gib is not None:
+        if gpu_mem_gib * 2**30 > memory:  # usable memory is at most what the GPU has: a typo, or the wrong --gpu
+            warnings.append(
+                f"--gpu-mem {gpu_mem_gib:g} GiB is more than {name}'s {memory / 2**30:.2f} GiB: planned with "
+                f"{gpu_mem_gib:g} GiB as asked; check --gpu-mem and --gpu"
+            )
         memory, sources["gpu_memory_bytes"] = int(gpu_mem_gib * 2**30), "flag --gpu-mem"
     if interconnect is not None:
         link, sources["interconnect"] = interconnect, "flag --interconnect"

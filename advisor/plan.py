@@ -11,10 +11,11 @@ from strategies import PINNED, planned_strategies
 
 from .applied_options import apply_options, refuse_accumulation, script_note
 from .cache import open_cache
-from .choices import Attention, Device, Dtype, FsdpGradSync, Precision, Quant, TraceMode
+from .choices import Attention, Device, Dtype, Precision, Quant, TraceMode
 from .context import StrategyContext
 from .errors import AdvisorError
 from .explain import tokens_per_sample
+from .flag_notes import flag_notes
 from .free_text import lora_targets
 from .hardware import Hardware, resolve_hardware, with_gpu_calibration
 from .invariants import enforce
@@ -297,7 +298,7 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
         )
     if opts.activation_checkpointing and profile.activations(mode).checkpointed_blocks == 0:
         warnings.append(f"{spec.name} has no repeated blocks to checkpoint: activation checkpointing changes nothing")
-    warnings += _ignored_flags(opts, profile, rows, mode)
+    warnings += flag_notes(opts, profile, rows, mode)
     warnings += script_note(opts)
     adapter = spec.adapter
     unquantized = profile.stats.num_frozen - profile.stats.quantized_numel
@@ -410,31 +411,3 @@ def _budget_warnings(opts: TrainingOptions, ctx: StrategyContext) -> list[str]:
             "--dataset-size) to price"
         ]
     return []
-
-
-def _ignored_flags(opts: TrainingOptions, profile: ModelProfile, rows: list[StrategyRow], mode: TraceMode) -> list[str]:
-    """Flags the user set that cannot change this model's answer: said, not silently dropped."""
-    out = []
-    act = profile.activations(mode)
-    if opts.attention != Attention.AUTO and not act.uses_sdpa:
-        out.append(
-            f"--attention {opts.attention} changes nothing: {profile.spec.name} calls no scaled-dot-product attention"
-        )
-    elif opts.attention != Attention.AUTO and act.attention.startswith("eager"):
-        out.append(
-            f"--attention {opts.attention} changes nothing: {profile.spec.name} runs its own (eager) "
-            "attention, which keeps the s x s scores"
-        )
-    tp = [r for r in rows if r.strategy.uses_tp_degree]
-    if opts.tp_degree and tp and not any(r.applicable for r in tp):
-        out.append(f"--tp-degree {opts.tp_degree} is not used: {tp[0].reason}")
-    if opts.fsdp_grad_sync != FsdpGradSync.EVERY_MICRO_STEP:
-        sync = [r for r in rows if r.strategy.uses_fsdp_grad_sync and r.applicable]
-        if not sync:
-            out.append(f"--fsdp-grad-sync {opts.fsdp_grad_sync} is not used: no FSDP2 row applies")
-        elif all((r.grad_accum_steps or 1) == 1 for r in sync):
-            out.append(
-                f"--fsdp-grad-sync {opts.fsdp_grad_sync} changes nothing without gradient accumulation "
-                "(give --global-batch-size)"
-            )
-    return out

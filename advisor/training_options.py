@@ -257,6 +257,7 @@ class TrainingOptions:
     tp_degree: int | None = _f(
         None,
         flag="--tp-degree",
+        short="--tp",
         low=1,
         high=64,
         help="tensor-parallel degree (default: pure TP the GPUs per node; TP x DP the "

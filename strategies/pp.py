@@ -187,13 +187,13 @@ class PipelineParallel(Strategy):
             buffers=top.buffers,
             other=top.other,
             # the peak on a stage: its last warm-up forward, before the first backward frees a micro-batch
-            phase=f"forward (stage {top.stage} of {layout.pp}, {self.schedule(ctx)[0]}: {top.in_flight:g} "
+            phase=f"forward (stage {top.stage} of {layout.pp}, {self.schedule(ctx)[0]}: {top.in_flight:.3g} "
             "micro-batches in flight)",
         )
 
         def note(s: StageMemory) -> str:
             where = f"{s.blocks} blocks{' + embedding' if s.first else ''}{' + head' if s.last else ''}"
-            flight = f"{s.in_flight:g} micro-batch{'' if s.in_flight == 1 else 'es'}"
+            flight = f"{s.in_flight:.3g} micro-batch{'' if s.in_flight == 1 else 'es'}"
             return (
                 f"stage {s.stage}: {where}, {fmt_gib(s.total)} (model states {fmt_gib(s.model_states)}"
                 f", activations {fmt_gib(s.activations)} for {flight} in flight, receive buffers "

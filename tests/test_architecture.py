@@ -59,6 +59,7 @@ LAYERS: list[tuple[str, ...]] = [
         "advisor.ladder_state",
         "advisor.ladder",
         "advisor.applied_options",
+        "advisor.flag_notes",
     ),
     ("advisor.plan",),
     ("advisor.document",),
@@ -365,8 +366,8 @@ def test_cli_flags_are_exactly_the_schema_cli_fields():
     flags = {o for a in parser._actions for o in a.option_strings if o.startswith("--")} - {"--help", "--version"}
     positionals = {a.dest for a in parser._actions if not a.option_strings}
     cli = schema.fields_for("cli")
-    short = {f.opt.short for f in cli if f.opt.short}  # a second spelling (--pp for --pp-degree)
-    assert short == {"--pp"}
+    short = {f.opt.short for f in cli if f.opt.short}  # second spellings (--pp for --pp-degree, --tp for --tp-degree)
+    assert short == {"--pp", "--tp"}
     assert flags == {f.opt.flag for f in cli if not f.opt.positional} | short
     assert positionals == {f.name for f in cli if f.opt.positional} == {"model"}
 

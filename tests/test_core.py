@@ -290,6 +290,11 @@ def test_hardware_sources_and_default_preset():
     hw = resolve_hardware(ClusterSpec(gpu="rtx4090", gpus=2, gpu_mem_gib=20, detect_hardware=False))
     assert hw.gpu_memory_bytes == 20 * 2**30 and hw.sources["gpu_memory_bytes"] == "flag --gpu-mem"
     assert hw.interconnect == "pcie" and hw.sources["interconnect"] == "preset RTX4090"
+    assert not any("--gpu-mem" in w for w in hw.warnings)  # 20 GiB of a 24 GB card: fine
+    # More than the GPU has (a new user's --gpu A100-40GB --gpu-mem 200): planned as asked, said.
+    big = resolve_hardware(ClusterSpec(gpu="A100-40GB", gpus=1, gpu_mem_gib=200, detect_hardware=False))
+    assert big.gpu_memory_bytes == 200 * 2**30
+    assert "--gpu-mem 200 GiB is more than A100-40GB's 40.00 GiB: planned with 200 GiB as asked" in big.warnings[0]
     # A preset is a machine elsewhere: its host RAM is unknown unless given (issue 11, item 6).
     assert hw.host_mem_bytes is None and hw.host_mem_state == HOST_UNKNOWN
     hw = resolve_hardware(ClusterSpec(gpu="rtx4090", host_mem_gib=64, detect_hardware=False))

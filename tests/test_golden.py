@@ -86,3 +86,23 @@ def test_a_replicated_strategy_that_fits_a_smaller_micro_batch_is_said_to():
             else:
                 assert m.group(2) is None and m.group(3) is None, reason
     assert said == 4
+
+
+def test_nothing_fits_lists_only_the_rows_short_of_gpu_memory():
+    """A new user's find: 'no strategy fits: ... ZeRO-3 + CPU offload 15.01 GiB ... per GPU vs 80.00 GiB available'
+    listed rows that fit the GPU and were short of host RAM. The first reason lists the rows short of GPU memory
+    with their device totals, then names the others as fitting the GPU (their host RAM reasons follow)."""
+    checked = 0
+    for plan in json.loads(GOLDEN.read_text()).values():
+        first = (plan["recommendation"]["reasons"] or [""])[0]
+        if not first.startswith("no strategy fits: "):
+            continue
+        listed, _, rest = first.removeprefix("no strategy fits: ").partition(" per GPU vs ")
+        for row in (r for r in plan["strategies"] if r["applicable"]):
+            # each part is "<title> <n> GiB"; a row short of GPU memory may be left out (single beside a cluster)
+            in_gpu_list = any(part.rsplit(" ", 2)[0] == row["title"] for part in listed.split("; "))
+            assert not in_gpu_list or row["short_of"] == "GPU memory", (row["title"], row["short_of"], first)
+            if row["short_of"] == "host RAM":
+                assert row["title"] in rest and "fit the GPU" in rest, first
+        checked += 1
+    assert checked >= 1

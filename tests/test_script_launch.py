@@ -169,11 +169,20 @@ def test_launch_sh_with_a_bad_option_prints_one_line_and_exits_2(cnn_plan, tmp_p
     assert shown.returncode == 0 and shown.stdout.count("usage: train.py") == 1, shown.stdout + shown.stderr
     assert "no CUDA GPU" not in shown.stdout  # stopped after the check, before the launch
     # what a rank would find only after torchrun started every process: missing data, nothing to resume, an --out
-    # that takes no file (root passes os.access on /proc: a file is written to find out)
+    # that takes no file (root passes os.access on /proc: a file is written to find out), an --out that holds
+    # checkpoints without --resume
+    earlier = tmp_path / "earlier"
+    (earlier / "checkpoints" / "step-4").mkdir(parents=True)
+    (earlier / "checkpoints" / "latest").write_text("step-4")
     for args, line in (
         (("--data", "/nonexistent/data"), "train.py: error: --data /nonexistent/data: no such file or directory"),
         (("--resume",), "train.py: error: --resume: no checkpoint in ./checkpoints: checkpoints are written"),
         (("--out", "/proc/advisor-x"), "train.py: error: --out /proc/advisor-x: /proc cannot take files"),
+        # an earlier run's checkpoints: starting over would replace its 'latest' and its weights (a new-user find)
+        (
+            ("--out", str(earlier)),
+            f"train.py: error: --out {earlier} holds an earlier run's checkpoints: pass --resume",
+        ),
     ):
         said = launch(*args)
         assert said.returncode == 2 and said.stdout == "", said.stdout + said.stderr

@@ -13,6 +13,7 @@ from advisor.plan import plan
 from advisor.profile import ZERO3_PERSISTENCE_THRESHOLD
 from advisor.schema import plan_inputs
 from advisor.timing.step import Layer, exposed_s, prefetched_exposed_s
+from advisor.units import fmt_s
 from strategies.base import fabric_of, timing_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,6 +150,9 @@ def test_zero3_hooks_per_parameter_add_their_cpu_time_to_the_step():
     p, old = zero3("per-parameter")
     _, new = zero3("coalesced")
     tensors = p.profile.stats.num_param_tensors
+    # The plan says what the flag did, with the arithmetic (forward and backward: 2 passes).
+    line = next(w for w in p.warnings if w.startswith("--zero3-fetch per-parameter: ZeRO-3 is timed as DeepSpeed"))
+    assert f"0.5 ms x {tensors} tensors x 2 passes = {fmt_s(2 * tensors * ZERO3_PER_PARAMETER_HOST_S)}" in line
     zero2 = p.row("zero2").time  # the same 16-bit compute, no hooks
     # The host waits: nearly all of it adds (a prefetched gather in flight runs beside a hook: 0.6% hides here),
     # as the GPU waiting for the CPU, in compute; communication is unchanged.
@@ -165,3 +169,13 @@ def test_zero3_hooks_per_parameter_add_their_cpu_time_to_the_step():
     )
     assert new.compute_s - zero2.compute_s <= 2 * ZERO3_FETCH_HOST_S * 1.0001
     assert new.exposed_comm_s <= new.comm_s
+
+
+def test_zero3_fetch_without_a_zero3_row_says_it_is_not_used():
+    p = plan(
+        plan_inputs(
+            detect_hardware=False, model="gpt2", gpus=4, seq_len=128, framework="torch", zero3_fetch="per-parameter"
+        )
+    )
+    assert "--zero3-fetch per-parameter is not used: no ZeRO-3 row applies" in p.warnings
+    assert not any("ZeRO-3 is timed as" in w for w in p.warnings)

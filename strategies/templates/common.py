@@ -452,6 +452,9 @@ def parse_args():
             latest_checkpoint(args.out)
         except SystemExit as err:  # no checkpoint to resume from: one line now, not one per rank later
             p.error(str(err))
+    elif os.path.exists(os.path.join(args.out, "checkpoints", "latest")):
+        # Starting over there would point 'latest' at the new run and replace the exported weights.
+        p.error(f"--out {args.out} holds an earlier run's checkpoints: pass --resume to continue it, or a new --out")
     if args.check_args:
         raise SystemExit(0)
     return args
