@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import threading
@@ -273,6 +274,11 @@ def verify(
         port = free_port()
         job = job_from_plan(run_plan, name, steps=steps, master_port=port)
         write_files(render_job(job), run_dir, force=force)
+        earlier = run_dir / "out"
+        if earlier.exists():  # (only with --force: write_files refuses a folder with files in it otherwise)
+            # An earlier verification's output: the script refuses an --out with its checkpoints (no --resume).
+            shutil.rmtree(earlier)
+            say(f"removed the earlier run's output in {earlier} (--force)")
         result = VerifyResult(
             strategy=name,
             device=device,

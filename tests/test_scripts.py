@@ -119,6 +119,30 @@ def test_ddp_run_measures_and_predicts_step_time(ddp_run):
     assert "memory meter stopped after step 6" in (out / "run.log").read_text()
 
 
+def test_verify_again_with_force_replaces_the_earlier_output(ddp_run, tmp_path):
+    """A second verification into a folder that holds an earlier one's output (--force): the script refuses an
+    --out with checkpoints and no --resume, so verify removes the earlier out/ it wrote, and the run succeeds."""
+    import shutil
+
+    again = tmp_path / "again"
+    shutil.copytree(ddp_run[1], again)
+    assert (again / "out" / "checkpoints" / "latest").exists()
+    said: list[str] = []
+    result = verify(
+        _inputs(1),
+        "single",
+        steps=1,
+        timeout_s=300,
+        out_dir=str(again),
+        force=True,
+        precision_explicit=True,
+        timing_steps=0,
+        progress=said.append,
+    )
+    assert result.ok, result.message
+    assert any(m.startswith("removed the earlier run's output in") for m in said), said
+
+
 def _deepspeed_shm(run_dir: Path | None = None) -> set[str]:
     """DeepSpeed's CPU all-reduce buffers in /dev/shm (``deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}``);
     with ``run_dir``, only those of that run's master port (read from its launch.sh): another pytest-xdist
