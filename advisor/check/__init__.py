@@ -1,7 +1,7 @@
 """``advisor check``: a linter for the pitfalls of moving PyTorch training from one GPU to many.
 
 It reads scripts as syntax trees (``ast``) and never imports, executes or runs them. Each rule
-(``RULES``, MG001-MG014) maps to a numbered pitfall of docs/pitfalls.md; each finding names the
+(``RULES``, MG001-MG015) maps to a numbered pitfall of docs/pitfalls.md; each finding names the
 line, the rule, what is wrong and the fix in one sentence.
 
     from advisor.check import check_source

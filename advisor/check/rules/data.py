@@ -1,12 +1,13 @@
 """Data-loading rules: MG002 (sampler with shuffle=True), MG003 (no set_epoch), MG014 (sampler over
-an IterableDataset)."""
+an IterableDataset), MG015 (DDP without a sampler)."""
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
 
-from ..names import DATALOADER, ITERABLE_DATASET, SAMPLER, last_name
+from ..guards import rank_zero_only
+from ..names import DATALOADER, DDP, ITERABLE_DATASET, SAMPLER, last_name
 from ..registry import Hit, rule
 from ..scope import Context, argument, is_const, text
 
@@ -259,3 +260,39 @@ def sampler_on_iterable(ctx: Context) -> Iterator[Hit]:
         why = _iterable_dataset(ctx, ctx.resolve(dataset))
         if why:
             yield Hit(call, f"DistributedSampler(`{text(dataset)}`): {why}, which has no indices to sample")
+
+
+@rule(
+    "MG015",
+    "warning",
+    (21,),
+    "DDP without a DistributedSampler",
+    "give the training DataLoader sampler=DistributedSampler(dataset) (and no shuffle=True), and call "
+    "sampler.set_epoch(epoch) every epoch",
+)
+def no_sampler_under_ddp(ctx: Context) -> Iterator[Hit]:
+    """Catches ``DataLoader(dataset, ...)`` with neither ``sampler=`` nor ``batch_sampler=`` in a file that wraps a
+    model in DistributedDataParallel and never names DistributedSampler: every rank then reads the whole dataset in
+    the same order (the same seed on every rank), so the GPUs train on the same batches and the run does one GPU's
+    work N times. Reported on the DataLoader.
+
+    docs/pitfalls.md: pitfall 21. Quiet (precision over recall) when the file names DistributedSampler anywhere (a
+    held-out loader without one is normal), shards by hand (``split_dataset_by_node``, a ``.shard(...)`` call), when
+    the dataset is an IterableDataset (it shards itself), and for a DataLoader that only rank 0 builds. Blind spots:
+    samplers from other libraries (accelerate's prepare, Lightning) and datasets sharded in other files.
+    """
+    if not ctx.calls_to(DDP) or ctx.mentions("DistributedSampler", "split_dataset_by_node", "shard"):
+        return
+    for call in ctx.calls_to(DATALOADER):
+        if argument(call, 3, "sampler") is not None or argument(call, 4, "batch_sampler") is not None:
+            continue
+        dataset = argument(call, 0, "dataset")
+        if dataset is not None and _iterable_dataset(ctx, ctx.resolve(dataset)):
+            continue
+        if rank_zero_only(ctx, call):
+            continue
+        yield Hit(
+            call,
+            "this DataLoader has no DistributedSampler in a DDP script: every rank reads the same batches, so the "
+            "GPUs repeat one GPU's work",
+        )
