@@ -27,6 +27,9 @@ HEADROOM_WARN = 0.90
 # on 16,384 H100s (Llama Team 2024, "The Llama 3 Herd of Models", section 3.3, table 4), the largest with its
 # parallel layout published; the time model's communication terms were never checked near it.
 LARGEST_PUBLISHED_GPUS = 16_384
+# PCIe 5.0 x16: 32 GT/s x 16 lanes with 128b/130b encoding, about 64 GB/s in each direction (PCI-SIG, PCIe 5.0 base
+# specification); no all-reduce over PCIe exceeds it.
+PCIE5_X16_GBPS = 64.0
 OVERHEAD_NAME = "CUDA context, communicator buffers and allocator fragmentation"
 _MODE_WORDS = {"autocast": "autocast over fp32 weights", "half": "a 16-bit module", "fp32": "fp32"}
 
@@ -398,7 +401,16 @@ def cluster_warnings(ctx: StrategyContext, timed: bool = False) -> list[str]:
             "beyond the measured runs"
         )
     if hw.num_nodes == 1 and hw.interconnect == "pcie" and hw.num_gpus > 1:
-        out.append(
-            "PCIe between GPUs (about 32 GB/s): all-reduce is slower than over NVLink; scaling will be below linear"
-        )
+        # The bus bandwidth the plan used: the user's --link-bandwidth (or a calibration) over the nominal figure.
+        busbw = hw.link_busbw_gbps
+        if busbw is not None and busbw > PCIE5_X16_GBPS:
+            out.append(
+                f"an all-reduce bus bandwidth of {busbw:g} GB/s over PCIe is more than a PCIe 5.0 x16 link carries "
+                f"({PCIE5_X16_GBPS:g} GB/s a direction): planned as given; check --interconnect and --link-bandwidth"
+            )
+        else:
+            said = f"{busbw:g} GB/s all-reduce bus bandwidth" if busbw is not None else "about 32 GB/s"
+            out.append(
+                f"PCIe between GPUs ({said}): all-reduce is slower than over NVLink; scaling will be below linear"
+            )
     return out

@@ -319,3 +319,20 @@ def test_compare_shows_deepspeed_estimators():
     assert p.row("zero2").deepspeed_estimate["gpu_bytes"] == 2 * n + int(18 * n / 4)
     assert p.row("zero3").deepspeed_estimate["gpu_bytes"] >= int(18 * n / 4)
     assert p.row("ddp").deepspeed_estimate is None
+
+
+def test_the_pcie_warning_quotes_the_bandwidth_planned_with():
+    """A new user's find: --interconnect pcie --link-bandwidth 900 planned at 900 GB/s and warned 'PCIe between GPUs
+    (about 32 GB/s)'. The warning quotes the bus bandwidth given, and one above what PCIe carries is named."""
+
+    def said(**kw) -> list[str]:
+        p = plan(plan_inputs(model="gpt2", gpus=4, seq_len=128, interconnect="pcie", detect_hardware=False, **kw))
+        return p.warnings + p.recommendation.warnings
+
+    assert any(w.startswith("PCIe between GPUs (about 32 GB/s)") for w in said())
+    assert any(
+        w.startswith("PCIe between GPUs (20 GB/s all-reduce bus bandwidth)") for w in said(link_bandwidth_gbps=20)
+    )
+    high = said(link_bandwidth_gbps=900)
+    assert any(w.startswith("an all-reduce bus bandwidth of 900 GB/s over PCIe is more than") for w in high)
+    assert not any("PCIe between GPUs" in w for w in high)
