@@ -215,6 +215,8 @@ def resolve_hardware(cluster: ClusterSpec) -> Hardware:
         network, sources["network"] = "100gbe", "default (100gbe)"
     elif network is not None:
         sources["network"] = "flag --network"
+        if nodes == 1:
+            warnings.append(f"--network {network} is not used: it links nodes and this plan has one (add --nodes N)")
     sources["num_nodes"] = "flag --nodes" if nodes > 1 else "default (1)"
     if cluster.link_bandwidth_gbps is not None:
         sources["link_busbw_gbps"] = "flag --link-bandwidth"

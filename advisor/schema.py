@@ -337,6 +337,8 @@ def validate(inputs: PlanInputs) -> None:
             raise AdvisorError("--input-shape applies to --model-factory models only")
         if not s.input_shape or len(s.input_shape) > 5 or any(not 1 <= d <= 65536 for d in s.input_shape):
             raise AdvisorError(f"--input-shape needs 1-5 dimensions between 1 and 65536, got {s.input_shape}")
+        if s.image_size is not None:  # the shape already sets the image's size: one of them would be dropped
+            raise AdvisorError("--input-shape sets the whole input, --image-size too: give one of them")
 
 
 def validate_run(run: RunOptions, strategy_names: tuple[str, ...]) -> None:

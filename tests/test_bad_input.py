@@ -125,6 +125,10 @@ CASES = [
     (["vit_b_16", "--image-size", "225"], ["vit_b_16", "image size"]),
     (["gpt2", "--image-size", "224"], ["--image-size", "--seq-len"]),
     (["resnet50", "--input-shape", "3,32,32"], ["--input-shape", "--model-factory"]),
+    (
+        ["--model-factory", "tests.fixtures.factories:small_cnn", "--input-shape", "3,32,32", "--image-size", "64"],
+        ["--input-shape", "--image-size", "one of them"],
+    ),
     (["resnet50", "--emit", ""], ["--emit", "directory"]),
     (["resnet50", "--verify", "--steps", "20000"], ["--steps", "10000"]),
     (["x" * 100_000], ["model name", "128"]),

@@ -295,6 +295,11 @@ def test_hardware_sources_and_default_preset():
     big = resolve_hardware(ClusterSpec(gpu="A100-40GB", gpus=1, gpu_mem_gib=200, detect_hardware=False))
     assert big.gpu_memory_bytes == 200 * 2**30
     assert "--gpu-mem 200 GiB is more than A100-40GB's 40.00 GiB: planned with 200 GiB as asked" in big.warnings[0]
+    # A network with one node links nothing: said (a new user's --network ib-hdr on one node was silent).
+    one = resolve_hardware(ClusterSpec(gpu="H100-80GB", gpus=8, network="ib-hdr", detect_hardware=False))
+    assert "--network ib-hdr is not used: it links nodes and this plan has one (add --nodes N)" in one.warnings
+    two = resolve_hardware(ClusterSpec(gpu="H100-80GB", gpus=8, nodes=2, network="ib-hdr", detect_hardware=False))
+    assert not any(w.startswith("--network") for w in two.warnings)
     # A preset is a machine elsewhere: its host RAM is unknown unless given (issue 11, item 6).
     assert hw.host_mem_bytes is None and hw.host_mem_state == HOST_UNKNOWN
     hw = resolve_hardware(ClusterSpec(gpu="rtx4090", host_mem_gib=64, detect_hardware=False))
