@@ -23,7 +23,6 @@ def _mib(n: int) -> str:
 def build_parser() -> OneLineParser:
     """The ``advisor cache`` argument parser (subcommands ``info`` and ``clear``)."""
     p = OneLineParser(
-        allow_abbrev=False,  # a flag added later must not change what a shortened one meant
         prog="advisor cache",
         description="Inspect or empty advisor's on-disk cache of traces "
         "(directory: $ADVISOR_CACHE_DIR, else $XDG_CACHE_HOME/advisor, else ~/.cache/advisor).",

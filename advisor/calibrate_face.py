@@ -33,7 +33,6 @@ from .verify_setup import CPU_RANK_THREADS, MAX_CPU_RANKS
 def build_parser() -> OneLineParser:
     """The ``advisor calibrate`` argument parser."""
     p = OneLineParser(
-        allow_abbrev=False,  # a flag added later must not change what a shortened one meant
         prog="advisor calibrate",
         description="Measure this machine's GPU (or, without one, its CPU for verification runs) and store the "
         "figures in advisor's cache directory; plans for that GPU then use them and say so.",

@@ -80,7 +80,6 @@ def build_parser(strategy_names: tuple[str, ...] | None = None) -> argparse.Argu
 
         strategy_names = registered()
     p = OneLineParser(
-        allow_abbrev=False,  # a flag added later must not change what a shortened one meant
         prog="advisor",
         description="Per-GPU memory, parallel strategy and a verified training script "
         "for PyTorch training. Sizes are per GPU; GiB = 2**30 bytes.",

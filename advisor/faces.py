@@ -16,7 +16,20 @@ EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """``argparse`` that raises ``AdvisorError`` (one line) instead of printing usage and exiting."""
+    """``argparse`` that raises ``AdvisorError`` (one line) instead of printing usage and exiting, and takes no
+    shortened flags (a flag added later must not change what a shortened one meant: ``--micro 4``)."""
+
+    def __init__(
+        self,
+        *,
+        prog: str,
+        description: str | None = None,
+        epilog: str | None = None,
+        formatter_class: type[argparse.HelpFormatter] = argparse.HelpFormatter,
+    ) -> None:
+        super().__init__(
+            prog=prog, description=description, epilog=epilog, formatter_class=formatter_class, allow_abbrev=False
+        )
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise AdvisorError(f"{message} (see --help)")

@@ -4,7 +4,7 @@ plan's warnings)."""
 
 from __future__ import annotations
 
-from strategies.zero.timing import ZERO3_PER_PARAMETER_HOST_S
+from strategies.zero.timing import ZERO3_PER_PARAMETER_HOST_S, fetch_passes
 
 from .choices import Attention, Framework, FsdpGradSync, TraceMode, Zero3Fetch
 from .profile import ModelProfile
@@ -39,13 +39,12 @@ def flag_notes(opts: TrainingOptions, profile: ModelProfile, rows: list[Strategy
                 f"--fsdp-grad-sync {opts.fsdp_grad_sync} changes nothing without gradient accumulation "
                 "(give --global-batch-size)"
             )
-    z3 = [r for r in rows if r.strategy.framework == Framework.DEEPSPEED and r.strategy.shards_everything]
     if opts.zero3_fetch != Zero3Fetch.COALESCED:
+        z3 = [r for r in rows if r.strategy.framework == Framework.DEEPSPEED and r.strategy.shards_everything]
         if not any(r.applicable for r in z3):
             out.append(f"--zero3-fetch {opts.zero3_fetch} is not used: no ZeRO-3 row applies")
         else:
-            # Forward and backward, and the recompute's forward hooks with activation checkpointing.
-            passes = 3 if opts.activation_checkpointing else 2
+            passes = fetch_passes(opts.activation_checkpointing)
             per_step = passes * profile.stats.num_param_tensors * ZERO3_PER_PARAMETER_HOST_S
             out.append(
                 f"--zero3-fetch {opts.zero3_fetch}: ZeRO-3 is timed as DeepSpeed before 0.6 ran it, one gather per "

@@ -167,20 +167,17 @@ def _nothing_fits(
     short_host = [r for r in rows if r.applicable and r.fits is not True and r.short_of != "GPU memory"]
     # Rows short of host RAM (or with it unknown) fit the GPU: they are named with their reason below, not here.
     short_gpu = [r for r in rows if r.applicable and r.memory and r not in short_host]
-    reasons = [
-        ("no strategy fits: " if short_gpu else "no strategy is known to fit: ")
-        + "; ".join(f"{r.title} {fmt_gib(sized(r).device_total)}" for r in short_gpu)
-        + (
-            f" per GPU vs {fmt_gib(hw.gpu_memory_bytes)} available"
-            if short_gpu
-            else "every row needs host RAM that is short or unknown (below)"
+    if short_gpu:
+        first = (
+            "no strategy fits: "
+            + "; ".join(f"{r.title} {fmt_gib(sized(r).device_total)}" for r in short_gpu)
+            + f" per GPU vs {fmt_gib(hw.gpu_memory_bytes)} available"
         )
-        + (
-            f"; {', '.join(r.title for r in short_host)} fit the GPU (host RAM below)"
-            if short_gpu and short_host
-            else ""
-        )
-    ]
+        if short_host:
+            first += f"; {', '.join(r.title for r in short_host)} fit the GPU (host RAM below)"
+    else:
+        first = "no strategy is known to fit: every row needs host RAM that is short or unknown (below)"
+    reasons = [first]
     for r in short_host:
         reasons.append(f"{r.title}: {r.fit_note}")
     search_ctx, search_rows = ctx, rows

@@ -40,7 +40,6 @@ or `# advisor: ignore` for every rule. Rules: --list-rules. Files are parsed, ne
 def build_parser() -> argparse.ArgumentParser:
     """The ``advisor check`` argument parser."""
     p = OneLineParser(
-        allow_abbrev=False,  # a flag added later must not change what a shortened one meant
         prog="advisor check",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

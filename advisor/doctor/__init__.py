@@ -139,7 +139,6 @@ def _path(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The ``advisor doctor`` flags; errors are one line, exit 2."""
     p = OneLineParser(
-        allow_abbrev=False,  # a flag added later must not change what a shortened one meant
         prog="advisor doctor",
         description="Pre-flight checklist for distributed training on this node: "
         "GPUs, driver vs torch CUDA, backend, a 2-rank all-reduce through torchrun, master port, data "

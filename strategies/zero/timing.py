@@ -42,6 +42,12 @@ ZERO3_FETCH_HOST_S = 3e-4
 ZERO3_PER_PARAMETER_HOST_S = 5e-4
 
 
+def fetch_passes(checkpointing: bool) -> int:
+    """Passes per micro-step that run ZeRO-3's fetch hooks: forward and backward, and with activation checkpointing
+    the recompute's forward inside backward."""
+    return 3 if checkpointing else 2
+
+
 def comm_bytes_per_step(ctx: StrategyContext, stage: int, quantized_base: bool, grad_accum_steps: int = 1) -> int:
     """Bytes each GPU sends per optimizer step, in DeepSpeed's 16-bit (fp32: 32-bit) dtype: a ring
     reduce-scatter or all-gather of S sends (n-1)/n x S (nccl-tests PERFORMANCE.md). ZeRO-1: gradients
@@ -135,7 +141,7 @@ def stage3_passes(
     scale = gathered / max(1, sum(sum(x) for x in big))
     waits = ctx.options.zero3_fetch == Zero3Fetch.PER_PARAMETER
     hook = ZERO3_PER_PARAMETER_HOST_S * stats.num_param_tensors / max(1, pieces) if waits else ZERO3_FETCH_HOST_S
-    bwd_hook = hook * (2 if ctx.options.activation_checkpointing else 1)
+    bwd_hook = hook * (fetch_passes(ctx.options.activation_checkpointing) - 1)
 
     def gather(elems: int) -> float:
         return fabric.time_s("all_gather", int(elems * scale)) if gathered else 0.0
@@ -291,7 +297,7 @@ def step_time(
                 )
             )
         if plan.host_s:
-            passes = ga * (3 if ctx.options.activation_checkpointing else 2)
+            passes = ga * fetch_passes(ctx.options.activation_checkpointing)
             fetch = "one gather per parameter, a synchronize after each" if plan.host_waits else "coalesced per module"
             notes.append(
                 f"ZeRO-3's fetch hooks ({fetch}): {passes * plan.host_s * 1e3:.3g} ms of CPU time per step, "
