@@ -40,6 +40,9 @@ def files(tmp_path_factory) -> dict[str, str]:
         "huge_int.json": '{"model_type": "llama", "num_hidden_layers": ' + "9" * 5001 + "}",
         "huge_int_small.json": json.dumps(tiny | {"num_hidden_layers": 10**40}),
         "twice.json": '{"model_type": "gpt2", "hidden_size": 64, "model_type": "llama"}',
+        # Python's json reads NaN and Infinity (a new user's NaN rms_norm_eps ended in a traceback from the cache)
+        "nan_eps.json": json.dumps(tiny | {"rms_norm_eps": float("nan")}),
+        "inf_rope.json": json.dumps(tiny | {"rope_scaling": {"rope_type": "linear", "factor": float("-inf")}}),
         "rope_list.json": json.dumps(tiny | {"rope_scaling": [1, 2]}),
         "kv5.json": json.dumps(
             {
@@ -83,6 +86,8 @@ CASES = [
     (["--config", "{malformed.json}"], ["malformed JSON", "line 1"]),
     (["--config", "{empty.json}"], ["is empty", "config.json"]),
     (["--config", "{twice.json}"], ["the key 'model_type' appears twice", "remove one"]),
+    (["--config", "{nan_eps.json}"], ["config field 'rms_norm_eps' is NaN or infinite", "write a finite value"]),
+    (["--config", "{inf_rope.json}"], ["config field 'rope_scaling.factor' is NaN or infinite"]),
     (["--config", "{rope_list.json}"], ["rejected the llama config", "rope_parameters", "expected dict"]),
     (["--config", "{binary.json}"], ["cannot read"]),
     (["--config", "{list.json}"], ["JSON object"]),

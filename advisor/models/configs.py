@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -328,6 +329,20 @@ def _no_repeated_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
+def _non_finite(value: object, path: str = "") -> str | None:
+    """The path of the first NaN or infinite number in a parsed JSON value (``rope_scaling.factor``), or None.
+    Python's json reads NaN and Infinity, standard JSON has neither, and no config field can use one (a NaN
+    ``rms_norm_eps`` planned on, then broke the trace cache's JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "the document"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
 def parse_config_text(text: str, source: str = "pasted config") -> object:
     """Parse pasted/uploaded text as JSON only (never eval): any JSON value (``spec_from_hf_config`` refuses all but
     an object).
@@ -338,7 +353,7 @@ def parse_config_text(text: str, source: str = "pasted config") -> object:
     if not text.strip():
         raise AdvisorError(f"{source} is empty: pass a model's config.json (a JSON object with its model_type)")
     try:
-        return json.loads(text.removeprefix("\ufeff"), object_pairs_hook=_no_repeated_keys)
+        doc = json.loads(text.removeprefix("\ufeff"), object_pairs_hook=_no_repeated_keys)
     except _RepeatedKey as err:
         raise AdvisorError(
             f"{source}: the key {short_value(str(err))} appears twice in one object (JSON would keep the last "
@@ -350,3 +365,7 @@ def parse_config_text(text: str, source: str = "pasted config") -> object:
         raise AdvisorError(f"{source}: JSON nested too deeply")
     except ValueError:  # e.g. an integer with more digits than Python converts by default
         raise AdvisorError(f"{source}: JSON holds a number too large to be a model size: fix the config")
+    where = _non_finite(doc)
+    if where is not None:
+        raise AdvisorError(f"{source}: config field {where!r} is NaN or infinite: write a finite value")
+    return doc
