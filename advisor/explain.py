@@ -14,7 +14,7 @@ from .context import StrategyContext
 from .gpu_presets import SLOW_NETWORKS
 from .lora_text import alternative_reason, versus_full
 from .memory import StrategyMemory
-from .rows import FRAMEWORK_NAMES, StrategyRow, evaluate_row
+from .rows import FRAMEWORK_NAMES, StrategyRow, evaluate_row, max_micro_batch_text
 from .units import fmt_gib, fmt_rate, fmt_s
 
 # Below this many parameters, a warning that distributing may gain little: gradient sync and data loading dominate
@@ -96,7 +96,7 @@ def fit_reasons(
     reasons.append(
         f"batch: micro-batch {opts.micro_batch_size} x data-parallel size {best.dp_size} x "
         f"{best.grad_accum_steps} accumulation {steps} = global batch {best.global_batch_size}; "
-        f"the largest micro-batch that fits is {best.max_micro_batch_size} per GPU"
+        f"the largest micro-batch that fits is {max_micro_batch_text(best.max_micro_batch_size)} per GPU"
     )
     if best.learning_rate is not None:
         reasons.append(

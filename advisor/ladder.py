@@ -34,10 +34,18 @@ LABELS = {
     "optimizer_in_backward": ("optimizer step in backward", "--optimizer-in-backward"),
     "activation_offload": ("activation offload to CPU", "--activation-offload"),
     "adamw_8bit": ("8-bit AdamW", "--optimizer adamw-8bit"),
-    "lora": (f"LoRA (rank {LORA_RANK}, all linear layers)", f"--lora-rank {LORA_RANK} --lora-targets all-linear"),
-    "qlora": ("QLoRA (nf4)", f"--lora-rank {LORA_RANK} --lora-targets all-linear --quantize nf4 --double-quant"),
+    "lora": (
+        f"LoRA (rank {LORA_RANK}, all linear layers)",
+        f"--lora-rank {LORA_RANK} --lora-targets all-linear --lora-dropout 0",
+    ),
+    "qlora": (
+        "QLoRA (nf4)",
+        f"--lora-rank {LORA_RANK} --lora-targets all-linear --lora-dropout 0 --quantize nf4 --double-quant",
+    ),
     "more_gpus": ("more GPUs", ""),
 }
+# Rungs whose option replaces an earlier rung's (State.plus): full checkpointing the op policy, QLoRA LoRA.
+SUPERSEDES = {"ac_full": ("sac_op",), "qlora": ("lora",)}
 
 
 @dataclass(frozen=True)
@@ -229,6 +237,15 @@ def ladder_doc(ladder: Ladder) -> list[dict[str, object]]:
     ]
 
 
+def cumulative_flags(rungs: Sequence[Rung]) -> str:
+    """The flags that give the options of ``rungs`` together (those taken: no blocker), as one command line: a rung
+    that replaces an earlier one (``SUPERSEDES``) drops that one's flags, so the line is one the CLI accepts
+    (--selective-checkpointing and --activation-checkpointing are two policies, refused together)."""
+    taken = [r for r in rungs if r.blocker is None and r.flags]
+    dropped = {old for r in taken for old in SUPERSEDES.get(r.key, ())}
+    return " ".join(r.flags for r in taken if r.key not in dropped)
+
+
 def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
     """The nothing-fits answer's line on the ladder: the cheapest rung that fits (the options up to it), before
     more GPUs, or that none does."""
@@ -238,9 +255,9 @@ def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
             f"no rung of the memory-savings ladder fits {ladder.title} on {ctx.hardware.num_gpus} x "
             f"{ctx.hardware.gpu_name} (see the ladder)"
         )
-    taken = [r.flags for r in ladder.rungs[1 : ladder.rungs.index(fit) + 1] if r.blocker is None and r.flags]
+    taken = cumulative_flags(ladder.rungs[1 : ladder.rungs.index(fit) + 1])
     rate = f", {fit.throughput:,.0f} {fit.unit}" if fit.throughput else ""
     return (
-        f"cheapest fix before more GPUs: {ladder.title} fits with {fit.label} ({' '.join(taken)}): "
+        f"cheapest fix before more GPUs: {ladder.title} fits with {fit.label} ({taken}): "
         f"{fit.device_bytes / 2**30 if fit.device_bytes else 0:.2f} GiB per GPU{rate} (the ladder below)"
     )

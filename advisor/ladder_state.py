@@ -46,8 +46,9 @@ if TYPE_CHECKING:
 # The ladder's adapters: torchtune's LoRA recipes for Llama 3.2 (rank 8, alpha 16 on q/k/v/o and the MLP
 # projections: ``lora_attn_modules`` q_proj, k_proj, v_proj, output_proj with ``apply_lora_to_mlp``), which peft's
 # all-linear (every nn.Linear but the output head) names; QLoRA on an nf4 base with double quantization (the QLoRA
-# paper's recipe; torchtune's NF4 quantizes its scales too).
-LORA_RANK, LORA_ALPHA_LADDER = 8, 16.0
+# paper's recipe; torchtune's NF4 quantizes its scales too). No LoRA dropout, as torchtune's recipes set
+# (lora_dropout: 0.0): peft's wrapper of fused MoE expert weights (lora.ParamWrapper) takes no other value.
+LORA_RANK, LORA_ALPHA_LADDER, LORA_DROPOUT_LADDER = 8, 16.0, 0.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ class Env:
         return AdapterSpec(
             rank=LORA_RANK,
             alpha=LORA_ALPHA_LADDER,
+            dropout=LORA_DROPOUT_LADDER,
             targets=("all-linear",),
             compute_dtype=precision.compute_dtype,
             quantize=Quant.NF4 if kind == "qlora" else None,

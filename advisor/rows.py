@@ -128,6 +128,12 @@ def fits(memory: StrategyMemory, hw: Hardware) -> bool:
     return fit_verdict(memory, hw)[0] is True
 
 
+def max_micro_batch_text(size: int) -> str:
+    """``max_micro_batch``'s answer for people: at the search's ceiling, ``"65536 or more (the search's limit)"``
+    (the GPU was not full there: a larger one may fit too)."""
+    return f"{size} or more (the search's limit)" if size >= MAX_SEARCH_MICRO_BATCH else str(size)
+
+
 def max_micro_batch(strategy: Strategy, ctx: StrategyContext, hint: int | None = None) -> int:
     """Largest micro-batch whose device total fits the GPU (0 when even 1 does not). Doubling then
     bisection; device total is non-decreasing in the micro-batch. ``hint``: a previous answer for the same

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .choices import Precision
+from .rows import MAX_SEARCH_MICRO_BATCH
 from .text_table import amount, fits_word, gib_cell, short_phase, table
 from .units import counted, fmt_count, fmt_rate, fmt_s, gib
 
@@ -86,7 +87,9 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
                 ),
                 fits_word(r.fits, r.short_of),
                 rule,
-                str(r.max_micro_batch_size),
+                f"{r.max_micro_batch_size}+"
+                if r.max_micro_batch_size >= MAX_SEARCH_MICRO_BATCH
+                else str(r.max_micro_batch_size),
                 str(r.grad_accum_steps),
                 short_phase(b.phase),
                 gib_cell(m.host_bytes_per_node) if m.host_bytes_per_node else "-",

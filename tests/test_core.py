@@ -210,6 +210,24 @@ def test_gpt2_xl_ddp_does_not_fit_24gb():
     assert p.recommendation.strategy != "ddp"
 
 
+def test_a_micro_batch_at_the_search_limit_is_said_to_be_one():
+    """A tiny model fits every micro-batch the search tries: 65536 is where it stopped, not what fills the GPU
+    (it read 'the largest micro-batch that fits is 65536 per GPU')."""
+    from pathlib import Path
+
+    from advisor.rows import MAX_SEARCH_MICRO_BATCH, max_micro_batch_text
+    from advisor.text_report import render_text
+
+    tiny_llama = Path(__file__).parent / "data" / "tiny_llama.json"
+
+    assert max_micro_batch_text(MAX_SEARCH_MICRO_BATCH) == "65536 or more (the search's limit)"
+    assert max_micro_batch_text(MAX_SEARCH_MICRO_BATCH - 1) == "65535"
+    p = plan(plan_inputs(config_path=str(tiny_llama), gpus=2, seq_len=16, precision="fp32", detect_hardware=False))
+    assert p.row("ddp").max_micro_batch_size == MAX_SEARCH_MICRO_BATCH
+    assert "the largest micro-batch that fits is 65536 or more (the search's limit) per GPU" in render_text(p)
+    assert " 65536+ " in next(line for line in render_text(p).splitlines() if line.startswith("ddp "))
+
+
 @pytest.mark.slow  # over 5 s on 2 cores (the fast subset, -m 'not slow', stays under 3 minutes)
 def test_llama2_7b_on_8_a100_is_sharded_not_ddp():
     p = _plan(

@@ -17,6 +17,7 @@ from advisor.plan import plan
 from advisor.schema import plan_inputs
 from strategies import strategy_names
 from strategies.render import render_files
+from tests.shared import computed_once
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "data" / "small_llama.json")
@@ -40,7 +41,12 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def emitted(tmp_path_factory) -> dict[str, str]:
-    """case-strategy -> train.py for every applicable strategy of every case."""
+    """case-strategy -> train.py for every applicable strategy of every case (rendered once per run:
+    tests/test_script_shape.py reads the same, tests/shared.py)."""
+    return computed_once("emitted-train-py", _render_every_case)
+
+
+def _render_every_case() -> dict[str, str]:
     scripts = {}
     for case, inputs in CASES.items():
         p = plan(plan_inputs(detect_hardware=False, **inputs), device="cpu")

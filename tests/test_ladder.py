@@ -98,3 +98,53 @@ def test_ddp_ladder_refuses_optimizer_in_backward_and_fitting_job_has_none() -> 
     _, rungs = _keys(p)
     blocker = rungs["optimizer_in_backward"].blocker
     assert blocker is not None and "DDP" in blocker and "\n" not in blocker
+
+
+def test_cumulative_flags_drop_what_a_later_rung_replaces() -> None:
+    """The cheapest-fix line's flags are one command the CLI takes: full checkpointing replaces the op policy
+    (--selective-checkpointing with --activation-checkpointing is refused), QLoRA's flags replace LoRA's."""
+    from advisor.cli import build_parser, inputs_from_args
+    from advisor.ladder import LABELS, Rung, cumulative_flags
+
+    def rung(key: str, blocker: str | None = None) -> Rung:
+        return Rung(key, LABELS[key][0], LABELS[key][1], blocker=blocker)
+
+    rungs = [rung("chunked_ce"), rung("sac_op"), rung("activation_offload", "saves nothing"), rung("ac_full")]
+    assert cumulative_flags(rungs) == "--chunked-cross-entropy 8 --activation-checkpointing"
+    both = cumulative_flags([rung("sac_op"), rung("lora"), rung("qlora")])
+    assert both == "--selective-checkpointing op " + LABELS["qlora"][1] and both.count("--lora-rank") == 1
+    # the flags of every rung together, as the ladder composes them, are one set of inputs the checks take (the
+    # two checkpointing flags together were refused: "two policies")
+    every = cumulative_flags([rung(k) for k in LABELS if LABELS[k][1]])
+    inputs, _ = inputs_from_args(build_parser().parse_args(["llama-3.2-3b", *every.split()]))
+    assert inputs.training.activation_checkpointing and inputs.training.selective_checkpointing is None
+    assert inputs.training.quantize is not None and inputs.training.lora_dropout == 0
+
+
+def test_a_fused_expert_model_gets_lora_rungs(tmp_path) -> None:  # noqa: ANN001
+    """Mixtral's experts are fused 3-D weights, which peft wraps with lora.ParamWrapper; it takes no LoRA dropout,
+    so the ladder's rungs use none (as torchtune's recipes) and have figures instead of peft's refusal."""
+    import json
+
+    config = tmp_path / "tiny_mixtral.json"
+    config.write_text(json.dumps({
+        "model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "vocab_size": 1000, "max_position_embeddings": 64, "tie_word_embeddings": False,
+    }))  # fmt: skip
+    p = plan(
+        plan_inputs(
+            config_path=str(config),
+            gpus=1,
+            gpu_mem_gib=0.05,
+            seq_len=64,
+            micro_batch_size=2,
+            precision="fp32",
+            ladder=True,
+            detect_hardware=False,
+        )  # fmt: skip
+    )
+    _, rungs = _keys(p)
+    for key in ("lora", "qlora"):
+        assert rungs[key].blocker is None and rungs[key].peak_bytes, (key, rungs[key].blocker)
+        assert "--lora-dropout 0" in rungs[key].flags
