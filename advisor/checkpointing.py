@@ -34,12 +34,16 @@ def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return chosen
 
 
-def enable_activation_checkpointing(model: torch.nn.Module, checkpoint_kwargs: dict[str, object] | None = None) -> int:
+def enable_activation_checkpointing(
+    model: torch.nn.Module, checkpoint_kwargs: dict[str, object] | None = None, every: int = 1
+) -> int:
     """Turn on activation checkpointing; return how many blocks are checkpointed (0: not supported).
 
     ``checkpoint_kwargs``: extra keyword arguments for ``torch.utils.checkpoint.checkpoint`` (always
     non-reentrant); the trace passes a ``context_fn`` so that recomputation in backward sees the same
-    attention stand-in as the forward did. Generated scripts call this without it.
+    attention stand-in as the forward did, and generated scripts with selective checkpointing's op policy
+    theirs (``advisor.selective_ac.op_context_fn``). ``every``: checkpoint only every ``every``-th block, counting
+    from 1 in module order (torchtitan's layer policy, ``_apply_layer_sac``); the others keep their activations.
     """
     kwargs: dict[str, object] = {**(checkpoint_kwargs or {}), "use_reentrant": False}
     if hasattr(model, "gradient_checkpointing_enable") and getattr(model, "supports_gradient_checkpointing", False):
@@ -49,7 +53,15 @@ def enable_activation_checkpointing(model: torch.nn.Module, checkpoint_kwargs: d
         else:
             # transformers < 5; nn.Module's __getattr__ types the method as Tensor | Module.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
-        return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False)) or 1
+        # Each decoder layer checks its own flag when called (transformers' GradientCheckpointingLayer); the base
+        # model holding the layers carries the flag too, but checkpoints nothing itself: innermost flags only.
+        flagged = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
+        layers = [
+            m for m in flagged if not any(getattr(c, "gradient_checkpointing", False) for c in list(m.modules())[1:])
+        ]
+        for i, layer in enumerate(layers):
+            setattr(layer, "gradient_checkpointing", (i + 1) % every == 0)  # noqa: B010 (an nn.Module attribute)
+        return sum(1 for m in layers if m.gradient_checkpointing) if layers else 1
     from functools import partial
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -58,7 +70,7 @@ def enable_activation_checkpointing(model: torch.nn.Module, checkpoint_kwargs: d
         checkpoint_wrapper,
     )
 
-    blocks = {id(b) for b in repeated_blocks(model)}
+    blocks = {id(b) for i, b in enumerate(repeated_blocks(model)) if (i + 1) % every == 0}
     if not blocks:
         return 0
     kwargs.pop("use_reentrant")  # CheckpointImpl.NO_REENTRANT sets it

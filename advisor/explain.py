@@ -15,6 +15,7 @@ from .gpu_presets import SLOW_NETWORKS
 from .lora_text import alternative_reason, versus_full
 from .memory import StrategyMemory
 from .rows import FRAMEWORK_NAMES, StrategyRow, evaluate_row, max_micro_batch_text
+from .training_options import TrainingOptions
 from .units import fmt_gib, fmt_rate, fmt_s
 
 # Below this many parameters, a warning that distributing may gain little: gradient sync and data loading dominate
@@ -96,7 +97,8 @@ def fit_reasons(
     reasons.append(
         f"batch: micro-batch {opts.micro_batch_size} x data-parallel size {best.dp_size} x "
         f"{best.grad_accum_steps} accumulation {steps} = global batch {best.global_batch_size}; "
-        f"the largest micro-batch that fits is {max_micro_batch_text(best.max_micro_batch_size)} per GPU"
+        f"the largest micro-batch that fits {_without_options(opts)}is "
+        f"{max_micro_batch_text(best.max_micro_batch_size)} per GPU"
     )
     if best.learning_rate is not None:
         reasons.append(
@@ -105,6 +107,17 @@ def fit_reasons(
             "reach it at the end of a linear warmup (e.g. 5 epochs), then decay"
         )
     return reasons
+
+
+def _without_options(opts: TrainingOptions) -> str:
+    """``"without the memory options "`` when any is passed: the micro-batch search sizes the rows without them
+    (``advisor.applied_options`` applies them at the plan's micro-batch only), so a row that fits with them can read
+    0 there."""
+    passed = (
+        opts.selective_checkpointing or opts.activation_offload or opts.optimizer_in_backward
+        or opts.chunked_cross_entropy
+    )  # fmt: skip
+    return "without the memory options (the search does not apply them) " if passed else ""
 
 
 def fit_warnings(

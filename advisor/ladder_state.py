@@ -192,11 +192,11 @@ def evaluate_state(env: Env, st: State) -> Figures | str:
     mem, notes = row.memory, []  # (key, note)
     peak = mem.peak
     act, other, grads = peak.activations, peak.other, peak.grads
-    rest = peak.total - act - other - grads
     step_s = row.time.step_s if row.time is not None else None
     time = row.time
     lb = _logit_bytes(ctx)
     rows = env.rows_per_step
+    floor: Breakdown | None = None  # a moment without activations the options leave as it is (the optimizer step)
     if st.ac == "op" and not full:
         if env.dims is None or not env.blocks:
             return "the op policy's saved outputs are sized for Llama-style blocks (q/k/v/o and a gated MLP) only"
@@ -205,10 +205,19 @@ def evaluate_state(env: Env, st: State) -> Figures | str:
         if ac_row.memory is None or plain_row.memory is None:
             return "no row with full checkpointing to start the op policy from"
         saved = env.blocks * sac_op_saved_bytes_per_block(rows, env.dims, lb)
-        ap = peak = ac_row.memory.peak
-        act, other, grads = min(plain_row.memory.peak.activations, ap.activations + saved), ap.other, ap.grads
-        rest = ap.total - ap.activations - ap.other - ap.grads
+        ap, pp_ = ac_row.memory.peak, plain_row.memory.peak
         mem = ac_row.memory
+        if _holds_activations(ap) or not _holds_activations(pp_):
+            # full checkpointing's peak is a moment of forward or backward: its activations plus the saved outputs
+            peak = ap
+            act, other, grads = min(pp_.activations, ap.activations + saved), ap.other, ap.grads
+        else:
+            # full checkpointing peaks at the optimizer step (no activations then: the policy leaves it as it is);
+            # the policy's backward moment is the plain row's with full checkpointing's activations plus the saved
+            floor = ap
+            peak = pp_
+            act = min(pp_.activations, _checkpointed_activations(env, ctx, st.adapter) + saved)
+            other, grads = pp_.other, pp_.grads
         if ac_row.time is not None and plain_row.time is not None:
             recompute = ac_row.time.flops - ac_row.time.model_flops
             share = (
@@ -231,7 +240,11 @@ def evaluate_state(env: Env, st: State) -> Figures | str:
         # memory_options.layer_policy_share: the saving and the recompute are that share of full checkpointing's;
         # the recomputed block's temporaries are full checkpointing's.
         ap = ac_row.memory.peak
-        act, other = act - int(share * max(0, act - ap.activations)), max(other, ap.other)
+        if _holds_activations(ap):
+            act, other = act - int(share * max(0, act - ap.activations)), max(other, ap.other)
+        else:  # full checkpointing peaks at the optimizer step, which the policy leaves as it is
+            floor = ap
+            act -= int(share * max(0, act - _checkpointed_activations(env, ctx, st.adapter)))
         if ac_row.time is not None and row.time is not None:
             step_s = row.time.step_s + share * (ac_row.time.step_s - row.time.step_s)
             time = _between(row.time, ac_row.time, share)
@@ -295,14 +308,29 @@ def evaluate_state(env: Env, st: State) -> Figures | str:
         end = end - all_grads + held
         grads = min(grads, held)
         notes.append(("optimizer_in_backward", "no global-norm clipping (each parameter steps in its own hook)"))
-    total = max(rest + act + other + grads, end)
+    moment = replace(peak, activations=act, other=other, grads=grads)
+    if floor is not None and floor.total > moment.total:
+        moment = floor
+    total = max(moment.total, end)
     device = total + mem.overhead.total
     host = 0
     if st.activation_offload:
         host = offloaded
-    bd = _peak_breakdown(replace(peak, activations=act, other=other, grads=grads), end)
+    bd = _peak_breakdown(moment, end)
     memory = replace(mem, peak=bd, model_state_bytes=end)
     return Figures(total, device, step_s, tuple(notes), host, memory, time)
+
+
+def _holds_activations(moment: Breakdown) -> bool:
+    """A moment of forward or backward (the strategies' phase names start so), which the activation policies change;
+    the optimizer step and the end of backward hold no activations."""
+    return moment.phase.startswith(("forward", "backward"))
+
+
+def _checkpointed_activations(env: Env, ctx: StrategyContext, adapter: str) -> int:
+    """Activations full checkpointing keeps at this micro-batch (the checkpointed trace's saved tensors at the end of
+    forward: each block's input, and what lies outside the blocks)."""
+    return env.profile(True, adapter).activations(_ctx_mode(ctx)).at(ctx.micro_batch_size).activations
 
 
 def _peak_breakdown(moment: Breakdown, end: int) -> Breakdown:

@@ -3,7 +3,8 @@
 Each rule is in bytes (ints) or seconds and names its source. ``advisor.ladder_state.evaluate_state`` applies them
 to a strategy row's traced peak (``advisor.memory.Breakdown``) and step time, for the ladder's rungs
 (``advisor.ladder``) and for the plan's rows when the user passes the options (``advisor.applied_options``); the
-generated scripts do not emit them yet (the script pieces come with the template work).
+generated scripts write selective checkpointing (``checkpoint_activations``'s op and layer variants,
+strategies/templates/torch_steps.py, with ``advisor.selective_ac``'s policy copied in) and not yet the other three.
 
 - Chunked cross-entropy (``advisor.chunked_ce``): ``ce_plain_bytes`` / ``chunked_ce_bytes``.
 - Selective activation checkpointing (``advisor.selective_ac``): ``sac_op_saved_bytes_per_block`` and

@@ -37,11 +37,12 @@ class Case:
     quantize: str | None = None
     double_quant: bool = False
     pp_degree: int | None = None  # the pinned pipeline row (strategy "pp"): its degree, DP the rest
+    selective: str | None = None  # --selective-checkpointing op|layer (torchtitan's policies; layer: every 2nd block)
 
     @property
     def case_id(self) -> str:
         shape = f"s{self.seq_len}" if self.seq_len else f"i{self.image_size}"
-        ac = "-ac" if self.checkpointing else ""
+        ac = "-ac" if self.checkpointing else f"-sac{self.selective}" if self.selective else ""
         lora = ""
         if self.lora_rank:
             where = "all" if self.lora_targets == "all-linear" else (self.lora_targets or "default").replace(",", "+")
@@ -73,6 +74,8 @@ class Case:
             lora["double_quant"] = True
         if self.pp_degree:
             lora["pp_degree"] = self.pp_degree
+        if self.selective:
+            lora["selective_checkpointing"] = self.selective
         return {
             **source,
             **shape,
@@ -128,6 +131,9 @@ SUITE: tuple[Case, ...] = (
     _lm("llama-small", 256, "ddp", 1, 2),
     _lm("llama-small", 256, "ddp", 2, 8),
     _lm("llama-small", 256, "ddp", 2, 8, checkpointing=True),
+    # selective checkpointing (issue 29): torchtitan's op policy and layer policy, each its own case
+    _lm("llama-small", 256, "single", 1, 8, selective="op"),
+    _lm("llama-small", 256, "ddp", 2, 8, selective="layer"),
     _lm("llama-small", 256, "zero2", 1, 4),
     _lm("llama-small", 256, "zero2", 2, 4),
     _lm("llama-small", 256, "zero1", 2, 4),  # issue 25: ZeRO-1, the same run as the ZeRO-2 case above

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from advisor.choices import FsdpGradSync, LauncherKind, Optimizer, Precision, plain
+import advisor
+from advisor.choices import FsdpGradSync, LauncherKind, Optimizer, Precision, SelectiveCheckpointing, plain
 from advisor.errors import AdvisorError
 from advisor.models import ModelSpec, family_of
 
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from .seams import RenderedPlan
 
 TEMPLATES = Path(__file__).parent / "templates"
+# advisor.selective_ac's source, read as text (importing it would import torch): the op policy's pieces are copied
+SELECTIVE_AC = Path(advisor.__file__).parent / "selective_ac.py"
 # The standard-library modules a script may use; each is imported where its text uses it.
 _STDLIB = (
     "argparse",
@@ -132,6 +135,9 @@ class Job:
     folder: str | None = None
     pp_schedule: str | None = None  # the pipeline row's --pp-schedule and --pp-virtual-stages (None: its defaults)
     pp_virtual_stages: int | None = None
+    # --selective-checkpointing (op: per op inside each block; layer: every checkpoint_every-th block whole)
+    selective_checkpointing: SelectiveCheckpointing | None = None
+    checkpoint_every: int = 2
 
     @property
     def world_size(self) -> int:
@@ -216,6 +222,9 @@ def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
         peak_flops_per_gpu=t.peak_flops_per_s if t is not None else None,
         pp_schedule=opts.pp_schedule,
         pp_virtual_stages=opts.pp_virtual_stages,
+        selective_checkpointing=opts.selective_checkpointing,
+        # the layer policy's default, as the plan sizes it (advisor.ladder_state.user_state)
+        checkpoint_every=opts.checkpoint_every or 2,
     )
 
 
@@ -272,6 +281,8 @@ def _constants(job: Job) -> dict[str, object]:
     }
     if job.strategy_unit.distributes:
         consts["COLLECTIVE_TIMEOUT_MINUTES"] = 30
+    if job.selective_checkpointing == SelectiveCheckpointing.LAYER:
+        consts["CHECKPOINT_EVERY"] = job.checkpoint_every
     if job.model_flops_per_sample and job.peak_flops_per_gpu:
         consts["MODEL_FLOPS_PER_SAMPLE"] = job.model_flops_per_sample
         consts["PEAK_FLOPS_PER_GPU"] = float(job.peak_flops_per_gpu)
@@ -312,6 +323,7 @@ CONSTANT_NOTES = {
     "EVAL_SAMPLES": "synthetic held-out samples (without --data)",
     "INIT_FROM": "default --init-from: pretrained weights (None: freshly initialised)",
     "COLLECTIVE_TIMEOUT_MINUTES": "a rank waiting this long in a collective fails instead of hanging",
+    "CHECKPOINT_EVERY": "selective checkpointing: every N-th block is checkpointed whole",
     "MODEL_FLOPS_PER_SAMPLE": "forward + backward FLOPs of one sample (advisor's trace; recompute excluded)",
     "PEAK_FLOPS_PER_GPU": "dense peak FLOP/s of the planned GPU at this precision (for MFU; set your GPU's)",
     "SYNC_BN_MAX_MICRO_BATCH": "SyncBatchNorm at or below this per-GPU batch",
@@ -504,14 +516,20 @@ def _helpers_source(job: Job, template: str) -> str:
     units, one per repeated block)."""
     from advisor.checkpointing import enable_activation_checkpointing, repeated_blocks
 
-    parts: list[Callable[..., object]] = (
-        [repeated_blocks] if job.activation_checkpointing or "repeated_blocks(" in template else []
-    )
-    if job.activation_checkpointing:
+    checkpointing = _checkpointing_variant(job) != "off"
+    parts: list[Callable[..., object]] = [repeated_blocks] if checkpointing or "repeated_blocks(" in template else []
+    if checkpointing:
         parts.append(enable_activation_checkpointing)
     if not parts:
         return ""
     return "# --- helpers copied from advisor ---\n" + "\n\n\n".join(inspect.getsource(f).strip("\n") for f in parts)
+
+
+def _checkpointing_variant(job: Job) -> str:
+    """``checkpoint_activations``'s variant: off, on (full), or selective checkpointing's op or layer policy."""
+    if job.selective_checkpointing is not None:
+        return str(job.selective_checkpointing)
+    return "on" if job.activation_checkpointing else "off"
 
 
 def _used_names(statement: str, text: str) -> str:
@@ -546,7 +564,7 @@ def variants(job: Job) -> dict[str, str]:
     return {
         "precision_dtypes": "pure_bf16" if pure else "mixed",
         "prepare_model": model,
-        "checkpoint_activations": "on" if job.activation_checkpointing else "off",
+        "checkpoint_activations": _checkpointing_variant(job),
         "export": export,
         "make_optimizer": _OPTIMIZER_VARIANTS[job.optimizer],
         "throughput": "tokens" if text else "samples",
@@ -586,6 +604,8 @@ def render_train_py(job: Job) -> str:
     ]
     sources = [
         ("advisor.checkpointing", _helpers_source(job, template)),
+        # the op policy's save list and policy function (module-level values and functions, copied where used)
+        *([("advisor.selective_ac", SELECTIVE_AC.read_text())] if chosen["checkpoint_activations"] == "op" else []),
         *((name, (TEMPLATES / name).read_text()) for name in modules),
         ("the model family's fragment", family_of(job.spec).script_fragment()),
         *((name, (TEMPLATES / name).read_text()) for name in (*strategy.script_parts, *own)),
@@ -595,6 +615,9 @@ def render_train_py(job: Job) -> str:
     quiet = BNB_QUIET if lora or chosen["make_optimizer"] == "bnb" else ""
     stdlib = sorted(m for m in _STDLIB if re.search(rf"\b{m}\.[A-Za-z_]", text + quiet))
     imports = [_used_names(statement, text) for statement in strategy.script_imports]
+    # the op policy's annotations (advisor.selective_ac's, copied): standard library, after its plain imports
+    sac = ["from collections.abc import Callable", "from contextlib import AbstractContextManager"]
+    stdlib_from = sac if chosen["checkpoint_activations"] == "op" else []
     lines = [
         _docstring(job, launch),
         "",
@@ -602,6 +625,7 @@ def render_train_py(job: Job) -> str:
         "from __future__ import annotations",
         "",
         *(f"import {m}" for m in stdlib),
+        *stdlib_from,
         "",
         *(["import data  # data.py, beside this file: the --data readers"] if _data_module(job) else []),
         "import torch",

@@ -155,6 +155,49 @@ def test_selective_layer_policy_is_its_share_of_full_checkpointing(config: str, 
     assert half.time.step_s == pytest.approx((base.time.step_s + ac.time.step_s) / 2)
 
 
+def test_the_micro_batch_search_says_it_ran_without_the_options(config: str, plain: Plan) -> None:
+    """The largest micro-batch is searched without the memory options: said where it is quoted (a row that fits
+    with them read 'the largest micro-batch that fits is 0 per GPU')."""
+    from advisor.text_report import render_text
+
+    text = render_text(_plan(config, activation_offload=True))
+    assert "max mb: searched without the memory options" in text
+    assert "the largest micro-batch that fits without the memory options (the search does not apply them) is" in text
+    assert "without the memory options" not in render_text(plain)
+
+
+def test_selective_policies_leave_an_optimizer_step_peak_alone() -> None:
+    """Where full checkpointing peaks at the optimizer step (weights, gradients, AdamW's states and its temporaries:
+    no activations), neither policy adds to that moment: both peak there too (a 2-block Llama at 4 x 64 tokens in
+    fp32; its run measures 39,871,720 bytes for all three). The op policy used to add its saved outputs to that
+    moment (+7.3% over the run) and the layer policy to take its share of full checkpointing's saving from the
+    plain backward alone (-7.5%: under the step)."""
+    small = str(Path(__file__).parent / "data" / "small_llama.json")
+
+    def single(**option: object):  # noqa: ANN202
+        p = plan(
+            plan_inputs(
+                config_path=small,
+                gpus=1,
+                seq_len=64,
+                micro_batch_size=4,
+                precision="fp32",
+                detect_hardware=False,
+                **option,
+            ),  # fmt: skip
+            device="cpu",  # as verify plans its run (CPU ranks: no CUDA context, the CPU optimizer's temporaries)
+        )
+        assert p.row("single").memory is not None
+        return p.row("single").memory.peak
+
+    ac = single(activation_checkpointing=True)
+    assert ac.phase == "optimizer step" and ac.activations == 0 and ac.total == 39_866_496
+    for policy in ("op", "layer"):
+        peak = single(selective_checkpointing=policy)
+        assert (peak.phase, peak.total) == (ac.phase, ac.total), policy
+    assert single().phase == "backward"  # the plain run peaks in backward: the policies save there
+
+
 @pytest.mark.slow  # the ladder traces its LoRA and QLoRA rungs (about 20 s)
 def test_ladder_starts_from_the_options_passed(config: str) -> None:
     p = _plan(config, chunked_cross_entropy=8, ladder=True)

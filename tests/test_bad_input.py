@@ -178,6 +178,11 @@ CASES = [
         ["gpt2", "--gpus", "2", "--activation-offload", "--chunked-cross-entropy", "4", "--emit", "{dir}/offload"],
         ["--activation-offload, --chunked-cross-entropy 4: the generated scripts do not apply them yet"],
     ),
+    # selective checkpointing is written into every script but the pipeline's
+    (
+        ["llama-2-7b", "--gpus", "2", "--pp", "2", "--selective-checkpointing", "op", "--emit", "{dir}/ppsac"],
+        ["--selective-checkpointing op: the generated scripts do not apply it yet"],
+    ),
     (
         ["llama-2-7b", "--gpus", "8", "--nodes", "8", "--pp-degree", "64"],
         ["--pp-degree 64: invalid layout: pp(64) exceeds the model's 32 blocks"],

@@ -33,6 +33,9 @@ CASES = {
     # the pinned pipeline row (--pp-degree): PP x DP in fp32 under 1F1B, pure bf16 under GPipe
     "llama-pp": dict(LLAMA, gpus=4, precision="fp32", pp_degree=2),
     "llama-pp-pure-bf16": dict(LLAMA, gpus=2, precision="pure-bf16", pp_degree=2, pp_schedule="gpipe"),
+    # selective checkpointing: torchtitan's op policy (its save list copied in) and layer policy (CHECKPOINT_EVERY)
+    "llama-sac-op": dict(LLAMA, gpus=2, precision="bf16", selective_checkpointing="op"),
+    "resnet18-sac-layer": dict(model="resnet18", gpus=2, precision="fp32", selective_checkpointing="layer"),
     "resnet18": dict(model="resnet18", gpus=2, precision="fp32"),
     "resnet18-lora": dict(model="resnet18", gpus=2, precision="fp32", lora_rank=4, lora_targets="fc"),
     "factory": dict(model_factory="tests.fixtures.factories:small_cnn", image_size=16, gpus=2, precision="fp32"),
@@ -96,6 +99,10 @@ def test_each_script_carries_only_its_own_mode(emitted):
         # fp16, no GradScaler) steps its optimizer itself, after its stages' gradient exchanges
         "def init_torchrun": lambda n: "zero" not in n and "single" not in n,
         "run.scaler.step(run.optimizer)": lambda n: "zero" not in n and not n.endswith("-pp"),
+        # the op policy's save list and context, the layer policy's count: in their own scripts alone
+        "SAVE_OP_NAMES": lambda n: n.startswith("llama-sac-op-"),
+        "create_selective_checkpoint_contexts": lambda n: n.startswith("llama-sac-op-"),
+        "CHECKPOINT_EVERY = 2": lambda n: n.startswith("resnet18-sac-layer-"),
     }
     for mark, owner in marks.items():
         have = sorted(name for name, text in emitted.items() if mark in text)

@@ -127,3 +127,44 @@ def test_tiny_mixtral_trace_matches_a_real_cpu_step():
     est = profile_activations(spec, "fp32", "flash", False).at(2)
     assert est.activations == pytest.approx(measured_act, rel=0.05)
     assert est.bwd_peak == pytest.approx(measured_peak, rel=0.05)
+
+
+def test_more_routed_experts_than_experts_is_one_line(tmp_path):
+    """top-k over 4 experts with k 8 cannot run (torch.topk: 'k not in range'): refused as the config's error, not
+    'could not trace'."""
+    from advisor.errors import AdvisorError
+
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(dict(TINY, num_experts_per_tok=8)))
+    with pytest.raises(AdvisorError, match=r"^config field 'num_experts_per_tok' is 8, more than the 4 experts"):
+        plan(plan_inputs(config_path=str(path), gpus=2, detect_hardware=False))
+
+
+def test_googlenet_and_inception_train_with_their_auxiliary_classifiers(tmp_path):
+    """In training both return named tuples of logits and auxiliary logits (torchvision's GoogLeNetOutputs and
+    InceptionOutputs); the loss adds each auxiliary loss at 0.3 (it failed: 'cross_entropy(): argument 'input' must be
+    Tensor, not GoogLeNetOutputs'), in the trace and in the emitted script alike."""
+    import torch.nn.functional as F
+
+    from advisor.models.families.vision import classification_loss
+
+    logits, aux1, aux2 = torch.randn(4, 10), torch.randn(4, 10), torch.randn(4, 10)
+    target = torch.tensor([1, 2, 3, 4])
+    from torchvision.models import GoogLeNetOutputs, InceptionOutputs
+
+    want = F.cross_entropy(logits, target) + 0.3 * (F.cross_entropy(aux2, target) + F.cross_entropy(aux1, target))
+    assert torch.allclose(classification_loss(GoogLeNetOutputs(logits, aux2, aux1), target), want)
+    inception = F.cross_entropy(logits, target) + 0.3 * F.cross_entropy(aux1, target)
+    assert torch.allclose(classification_loss(InceptionOutputs(logits, aux1), target), inception)
+    assert torch.allclose(classification_loss(logits, target), F.cross_entropy(logits, target))
+    p = plan(plan_inputs(model="googlenet", gpus=2, image_size=64, detect_hardware=False))
+    assert p.recommendation.strategy is not None and p.row("ddp").fits
+    # the emitted script's loss (the vision fragment's compute_loss) gives the same
+    from strategies.render import render_files, write_files
+    from tests.emitted import load_train_py
+
+    write_files(render_files(p, "single"), tmp_path / "job")
+    script = load_train_py(tmp_path / "job" / "train.py", "generated_googlenet")
+    batch = {"x": torch.randn(4, 3, 8, 8), "target": target}
+    got = script.compute_loss(lambda x: GoogLeNetOutputs(logits, aux2, aux1), batch, torch.device("cpu"))
+    assert torch.allclose(got, want)

@@ -41,6 +41,29 @@ def script(cnn_plan, tmp_path_factory):
     return load_train_py(folder / "train.py", "generated_single_lr")
 
 
+# --- whole accumulation windows -----------------------------------------------------------------------------------
+def test_an_epochs_remainder_is_not_carried_into_the_next_step(script, tmp_path, monkeypatch):
+    """An epoch of 2 x GRAD_ACCUM_STEPS + 1 micro-batches: every optimizer step sums exactly GRAD_ACCUM_STEPS
+    micro-batches (the remainder was carried into the next epoch's first step, which summed one more: a new user
+    read it in the loop)."""
+    ga = script.GRAD_ACCUM_STEPS
+    assert ga > 1
+    monkeypatch.setattr(script, "NUM_SAMPLES", script.MICRO_BATCH_SIZE * (2 * ga + 1))
+    per_step = []
+
+    class Counting(script.StepLog):
+        def end_step(self, lr, grad_norm=None):  # noqa: ANN001, ANN202
+            per_step.append(self._count)
+            super().end_step(lr, grad_norm)
+
+    monkeypatch.setattr(script, "StepLog", Counting)
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["train.py", "--steps", "5", "--eval-every", "0", "--save-every", "0",
+                                      "--no-save", "--out", str(out)])  # fmt: skip
+    script.main()
+    assert per_step == [ga] * 5
+
+
 # --- the LR schedule on --resume --------------------------------------------------------------------------------
 def test_fresh_schedule_warms_up_then_reaches_the_floor_at_the_last_step(script):
     s = script.lr_schedule(100)

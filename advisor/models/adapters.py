@@ -81,7 +81,11 @@ def apply_adapter(model: torch.nn.Module, adapter: AdapterSpec) -> torch.nn.Modu
     except ImportError:  # pragma: no cover - peft is a dependency
         raise AdvisorError("LoRA needs peft: pip install peft")
     try:
-        return get_peft_model(model, lora_config(adapter, fan_in_fan_out=_has_conv1d(model)))
+        with warnings.catch_warnings():
+            # peft's all-linear on fused MoE experts names patterns that match no module (gate_up_proj): its
+            # RuntimeWarning says so on every plan of such a model, about peft's own defaults
+            warnings.filterwarnings("ignore", message="The following (rank|alpha)_pattern keys did not match")
+            return get_peft_model(model, lora_config(adapter, fan_in_fan_out=_has_conv1d(model)))
     except (ValueError, TypeError, KeyError, RuntimeError) as err:
         first = " ".join(str(err).split())[:200] or err.__class__.__name__  # one line, module reprs included
         if "lora_dropout" in str(err):  # peft's ParamWrapper (MoE experts' fused weights) takes no dropout

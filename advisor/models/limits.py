@@ -112,6 +112,12 @@ def check_config_size(config: Mapping[str, object]) -> int:
     heads = config_get(config, _HEAD_KEYS)
     if heads and hidden and "head_dim" not in config and "d_kv" not in config and hidden % as_int(heads):
         raise AdvisorError(f"hidden size {hidden} is not divisible by {heads} attention heads: fix the config")
+    routed = config.get("num_experts_per_tok")
+    if isinstance(routed, int) and not isinstance(routed, bool) and experts > 1 and routed > experts:
+        # each token picks its top-k experts (torch.topk over the router's logits): k above the experts cannot run
+        raise AdvisorError(
+            f"config field 'num_experts_per_tok' is {routed}, more than the {experts} experts: fix the config"
+        )
     kv = config.get("num_key_value_heads")
     if heads and kv and as_int(heads) % as_int(kv):
         # grouped-query attention repeats each key/value head over heads / kv query heads (transformers' repeat_kv)

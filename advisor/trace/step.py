@@ -117,7 +117,12 @@ def _trace_step(
     except AdvisorError:
         raise
     except Exception as err:
-        hint = ": check --input-shape" if spec.family == "custom" else ""
+        hints = {
+            "custom": ": check --input-shape",
+            # a torchvision model whose layers shrink the image below a kernel (alexnet at 16 px, inception_v3 at 224)
+            "vision": ": try a larger --image-size" + (" (it is built for 299)" * (spec.model_type == "inception_v3")),
+        }
+        hint = hints.get(spec.family, "")
         raise AdvisorError(
             f"could not trace a training step of {spec.name} under fake tensors "
             f"({err.__class__.__name__}: {str(err).splitlines()[0][:160]}){hint}"

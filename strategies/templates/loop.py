@@ -51,6 +51,9 @@ def main() -> None:
     wrap_model(run)  # the strategy's wrapper, if any, in run.model; run.module stays the plain model
     dataset, held_out = make_datasets(args)
     sampler, loader = make_loader(dataset, run.dp_size, run.dp_rank)
+    # An epoch's micro-batches that fill whole accumulation windows: a remainder would carry its gradients into the
+    # next epoch's first step (a step of more than GRAD_ACCUM_STEPS micro-batches), so it is left out.
+    whole_windows = len(loader) // GRAD_ACCUM_STEPS * GRAD_ACCUM_STEPS
     torch.manual_seed(SEED + run.dp_rank)  # per-rank randomness for augmentation and dropout
 
     steps, preemption = StepLog(args.steps, run.device, run.dp_size), Preemption()
@@ -62,6 +65,8 @@ def main() -> None:
         # A new order every epoch (set_epoch); a resumed run starts where its checkpoint stopped.
         sampler.set_epoch(epoch, skip=done_micro * MICRO_BATCH_SIZE)
         for micro, batch in enumerate(loader, start=done_micro + 1):
+            if micro > whole_windows:
+                break
             last_micro = micro % GRAD_ACCUM_STEPS == 0
             with micro_step_context(run, last_micro):
                 loss = forward(run, batch)

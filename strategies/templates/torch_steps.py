@@ -15,6 +15,7 @@ import torch
 
 if TYPE_CHECKING:  # the script's own names (see loop.py)
     from advisor.checkpointing import enable_activation_checkpointing
+    from advisor.selective_ac import op_context_fn
     from advisor.models.families.fragments.transformer import (
         build_base,
         build_model,
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # the script's own names (see loop.py)
 
     from .adapters import add_lora, base_dtype, export_merged, save_adapter, trainable_parameters
     from .common import StepLog, evaluate, log
-    from .constants import GRAD_ACCUM_STEPS, MAX_GRAD_NORM, PRECISION
+    from .constants import CHECKPOINT_EVERY, GRAD_ACCUM_STEPS, MAX_GRAD_NORM, PRECISION
     from .local import barrier
     from .loop import Run
 
@@ -76,6 +77,21 @@ def prepare_model__qlora(args, run: Run) -> tuple[torch.nn.Module, list]:
 def checkpoint_activations__on(model) -> None:
     """Activation checkpointing: each repeated block's activations are recomputed in backward instead of kept."""
     log(f"activation checkpointing on {enable_activation_checkpointing(model)} blocks")
+
+
+def checkpoint_activations__op(model) -> None:
+    """Selective activation checkpointing, torchtitan's op policy: each block keeps the outputs of attention and of
+    every second matmul (op_policy) and recomputes the rest in backward, less memory than none, less recompute than
+    full checkpointing."""
+    blocks = enable_activation_checkpointing(model, {"context_fn": op_context_fn})
+    log(f"selective activation checkpointing (op policy) on {blocks} blocks")
+
+
+def checkpoint_activations__layer(model) -> None:
+    """Selective activation checkpointing, torchtitan's layer policy: every CHECKPOINT_EVERY-th block is
+    checkpointed whole (its activations recomputed in backward); the others keep theirs."""
+    blocks = enable_activation_checkpointing(model, every=CHECKPOINT_EVERY)
+    log(f"selective activation checkpointing: every {CHECKPOINT_EVERY}-th block, {blocks} blocks")
 
 
 def checkpoint_activations__off(model) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from typing import TYPE_CHECKING
 
 from ...choices import Optimizer
@@ -17,6 +18,28 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
 NUM_CLASSES = 1000  # torchvision's ImageNet heads
 
 
+# Weight of an auxiliary classifier's loss (GoogLeNet, Inception v3 return them in training): GoogLeNet's (Szegedy et
+# al. 2015, section 5: "the losses of the auxiliary classifiers were weighted by 0.3"), used for both.
+AUX_LOSS_WEIGHT = 0.3
+
+
+def classification_loss(out: object, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of a torchvision classifier's output. In training GoogLeNet and Inception v3 return a named
+    tuple (``GoogLeNetOutputs``, ``InceptionOutputs``): ``logits`` and their auxiliary classifiers' logits, whose
+    losses add at ``AUX_LOSS_WEIGHT`` each (the generated scripts' ``compute_loss`` does the same)."""
+    import torch
+    import torch.nn.functional as F
+
+    logits = getattr(out, "logits", out)
+    assert isinstance(logits, torch.Tensor), "a torchvision classifier returns logits"
+    loss = F.cross_entropy(logits, target)
+    for name in ("aux_logits", "aux_logits1", "aux_logits2"):
+        aux = getattr(out, name, None)
+        if aux is not None:
+            loss = loss + AUX_LOSS_WEIGHT * F.cross_entropy(aux, target)
+    return loss
+
+
 class VisionFamily(ModelFamily):
     name = "vision"
     default_micro_batch = 32
@@ -29,7 +52,11 @@ class VisionFamily(ModelFamily):
         )
         kwargs = {"image_size": spec.input_shape[-1]} if spec.model_type.startswith("vit_") else {}
         try:
-            return tvm.get_model(spec.model_type, weights=None, **kwargs)
+            with warnings.catch_warnings():
+                # GoogLeNet and Inception v3 warn that their default initialisation will change (a FutureWarning
+                # about torchvision, not about the user's input)
+                warnings.simplefilter("ignore", FutureWarning)
+                return tvm.get_model(spec.model_type, weights=None, **kwargs)
         except Exception as err:  # torchvision asserts on sizes (e.g. ViT patch divisibility)
             raise AdvisorError(
                 f"torchvision cannot build {spec.model_type} at --image-size "
@@ -51,9 +78,7 @@ class VisionFamily(ModelFamily):
         return {"x": x, "target": torch.randint(0, NUM_CLASSES, (micro_batch,), device=device)}
 
     def loss(self, spec: ModelSpec, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        import torch.nn.functional as F
-
-        return F.cross_entropy(model(batch["x"]), batch["target"])
+        return classification_loss(model(batch["x"]), batch["target"])
 
     def default_lr(self, spec: ModelSpec, optimizer: Optimizer, global_batch_size: int) -> tuple[float, str]:
         """SGD 0.1 per 256 images (Goyal et al. 2017, section 2.1: ResNet-50 on ImageNet); AdamW 5e-4 per 512 images

@@ -31,12 +31,18 @@ def load_real_dataset(args):
 
 
 def compute_loss(model, batch: dict, device, dtype=None):
-    """This rank's mean cross-entropy (a mean per rank: the gradients are averaged over the ranks)."""
+    """This rank's mean cross-entropy (a mean per rank: the gradients are averaged over the ranks). In training
+    GoogLeNet and Inception v3 also return their auxiliary classifiers' logits: those losses add at 0.3 each
+    (GoogLeNet's paper, Szegedy et al. 2015, section 5)."""
     x = batch["x"].to(device, non_blocking=True)
     if dtype is not None:
         x = x.to(dtype)
-    out = model(x)
-    return torch.nn.functional.cross_entropy(out.float(), batch["target"].to(device, non_blocking=True))
+    out, target = model(x), batch["target"].to(device, non_blocking=True)
+    loss = torch.nn.functional.cross_entropy(getattr(out, "logits", out).float(), target)
+    for aux in (getattr(out, name, None) for name in ("aux_logits", "aux_logits1", "aux_logits2")):
+        if aux is not None:
+            loss = loss + 0.3 * torch.nn.functional.cross_entropy(aux.float(), target)
+    return loss
 
 
 def export_weights(model, args, state_dict=None) -> None:
