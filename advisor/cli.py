@@ -155,7 +155,7 @@ def _check_run_flags(run: RunOptions) -> RunOptions:
 
 
 def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
-    from strategies.emit_manifest import edited_files, kept_copy, read_manifest, stale_files
+    from strategies.emit_manifest import edited_files, kept_copy, left_edited, read_manifest, stale_files
     from strategies.render import job_from_plan, launch_command_for, render_job, write_files
 
     from .plan import training_budget
@@ -172,6 +172,7 @@ def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
         job = replace(job, time_limit_s=hours * 3600 * 1.2 + 1800)
     files = render_job(job)
     removed = stale_files(Path(out_dir), frozenset(files)) if Path(out_dir).is_dir() else []
+    left = left_edited(Path(out_dir), frozenset(files)) if Path(out_dir).is_dir() else []
     edited = (
         [(p, kept_copy(p)) for p in edited_files(Path(out_dir), frozenset(files))] if Path(out_dir).is_dir() else []
     )
@@ -197,6 +198,8 @@ def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
             f"Removed {', '.join(str(p) for p in removed)} (written by an earlier --emit; not part of this job)",
             file=stream,
         )
+    for path in left:
+        print(f"Left your edited {path} in place: this job does not use it (delete it if it is stale)", file=stream)
     for path, kept in edited:
         if path.name in written_before:
             print(f"Kept your edited {path.name} as {kept} (it changed since advisor wrote it)", file=stream)

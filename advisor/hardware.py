@@ -222,6 +222,8 @@ def resolve_hardware(cluster: ClusterSpec) -> Hardware:
         sources["link_busbw_gbps"] = "flag --link-bandwidth"
     if cluster.network_bandwidth_gbps is not None:
         sources["network_gbps"] = "flag --network-bandwidth"
+        if nodes == 1:
+            warnings.append("--network-bandwidth is not used: it is the link between nodes and this plan has one")
     return Hardware(
         gpu_name=name,
         gpu_memory_bytes=memory,

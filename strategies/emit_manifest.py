@@ -55,6 +55,23 @@ def stale_files(folder: Path, names: set[str] | frozenset[str]) -> list[Path]:
     return stale
 
 
+def left_edited(folder: Path, names: set[str] | frozenset[str]) -> list[Path]:
+    """The files of ``folder``'s manifest that a new ``--emit`` writing ``names`` neither writes again nor removes,
+    because they changed since advisor wrote them (the user's edits: left in place, said; ``stale_files`` are the
+    unchanged ones, removed), sorted by name."""
+    left = []
+    for name, sha in sorted(read_manifest(folder).items()):
+        path = folder / name
+        if name in names or path.is_symlink() or not path.is_file():
+            continue
+        try:
+            if hashlib.sha256(path.read_bytes()).hexdigest() != sha:
+                left.append(path)
+        except OSError:
+            continue
+    return left
+
+
 def edited_files(folder: Path, names: set[str] | frozenset[str]) -> list[Path]:
     """The files of ``folder`` that a new ``--emit --force`` writing ``names`` would overwrite although they are the
     user's: changed since advisor wrote them (a SHA-256 other than the manifest's), or not written by advisor at

@@ -125,7 +125,10 @@ class TensorParallel(Strategy):
             if ctx.world_size % t or ctx.world_size // t < 2:
                 return f"TP x DP needs a multiple (>= 2x) of the TP degree {t} GPUs; there are {ctx.world_size}"
         elif ctx.hardware.num_nodes > 1 or ctx.world_size != t:
-            return f"pure TP uses exactly one node's {t} GPUs; use tp_dp for {ctx.world_size} GPUs"
+            return (
+                f"pure TP runs one TP group of exactly {t} GPUs on one node; for {ctx.world_size} GPUs use tp_dp "
+                "(TP inside each group, data parallel across them)"
+            )
         return None
 
     def dp_size(self, ctx: StrategyContext) -> int:

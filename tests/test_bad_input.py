@@ -273,7 +273,7 @@ IGNORED = [
     # issue 12: a config with only model_type plans on 8 GPUs (was KeyError: 'num_attention_heads')
     (
         ["--config", "{bare.json}", "--gpus", "8"],
-        "config.json lacks num_hidden_layers, hidden_size, num_attention_heads",
+        "bare.json lacks num_hidden_layers, hidden_size, num_attention_heads",
     ),
     (
         ["--config", "{automap.json}", "--gpus", "2"],

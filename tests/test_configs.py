@@ -71,7 +71,7 @@ def test_bare_config_takes_class_defaults_and_says_so():
     assert spec.seq_len == 2048  # min(MistralConfig's 131072 positions, 2048), not the 512 of "no maximum"
     notes = [w for w in spec.warnings if "lacks" in w]
     assert len(notes) == 1
-    assert notes[0].startswith("config.json lacks num_hidden_layers, hidden_size, num_attention_heads")
+    assert notes[0].startswith("bare.json lacks num_hidden_layers, hidden_size, num_attention_heads")
     assert "MistralConfig's defaults" in notes[0] and "hidden_size=4096" in notes[0]
 
 

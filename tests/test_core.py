@@ -318,6 +318,13 @@ def test_hardware_sources_and_default_preset():
     assert "--network ib-hdr is not used: it links nodes and this plan has one (add --nodes N)" in one.warnings
     two = resolve_hardware(ClusterSpec(gpu="H100-80GB", gpus=8, nodes=2, network="ib-hdr", detect_hardware=False))
     assert not any(w.startswith("--network") for w in two.warnings)
+    # --network-bandwidth likewise (a new user's on one node was silent)
+    bw = resolve_hardware(ClusterSpec(gpu="H100-80GB", gpus=8, network_bandwidth_gbps=50, detect_hardware=False))
+    assert "--network-bandwidth is not used: it is the link between nodes and this plan has one" in bw.warnings
+    bw2 = resolve_hardware(
+        ClusterSpec(gpu="H100-80GB", gpus=8, nodes=2, network_bandwidth_gbps=50, detect_hardware=False)
+    )
+    assert not any(w.startswith("--network-bandwidth") for w in bw2.warnings)
     # A preset is a machine elsewhere: its host RAM is unknown unless given (issue 11, item 6).
     assert hw.host_mem_bytes is None and hw.host_mem_state == HOST_UNKNOWN
     hw = resolve_hardware(ClusterSpec(gpu="rtx4090", host_mem_gib=64, detect_hardware=False))

@@ -241,6 +241,8 @@ def test_emit_force_removes_the_stale_ds_config_and_keeps_the_users_files(tmp_pa
     (folder / "ds_config.json").write_text('{"mine": true}\n')
     out = _emit(capsys, folder, "ddp", "--force")
     assert (folder / "ds_config.json").read_text() == '{"mine": true}\n' and "Removed" not in out
+    # ... and said: a torchrun script beside an edited ds_config.json it does not read (it was silent)
+    assert f"Left your edited {folder / 'ds_config.json'} in place: this job does not use it" in out
 
 
 def test_emit_force_keeps_an_edited_train_py_beside_the_new_one(tmp_path, capsys, monkeypatch):

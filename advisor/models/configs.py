@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -136,7 +137,7 @@ def spec_from_hf_config(config: object, name: str, source: str, seq_len: int | N
         for k, v in config.items()
         if not k.startswith("_") and k not in ("architectures", "auto_map", "quantization_config", "trust_remote_code")
     }
-    clean, notes = _with_class_defaults(clean, model_type)
+    clean, notes = _with_class_defaults(clean, model_type, source)
     check_config_size(clean)  # the class defaults too are only sizes until checked
     warnings = _config_warnings(config, model_type) + notes
     if remote:
@@ -166,12 +167,14 @@ _SIZE_FIELDS = (
 )
 
 
-def _with_class_defaults(config: dict[str, object], model_type: str) -> tuple[dict[str, object], list[str]]:
+def _with_class_defaults(
+    config: dict[str, object], model_type: str, source: str = "config.json"
+) -> tuple[dict[str, object], list[str]]:
     """``config`` with every size field it lacks set to the value the transformers config class gives it
     (``AutoConfig.for_model``, so code that reads the dict sees what the built model has), and the
-    note naming them. Values a class derives from another field (key/value heads = heads, decoder layers
-    = encoder layers) are filled without a note. An encoder-decoder config without
-    ``decoder_start_token_id`` (which transformers 5 configs no longer default) gets ``pad_token_id``,
+    note naming them (and ``source``, the file or "pasted config"). Values a class derives from another field
+    (key/value heads = heads, decoder layers = encoder layers) are filled without a note. An encoder-decoder
+    config without ``decoder_start_token_id`` (which transformers 5 configs no longer default) gets ``pad_token_id``,
     as T5 checkpoints set it and transformers' error message says.
 
     Raises:
@@ -210,7 +213,8 @@ def _with_class_defaults(config: dict[str, object], model_type: str) -> tuple[di
         notes.append(tied)
     if defaulted:
         shown = ", ".join(f"{k}={out[k]}" for k in defaulted)
-        notes.append(f"config.json lacks {', '.join(defaulted)}: using {type(obj).__name__}'s defaults ({shown})")
+        file = os.path.basename(source) or source  # the file's name, not its folders
+        notes.append(f"{file} lacks {', '.join(defaulted)}: using {type(obj).__name__}'s defaults ({shown})")
     return out, notes
 
 
