@@ -113,11 +113,7 @@ def _without_options(opts: TrainingOptions) -> str:
     """``"without the memory options "`` when any is passed: the micro-batch search sizes the rows without them
     (``advisor.applied_options`` applies them at the plan's micro-batch only), so a row that fits with them can read
     0 there."""
-    passed = (
-        opts.selective_checkpointing or opts.activation_offload or opts.optimizer_in_backward
-        or opts.chunked_cross_entropy
-    )  # fmt: skip
-    return "without the memory options (the search does not apply them) " if passed else ""
+    return "without the memory options (the search does not apply them) " if opts.memory_options else ""
 
 
 def fit_warnings(

@@ -90,7 +90,7 @@ def user_state(opts: TrainingOptions) -> State:
         optimizer_in_backward=opts.optimizer_in_backward,
         activation_offload=opts.activation_offload,
         ce_chunks=opts.chunked_cross_entropy or DEFAULT_CE_CHUNKS,
-        every=opts.checkpoint_every or 2,
+        every=opts.layer_every,
     )
 
 

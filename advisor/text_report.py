@@ -103,8 +103,7 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
             )
     lines += table(columns, cells)
     lines.append("16B/p: 16 bytes/parameter x safety factor, sharded per strategy ('!' = over the GPU memory)")
-    o = p.options
-    if o.selective_checkpointing or o.activation_offload or o.optimizer_in_backward or o.chunked_cross_entropy:
+    if p.options.memory_options:
         lines.append("max mb: searched without the memory options (they are applied at the plan's micro-batch only)")
     if any(r.applicable and r.fits is None for r in p.rows):
         lines.append(

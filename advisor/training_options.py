@@ -38,6 +38,7 @@ COMPUTE_DTYPES = tuple(d.value for d in (Dtype.BF16, Dtype.FP16, Dtype.FP32))
 ATTENTION_CHOICES = values(Attention)
 PP_SCHEDULES = values(PipelineSchedule)
 SELECTIVE_CHECKPOINTING = values(SelectiveCheckpointing)
+CHECKPOINT_EVERY = 2  # --selective-checkpointing layer without --checkpoint-every: every second block
 ZERO3_FETCH = values(Zero3Fetch)
 LORA_ALPHA = 16.0  # LoRA's alpha when --lora-alpha is not given: the QLoRA paper's (Dettmers et al. 2023, appendix)
 LORA_DROPOUT = 0.05  # adapter input dropout when --lora-dropout is not given: the QLoRA paper's for 33B-65B
@@ -193,7 +194,7 @@ class TrainingOptions:
         flag="--checkpoint-every",
         low=1,
         high=1024,
-        none="2",
+        none=str(CHECKPOINT_EVERY),
         help="--selective-checkpointing layer: checkpoint every k-th block",
     )
     activation_offload: bool = _f(
@@ -374,6 +375,22 @@ class TrainingOptions:
         none="not given",
         help="price of one GPU-hour (any currency): adds the training cost",
     )
+
+    @property
+    def memory_options(self) -> bool:
+        """Whether any memory option beyond full checkpointing is passed (--selective-checkpointing,
+        --activation-offload, --optimizer-in-backward, --chunked-cross-entropy: ``advisor.applied_options``)."""
+        return bool(
+            self.selective_checkpointing
+            or self.activation_offload
+            or self.optimizer_in_backward
+            or self.chunked_cross_entropy
+        )
+
+    @property
+    def layer_every(self) -> int:
+        """The layer policy's k: --checkpoint-every, else ``CHECKPOINT_EVERY``."""
+        return self.checkpoint_every or CHECKPOINT_EVERY
 
     def __post_init__(self) -> None:
         as_members(self)  # "bf16" from a face becomes Precision.BF16 (advisor.choices); bad values stay for validate

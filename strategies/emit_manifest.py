@@ -38,38 +38,32 @@ def read_manifest(folder: Path) -> dict[str, str]:
     return {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str) and _plain_name(k)}
 
 
-def stale_files(folder: Path, names: set[str] | frozenset[str]) -> list[Path]:
-    """The files of ``folder``'s manifest that a new ``--emit`` writing ``names`` leaves behind, still as advisor
-    wrote them (same SHA-256; a regular file, not a link), sorted by name."""
-    stale = []
+def _left_behind(folder: Path, names: set[str] | frozenset[str]) -> list[tuple[Path, bool]]:
+    """(path, still as advisor wrote it: same SHA-256) for each file of ``folder``'s manifest that a new ``--emit``
+    writing ``names`` does not write again (a regular file, not a link; unreadable ones left out), sorted by name."""
+    found = []
     for name, sha in sorted(read_manifest(folder).items()):
         path = folder / name
         if name in names or path.is_symlink() or not path.is_file():
             continue
         try:
-            same = hashlib.sha256(path.read_bytes()).hexdigest() == sha
+            found.append((path, hashlib.sha256(path.read_bytes()).hexdigest() == sha))
         except OSError:
             continue
-        if same:
-            stale.append(path)
-    return stale
+    return found
+
+
+def stale_files(folder: Path, names: set[str] | frozenset[str]) -> list[Path]:
+    """The files of ``folder``'s manifest that a new ``--emit`` writing ``names`` leaves behind, still as advisor
+    wrote them (same SHA-256; a regular file, not a link), sorted by name."""
+    return [path for path, same in _left_behind(folder, names) if same]
 
 
 def left_edited(folder: Path, names: set[str] | frozenset[str]) -> list[Path]:
     """The files of ``folder``'s manifest that a new ``--emit`` writing ``names`` neither writes again nor removes,
     because they changed since advisor wrote them (the user's edits: left in place, said; ``stale_files`` are the
     unchanged ones, removed), sorted by name."""
-    left = []
-    for name, sha in sorted(read_manifest(folder).items()):
-        path = folder / name
-        if name in names or path.is_symlink() or not path.is_file():
-            continue
-        try:
-            if hashlib.sha256(path.read_bytes()).hexdigest() != sha:
-                left.append(path)
-        except OSError:
-            continue
-    return left
+    return [path for path, same in _left_behind(folder, names) if not same]
 
 
 def edited_files(folder: Path, names: set[str] | frozenset[str]) -> list[Path]:

@@ -223,8 +223,7 @@ def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
         pp_schedule=opts.pp_schedule,
         pp_virtual_stages=opts.pp_virtual_stages,
         selective_checkpointing=opts.selective_checkpointing,
-        # the layer policy's default, as the plan sizes it (advisor.ladder_state.user_state)
-        checkpoint_every=opts.checkpoint_every or 2,
+        checkpoint_every=opts.layer_every,  # as the plan sizes it (advisor.ladder_state.user_state)
     )
 
 
