@@ -14,6 +14,7 @@ from .candidates import Alternative, Checkpointed, eligible
 from .choices import Precision, Quant, TraceMode
 from .context import StrategyContext
 from .errors import AdvisorError
+from .explain import HEADROOM_WARN
 from .models import AdapterSpec
 from .models.adapters import default_targets
 from .profile import build_profile
@@ -80,9 +81,14 @@ def checkpointing_not_needed(
         sizes = [b for b in range(min(row.max_micro_batch_size, ctx.micro_batch_size), 0, -1) if per_rank % b == 0]
         if not sizes:
             continue
-        b = sizes[0]
-        memory = r.strategy.memory(replace(plain, options=replace(opts, micro_batch_size=b)), b)
-        if fit_verdict(memory, ctx.hardware, row.load_host_bytes_per_node)[0] is not True:
+        # the largest micro-batch that fits and leaves the headroom the recommender asks for (no advice to drop
+        # checkpointing for a fill the plan itself would warn about: over 90% of the GPU)
+        for b in sizes:
+            memory = r.strategy.memory(replace(plain, options=replace(opts, micro_batch_size=b)), b)
+            roomy = memory.device_total <= HEADROOM_WARN * ctx.hardware.gpu_memory_bytes
+            if roomy and fit_verdict(memory, ctx.hardware, row.load_host_bytes_per_node)[0] is True:
+                break
+        else:
             continue
         t, shadow = time_at(r.strategy, plain, row, b)
         if t is not None and t.step_s and shadow.global_batch_size == best.global_batch_size:
