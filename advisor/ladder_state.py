@@ -34,6 +34,7 @@ from .memory_options import (
     sac_op_saved_bytes_per_block,
 )
 from .models import AdapterSpec
+from .models.limits import HIDDEN_KEYS, as_int, config_get
 from .profile import ModelProfile, build_profile
 from .rows import StrategyRow, evaluate_row
 from .training_options import TrainingOptions
@@ -127,6 +128,7 @@ class Env:
         self.tokens = spec.seq_len if spec.seq_len and spec.family not in ("vision", "custom") else None
         cfg = spec.config or {}
         self.vocab = int(str(cfg.get("vocab_size") or 0)) if spec.is_transformer else 0
+        self.hidden = as_int(config_get(cfg, HIDDEN_KEYS, 0) or 0) if spec.is_transformer else 0  # d_model
         self.blocks = int(str(cfg.get("num_hidden_layers") or 0)) if spec.is_transformer else 0
         self.dims = block_dims(cfg) if spec.is_transformer else None
         self.tied = bool(cfg.get("tie_word_embeddings", False)) and self.vocab > 0
@@ -261,7 +263,13 @@ def evaluate_state(env: Env, st: State) -> Figures | str:
         logits = rows * env.vocab
         kept = ce_saved_activation_bytes(rows, env.vocab, lb, chunked=True)
         act = max(0, act - ce_saved_activation_bytes(rows, env.vocab, lb, chunked=False)) + kept
-        chunked = chunked_ce_bytes(rows, env.vocab, lb, st.ce_chunks) - kept
+        # the output head's weight gradient appears beside the logits' gradients (frozen under LoRA: none)
+        head_elem = (
+            weight_bytes(ctx.profile.stats, None, env.strategy.trace_mode(ctx.options.precision)).trainable_elem
+            if ctx.profile.spec.adapter is None
+            else 0
+        )
+        chunked = chunked_ce_bytes(rows, env.vocab, lb, st.ce_chunks, env.hidden, head_elem) - kept
         other = max(0, other - 8 * logits) + chunked
     if st.activation_offload:
         blocks = max(1, _blocks(env, ctx, st.adapter))
@@ -300,7 +308,7 @@ def evaluate_state(env: Env, st: State) -> Figures | str:
         elem = weight_bytes(ctx.profile.stats, ctx.profile.spec.adapter, env.strategy.trace_mode(ctx.options.precision))
         shards = row.dp_size if env.strategy.hook_grads_sharded else 1
         sizes = sorted((_numel(s) for s in ctx.profile.stats.trainable_shapes), reverse=True)
-        tied = (env.vocab * int(str((ctx.profile.spec.config or {}).get("hidden_size") or 0))) if env.tied else 0
+        tied = env.vocab * env.hidden if env.tied else 0
         largest = next((n for n in sizes if n != tied), 0) if tied else (sizes[0] if sizes else 0)
         tied = tied if ctx.profile.spec.adapter is None else 0
         held = optimizer_in_backward_grad_bytes(largest * elem.trainable_elem, tied * elem.trainable_elem) // shards

@@ -4,7 +4,9 @@ Each rule is in bytes (ints) or seconds and names its source. ``advisor.ladder_s
 to a strategy row's traced peak (``advisor.memory.Breakdown``) and step time, for the ladder's rungs
 (``advisor.ladder``) and for the plan's rows when the user passes the options (``advisor.applied_options``); the
 generated scripts write selective checkpointing (``checkpoint_activations``'s op and layer variants,
-strategies/templates/torch_steps.py, with ``advisor.selective_ac``'s policy copied in) and not yet the other three.
+strategies/templates/torch_steps.py, with ``advisor.selective_ac``'s policy copied in) and chunked cross-entropy (the
+transformer fragment's ``compute_loss`` chunked variant, with ``advisor.chunked_ce``'s ``ChunkedCrossEntropy``), not yet
+the other two.
 
 - Chunked cross-entropy (``advisor.chunked_ce``): ``ce_plain_bytes`` / ``chunked_ce_bytes``.
 - Selective activation checkpointing (``advisor.selective_ac``): ``sac_op_saved_bytes_per_block`` and
@@ -37,21 +39,41 @@ def ce_plain_bytes(rows: int, vocab: int) -> int:
     return rows * vocab * 12
 
 
-def chunked_ce_bytes(rows: int, vocab: int, logit_bytes: int, chunks: int) -> int:
-    """Bytes of the loss with ``advisor.chunked_ce`` over per-chunk logits (the output head applied per chunk, as
-    torchtune's ``num_output_chunks`` models do) at its backward peak: every chunk's logits (``logit_bytes`` each,
-    saved for backward; autograd runs every chunk's loss node before any head's matmul, each chunk's saved logits
-    giving way to its gradient in the same dtype), per row the fp32 logsumexp and int64 label (12 bytes), and the
-    last chunk's temporaries: its fp32 copy, which becomes its gradient in place, beside its saved logits while it
-    is cast (``rows / chunks x vocab x (4 + logit_bytes)``). Measured with saved-tensor hooks and a
-    dispatch mode in tests/test_memory_options.py."""
+def chunked_ce_bytes(
+    rows: int, vocab: int, logit_bytes: int, chunks: int, hidden: int = 0, head_grad_elem: int = 0
+) -> int:
+    """Bytes of the loss with ``advisor.chunked_ce.ChunkedCrossEntropy`` over the whole logits (the output head applied
+    once, as the generated scripts do) at its peak: the logits (``logit_bytes`` each, saved for backward; then their
+    gradient, one tensor of the same dtype), per row the fp32 logsumexp and int64 label (12 bytes), and the largest of
+    three moments' temporaries:
+
+    - the last chunk's forward: ``torch.logsumexp``'s fp32 ``exp(x - max)`` of the chunk (allocated inside the kernel,
+      aten/src/ATen/native/ReduceOps.cpp ``logsumexp_out_impl``) beside the chunk's fp32 copy, which 16-bit logits
+      need and fp32 logits do not (``.float()`` returns them): ``rows / chunks x vocab x (4 + 4 or 0)``;
+    - the loss node's backward: the whole gradient (``torch.empty_like(logits)``) beside the saved logits, and one
+      chunk's fp32 copy (16-bit logits): ``rows x vocab x logit_bytes + rows / chunks x vocab x (4 or 0)``;
+    - just after it, the head matmul's backward: the head's weight gradient (``vocab x hidden x head_grad_elem``, the
+      trainable weights' dtype; 0 for a frozen head) and the input gradient (``rows x hidden x logit_bytes``) beside
+      the logits' gradient.
+
+    The output head applied per chunk (torchtune's ``num_output_chunks``, ``ChunkCrossEntropy``) keeps less of the
+    logits' gradient but holds one weight gradient per chunk at once (measured: a 32000 x 512 head in 8 chunks, 0.09
+    GiB above one), so the scripts apply the head once. Measured with saved-tensor hooks and the allocator's events in
+    tests/test_memory_options.py, and in generated scripts' runs (tests/test_selective_scripts.py)."""
     per_chunk = -(-rows // max(1, chunks))
-    return rows * (vocab * logit_bytes + 12) + per_chunk * vocab * (4 + logit_bytes)
+    copy = 4 if logit_bytes < 4 else 0
+    forward = per_chunk * vocab * (4 + copy)
+    loss_backward = rows * vocab * logit_bytes + per_chunk * vocab * copy
+    head = vocab * hidden * head_grad_elem + rows * hidden * logit_bytes
+    return rows * (vocab * logit_bytes + 12) + max(forward, loss_backward, head)
 
 
-def ce_saving(rows: int, vocab: int, logit_bytes: int, chunks: int = DEFAULT_CE_CHUNKS) -> int:
+def ce_saving(
+    rows: int, vocab: int, logit_bytes: int, chunks: int = DEFAULT_CE_CHUNKS, hidden: int = 0, head_grad_elem: int = 0
+) -> int:
     """Bytes chunked cross-entropy saves at the backward peak (``ce_plain_bytes`` - ``chunked_ce_bytes``, >= 0)."""
-    return max(0, ce_plain_bytes(rows, vocab) - chunked_ce_bytes(rows, vocab, logit_bytes, chunks))
+    chunked = chunked_ce_bytes(rows, vocab, logit_bytes, chunks, hidden, head_grad_elem)
+    return max(0, ce_plain_bytes(rows, vocab) - chunked)
 
 
 def ce_saved_activation_bytes(rows: int, vocab: int, logit_bytes: int, chunked: bool) -> int:

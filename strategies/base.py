@@ -271,11 +271,11 @@ class Strategy(ABC):
     lora_blocker: str | None = None
     quantized_base: bool = False
     client_optimizers: bool = True
-    # The optimizer step in backward (advisor.memory_options): None when per-parameter steps in
-    # register_post_accumulate_grad_hook compose with this strategy, else why not (one line); ``hook_grads_sharded``:
-    # the gradient each hook sees is this rank's shard (FSDP2), so the gradient held is sharded too.
+    # The optimizer step in backward (advisor.memory_options): None when per-parameter steps in a post-accumulate-grad
+    # hook compose with this strategy, else why not; ``hook_grads_sharded``: each hook sees this rank's shard (FSDP2).
     optimizer_in_backward_blocker: str | None = "not wired here (torchtune pairs it with one GPU or FSDP2)"
     hook_grads_sharded: bool = False
+    chunked_loss_script_blocker: str | None = None  # why its script cannot use the chunked loss (None: it can)
 
     def pinned(self, options: TrainingOptions) -> bool:
         """Whether a plan with ``options`` has a row for this strategy: always for the registered strategies; a row

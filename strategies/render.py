@@ -30,6 +30,7 @@ import advisor
 from advisor.choices import FsdpGradSync, LauncherKind, Optimizer, Precision, SelectiveCheckpointing, plain
 from advisor.errors import AdvisorError
 from advisor.models import ModelSpec, family_of
+from advisor.models.families.transformer import chunked_loss_blocker
 
 from . import get_strategy, runnable_names, strategy_names
 from .emit_manifest import MANIFEST, edited_files, kept_copy, manifest_text, stale_files
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 TEMPLATES = Path(__file__).parent / "templates"
 # advisor.selective_ac's source, read as text (importing it would import torch): the op policy's pieces are copied
 SELECTIVE_AC = Path(advisor.__file__).parent / "selective_ac.py"
+# advisor.chunked_ce's source, read as text likewise: chunked cross-entropy's per-slice loss is copied from it
+CHUNKED_CE = Path(advisor.__file__).parent / "chunked_ce.py"
 # The standard-library modules a script may use; each is imported where its text uses it.
 _STDLIB = (
     "argparse",
@@ -138,6 +141,7 @@ class Job:
     # --selective-checkpointing (op: per op inside each block; layer: every checkpoint_every-th block whole)
     selective_checkpointing: SelectiveCheckpointing | None = None
     checkpoint_every: int = 2
+    ce_chunks: int | None = None  # --chunked-cross-entropy: the sequence's slices (None: the model's own loss)
 
     @property
     def world_size(self) -> int:
@@ -224,7 +228,25 @@ def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
         pp_virtual_stages=opts.pp_virtual_stages,
         selective_checkpointing=opts.selective_checkpointing,
         checkpoint_every=opts.layer_every,  # as the plan sizes it (advisor.ladder_state.user_state)
+        ce_chunks=_chunked_loss(plan.spec, strat, opts.chunked_cross_entropy),
     )
+
+
+def _chunked_loss(spec: ModelSpec, strategy: Strategy, chunks: int | None) -> int | None:
+    """``chunks`` when the script can compute the loss by chunked cross-entropy (None when not asked for).
+
+    Raises:
+        AdvisorError: the strategy's script or the model's class cannot take it (one line, what to do).
+    """
+    if chunks is None:
+        return None
+    why = strategy.chunked_loss_script_blocker or chunked_loss_blocker(spec)
+    if why:
+        raise AdvisorError(
+            f"--chunked-cross-entropy: {why}: drop it to --emit or --verify {strategy.name} (without --emit the plan "
+            "sizes it)"
+        )
+    return chunks
 
 
 def _check_literal(value: object, where: str) -> None:
@@ -282,6 +304,8 @@ def _constants(job: Job) -> dict[str, object]:
         consts["COLLECTIVE_TIMEOUT_MINUTES"] = 30
     if job.selective_checkpointing == SelectiveCheckpointing.LAYER:
         consts["CHECKPOINT_EVERY"] = job.checkpoint_every
+    if job.ce_chunks:
+        consts["CE_CHUNKS"] = job.ce_chunks
     if job.model_flops_per_sample and job.peak_flops_per_gpu:
         consts["MODEL_FLOPS_PER_SAMPLE"] = job.model_flops_per_sample
         consts["PEAK_FLOPS_PER_GPU"] = float(job.peak_flops_per_gpu)
@@ -323,6 +347,7 @@ CONSTANT_NOTES = {
     "INIT_FROM": "default --init-from: pretrained weights (None: freshly initialised)",
     "COLLECTIVE_TIMEOUT_MINUTES": "a rank waiting this long in a collective fails instead of hanging",
     "CHECKPOINT_EVERY": "selective checkpointing: every N-th block is checkpointed whole",
+    "CE_CHUNKS": "chunked cross-entropy: the loss takes this many slices of the logits at a time in fp32",
     "MODEL_FLOPS_PER_SAMPLE": "forward + backward FLOPs of one sample (advisor's trace; recompute excluded)",
     "PEAK_FLOPS_PER_GPU": "dense peak FLOP/s of the planned GPU at this precision (for MFU; set your GPU's)",
     "SYNC_BN_MAX_MICRO_BATCH": "SyncBatchNorm at or below this per-GPU batch",
@@ -579,6 +604,7 @@ def variants(job: Job) -> dict[str, str]:
             if adapter
             else {}
         ),
+        **({"compute_loss": "chunked" if job.ce_chunks else "plain"} if text else {}),
         **family_of(job.spec).script_variants(job.spec),
         **job.strategy_unit.script_variants(job),
     }
@@ -605,6 +631,8 @@ def render_train_py(job: Job) -> str:
         ("advisor.checkpointing", _helpers_source(job, template)),
         # the op policy's save list and policy function (module-level values and functions, copied where used)
         *([("advisor.selective_ac", SELECTIVE_AC.read_text())] if chosen["checkpoint_activations"] == "op" else []),
+        # chunked cross-entropy (ChunkedCrossEntropy and IGNORE_INDEX, copied where used)
+        *([("advisor.chunked_ce", CHUNKED_CE.read_text())] if job.ce_chunks else []),
         *((name, (TEMPLATES / name).read_text()) for name in modules),
         ("the model family's fragment", family_of(job.spec).script_fragment()),
         *((name, (TEMPLATES / name).read_text()) for name in (*strategy.script_parts, *own)),
@@ -617,6 +645,8 @@ def render_train_py(job: Job) -> str:
     # the op policy's annotations (advisor.selective_ac's, copied): standard library, after its plain imports
     sac = ["from collections.abc import Callable", "from contextlib import AbstractContextManager"]
     stdlib_from = sac if chosen["checkpoint_activations"] == "op" else []
+    if job.ce_chunks:  # ChunkedCrossEntropy's annotations (advisor.chunked_ce's, copied)
+        stdlib_from = [*stdlib_from, "from typing import Any"]
     lines = [
         _docstring(job, launch),
         "",

@@ -67,6 +67,7 @@ class TensorParallel(Strategy):
         "wrap here: use single, ddp, fsdp2 or ZeRO for LoRA"
     )
     client_optimizers = False  # bitsandbytes' and Adafactor's steps on DTensor shards are not verified
+    chunked_loss_script_blocker = "the tensor-parallel script's loss is vocab-parallel (loss_parallel, sharded logits)"
     script_loop = ("torch_steps.py", "tp.py")
     script_imports = (
         *DCP_IMPORTS,

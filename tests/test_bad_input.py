@@ -175,8 +175,8 @@ CASES = [
     (["llama-2-7b", "--gpus", "4", "--pp", "3"], ["does not divide 4 GPUs", "pp values that do with tp 1: 1, 2, 4"]),
     # the memory options the rows apply but the scripts do not write: refused for --emit before planning
     (
-        ["gpt2", "--gpus", "2", "--activation-offload", "--chunked-cross-entropy", "4", "--emit", "{dir}/offload"],
-        ["--activation-offload, --chunked-cross-entropy 4: the generated scripts do not apply them yet"],
+        ["gpt2", "--gpus", "2", "--activation-offload", "--optimizer-in-backward", "--emit", "{dir}/offload"],
+        ["--activation-offload, --optimizer-in-backward: the generated scripts do not apply them yet"],
     ),
     # selective checkpointing is written into every script but the pipeline's
     (

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from advisor.check import check_source
+from advisor.errors import AdvisorError
 from advisor.plan import plan
 from advisor.schema import plan_inputs
-from strategies import strategy_names
+from strategies import get_strategy, strategy_names
 from strategies.render import render_files
 from tests.shared import computed_once
 
@@ -36,6 +37,8 @@ CASES = {
     # selective checkpointing: torchtitan's op policy (its save list copied in) and layer policy (CHECKPOINT_EVERY)
     "llama-sac-op": dict(LLAMA, gpus=2, precision="bf16", selective_checkpointing="op"),
     "resnet18-sac-layer": dict(model="resnet18", gpus=2, precision="fp32", selective_checkpointing="layer"),
+    # chunked cross-entropy: advisor.chunked_ce's ChunkedCrossEntropy copied in (not into TP's script)
+    "llama-chunked-ce": dict(LLAMA, gpus=2, precision="bf16", chunked_cross_entropy=4),
     "resnet18": dict(model="resnet18", gpus=2, precision="fp32"),
     "resnet18-lora": dict(model="resnet18", gpus=2, precision="fp32", lora_rank=4, lora_targets="fc"),
     "factory": dict(model_factory="tests.fixtures.factories:small_cnn", image_size=16, gpus=2, precision="fp32"),
@@ -54,8 +57,13 @@ def _render_every_case() -> dict[str, str]:
     for case, inputs in CASES.items():
         p = plan(plan_inputs(detect_hardware=False, **inputs), device="cpu")
         for strategy in (r.name for r in p.rows if r.name in strategy_names() or r.estimate_only is None):
-            if p.row(strategy).applicable:
-                scripts[f"{case}-{strategy}"] = render_files(p, strategy)["train.py"]
+            if not p.row(strategy).applicable:
+                continue
+            if inputs.get("chunked_cross_entropy") and get_strategy(strategy).chunked_loss_script_blocker:
+                with pytest.raises(AdvisorError, match="^--chunked-cross-entropy: the tensor-parallel script"):
+                    render_files(p, strategy)
+                continue
+            scripts[f"{case}-{strategy}"] = render_files(p, strategy)["train.py"]
     return scripts
 
 
@@ -103,6 +111,9 @@ def test_each_script_carries_only_its_own_mode(emitted):
         "SAVE_OP_NAMES": lambda n: n.startswith("llama-sac-op-"),
         "create_selective_checkpoint_contexts": lambda n: n.startswith("llama-sac-op-"),
         "CHECKPOINT_EVERY = 2": lambda n: n.startswith("resnet18-sac-layer-"),
+        # the chunked loss: its slices' count and the per-slice loss function, in its own scripts alone
+        "CE_CHUNKS = 4": lambda n: n.startswith("llama-chunked-ce-"),
+        "class ChunkedCrossEntropy": lambda n: n.startswith("llama-chunked-ce-"),
     }
     for mark, owner in marks.items():
         have = sorted(name for name, text in emitted.items() if mark in text)

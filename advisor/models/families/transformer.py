@@ -159,6 +159,27 @@ def keep_head_apart(model: torch.nn.Module) -> None:
         head.weight = torch.nn.Parameter(head.weight.detach().clone())
 
 
+def chunked_loss_blocker(spec: ModelSpec) -> str | None:
+    """Why a generated script cannot compute ``spec``'s loss by chunked cross-entropy (None: it can). The script shifts
+    the labels as a causal LM's loss does and computes the cross-entropy alone, so the class advisor trains
+    (``hf_model_class``) must be a causal LM whose loss adds no router load-balancing term.
+
+    Raises:
+        AdvisorError: transformers rejects the config.
+    """
+    with MODEL_BUILD_LOCK:
+        from transformers.models.auto import modeling_auto as ma
+
+        config = hf_config(spec)
+        cls = hf_model_class(config)
+        causal = ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+    if cls.__name__ != causal:
+        return f"{cls.__name__} is not a causal language model; the script shifts the labels as a causal LM's loss does"
+    if getattr(config, "output_router_logits", False):
+        return f"{spec.name}'s loss adds the routers' load-balancing loss, which the chunked loss leaves out"
+    return None
+
+
 class TransformerFamily(ModelFamily):
     name = "transformer"
     default_micro_batch = 1

@@ -78,10 +78,26 @@ def load_real_dataset(args):
     return train, held_out
 
 
-def compute_loss(model, batch: dict, device, dtype=None):
+def compute_loss__plain(model, batch: dict, device, dtype=None):
     """This rank's mean loss (a mean per rank: the gradients are averaged over the ranks)."""
     ids = batch["input_ids"].to(device, non_blocking=True)
     return model(input_ids=ids, labels=batch["labels"].to(device, non_blocking=True)).loss
+
+
+def compute_loss__chunked(model, batch: dict, device, dtype=None):
+    """This rank's mean loss by chunked cross-entropy (ChunkedCrossEntropy): CE_CHUNKS slices of the logits at a time
+    in fp32, keeping for backward only the logits in their own dtype and one log-sum-exp per token, instead of the
+    whole batch's fp32 log-softmax and its two fp32 gradients."""
+    ids = batch["input_ids"].to(device, non_blocking=True)
+    labels = batch["labels"].to(device, non_blocking=True)
+    # Each position predicts the next token (transformers' causal-LM loss shifts the labels the same way); the last
+    # position has none.
+    targets = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+    logits = model(input_ids=ids).logits
+    return ChunkedCrossEntropy.apply(logits.flatten(0, 1), targets.flatten(), CE_CHUNKS, IGNORE_INDEX)
+
+
+compute_loss = compute_loss__plain
 
 
 def export_weights(model, args, state_dict=None) -> None:
