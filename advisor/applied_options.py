@@ -109,6 +109,19 @@ def unscripted_flags(opts: TrainingOptions) -> list[str]:
     return [f for f, st in _flags(opts) if not (st.ac or st.chunked_ce) or opts.pp_degree]
 
 
+def unscripted_error(opts: TrainingOptions) -> str | None:
+    """The one line --emit / --verify stop with when a flag passed is not in the generated scripts (None: all are):
+    the script would not match the plan it is measured against."""
+    flags = unscripted_flags(opts)
+    if not flags:
+        return None
+    it = "it" if len(flags) == 1 else "them"
+    return (
+        f"{', '.join(flags)}: the generated scripts do not apply {it} yet, so the script would not match the plan; "
+        f"drop {it} to --emit or --verify (without --emit the plan sizes {it})"
+    )
+
+
 def script_note(opts: TrainingOptions) -> list[str]:
     """The options the rows apply but the generated scripts do not emit yet: said once (none passed: nothing)."""
     flags = unscripted_flags(opts)

@@ -338,14 +338,10 @@ def _plan_face(argv: list[str]) -> int:
     if run.strategy and not get_strategy(run.strategy).pinned(inputs.training):  # before minutes of planning
         raise AdvisorError(f"--strategy {run.strategy} is the pipeline row: add --pp-degree N (short: --pp N)")
     if run.emit or run.verify:
-        from .applied_options import unscripted_flags
+        from .applied_options import unscripted_error
 
-        if flags := unscripted_flags(inputs.training):  # before minutes of planning
-            it = "it" if len(flags) == 1 else "them"
-            raise AdvisorError(
-                f"{', '.join(flags)}: the generated scripts do not apply {it} yet, so the script would not match the "
-                f"plan; drop {it} to --emit or --verify (without --emit the plan sizes {it})"
-            )
+        if why := unscripted_error(inputs.training):  # before minutes of planning
+            raise AdvisorError(why)
     from .document import plan_to_dict
     from .plan import plan
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, NotRequired, TypedDict
 from strategies import get_strategy
 from strategies.render import job_from_plan, render_job, write_files
 
+from .applied_options import unscripted_error
 from .choices import Device
 from .errors import AdvisorError
 from .hardware import Hardware, host_memory_bytes, without_gpu_calibration
@@ -232,7 +233,8 @@ def verify(
     ``progress`` receives one-line status messages; it is called from a log-reader thread.
 
     Raises:
-        AdvisorError: bad input, nothing to verify (no strategy fits and none was named).
+        AdvisorError: bad input, an option the generated scripts do not write yet, nothing to verify (no strategy
+            fits and none was named).
         VerifyBusy: another verification holds this machine's lock.
     """
     say = progress or (lambda _msg: None)
@@ -240,6 +242,8 @@ def verify(
         raise AdvisorError(f"--steps must be between 1 and 10000, got {steps}")
     if not timeout_s > 0:
         raise AdvisorError(f"--timeout must be positive, got {timeout_s}")
+    if why := unscripted_error(inputs.training):
+        raise AdvisorError(why)
     import torch
 
     device = Device.CUDA if torch.cuda.is_available() else Device.CPU

@@ -11,10 +11,15 @@ within 15%; speeds as savings ratios within 25% where the time model expresses t
 removed, and checkpointing, which drops those activations, saves that much more here: carried as a stated offset
 on the checkpointing rung's saving.
 
-Two rungs miss (stated, tested as misses): 8-bit AdamW saves 5.9 GiB here (bitsandbytes' 1-byte moments for the
-bf16 ones: 2 bytes per parameter) against the published 4.2; QLoRA's peak is 5.8 GiB against 4.6, of which about
-0.8 GiB is peft's ``prepare_model_for_kbit_training`` upcasting the tied 128256 x 3072 embedding to fp32, which
-torchtune's QLoRA (torchao NF4, bf16 embeddings) does not do.
+Stated misses (tested as misses): 8-bit AdamW saves 5.9 GiB here (bitsandbytes' 1-byte moments for the bf16 ones:
+2 bytes per parameter) against the published 4.2. The chunked loss is sized as advisor's scripts compute it (the
+output head once, then the logits' whole 16-bit gradient beside them: ``advisor.memory_options.chunked_ce_bytes``),
+2 bytes per logit (1.96 GiB at 8192 x 128256) more than torchtune's per-chunk output head keeps; its own saving still
+holds (7.3 GiB against 8.1), but the rungs above it carry it: the peak stays at the loss's backward, before any
+gradient exists, so the optimizer step in backward saves next to nothing (1.8 GiB published), and LoRA's and QLoRA's
+peaks are about 2 GiB over torchtune's (QLoRA's also holds about 0.8 GiB of peft's ``prepare_model_for_kbit_training``
+upcasting the tied 128256 x 3072 embedding to fp32, which torchtune's QLoRA, torchao NF4 with bf16 embeddings, does
+not do).
 
 ``python -m bench.published_ladder`` prints the table (markdown); tests/test_published_ladder.py checks it.
 """

@@ -277,3 +277,12 @@ def test_chunked_loss_scripts_only_causal_lms_without_a_router_loss() -> None:
     assert "not a causal language model" in (chunked_loss_blocker(spec("t5-small.json")) or "")
     routed = spec("mixtral-8x7b-v0.1.json", output_router_logits=True)
     assert "load-balancing loss" in (chunked_loss_blocker(routed) or "")
+
+
+def test_verify_refuses_an_option_the_scripts_do_not_write() -> None:
+    """verify() itself (the page's and bench's way in, not only the CLI's) stops before planning: the script would
+    run without the option and be measured against a plan with it."""
+    from advisor.verify import verify
+
+    with pytest.raises(AdvisorError, match=r"^--activation-offload: the generated scripts do not apply it yet"):
+        verify(plan_inputs(model="gpt2", gpus=1, detect_hardware=False, activation_offload=True), "single")
