@@ -6,6 +6,7 @@ not have) in anything they read."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -46,7 +47,10 @@ def test_ruff_finds_nothing(args: list[str]) -> None:
 
 @pytest.mark.slow
 def test_mypy_finds_no_error() -> None:
-    done = subprocess.run([_tool("mypy"), "--no-error-summary"], cwd=ROOT, capture_output=True, text=True)
+    # A checkout without mypy's cache (CI's fresh clone) would spend a sixth of the check writing one it never reads
+    # again (measured here: 41 s writing, 35 s not); a checkout with one reads it (a few seconds) and keeps it fresh.
+    cache = [] if (ROOT / ".mypy_cache").is_dir() else ["--cache-dir", os.devnull]
+    done = subprocess.run([_tool("mypy"), "--no-error-summary", *cache], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
 
 
