@@ -423,6 +423,17 @@ def test_host_ram_is_a_page_field_and_messages_name_it(at: AppTest) -> None:
     assert table[table["name"] == "zero3_offload"].iloc[0]["fits"] == "yes"
 
 
+def test_optional_numbers_are_bounded_as_the_schema_says(at: AppTest) -> None:
+    """A dropout steps by 0.05 between 0 and its 0.9 limit; memory sizes cannot go below 0 (0 itself is refused by the
+    schema's check, in one line)."""
+    dropout = at.number_input(key="lora_dropout")
+    assert (dropout.min, dropout.max, dropout.step) == (0.0, 0.9, 0.05)
+    memory = at.number_input(key="gpu_mem_gib")
+    assert (memory.min, memory.max, memory.step) == (0.0, 4096.0, 1.0)
+    memory.set_value(0.0).run()
+    assert not at.exception and len(at.error) == 1 and "above 0" in texts(at.error)[0], texts(at.error)
+
+
 def test_page_text_turns_flags_with_a_widget_into_its_label() -> None:
     from advisor.page import words as page
     from advisor.schema import field_labels

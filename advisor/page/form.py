@@ -107,11 +107,15 @@ def _optional_number(f: Field, help: str | None = None) -> int | float | None:
             help=text,
         )
         return None if count is None else int(count)
+    # Every float the page asks for is 0 or more (a low of 0.0 is exclusive: the schema's check says so in one line);
+    # a fraction (a dropout, at most 1) in 0.05 steps.
+    high = f.opt.high
     value = st.number_input(
         f.label,
-        min_value=low if low is not None and low > 0 else None,
+        min_value=0.0 if low is None else float(low),
+        max_value=None if high is None else float(high),
         value=None,
-        step=1.0,
+        step=0.05 if high is not None and high <= 1 else 1.0,
         key=f.name,
         placeholder=placeholder,
         help=text,
