@@ -5,8 +5,9 @@ to a strategy row's traced peak (``advisor.memory.Breakdown``) and step time, fo
 (``advisor.ladder``) and for the plan's rows when the user passes the options (``advisor.applied_options``); the
 generated scripts write selective checkpointing (``checkpoint_activations``'s op and layer variants,
 strategies/templates/torch_steps.py, with ``advisor.selective_ac``'s policy copied in) and chunked cross-entropy (the
-transformer fragment's ``compute_loss`` chunked variant, with ``advisor.chunked_ce``'s ``ChunkedCrossEntropy``), not yet
-the other two.
+transformer fragment's ``compute_loss`` chunked variant, with ``advisor.chunked_ce``'s ``ChunkedCrossEntropy``) and, in
+the single-GPU script, the optimizer step in backward (templates/common.py's ``OptimizerInBackward``); not yet
+activation offload.
 
 - Chunked cross-entropy (``advisor.chunked_ce``): ``ce_plain_bytes`` / ``chunked_ce_bytes``.
 - Selective activation checkpointing (``advisor.selective_ac``): ``sac_op_saved_bytes_per_block`` and

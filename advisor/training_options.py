@@ -180,8 +180,8 @@ class TrainingOptions:
     )
     # The memory options beyond full checkpointing (advisor.memory_options): applied to every strategy row that can
     # take them and sized in the ladder (--ladder), by the same rules (advisor.applied_options); the generated
-    # scripts write selective checkpointing and chunked cross-entropy, not yet activation offload or the optimizer
-    # step in backward (advisor.applied_options.unscripted_flags).
+    # scripts write selective checkpointing, chunked cross-entropy and (single) the optimizer step in backward, not
+    # yet activation offload (advisor.applied_options.unscripted_flags).
     selective_checkpointing: SelectiveCheckpointing | None = _f(
         None,
         flag="--selective-checkpointing",

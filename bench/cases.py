@@ -38,13 +38,15 @@ class Case:
     double_quant: bool = False
     pp_degree: int | None = None  # the pinned pipeline row (strategy "pp"): its degree, DP the rest
     selective: str | None = None  # --selective-checkpointing op|layer (torchtitan's policies; layer: every 2nd block)
-    ce_chunks: int | None = None  # --chunked-cross-entropy: the output head and the loss on this many sequence slices
+    ce_chunks: int | None = None  # --chunked-cross-entropy: the loss over this many slices of the logits at a time
+    in_backward: bool = False  # --optimizer-in-backward: each parameter steps in its gradient's hook (single)
 
     @property
     def case_id(self) -> str:
         shape = f"s{self.seq_len}" if self.seq_len else f"i{self.image_size}"
         ac = "-ac" if self.checkpointing else f"-sac{self.selective}" if self.selective else ""
         ac += f"-ce{self.ce_chunks}" if self.ce_chunks else ""
+        ac += "-oib" if self.in_backward else ""
         lora = ""
         if self.lora_rank:
             where = "all" if self.lora_targets == "all-linear" else (self.lora_targets or "default").replace(",", "+")
@@ -80,6 +82,8 @@ class Case:
             lora["selective_checkpointing"] = self.selective
         if self.ce_chunks:
             lora["chunked_cross_entropy"] = self.ce_chunks
+        if self.in_backward:
+            lora["optimizer_in_backward"] = True
         return {
             **source,
             **shape,
@@ -141,6 +145,8 @@ SUITE: tuple[Case, ...] = (
     # chunked cross-entropy: the output head per slice of the sequence; gpt2's head is tied to its embedding
     _lm("llama-small", 256, "single", 1, 8, ce_chunks=4),
     _lm("gpt2", 256, "ddp", 2, 2, ce_chunks=4),
+    # the optimizer step in backward, at a size whose plain run peaks at its optimizer step (every gradient held)
+    _lm("llama-small", 32, "single", 1, 2, in_backward=True),
     _lm("llama-small", 256, "zero2", 1, 4),
     _lm("llama-small", 256, "zero2", 2, 4),
     _lm("llama-small", 256, "zero1", 2, 4),  # issue 25: ZeRO-1, the same run as the ZeRO-2 case above

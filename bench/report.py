@@ -27,6 +27,7 @@ def _case_label(r: dict) -> str:
     shape = f"seq {r['seq_len']}" if r.get("seq_len") else f"{r['image_size']} px"
     ac = ", AC" if r["checkpointing"] else f", selective AC ({r['selective']})" if r.get("selective") else ""
     ac += f", chunked CE ({r['ce_chunks']})" if r.get("ce_chunks") else ""
+    ac += ", optimizer in backward" if r.get("in_backward") else ""
     lora = ""
     if r.get("lora_rank"):  # issue 16: the adapters, and QLoRA's quantized base
         quant = f"{r['quantize']}{'+dq' if r.get('double_quant') else ''} " if r.get("quantize") else ""

@@ -264,7 +264,6 @@ class Strategy(ABC):
     # Model-state sharding stage among the data-parallel strategies without offload: 0 DDP, 1-3 ZeRO
     # stages (None: not comparable that way). A higher stage never holds more model states.
     sharding_stage: int | None = None
-
     # Fine-tuning: None when LoRA adapters run under this strategy, else why not (one clause); whether a
     # bitsandbytes-quantized frozen base (QLoRA) is modelled and verified with it; whether optimizers other than
     # torch's (bitsandbytes', transformers' Adafactor) can step its parameters (DTensor shards: not verified).
@@ -275,6 +274,7 @@ class Strategy(ABC):
     # hook compose with this strategy, else why not; ``hook_grads_sharded``: each hook sees this rank's shard (FSDP2).
     optimizer_in_backward_blocker: str | None = "not wired here (torchtune pairs it with one GPU or FSDP2)"
     hook_grads_sharded: bool = False
+    optimizer_in_backward_scripted: bool = False  # whether its script writes the optimizer step in backward
     chunked_loss_script_blocker: str | None = None  # why its script cannot use the chunked loss (None: it can)
 
     def pinned(self, options: TrainingOptions) -> bool:

@@ -142,6 +142,7 @@ class Job:
     selective_checkpointing: SelectiveCheckpointing | None = None
     checkpoint_every: int = 2
     ce_chunks: int | None = None  # --chunked-cross-entropy: the sequence's slices (None: the model's own loss)
+    optimizer_in_backward: bool = False  # --optimizer-in-backward: each parameter steps in its gradient's hook
 
     @property
     def world_size(self) -> int:
@@ -229,7 +230,30 @@ def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
         selective_checkpointing=opts.selective_checkpointing,
         checkpoint_every=opts.layer_every,  # as the plan sizes it (advisor.ladder_state.user_state)
         ce_chunks=_chunked_loss(plan.spec, strat, opts.chunked_cross_entropy),
+        optimizer_in_backward=_in_backward(strat, opts.optimizer_in_backward, precision, opts.optimizer),
     )
+
+
+def _in_backward(strategy: Strategy, asked: bool, precision: Precision, optimizer: Optimizer) -> bool:
+    """Whether the script steps each parameter in backward (``asked`` and the script can).
+
+    Raises:
+        AdvisorError: the strategy's script, the precision or the optimizer cannot take it (one line, what to do).
+    """
+    if not asked:
+        return False
+    why = (
+        f"the {strategy.name} script does not write it yet (single does; FSDP2's rows are sized with it)"
+        if not strategy.optimizer_in_backward_scripted
+        else "fp16's GradScaler unscales every gradient before one step; use bf16"
+        if precision == Precision.FP16
+        else f"the script steps Adam or AdamW per parameter, not {optimizer}"
+        if optimizer not in (Optimizer.ADAM, Optimizer.ADAMW)
+        else None
+    )
+    if why:
+        raise AdvisorError(f"--optimizer-in-backward: {why}: drop it to --emit or --verify {strategy.name}")
+    return True
 
 
 def _chunked_loss(spec: ModelSpec, strategy: Strategy, chunks: int | None) -> int | None:
@@ -590,7 +614,8 @@ def variants(job: Job) -> dict[str, str]:
         "prepare_model": model,
         "checkpoint_activations": _checkpointing_variant(job),
         "export": export,
-        "make_optimizer": _OPTIMIZER_VARIANTS[job.optimizer],
+        "make_optimizer": "adam_in_backward" if job.optimizer_in_backward else _OPTIMIZER_VARIANTS[job.optimizer],
+        "optimizer_step": "in_backward" if job.optimizer_in_backward else "clipped",
         "throughput": "tokens" if text else "samples",
         "mfu": "known" if job.peak_flops_per_gpu and job.model_flops_per_sample else "unknown",
         "DATA_OPTIONS": "text" if text else "files",

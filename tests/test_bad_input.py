@@ -175,9 +175,29 @@ CASES = [
     (["llama-2-7b", "--gpus", "4", "--pp", "3"], ["does not divide 4 GPUs", "pp values that do with tp 1: 1, 2, 4"]),
     # the memory options the rows apply but the scripts do not write: refused for --emit before planning
     (
-        ["gpt2", "--gpus", "2", "--activation-offload", "--optimizer-in-backward", "--emit", "{dir}/offload"],
-        ["--activation-offload, --optimizer-in-backward: the generated scripts do not apply them yet"],
+        ["gpt2", "--gpus", "2", "--activation-offload", "--selective-checkpointing", "op", "--emit", "{dir}/offload"],
+        ["--activation-offload: the generated scripts do not apply it yet"],
     ),
+    # the optimizer step in backward is in the single-GPU script alone; FSDP2's rows are sized with it
+    (
+        ["gpt2", "--gpus", "2", "--optimizer-in-backward", "--strategy", "fsdp2", "--emit", "{dir}/in-backward"],
+        ["--optimizer-in-backward: the fsdp2 script does not write it yet (single does"],
+    ),
+    (
+        [
+            "gpt2",
+            "--gpus",
+            "1",
+            "--optimizer-in-backward",
+            "--optimizer",
+            "sgd",
+            "--strategy",
+            "single",
+            "--emit",
+            "{dir}/in-backward-sgd",
+        ],
+        ["--optimizer-in-backward: the script steps Adam or AdamW per parameter, not sgd"],
+    ),  # fmt: skip
     # selective checkpointing is written into every script but the pipeline's
     (
         ["llama-2-7b", "--gpus", "2", "--pp", "2", "--selective-checkpointing", "op", "--emit", "{dir}/ppsac"],

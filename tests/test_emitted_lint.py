@@ -39,6 +39,8 @@ CASES = {
     "resnet18-sac-layer": dict(model="resnet18", gpus=2, precision="fp32", selective_checkpointing="layer"),
     # chunked cross-entropy: advisor.chunked_ce's ChunkedCrossEntropy copied in (not into TP's script)
     "llama-chunked-ce": dict(LLAMA, gpus=2, precision="bf16", chunked_cross_entropy=4),
+    # the optimizer step in backward: one optimizer per parameter in its gradient's hook (the single-GPU script)
+    "llama-in-backward": dict(LLAMA, gpus=1, precision="bf16", optimizer_in_backward=True),
     "resnet18": dict(model="resnet18", gpus=2, precision="fp32"),
     "resnet18-lora": dict(model="resnet18", gpus=2, precision="fp32", lora_rank=4, lora_targets="fc"),
     "factory": dict(model_factory="tests.fixtures.factories:small_cnn", image_size=16, gpus=2, precision="fp32"),
@@ -61,6 +63,10 @@ def _render_every_case() -> dict[str, str]:
                 continue
             if inputs.get("chunked_cross_entropy") and get_strategy(strategy).chunked_loss_script_blocker:
                 with pytest.raises(AdvisorError, match="^--chunked-cross-entropy: the tensor-parallel script"):
+                    render_files(p, strategy)
+                continue
+            if inputs.get("optimizer_in_backward") and not get_strategy(strategy).optimizer_in_backward_scripted:
+                with pytest.raises(AdvisorError, match=f"^--optimizer-in-backward: the {strategy} script does not"):
                     render_files(p, strategy)
                 continue
             scripts[f"{case}-{strategy}"] = render_files(p, strategy)["train.py"]
@@ -106,7 +112,9 @@ def test_each_script_carries_only_its_own_mode(emitted):
         # DeepSpeed starts its own process group and steps through its engine; the pipeline (bf16 and fp32 only: no
         # fp16, no GradScaler) steps its optimizer itself, after its stages' gradient exchanges
         "def init_torchrun": lambda n: "zero" not in n and "single" not in n,
-        "run.scaler.step(run.optimizer)": lambda n: "zero" not in n and not n.endswith("-pp"),
+        "run.scaler.step(run.optimizer)": lambda n: (
+            "zero" not in n and not n.endswith("-pp") and not n.startswith("llama-in-backward-")
+        ),
         # the op policy's save list and context, the layer policy's count: in their own scripts alone
         "SAVE_OP_NAMES": lambda n: n.startswith("llama-sac-op-"),
         "create_selective_checkpoint_contexts": lambda n: n.startswith("llama-sac-op-"),
@@ -114,6 +122,8 @@ def test_each_script_carries_only_its_own_mode(emitted):
         # the chunked loss: its slices' count and the per-slice loss function, in its own scripts alone
         "CE_CHUNKS = 4": lambda n: n.startswith("llama-chunked-ce-"),
         "class ChunkedCrossEntropy": lambda n: n.startswith("llama-chunked-ce-"),
+        "class OptimizerInBackward": lambda n: n.startswith("llama-in-backward-"),
+        "clip_grad_norm_": lambda n: not n.startswith("llama-in-backward-") and "zero" not in n,
     }
     for mark, owner in marks.items():
         have = sorted(name for name, text in emitted.items() if mark in text)

@@ -145,6 +145,48 @@ def make_optimizer__adam(params, device):
     return cls(params, lr=LR, weight_decay=WEIGHT_DECAY if OPTIMIZER == "adamw" else 0.0, **fused)
 
 
+def make_optimizer__adam_in_backward(params, device):
+    """The optimizer step in backward (torchtune's optimizer_in_bwd): one Adam or AdamW (OPTIMIZER) per parameter,
+    each stepped in that parameter's post-accumulate-grad hook as soon as backward has its gradient, which is then
+    freed (OptimizerInBackward): one parameter's gradient alive at a time instead of all of them."""
+    if OPTIMIZER not in ("adam", "adamw"):
+        raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: this script holds Adam's code: emit it again with --optimizer")
+    fused = {"fused": True} if device.type == "cuda" else {}  # one kernel per parameter's step on CUDA
+    cls = torch.optim.AdamW if OPTIMIZER == "adamw" else torch.optim.Adam
+    decay = WEIGHT_DECAY if OPTIMIZER == "adamw" else 0.0
+    return OptimizerInBackward(params, lambda one: cls(one, lr=LR, weight_decay=decay, **fused))
+
+
+class OptimizerInBackward(torch.optim.Optimizer):
+    """One optimizer per parameter (``make([p])``), stepped by the parameter's post-accumulate-grad hook, which then
+    frees the gradient. This object is what the LR schedule and the checkpoints see: its one param group carries the
+    LR, copied to each parameter's optimizer before its step; its state dict holds theirs. Its own step does nothing
+    (the parameters stepped in backward): no gradient is left for clipping, so none is done."""
+
+    def __init__(self, params, make) -> None:
+        params = list(params)
+        super().__init__(params, {"lr": LR})
+        self.each = [make([p]) for p in params]
+        for p, one in zip(params, self.each, strict=True):
+            p.register_post_accumulate_grad_hook(lambda _p, one=one: self.step_one(one))
+
+    def step_one(self, one) -> None:
+        one.param_groups[0]["lr"] = self.param_groups[0]["lr"]
+        one.step()
+        one.zero_grad(set_to_none=True)
+
+    def step(self, closure=None) -> None:
+        """Nothing left to step (backward did); called so the LR schedule counts the step."""
+
+    def state_dict(self) -> dict:
+        return {"lr": self.param_groups[0]["lr"], "each": [one.state_dict() for one in self.each]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.param_groups[0]["lr"] = state_dict["lr"]
+        for one, saved in zip(self.each, state_dict["each"], strict=True):
+            one.load_state_dict(saved)
+
+
 def make_optimizer__sgd(params, device):
     """The optimizer the estimate assumed (OPTIMIZER: SGD, with or without momentum) over ``params``."""
     if OPTIMIZER not in ("sgd", "sgd-momentum"):

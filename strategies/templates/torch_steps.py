@@ -110,13 +110,22 @@ def backward(run: Run, loss) -> None:
     run.scaler.scale(loss / GRAD_ACCUM_STEPS).backward()
 
 
-def optimizer_step(run: Run, steps: StepLog) -> None:
+def optimizer_step__clipped(run: Run, steps: StepLog) -> None:
     """The end of an accumulation window: clip the true gradients (unscale first: a no-op unless fp16; with DDP
     they are already averaged over the ranks, so every rank computes the same norm), step through the GradScaler,
     release the gradients, move the LR schedule on, log the step with the LR it used."""
     run.scaler.unscale_(run.optimizer)
     norm = torch.nn.utils.clip_grad_norm_(run.params, MAX_GRAD_NORM)
     step_with(run, steps, norm)
+
+
+def optimizer_step__in_backward(run: Run, steps: StepLog) -> None:
+    """The end of a step whose parameters each stepped in backward as their gradients arrived (OptimizerInBackward):
+    no gradient is left to clip or release; move the LR schedule on and log the step with the LR it used."""
+    lr = run.scheduler.get_last_lr()[0]
+    run.optimizer.step()  # nothing to do: it keeps the LR schedule's count of optimizer steps
+    run.scheduler.step()
+    steps.end_step(lr)
 
 
 def step_with(run: Run, steps: StepLog, norm) -> None:
@@ -161,5 +170,6 @@ def export__lora_merged(args, run: Run) -> None:
 
 precision_dtypes = precision_dtypes__mixed
 prepare_model = prepare_model__full
+optimizer_step = optimizer_step__clipped
 checkpoint_activations = checkpoint_activations__off
 export = export__full
