@@ -102,11 +102,11 @@ def _applied(ctx: StrategyContext, r: StrategyRow, fig: Figures, flags: list[tup
 
 def unscripted_flags(opts: TrainingOptions) -> list[str]:
     """The flags passed (as written) that the rows apply but the generated scripts do not emit yet: all but
-    --selective-checkpointing, --chunked-cross-entropy and --optimizer-in-backward, which the scripts but the
-    pipeline's write (``checkpoint_activations``'s op and layer variants, strategies/templates/torch_steps.py; the
-    model fragment's chunked ``compute_loss``; templates/common.py's ``OptimizerInBackward``), the renderer refusing
-    in one line the strategies, models, precisions and optimizers they do not take (``strategies.render``)."""
-    return [f for f, st in _flags(opts) if not (st.ac or st.chunked_ce or st.optimizer_in_backward) or opts.pp_degree]
+    --selective-checkpointing, --chunked-cross-entropy and --optimizer-in-backward, which the scripts write
+    (``checkpoint_activations``'s op and layer variants, strategies/templates/torch_steps.py; the model fragment's
+    chunked ``compute_loss``; templates/common.py's ``OptimizerInBackward``), the renderer refusing in one line the
+    strategies (``Strategy.unscripted_options``), models, precisions and optimizers they do not take."""
+    return [f for f, st in _flags(opts) if not (st.ac or st.chunked_ce or st.optimizer_in_backward)]
 
 
 def unscripted_error(opts: TrainingOptions) -> str | None:

@@ -274,8 +274,8 @@ class Strategy(ABC):
     # hook compose with this strategy, else why not; ``hook_grads_sharded``: each hook sees this rank's shard (FSDP2).
     optimizer_in_backward_blocker: str | None = "not wired here (torchtune pairs it with one GPU or FSDP2)"
     hook_grads_sharded: bool = False
-    optimizer_in_backward_scripted: bool = False  # whether its script writes the optimizer step in backward
-    chunked_loss_script_blocker: str | None = None  # why its script cannot use the chunked loss (None: it can)
+    # (flag, why) per memory option the plan sizes on this row but its script does not write (strategies.render)
+    unscripted_options: tuple[tuple[str, str], ...] = (("--optimizer-in-backward", "does not write it yet"),)
 
     def pinned(self, options: TrainingOptions) -> bool:
         """Whether a plan with ``options`` has a row for this strategy: always for the registered strategies; a row

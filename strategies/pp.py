@@ -60,7 +60,11 @@ class PipelineParallel(Strategy):
     uses_tp_degree = True
     lora_blocker = "LoRA with pipeline stages is not modelled here"
     client_optimizers = False
-    chunked_loss_script_blocker = "the pipeline schedule computes the loss on the last stage's whole logits"
+    unscripted_options = (
+        *Strategy.unscripted_options,
+        ("--chunked-cross-entropy", "computes the loss in the schedule, on the last stage's whole logits"),
+        ("--selective-checkpointing", "does not write it into its stages yet"),
+    )
     comm_pattern = (
         "point-to-point sends of each micro-batch's hidden states between pipeline stages, TP's activation "
         "all-reduces inside a stage, and a gradient all-reduce of each stage across its data-parallel group after "

@@ -39,6 +39,8 @@ from .pick import pick
 from .slurm import SLURM_FILE, render_slurm
 
 if TYPE_CHECKING:
+    from advisor.training_options import TrainingOptions
+
     from .base import Strategy
     from .seams import RenderedPlan
 
@@ -172,6 +174,7 @@ def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
     strat = get_strategy(strategy)
     ctx = plan.context()
     opts, hw = plan.options, plan.hardware
+    _script_refusal(strat, opts, plan.spec)
     mem, t, precision = row.memory, row.time, opts.precision
     grad_accum, global_batch = row.grad_accum_steps, row.global_batch_size
     assert mem is not None and precision is not None and grad_accum is not None and global_batch is not None, (
@@ -229,48 +232,38 @@ def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
         pp_virtual_stages=opts.pp_virtual_stages,
         selective_checkpointing=opts.selective_checkpointing,
         checkpoint_every=opts.layer_every,  # as the plan sizes it (advisor.ladder_state.user_state)
-        ce_chunks=_chunked_loss(plan.spec, strat, opts.chunked_cross_entropy),
-        optimizer_in_backward=_in_backward(strat, opts.optimizer_in_backward, precision, opts.optimizer),
+        ce_chunks=opts.chunked_cross_entropy,
+        optimizer_in_backward=opts.optimizer_in_backward,
     )
 
 
-def _in_backward(strategy: Strategy, asked: bool, precision: Precision, optimizer: Optimizer) -> bool:
-    """Whether the script steps each parameter in backward (``asked`` and the script can).
+def _script_refusal(strategy: Strategy, opts: TrainingOptions, spec: ModelSpec) -> None:
+    """Refuse a memory option the script for ``strategy`` would not apply (the plan sizes it all the same).
 
     Raises:
-        AdvisorError: the strategy's script, the precision or the optimizer cannot take it (one line, what to do).
+        AdvisorError: the strategy's script (``Strategy.unscripted_options``), the model (chunked cross-entropy:
+            ``chunked_loss_blocker``), the precision or the optimizer (the optimizer step in backward) cannot take
+            an option passed; one line, with what to do.
     """
-    if not asked:
-        return False
-    why = (
-        f"the {strategy.name} script does not write it yet (single does; FSDP2's rows are sized with it)"
-        if not strategy.optimizer_in_backward_scripted
-        else "fp16's GradScaler unscales every gradient before one step; use bf16"
-        if precision == Precision.FP16
-        else f"the script steps Adam or AdamW per parameter, not {optimizer}"
-        if optimizer not in (Optimizer.ADAM, Optimizer.ADAMW)
-        else None
+    passed = {
+        "--selective-checkpointing": opts.selective_checkpointing is not None,
+        "--chunked-cross-entropy": opts.chunked_cross_entropy is not None,
+        "--optimizer-in-backward": opts.optimizer_in_backward,
+    }
+    why = next(
+        ((flag, f"the {strategy.name} script {w}") for flag, w in strategy.unscripted_options if passed[flag]), None
     )
-    if why:
-        raise AdvisorError(f"--optimizer-in-backward: {why}: drop it to --emit or --verify {strategy.name}")
-    return True
-
-
-def _chunked_loss(spec: ModelSpec, strategy: Strategy, chunks: int | None) -> int | None:
-    """``chunks`` when the script can compute the loss by chunked cross-entropy (None when not asked for).
-
-    Raises:
-        AdvisorError: the strategy's script or the model's class cannot take it (one line, what to do).
-    """
-    if chunks is None:
-        return None
-    why = strategy.chunked_loss_script_blocker or chunked_loss_blocker(spec)
-    if why:
+    if why is None and passed["--chunked-cross-entropy"] and (model := chunked_loss_blocker(spec)):
+        why = ("--chunked-cross-entropy", model)
+    if why is None and passed["--optimizer-in-backward"]:
+        if opts.precision == Precision.FP16:
+            why = ("--optimizer-in-backward", "fp16's GradScaler unscales every gradient before one step; use bf16")
+        elif opts.optimizer not in (Optimizer.ADAM, Optimizer.ADAMW):
+            why = ("--optimizer-in-backward", f"the script steps Adam or AdamW per parameter, not {opts.optimizer}")
+    if why is not None:
         raise AdvisorError(
-            f"--chunked-cross-entropy: {why}: drop it to --emit or --verify {strategy.name} (without --emit the plan "
-            "sizes it)"
+            f"{why[0]}: {why[1]}: drop it to --emit or --verify {strategy.name} (without --emit the plan sizes it)"
         )
-    return chunks
 
 
 def _check_literal(value: object, where: str) -> None:

@@ -35,7 +35,7 @@ class Single(Strategy):
     comm_pattern = "none (one process)"
     quantized_base = True  # QLoRA: bitsandbytes' 4/8-bit layers, checked on CPU here
     optimizer_in_backward_blocker = None  # torchtune's full_finetune_single_device optimizer_in_bwd
-    optimizer_in_backward_scripted = True  # templates/common.py's OptimizerInBackward
+    unscripted_options = ()  # every memory option (the step in backward: templates/common.py's OptimizerInBackward)
 
     def dp_size(self, ctx: StrategyContext) -> int:
         return 1

@@ -67,7 +67,10 @@ class TensorParallel(Strategy):
         "wrap here: use single, ddp, fsdp2 or ZeRO for LoRA"
     )
     client_optimizers = False  # bitsandbytes' and Adafactor's steps on DTensor shards are not verified
-    chunked_loss_script_blocker = "the tensor-parallel script's loss is vocab-parallel (loss_parallel, sharded logits)"
+    unscripted_options = (
+        *Strategy.unscripted_options,
+        ("--chunked-cross-entropy", "computes a vocab-parallel loss (loss_parallel over the sharded logits)"),
+    )
     script_loop = ("torch_steps.py", "tp.py")
     script_imports = (
         *DCP_IMPORTS,

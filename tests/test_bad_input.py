@@ -181,7 +181,7 @@ CASES = [
     # the optimizer step in backward is in the single-GPU script alone; FSDP2's rows are sized with it
     (
         ["gpt2", "--gpus", "2", "--optimizer-in-backward", "--strategy", "fsdp2", "--emit", "{dir}/in-backward"],
-        ["--optimizer-in-backward: the fsdp2 script does not write it yet (single does"],
+        ["--optimizer-in-backward: the fsdp2 script does not write it yet: drop it to --emit or --verify fsdp2"],
     ),
     (
         [
@@ -198,11 +198,23 @@ CASES = [
         ],
         ["--optimizer-in-backward: the script steps Adam or AdamW per parameter, not sgd"],
     ),  # fmt: skip
-    # selective checkpointing is written into every script but the pipeline's
+    # selective checkpointing is written into every script but the pipeline's (a --pp plan's other rows take it)
     (
-        ["llama-2-7b", "--gpus", "2", "--pp", "2", "--selective-checkpointing", "op", "--emit", "{dir}/ppsac"],
-        ["--selective-checkpointing op: the generated scripts do not apply it yet"],
-    ),
+        [
+            "llama-2-7b",
+            "--gpus",
+            "2",
+            "--pp",
+            "2",
+            "--selective-checkpointing",
+            "op",
+            "--strategy",
+            "pp",
+            "--emit",
+            "{dir}/ppsac",
+        ],
+        ["--selective-checkpointing: the pp script does not write it into its stages yet: drop it to --emit"],
+    ),  # fmt: skip
     (
         ["llama-2-7b", "--gpus", "8", "--nodes", "8", "--pp-degree", "64"],
         ["--pp-degree 64: invalid layout: pp(64) exceeds the model's 32 blocks"],

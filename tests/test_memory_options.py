@@ -286,3 +286,16 @@ def test_verify_refuses_an_option_the_scripts_do_not_write() -> None:
 
     with pytest.raises(AdvisorError, match=r"^--activation-offload: the generated scripts do not apply it yet"):
         verify(plan_inputs(model="gpt2", gpus=1, detect_hardware=False, activation_offload=True), "single")
+
+
+def test_a_pipeline_plan_emits_the_options_into_its_other_rows_scripts(tmp_path: Path) -> None:
+    """--pp adds the pipeline row; the plan's other rows still take the options their scripts write (a new user's
+    find: the flag refused chunked cross-entropy and selective checkpointing for DDP too)."""
+    from advisor.cli import main
+
+    small = str(CONFIGS.parent / "small_llama.json")
+    argv = ["--config", small, "--seq-len", "32", "--micro-batch-size", "2", "--precision", "fp32", "--gpus", "4"]
+    argv += ["--pp", "2", "--chunked-cross-entropy", "4", "--selective-checkpointing", "op", "--strategy", "ddp"]
+    assert main([*argv, "--emit", str(tmp_path / "ddp")]) == 0
+    script = (tmp_path / "ddp" / "train.py").read_text()
+    assert "ChunkedCrossEntropy.apply(" in script and "op_context_fn" in script
