@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 TEMPLATES = Path(__file__).parent / "templates"
 # advisor.selective_ac's source, read as text (importing it would import torch): the op policy's pieces are copied
 SELECTIVE_AC = Path(advisor.__file__).parent / "selective_ac.py"
-# advisor.chunked_ce's source, read as text likewise: chunked cross-entropy's per-slice loss is copied from it
+# advisor.chunked_ce's source, read as text likewise: chunked cross-entropy's ChunkedCrossEntropy is copied from it
 CHUNKED_CE = Path(advisor.__file__).parent / "chunked_ce.py"
 # The standard-library modules a script may use; each is imported where its text uses it.
 _STDLIB = (
@@ -143,7 +143,7 @@ class Job:
     # --selective-checkpointing (op: per op inside each block; layer: every checkpoint_every-th block whole)
     selective_checkpointing: SelectiveCheckpointing | None = None
     checkpoint_every: int = 2
-    ce_chunks: int | None = None  # --chunked-cross-entropy: the sequence's slices (None: the model's own loss)
+    ce_chunks: int | None = None  # --chunked-cross-entropy: the logits' slices (None: the model's own loss)
     optimizer_in_backward: bool = False  # --optimizer-in-backward: each parameter steps in its gradient's hook
 
     @property
