@@ -3,9 +3,12 @@
 Method: ``torch.profiler.profile(profile_memory=True)`` records every CPU-allocator event with the
 allocator's running "Total Allocated" (exported in the Chrome trace). The peak is the largest
 running total; named ``record_function`` ranges give the total before, the peak inside and the
-total after each range. The running total only counts allocations made after the profiler
-started, so start the meter before the model is built (ENGINEERING_NOTES, checked on a 256 MiB
-+ 128 MiB allocation in tests/test_measure.py).
+total after each range. c10's ``ProfiledCPUMemoryReporter`` keeps that total for the whole process and
+counts only allocations made while a profiler records memory, so in a fresh process it starts at zero;
+after an earlier profiled measurement it still holds what that one left counted (tensors freed with no
+profiler running are never taken off: a pytest worker read 1.6 GB there). Every figure is therefore
+taken relative to the total before the meter's first event (``start_bytes``). Start the meter before
+the model is built (ENGINEERING_NOTES, checked on a 256 MiB + 128 MiB allocation in tests/test_measure.py).
 
 Frees the profiler does not see: it records the allocator events of the profiled thread only, and gloo
 frees some tensors on its worker threads (its reduce-scatter clones the input inside the op; measured
@@ -66,12 +69,14 @@ class _TraceEvent(TypedDict, total=False):
 
 class CpuPeakMeter:
     """Context manager: ``peak_bytes`` (int) after exit, and ``ranges[name] = (before, peak, after)``
-    for every ``torch.profiler.record_function(name)`` range entered inside it (the last one wins)."""
+    for every ``torch.profiler.record_function(name)`` range entered inside it (the last one wins); bytes above
+    ``start_bytes``, what the process-wide counter held before the first event (module docstring)."""
 
     def __init__(self) -> None:
         self.peak_bytes = 0
         self.raw_peak_bytes = 0
         self.unseen_frees = 0
+        self.start_bytes = 0
         self.final_bytes = 0
         self.ranges: dict[str, tuple[int, int, int]] = {}
         self._prof: torch.profiler.profile | None = None
@@ -103,8 +108,8 @@ class CpuPeakMeter:
             for e in events
             if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
         )
-        self.raw_peak_bytes = max((t for _, t, _, _, _ in raw), default=0)
         mem = self._seen_totals(raw, events)
+        self.raw_peak_bytes = max((t - self.start_bytes for _, t, _, _, _ in raw), default=0)
         self.peak_bytes = max((t for _, t in mem), default=0)
         self.final_bytes = mem[-1][1] if mem else 0
         for e in events:
@@ -123,8 +128,10 @@ class CpuPeakMeter:
         from collections import Counter
 
         sized = [e for e in raw if e[2] is not None and e[3] is not None]
+        if raw:
+            self.start_bytes = raw[0][1] - (raw[0][2] or 0)
         if not raw or len(sized) < len(raw):
-            return [(ts, total) for ts, total, _, _, _ in raw]
+            return [(ts, total - self.start_bytes) for ts, total, _, _, _ in raw]
         ops = sorted(
             (e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("c10d::") and "dur" in e
         )
@@ -195,8 +202,7 @@ class CpuPeakMeter:
                 deltas.append((min(found), -was_size))
                 unseen += 1
         self.unseen_frees = unseen
-        first = sized[0]
-        total = first[1] - (first[2] or 0)  # what was allocated before the first event
+        total = 0  # relative to what the counter held before the first event (start_bytes)
         out = []
         for ts, size in sorted(deltas, key=lambda d: (d[0], d[1] > 0)):
             total += size

@@ -107,3 +107,25 @@ def test_meter_reads_a_real_pair_of_tensors():
     out = subprocess.run([sys.executable, "-c", _REAL], env=env, capture_output=True, text=True, check=True).stdout
     held, left, unseen = map(int, out.split())
     assert held == 384 * 2**20 and left == 0 and unseen == 0
+
+
+_TWICE = """
+import torch
+from advisor.measure import CpuPeakMeter
+with CpuPeakMeter():
+    a = torch.ones(2**24)  # 64 MiB counted by the process-wide total, then freed with no profiler running
+del a
+with CpuPeakMeter() as meter:
+    b = torch.ones(2**20)  # 4 MiB
+    del b
+print(meter.peak_bytes, meter.raw_peak_bytes, meter.start_bytes)
+"""
+
+
+def test_a_second_meter_in_one_process_counts_only_its_own():
+    """c10 never takes a tensor freed outside a profile off its CPU total, so a second meter starts above zero
+    (a pytest worker read 1.6 GB for a 0.5 MB loss): its figures are relative to that start."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", _TWICE], env=env, capture_output=True, text=True, check=True).stdout
+    peak, raw, start = map(int, out.split())
+    assert (peak, raw, start) == (4 * 2**20, 4 * 2**20, 64 * 2**20)
