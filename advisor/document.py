@@ -13,6 +13,7 @@ from typing import NotRequired, TypedDict
 
 from .explain import tokens_per_sample
 from .ladder import ladder_doc
+from .layout_search import layouts_doc
 from .plan import Plan, training_budget
 from .rows import StrategyRow, gpus_used
 from .schema import echo
@@ -188,6 +189,8 @@ class PlanDoc(TypedDict):
     warnings: list[str]
     # The memory-savings ladder (advisor.ladder.ladder_doc): with --ladder, or when nothing fits a GPU plan.
     ladder: NotRequired[list[dict[str, object]]]
+    # The layout search (advisor.layout_search.layouts_doc), fastest first: with --top N on a GPU plan.
+    layouts: NotRequired[list[dict[str, object]]]
     verify: NotRequired[dict[str, object]]  # added by the CLI after a --verify run
 
 
@@ -427,4 +430,6 @@ def plan_to_dict(p: Plan) -> PlanDoc:
     }
     if p.ladder is not None:
         doc["ladder"] = ladder_doc(p.ladder)
+    if p.layouts is not None:
+        doc["layouts"] = layouts_doc(p.layouts, p.options.top or 0)
     return doc

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .choices import Precision
+from .explain import tokens_per_sample
+from .layout_search import best_layout, trade_off
 from .rows import MAX_SEARCH_MICRO_BATCH
 from .text_table import amount, fits_word, gib_cell, short_phase, table
 from .units import counted, fmt_count, fmt_rate, fmt_s, gib
@@ -150,6 +152,8 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
         lines.append(f"  ! {w}")
     if p.ladder is not None:
         lines += ["", *_ladder_lines(p)]
+    if p.layouts is not None:
+        lines += ["", *_layout_lines(p)]
     launch = _launch_line(p, strategy or rec.strategy)
     if launch:
         lines += ["", f"Launch{'' if strategy in (None, rec.strategy) else f' ({strategy})'}: {launch}"]
@@ -337,3 +341,72 @@ def _ladder_lines(p: Plan) -> list[str]:
         "least slowdown per GiB saved first (GiB per GPU; peak allocated and device total):"
     )
     return [head, *table(cols, rows), *blocked]
+
+
+def _layout_lines(p: Plan) -> list[str]:
+    """The layout search (``advisor.layout_search``): the ``--top`` fastest candidates that fit, the one it takes,
+    and how it compares with the recommended row."""
+    found, top = p.layouts or [], p.options.top or 0
+    tokens = tokens_per_sample(p.context())
+    unit, per = ("tokens/s", tokens) if tokens else ("samples/s", 1)
+    target = p.options.global_batch_size or (p.options.micro_batch_size or 1) * p.hardware.num_gpus
+    head = (
+        f"Layout search at global batch {target} ({len(found)} fit; TP inside a node, PP across, data parallel the "
+        f"rest; GiB per GPU, a pipeline's most-loaded stage):"
+    )
+    if not found:
+        return [head, "  no layout fits: see the ladder and the recommendation's fixes above"]
+    best = best_layout(found)
+    cols = [
+        ("#", ">", 2, ""),
+        ("layout", "<", 6, "  "),
+        ("row", "<", 3, "  "),
+        ("mb", ">", 2, "  "),
+        ("GA", ">", 2, " "),
+        ("AC", "<", 3, "  "),
+        ("device", ">", 6, "  "),
+        ("step", ">", 6, "  "),
+        ("rate", ">", 6, "  "),
+        ("MFU", ">", 3, " "),
+        ("bubble", ">", 6, " "),
+        ("flags", "<", 0, "  "),
+    ]
+    rows: list[list[str] | str] = []
+    for i, c in enumerate(found[:top], 1):
+        rows.append(
+            [
+                str(i),
+                c.layout.label(),
+                c.strategy + ("*" if c.estimate_only else ""),
+                str(c.micro_batch_size),
+                str(c.grad_accum_steps),
+                "on" if c.activation_checkpointing else "off",
+                gib_cell(c.device_total),
+                fmt_s(c.step_s),
+                fmt_rate(c.samples_per_s * per),
+                f"{100 * c.mfu:.0f}%" if c.mfu is not None else "-",
+                f"{100 * c.bubble_fraction:.0f}%" if c.layout.pp > 1 else "-",
+                c.flags() + ("  <- takes" if c is best else ""),
+            ]
+        )
+    lines = [head, *table(cols, rows)]
+    if any(c.estimate_only for c in found[:top]):
+        lines.append(
+            "*: sized and timed only, no script (" + next(c.estimate_only for c in found if c.estimate_only) + ")"
+        )
+    lines.append(f"rate: {unit}; MFU without recompute; the ladder's memory options are not searched")
+    rec = p.row(p.recommendation.strategy) if p.recommendation.strategy else None
+    if best is None:
+        lines.append("none of these has a script: --emit cannot write one")
+    elif rec is not None and rec.time is not None and rec.global_batch_size == target:
+        ratio = best.samples_per_s * rec.time.step_s / target
+        lines.append(
+            f"takes {best.layout.label()} with {best.title} ({best.flags()}): {ratio:.2f}x the recommended "
+            f"{rec.title}'s rate"
+            + (" (within the tie band: the recommendation stands)" if ratio < 1.1 else ": pass its flags to plan it")
+        )
+    else:
+        lines.append(f"takes {best.layout.label()} with {best.title}: {best.flags()}")
+    if best is not None:
+        lines.append(f"  {trade_off(best, found)}")
+    return lines

@@ -225,6 +225,16 @@ class TrainingOptions:
         faces=("cli", "page"),
         help="show the ladder of memory savings with their cost in speed (also when nothing fits)",
     )
+    top: int | None = _f(
+        None,
+        flag="--top",
+        metavar="N",
+        low=1,
+        high=100,
+        none="off",
+        help="search the layouts (TP inside a node, PP across, data parallel the rest; every data-parallel policy, "
+        "micro-batch size and activation checkpointing off and on) and show the N fastest that fit (GPU plans)",
+    )
     framework: Framework = _f(
         Framework.ANY,
         flag="--framework",
@@ -388,6 +398,14 @@ class TrainingOptions:
             or self.optimizer_in_backward
             or self.chunked_cross_entropy
         )
+
+    @property
+    def pipeline_schedule(self) -> tuple[PipelineSchedule, int]:
+        """(schedule, model chunks per rank): --pp-schedule (default 1F1B) and --pp-virtual-stages (default 2 for
+        the interleaved schedule, as torchtitan's default of 2 stages per rank for multi-stage schedules,
+        ``_get_pipeline_metadata``; else 1)."""
+        schedule = self.pp_schedule or PipelineSchedule.ONE_F_ONE_B
+        return schedule, (self.pp_virtual_stages or 2) if schedule.interleaved else 1
 
     @property
     def layer_every(self) -> int:

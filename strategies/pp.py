@@ -131,11 +131,8 @@ class PipelineParallel(Strategy):
         return [per_stage[r // (layout.dp * layout.tp)] for r in range(layout.world_size)]
 
     def schedule(self, ctx: StrategyContext) -> tuple[PipelineSchedule, int]:
-        """(schedule, model chunks per rank): ``--pp-schedule`` (default 1F1B) and ``--pp-virtual-stages`` (default
-        2 for the interleaved schedule, as torchtitan's default of 2 stages per rank for multi-stage schedules,
-        ``_get_pipeline_metadata``; else 1)."""
-        schedule = ctx.options.pp_schedule or PipelineSchedule.ONE_F_ONE_B
-        return schedule, (ctx.options.pp_virtual_stages or 2) if schedule.interleaved else 1
+        """(schedule, model chunks per rank): ``TrainingOptions.pipeline_schedule``."""
+        return ctx.options.pipeline_schedule
 
     def layout(self, ctx: StrategyContext) -> Layout:
         """The row's layout: ``--pp-degree`` stages, ``--tp-degree`` (default 1) TP ranks, DDP replicas the rest

@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "advisor.rows",
         "advisor.candidates",
+        "advisor.layout_search",
         "advisor.lora_text",
         "advisor.explain",
         "advisor.recommend",

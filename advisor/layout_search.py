@@ -1,0 +1,253 @@
+"""The layout search (``--top N``): every layout of the cluster that validates (``advisor.layout.layouts_for``: TP
+inside a node, PP across, data parallel the rest), each data-parallel policy that runs on it, micro-batch sizes and
+activation checkpointing off and on, sized and timed by the strategies' own rules at one global batch; the fastest
+that fit first.
+
+What runs on a layout (the strategies the planner hands in, by their interface only):
+
+* ``tp = pp = 1``: every data-parallel row of the plan (DDP, ZeRO-1/2/3, FSDP2, HSDP, with offload);
+* ``tp > 1``, ``pp = 1``: the TP rows (``strategies.tp``: TP inside, DDP across), pinned to the layout's ``tp``;
+* ``pp > 1``: the pipeline row (``strategies.pp``: PP x DDP, TP inside the stages), pinned to ``pp`` and ``tp``;
+  PP x TP is sized and timed only (its ``estimate_only_for`` says why), as are other rows without a script.
+
+Every candidate trains the same global batch: ``--global-batch-size``, else the plan's micro-batch x GPUs. Micro-batch
+sizes are the divisors of the global batch over the data-parallel size (so the accumulation steps are whole), up to
+the largest that fits (the device total grows with the micro-batch, so the search stops at the first that does
+not), or only the user's ``--micro-batch-size``. Activation checkpointing is tried off and on unless the user turned
+it on. The trace is reused: the layouts only cut the same traced blocks differently (``strategies.pipeline``), so the
+search costs one more trace at most (the checkpointed one; the planner often made it already for the cheapest fix).
+Measured: ``advisor llama-2-70b --gpus 8 --nodes 8 --network ib-hdr`` took 6.9-7.2 s warm with and without
+``--top 10`` on this 2-core machine (22 layouts, 46 candidates that fit).
+
+The memory options of the ladder (``--selective-checkpointing``, ``--chunked-cross-entropy``, ...) come after a
+layout is chosen, not in the search (``advisor.ladder``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from .candidates import TIE
+from .context import StrategyContext
+from .layout import Layout, layouts_for
+from .models.limits import as_int
+from .rows import StrategyRow, fit_verdict, framework_excludes
+from .timing.pipeline import bubble_fraction
+
+if TYPE_CHECKING:
+    from strategies.base import Strategy
+
+# How many layouts ``--top`` shows when given without a number, and the most it takes.
+DEFAULT_TOP = 10
+
+
+@dataclass(frozen=True)
+class LayoutCandidate:
+    """One layout, policy, micro-batch and checkpointing choice that fits, sized and timed (bytes per GPU, seconds).
+
+    ``device_total``: the most-loaded rank's (a pipeline's peak stage); ``stage_totals``: every pipeline stage's, first
+    stage first (empty without PP); ``bubble_fraction``: the pipeline bubble over the ideal compute (0 without PP);
+    ``estimate_only``: why no script runs it (None: ``--emit`` writes it)."""
+
+    layout: Layout
+    strategy: str
+    title: str
+    micro_batch_size: int
+    activation_checkpointing: bool
+    grad_accum_steps: int
+    global_batch_size: int
+    device_total: int
+    stage_totals: tuple[int, ...]
+    step_s: float
+    samples_per_s: float
+    mfu: float | None
+    bubble_fraction: float
+    estimate_only: str | None
+    tie_order: int  # the row's Strategy.comm_order (least communication first)
+
+    def flags(self) -> str:
+        """The command-line flags that pin this candidate (``--strategy`` names the row ``--emit`` writes)."""
+        parts = [f"--strategy {self.strategy}"]
+        if self.layout.tp > 1:
+            parts.append(f"--tp {self.layout.tp}")
+        if self.layout.pp > 1:
+            parts.append(f"--pp {self.layout.pp}")
+        parts.append(f"--micro-batch-size {self.micro_batch_size}")
+        if self.activation_checkpointing:
+            parts.append("--activation-checkpointing")
+        return " ".join(parts)
+
+
+def _model_dims(ctx: StrategyContext) -> tuple[int | None, int | None, int | None]:
+    """(attention heads, key/value heads, blocks) of a model TP and PP can cut (``ModelSpec.tp_capable``), else
+    Nones."""
+    cfg = ctx.profile.spec.config or {}
+    heads = as_int(cfg.get("num_attention_heads") or 0) or None
+    kv = as_int(cfg.get("num_key_value_heads") or 0) or None
+    layers = as_int(cfg.get("num_hidden_layers") or 0) or None
+    return heads, kv, layers
+
+
+def _pinned(layout: Layout, ctx: StrategyContext) -> bool:
+    """Whether ``layout`` keeps the degrees the user pinned (``--tp-degree``, ``--pp-degree``)."""
+    opts = ctx.options
+    return (opts.tp_degree is None or layout.tp == opts.tp_degree) and (
+        opts.pp_degree is None or layout.pp == opts.pp_degree
+    )
+
+
+def search_layouts(
+    contexts: Sequence[StrategyContext],
+    dp_rows: Sequence[Strategy],
+    tp_rows: Sequence[Strategy],
+    pp_rows: Sequence[Strategy],
+    micro_batch: int | None = None,
+) -> list[LayoutCandidate]:
+    """Every candidate that fits (module docstring), fastest first: samples per second at the one global batch,
+    then the lower device total (``best_layout`` takes one).
+
+    ``contexts``: the plan's context with activation checkpointing off and/or on (each with its own profile: the
+    checkpointed trace differs); their options give the cluster, the global batch and the pinned degrees.
+    ``dp_rows`` / ``tp_rows`` / ``pp_rows``: the strategies that run on a layout without model parallelism, with TP
+    only, with PP. ``micro_batch``: the user's ``--micro-batch-size`` (None: searched).
+    """
+    base = contexts[0]
+    hw = base.hardware
+    target = base.options.global_batch_size or base.micro_batch_size * hw.num_gpus
+    cuts = base.profile.spec.is_transformer and base.profile.spec.tp_capable
+    heads, kv, layers = _model_dims(base) if cuts else (None, None, None)
+    layouts = layouts_for(hw.gpus_per_node, hw.num_nodes, heads, kv, layers, None if cuts else 1, None if cuts else 1)
+    out: list[LayoutCandidate] = []
+    for ctx in contexts:
+        for layout in (lay for lay in layouts if _pinned(lay, ctx)):
+            opts = replace(
+                ctx.options,
+                tp_degree=layout.tp if layout.tp > 1 else None,
+                pp_degree=layout.pp if layout.pp > 1 else None,
+                global_batch_size=target,
+            )
+            c = replace(ctx, options=opts)
+            group = pp_rows if layout.pp > 1 else tp_rows if layout.tp > 1 else dp_rows
+            for s in group:
+                if framework_excludes(s, c) or s.fine_tuning_blocker(c) or s.not_applicable(c):
+                    continue
+                out += _sized(s, c, layout, target, micro_batch)
+    return sorted(out, key=lambda c: (-c.samples_per_s, c.device_total))
+
+
+def best_layout(candidates: Sequence[LayoutCandidate]) -> LayoutCandidate | None:
+    """The candidate to take: among those with a script (not ``estimate_only``) within ``advisor.candidates.TIE`` of
+    the fastest of them, the least model parallelism (fewer pipeline stages, then fewer TP ranks: each adds a bubble
+    or collectives on the critical path that the time model sizes least surely), then the row's tie order
+    (``Strategy.comm_order``), then the lower device total. None: nothing with a script fits."""
+    runnable = [c for c in candidates if c.estimate_only is None]
+    if not runnable:
+        return None
+    fastest = max(c.samples_per_s for c in runnable)
+    pool = [c for c in runnable if c.samples_per_s * (1 + TIE) >= fastest]
+    return min(pool, key=lambda c: (c.layout.pp, c.layout.tp, c.tie_order, -c.samples_per_s, c.device_total))
+
+
+def _sized(
+    s: Strategy, ctx: StrategyContext, layout: Layout, target: int, micro_batch: int | None
+) -> list[LayoutCandidate]:
+    """``s`` on ``layout`` at each micro-batch the search tries (module docstring) that fits, sized and timed."""
+    dp = s.dp_size(ctx)
+    per_replica = target // dp if target % dp == 0 else 0
+    sizes = [micro_batch] if micro_batch else [d for d in range(1, per_replica + 1) if per_replica % d == 0]
+    found = []
+    for mb in sizes:
+        if target % (mb * dp):
+            continue
+        memory = s.memory(ctx, mb)
+        if fit_verdict(memory, ctx.hardware, s.load_host_bytes_per_node(ctx))[0] is not True:
+            break  # larger micro-batches hold more
+        at = replace(ctx, options=replace(ctx.options, micro_batch_size=mb))
+        ga = target // (mb * dp)
+        row = StrategyRow(
+            name=s.name,
+            title=s.title,
+            applicable=True,
+            strategy=s,
+            dp_size=dp,
+            tp_degree=s.tp_degree_of(at),
+            grad_accum_steps=ga,
+            global_batch_size=target,
+        )
+        t = s.step_time(at, row)
+        if t is None or t.step_s <= 0:
+            continue
+        ranks = s.rank_peak_bytes(at, mb) if layout.pp > 1 else None
+        stages = tuple(ranks[:: len(ranks) // layout.pp]) if ranks else ()
+        schedule, v = ctx.options.pipeline_schedule
+        found.append(
+            LayoutCandidate(
+                layout=layout,
+                strategy=s.name,
+                title=s.title,
+                micro_batch_size=mb,
+                activation_checkpointing=ctx.options.activation_checkpointing,
+                grad_accum_steps=ga,
+                global_batch_size=target,
+                device_total=memory.device_total,
+                stage_totals=stages,
+                step_s=t.step_s,
+                samples_per_s=target / t.step_s,
+                mfu=t.mfu,
+                bubble_fraction=bubble_fraction(schedule, layout.pp, ga, v) if layout.pp > 1 else 0.0,
+                estimate_only=s.estimate_only_for(at),
+                tie_order=s.comm_order,
+            )
+        )
+    return found
+
+
+def trade_off(best: LayoutCandidate, candidates: Sequence[LayoutCandidate]) -> str:
+    """One sentence on what ``best`` pays and what the other kind of layout would give: its pipeline bubble and TP
+    collectives, against the fastest layout without model parallelism (or with it, when ``best`` has none)."""
+    parts = []
+    if best.layout.pp > 1:
+        parts.append(f"PP {best.layout.pp} adds a {best.bubble_fraction:.0%} bubble")
+    if best.layout.tp > 1:
+        parts.append(f"TP {best.layout.tp} all-reduces activations inside every block")
+    plain = best.layout.pp == best.layout.tp == 1
+    other = [c for c in candidates if (c.layout.pp == c.layout.tp == 1) != plain]
+    kind = "with TP or PP" if plain else "without TP or PP"
+    if other:
+        parts.append(f"the fastest layout {kind} reaches {other[0].samples_per_s / best.samples_per_s:.0%} of its rate")
+    else:
+        parts.append(f"no layout {kind} fits")
+    return "; ".join(parts)
+
+
+def layouts_doc(candidates: Sequence[LayoutCandidate], top: int) -> list[dict[str, object]]:
+    """The ``top`` fastest candidates as JSON rows (``layouts[]``; bytes per GPU, seconds), ``best`` marking the one
+    ``best_layout`` takes."""
+    best = best_layout(candidates)
+    return [
+        {
+            "dp_replicate": c.layout.dp_replicate,
+            "dp_shard": c.layout.dp_shard,
+            "tp": c.layout.tp,
+            "pp": c.layout.pp,
+            "label": c.layout.label(),
+            "strategy": c.strategy,
+            "micro_batch_size": c.micro_batch_size,
+            "activation_checkpointing": c.activation_checkpointing,
+            "grad_accum_steps": c.grad_accum_steps,
+            "global_batch_size": c.global_batch_size,
+            "device_bytes": c.device_total,
+            "stage_device_bytes": list(c.stage_totals),
+            "step_s": c.step_s,
+            "samples_per_s": c.samples_per_s,
+            "mfu": c.mfu,
+            "bubble_fraction": c.bubble_fraction,
+            "estimate_only": c.estimate_only,
+            "flags": c.flags(),
+            "best": c is best,
+            "trade_off": trade_off(c, candidates) if c is best else None,
+        }
+        for c in candidates[:top]
+    ]
