@@ -13,6 +13,13 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 LLAMA_SMALL = BENCH_DIR / "llama_small.json"  # hidden 256, 4 layers, 8 heads, 4 kv heads, vocab 8000
+# The same shape in two other families TP shards by transformers' own plans (advisor.models.tp_plan): gemma (tied
+# embeddings, GeGLU, explicit head_dim), starcoder2 (biases, LayerNorm, a 2-layer GELU MLP).
+SMALL_CONFIGS = {
+    "llama-small": LLAMA_SMALL,
+    "gemma-small": BENCH_DIR / "gemma_small.json",
+    "starcoder2-small": BENCH_DIR / "starcoder2_small.json",
+}
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,8 @@ class Case:
     def values(self) -> dict:
         """The case as schema field values (``advisor.schema``), as a user would type it: one node of
         ``world`` NVLink-connected GPUs, no hardware detection."""
-        source = {"config_path": str(LLAMA_SMALL)} if self.model == "llama-small" else {"model": self.model}
+        small = SMALL_CONFIGS.get(self.model)
+        source = {"config_path": str(small)} if small else {"model": self.model}
         shape = {"seq_len": self.seq_len} if self.seq_len else {"image_size": self.image_size}
         lora = {
             k: v
@@ -157,6 +165,8 @@ SUITE: tuple[Case, ...] = (
     _lm("llama-small", 256, "pp", 4, 2, pp_degree=2),
     _lm("llama-small", 256, "tp", 2, 2),
     _lm("llama-small", 256, "tp", 2, 8, checkpointing=True),
+    _lm("gemma-small", 256, "tp", 2, 4),
+    _lm("starcoder2-small", 256, "tp", 2, 4),
     _lm("llama-small", 128, "ddp", 1, 2, precision="bf16"),
     _lm("llama-small", 128, "ddp", 2, 4, precision="bf16"),
     _lm("llama-small", 128, "zero2", 2, 4, precision="bf16"),

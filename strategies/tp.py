@@ -33,6 +33,7 @@ from advisor.memory import (
 )
 from advisor.models.families import ModelFamily
 from advisor.models.limits import as_int
+from advisor.models.tp_plan import ties_embeddings
 from advisor.timing.comm import Fabric
 from advisor.timing.step import FOREACH_FACTOR, Collective, StepTime
 from advisor.training_options import TrainingOptions
@@ -43,10 +44,11 @@ from .ddp import replicated_memory
 
 def vocab_shape(ctx: StrategyContext) -> tuple[bool, int, int]:
     """(tied, vocab, hidden) of ``ctx``'s model: whether the LM head shares the input embedding's weight
-    (``tie_word_embeddings``; False, the llama/mistral/qwen2 config classes' default, when the config omits it)."""
-    cfg = ctx.profile.spec.config or {}
+    (``advisor.models.tp_plan.ties_embeddings``: the config's ``tie_word_embeddings``, else its class's default)."""
+    spec = ctx.profile.spec
+    cfg = spec.config or {}
     return (
-        bool(cfg.get("tie_word_embeddings", False)),
+        ties_embeddings(spec.model_type, cfg),
         as_int(cfg.get("vocab_size") or 0),
         as_int(cfg.get("hidden_size") or 0),
     )
@@ -100,12 +102,8 @@ class TensorParallel(Strategy):
 
     def not_applicable(self, ctx: StrategyContext) -> str | None:
         spec = ctx.profile.spec
-        if not spec.tp_capable:
-            kind = "a CNN/vision model" if spec.family == "vision" else f"architecture {spec.model_type or spec.family}"
-            return (
-                f"{kind} has no tensor-parallel plan here (only llama/mistral/qwen2 attention+MLP blocks); "
-                "prefer lower precision, activation checkpointing and ZeRO"
-            )
+        if spec.tp_blocker:
+            return f"{spec.tp_blocker}; prefer lower precision, activation checkpointing and ZeRO"
         # Over PCIe TP applies: its activation all-reduces are timed and ranked like any other
         # strategy's, and the recommender warns (``pcie_warning``). Across nodes it never applies (below).
         t = self.degree(ctx)

@@ -219,7 +219,10 @@ CASES = [
         ["llama-2-7b", "--gpus", "8", "--nodes", "8", "--pp-degree", "64"],
         ["--pp-degree 64: invalid layout: pp(64) exceeds the model's 32 blocks"],
     ),
-    (["resnet50", "--gpus", "2", "--pp-degree", "2"], ["pipeline stages are modelled for llama/mistral/qwen2 blocks"]),
+    (
+        ["resnet50", "--gpus", "2", "--pp-degree", "2"],
+        ["pipeline stages are modelled for the blocks", "no tensor-parallel plan"],
+    ),
     (
         ["llama-2-7b", "--gpus", "4", "--pp", "2", "--tp", "2", "--strategy", "pp", "--emit", "{dir}/pp"],
         ["PP x TP (--tp-degree above 1) is sized and timed, not emitted"],

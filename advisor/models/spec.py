@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 
 from ..bnb_layout import QUANT_CHOICES
 from ..choices import Dtype, Quant, values
+from .tp_plan import tp_plan_blocker
 
 FAMILY_NAMES = ("transformer", "vision", "custom")
-# Architectures whose attention heads / MLP split cleanly with torch tensor parallel plans.
-TP_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # bitsandbytes' quantized storage of a frozen base (``--quantize``): 4-bit NormalFloat, 4-bit float, LLM.int8().
 QUANT_TYPES = QUANT_CHOICES
 ADAPTER_DTYPES = values(Dtype)
@@ -66,7 +65,15 @@ class ModelSpec:
 
     @property
     def tp_capable(self) -> bool:
-        return self.family == "transformer" and self.model_type in TP_MODEL_TYPES
+        """Whether tensor parallelism shards this model here (``tp_blocker`` is None)."""
+        return self.tp_blocker is None
+
+    @property
+    def tp_blocker(self) -> str | None:
+        """Why tensor parallelism cannot shard this model here (``advisor.models.tp_plan``); None: it can."""
+        if self.family != "transformer":
+            return f"a {'CNN/vision' if self.family == 'vision' else self.family} model has no tensor-parallel plan"
+        return tp_plan_blocker(self.model_type, self.config)
 
     @property
     def shape_text(self) -> str:

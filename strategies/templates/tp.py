@@ -61,8 +61,9 @@ def prepare_model__pure_bf16(args, run: Run) -> tuple[torch.nn.Module, list]:
 
 
 def parallelize(model, tp_mesh) -> None:
-    """Megatron-style plan per decoder layer: q/k/v and gate/up column-wise, o and down row-wise
-    (one all-reduce after attention and one after the MLP). HF attention infers the local head
+    """transformers' own tensor-parallel plan for the decoder blocks (the config class's ``base_model_tp_plan``:
+    q/k/v and the MLP's first projections column-wise, the attention output and the MLP's last projection row-wise;
+    one all-reduce after attention and one after the MLP, Megatron-LM's layout). HF attention infers the local head
     count from the sharded projection (view(..., -1, head_dim)).
 
     The vocabulary is sharded too (Megatron-LM's vocab-parallel embedding and cross-entropy; torchtitan's Llama
@@ -76,22 +77,17 @@ def parallelize(model, tp_mesh) -> None:
         parallelize_module,
     )
 
-    tied = model.lm_head.weight is model.get_input_embeddings().weight
-    embedding = (RowwiseParallel(input_layouts=Replicate()) if tied
-                 else ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
-    parallelize_module(model, tp_mesh, {
-        "model.embed_tokens": embedding,
-        "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
-    })
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head.weight is embed.weight
+    parallelize_module(embed, tp_mesh, RowwiseParallel(input_layouts=Replicate()) if tied
+                       else ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+    parallelize_module(head, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
     if tied:  # one vocab-sharded weight for both, as before sharding
-        model.lm_head.weight = model.model.embed_tokens.weight
-    plan = {
-        "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-        "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-        "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel(),
-    }
-    for layer in model.model.layers:
-        parallelize_module(layer, tp_mesh, plan)
+        head.weight = embed.weight
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    # e.g. "layers.*.self_attn.q_proj": "colwise", matched under the base model (torch matches "*" with fnmatch)
+    plan = {pattern: styles[style]() for pattern, style in model.config.base_model_tp_plan.items()}
+    parallelize_module(model.base_model, tp_mesh, plan)
 
 
 def clip_grad_norm(model, max_norm: float, tp_group) -> float:
