@@ -257,6 +257,11 @@ def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
         )
     taken = cumulative_flags(ladder.rungs[1 : ladder.rungs.index(fit) + 1])
     rate = f", {fit.throughput:,.0f} {fit.unit}" if fit.throughput else ""
+    if fit is ladder.rungs[0]:  # the ladder's row fits as planned: it is one the recommender may not take
+        return (
+            f"{ladder.title} fits as planned ({(fit.device_bytes or 0) / 2**30:.2f} GiB per GPU{rate}) but is sized "
+            "and timed only: no script runs it here (its row says why)"
+        )
     return (
         f"cheapest fix before more GPUs: {ladder.title} fits with {fit.label} ({taken}): "
         f"{fit.device_bytes / 2**30 if fit.device_bytes else 0:.2f} GiB per GPU{rate} (the ladder below)"

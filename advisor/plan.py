@@ -29,6 +29,7 @@ from .recommend import choose_micro_batch, recommend
 from .rows import (
     Recommendation,
     StrategyRow,
+    batch_ranks,
     evaluate_row,
     gpus_used,
     one_gpu_step_times,
@@ -242,11 +243,15 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
         hw = with_gpu_calibration(hw, precision, cache)
     micro_batch = opts.micro_batch_size or family.default_micro_batch
     opts = replace(opts, micro_batch_size=micro_batch)
-    per_step = micro_batch * hw.num_gpus
-    if opts.global_batch_size and opts.global_batch_size % per_step:
+    ranks = batch_ranks(opts, hw.num_gpus)
+    per_step = micro_batch * ranks
+    # With --top the search sizes every layout whose data-parallel size splits the batch; the rows that cannot are
+    # n/a with the reason (advisor.rows.evaluate_row).
+    if opts.global_batch_size and opts.global_batch_size % per_step and not opts.top:
+        over = f"{hw.num_gpus} GPUs" if ranks == hw.num_gpus else f"{ranks} data-parallel ranks (GPUs / tp x pp)"
         raise AdvisorError(
             f"--global-batch-size {opts.global_batch_size} is not a multiple of micro-batch "
-            f"{opts.micro_batch_size} x {hw.num_gpus} GPUs = {per_step}: use a multiple of {per_step} "
+            f"{opts.micro_batch_size} x {over} = {per_step}: use a multiple of {per_step} "
             "or another --micro-batch-size"
         )
     dropout = attention_dropout(spec, cache) if device == Device.CPU else 0.0

@@ -23,7 +23,7 @@ from .explain import (
     memory_parts_text,
 )
 from .lora_text import alternative_reason
-from .rows import Recommendation, StrategyRow, fit_verdict, fits, max_micro_batch, time_at
+from .rows import Recommendation, StrategyRow, batch_ranks, fit_verdict, fits, max_micro_batch, time_at
 from .units import fmt_gib, fmt_rate
 
 if TYPE_CHECKING:
@@ -84,23 +84,24 @@ def choose_micro_batch(ctx: StrategyContext, rows: list[StrategyRow]) -> tuple[i
     if plain and hw.num_gpus == 1:
         applicable = plain
     largest = max((r.max_micro_batch_size for r in applicable), default=0)
+    ranks = batch_ranks(opts, hw.num_gpus)
     if largest < 1:
         return None
     candidates = {1 << i for i in range(largest.bit_length()) if 1 << i <= largest}
     candidates |= {r.max_micro_batch_size for r in applicable}
     if opts.global_batch_size:
-        candidates = {b for b in candidates if opts.global_batch_size % (b * hw.num_gpus) == 0}
+        candidates = {b for b in candidates if opts.global_batch_size % (b * ranks) == 0}
     room_limit = int(HEADROOM_WARN * hw.gpu_memory_bytes)
     trial_hw = replace(ctx, hardware=replace(hw, gpu_memory_bytes=room_limit))
     candidates |= {max_micro_batch(r.strategy, trial_hw, None) for r in applicable} - {0}
     if opts.global_batch_size:
-        candidates = {b for b in candidates if opts.global_batch_size % (b * hw.num_gpus) == 0}
+        candidates = {b for b in candidates if opts.global_batch_size % (b * ranks) == 0}
     found: dict[int, tuple[float, bool, str]] = {}  # micro-batch -> (samples/s, leaves headroom, strategy title)
     for b in sorted(candidates):
         trial = replace(ctx, options=replace(opts, micro_batch_size=b))
         fitting = []
         for r in applicable:
-            if r.max_micro_batch_size < b:
+            if r.max_micro_batch_size < b or (opts.global_batch_size and opts.global_batch_size % (b * r.dp_size)):
                 continue
             mem = r.strategy.memory(trial, b)
             if fit_verdict(mem, hw, r.load_host_bytes_per_node)[0] is not True:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from strategies.base import Strategy
 
     from .timing.step import StepTime
+    from .training_options import TrainingOptions
 
 MAX_SEARCH_MICRO_BATCH = 1 << 16
 
@@ -158,6 +159,15 @@ def max_micro_batch(strategy: Strategy, ctx: StrategyContext, hint: int | None =
     return lo
 
 
+def batch_ranks(opts: TrainingOptions, num_gpus: int) -> int:
+    """The data-parallel ranks a ``--global-batch-size`` must split over evenly: every GPU, or with a pinned
+    ``--tp-degree`` / ``--pp-degree`` the GPUs over tp x pp (Megatron-LM's rule: the global batch is a multiple of
+    micro-batch x data-parallel size, megatron/core/num_microbatches_calculator.py). Rows with more data-parallel
+    ranks than that are then n/a where the batch does not split (``evaluate_row``)."""
+    model = (opts.tp_degree or 1) * (opts.pp_degree or 1)
+    return num_gpus // model if num_gpus % model == 0 else num_gpus
+
+
 def evaluate_row(strategy: Strategy, ctx: StrategyContext, compare: bool, max_hint: int | None = None) -> StrategyRow:
     """Size ``strategy`` for ``ctx``: applicability, memory at the micro-batch, fit, the largest
     micro-batch (``max_hint``: as ``max_micro_batch``'s), data-parallel and TP sizes, accumulation steps,
@@ -165,11 +175,17 @@ def evaluate_row(strategy: Strategy, ctx: StrategyContext, compare: bool, max_hi
     row = StrategyRow(name=strategy.name, title=strategy.title, applicable=True, strategy=strategy)
     row.estimate_only = strategy.estimate_only_for(ctx)
     reason = framework_excludes(strategy, ctx) or strategy.fine_tuning_blocker(ctx) or strategy.not_applicable(ctx)
+    opts, hw = ctx.options, ctx.hardware
+    mb = ctx.micro_batch_size
+    dp = 0 if reason else strategy.dp_size(ctx)
+    if dp and opts.global_batch_size and opts.global_batch_size % (mb * dp):
+        reason = (
+            f"--global-batch-size {opts.global_batch_size} does not split over micro-batch {mb} x its {dp} "
+            f"data-parallel ranks = {mb * dp}"
+        )
     if reason:
         row.applicable, row.reason = False, reason
         return row
-    opts, hw = ctx.options, ctx.hardware
-    mb = ctx.micro_batch_size
     row.memory = strategy.memory(ctx, mb)
     row.load_host_bytes_per_node = strategy.load_host_bytes_per_node(ctx)
     row.fits, row.short_of = fit_verdict(row.memory, hw, row.load_host_bytes_per_node)

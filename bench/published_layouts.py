@@ -6,9 +6,8 @@ network, precision and global batch with ``top=100`` and nothing of the layout p
 searched). Activation checkpointing as published: full recompute on, so the search tries it on only. O23-O26 state
 neither micro-batch nor recompute: full recompute is assumed, as published_other.py assumes for O25 and O26 (it
 assumes none for O23 and O24: ``--o23-o24-ac-free`` lets the search try off and on there). The search runs 1F1B
-only (O20-O22 published interleaved 1F1B). ``plan`` refuses a global batch that is not a multiple of all the GPUs
-(it checks before the search, as if every GPU were a data-parallel rank): such rows are planned without it and
-searched by ``advisor.plan._search``, what ``plan`` runs for ``--top``, at the published global batch (noted).
+only (O20-O22 published interleaved 1F1B). With ``--top``, ``plan`` takes a global batch that is not a multiple of
+all the GPUs (Megatron's are multiples of the data-parallel size only): the rows that cannot split it are n/a.
 
 The published layout is the fastest candidate with the published tp and pp (and micro-batch: O17-O22). Reported: its
 rank, its samples/s over the fastest candidate's, a hit (top 3, or within ``advisor.candidates.TIE`` of the fastest)
@@ -26,12 +25,10 @@ import time
 from dataclasses import dataclass, replace
 from types import FrameType
 
-from advisor.cache import open_cache
 from advisor.candidates import TIE
 from advisor.context import StrategyContext
-from advisor.errors import AdvisorError
 from advisor.layout_search import LayoutCandidate, best_layout
-from advisor.plan import _search, plan
+from advisor.plan import plan
 from advisor.rows import fit_verdict
 from advisor.schema import plan_inputs
 from strategies import PINNED, all_strategies
@@ -92,18 +89,10 @@ def find(case: Case, layouts: list[LayoutCandidate]) -> tuple[int, LayoutCandida
 
 
 def searched(values: dict[str, object], gbs: int) -> tuple[list[LayoutCandidate], StrategyContext, str]:
-    """(the search's candidates, the plan's context, a note): ``plan``'s, else ``_search``'s (module docstring)."""
-    try:
-        p = plan(plan_inputs(**values, global_batch_size=gbs, top=100))
-        return p.layouts or [], p.context(), ""
-    except AdvisorError as e:
-        if "is not a multiple of micro-batch" not in str(e):
-            raise
-        p = plan(plan_inputs(**values))
-    ctx = p.context()
-    ctx = replace(ctx, options=replace(ctx.options, global_batch_size=gbs))
-    note = "plan() refuses the global batch (not a multiple of all GPUs); searched by plan._search"
-    return _search(ctx, open_cache(p.inputs.use_cache), 0, None), ctx, note
+    """(the search's candidates, the plan's context, a note) of ``plan`` with ``top=100`` at the published global
+    batch (with ``--top`` the rows whose data-parallel size does not split it are n/a, not an error)."""
+    p = plan(plan_inputs(**values, global_batch_size=gbs, top=100))
+    return p.layouts or [], p.context(), ""
 
 
 def why_missing(case: Case, ctx: StrategyContext) -> str:

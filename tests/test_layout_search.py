@@ -114,3 +114,20 @@ def test_json_and_table(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "Layout search at global batch 64" in text and "\ntakes dp " in text
     assert text.count("--strategy ") >= 3
+
+
+def test_a_global_batch_of_the_pinned_data_parallel_size_plans():
+    # Megatron-LM's rule: the global batch is a multiple of micro-batch x data-parallel size. 12 samples on 8 GPUs
+    # at TP 2: 4 data-parallel ranks take 3 micro-batches each; the 8-rank rows cannot split 12 and say so.
+    ask = dict(ASK, top=None, micro_batch_size=1, global_batch_size=12)
+    p = plan(plan_inputs(**ask, tp_degree=2))
+    tp = p.row("tp_dp")
+    assert tp.applicable and (tp.dp_size, tp.grad_accum_steps, tp.global_batch_size) == (4, 3, 12)
+    ddp = p.row("ddp")
+    assert not ddp.applicable and ddp.reason is not None and "does not split over micro-batch 1 x its 8" in ddp.reason
+    from advisor.errors import AdvisorError
+
+    with pytest.raises(AdvisorError, match="not a multiple of micro-batch 1 x 8 GPUs = 8"):
+        plan(plan_inputs(**ask))
+    with pytest.raises(AdvisorError, match=r"micro-batch 1 x 8 data-parallel ranks \(GPUs / tp x pp\) = 8"):
+        plan(plan_inputs(**dict(ask, gpus=8, nodes=2, global_batch_size=12), tp_degree=2))
