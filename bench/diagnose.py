@@ -123,6 +123,7 @@ class RecordingMeter:
             if a["Total Allocated"] > best:
                 best, best_i, snapshot = a["Total Allocated"], i, dict(live)
         self.peak_bytes, self.final_bytes, self.ranges = best, mem[-1]["args"]["Total Allocated"] if mem else 0, {}
+        self.raw_peak_bytes, self.unseen_frees = best, 0  # the probe reads CpuPeakMeter's figures: the raw ones here
         t_peak = mem[best_i]["ts"] if mem else 0
         spans = [e for e in events if e.get("cat") in ("user_annotation", "cpu_op") and "dur" in e]
 

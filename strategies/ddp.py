@@ -51,6 +51,7 @@ def replicated_memory(
     dp_size: int | None = None,
     ddp: bool = True,
     end_of_backward_bytes: int = 0,
+    loss_extra_bytes: int = 0,
 ) -> StrategyMemory:
     """Memory of a rank holding full (or TP-sharded) model states.
 
@@ -59,6 +60,10 @@ def replicated_memory(
       end of backward (only with ``end_of_backward_bytes``): weights + every gradient + optimizer states + that
       transient (TP's tied, vocab-sharded embedding: torch computes its weight gradient whole, ``strategies.tp``);
       optimizer step: weights + gradients + optimizer states + step temporaries.
+    ``loss_extra_bytes`` (TP's vocab-parallel loss: one fp32 copy of the rank's logits more than the traced fused
+    cross-entropy holds, in forward and in backward, ``strategies.tp``): forward's transient beyond the activations
+    is at least it; backward's in-flight bytes gain it where the loss is backward's peak (the traced in-flight bytes
+    hold at least the plain loss's two copies), else are at least the loss's three.
 
     Gradients. Under DDP the reducer's buckets hold them for the whole run (with
     ``gradient_as_bucket_view`` the ``.grad`` tensors are views into them). With gradient
@@ -111,13 +116,18 @@ def replicated_memory(
         fwd_grads = full_grads if accumulating else 0
         bwd_grads = full_grads if accumulating else step.bwd_grads
         bwd_act, in_flight = step.bwd_activations, step.bwd_peak - step.bwd_activations - step.bwd_grads
+    fwd_other = max(0, step.fwd_peak - step.activations)
+    if loss_extra_bytes:
+        fwd_other = max(fwd_other, loss_extra_bytes)
+        at_loss = in_flight >= 2 * loss_extra_bytes
+        in_flight = in_flight + loss_extra_bytes if at_loss else max(in_flight, 3 * loss_extra_bytes)
     fwd = Breakdown(
         params=params,
         grads=fwd_grads,
         optimizer_states=optim,
         buffers=buckets,
         activations=step.activations,
-        other=max(0, step.fwd_peak - step.activations) + dequant["forward"],
+        other=fwd_other + dequant["forward"],
         phase="forward",
         params_parts=parts,
     )

@@ -85,3 +85,47 @@ def test_gemma_tp_script_trains_and_exports_full_weights(tmp_path):
         all(full[k] == v.shape for k, v in exported.items())
         and torch.isfinite(torch.cat([v.flatten().float() for v in exported.values()])).all()
     )
+
+
+_LOSS_PARALLEL = """
+import os, torch, torch.nn.functional as F
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import loss_parallel
+from advisor.measure import CpuPeakMeter
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + os.environ["PORT"])
+mesh = init_device_mesh("cpu", (1,))
+rows, vocab = 1024, 4000
+for parallel in (False, True):
+    x = torch.randn(rows, vocab, requires_grad=True)
+    labels = torch.randint(0, vocab, (rows,))
+    ctx = loss_parallel if parallel else torch.enable_grad
+    with CpuPeakMeter() as forward, ctx():
+        loss = F.cross_entropy(DTensor.from_local(x, mesh, [Shard(-1)]) if parallel else x, labels)
+    with CpuPeakMeter() as backward, ctx():
+        loss.backward()
+    print(forward.peak_bytes, backward.peak_bytes)
+    del loss, x
+dist.destroy_process_group()
+"""
+
+
+def test_loss_parallel_holds_one_logits_copy_more_than_the_fused_loss():
+    """The rule strategies.tp adds (``loss_extra_bytes``): torch's vocab-parallel cross-entropy keeps one fp32 copy
+    of the logits more than F.cross_entropy at forward's peak (2 vs 1) and at backward's (3 vs 2)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), PORT=str(port))
+    out = subprocess.run([sys.executable, "-c", _LOSS_PARALLEL], env=env, capture_output=True, text=True, check=True)
+    (plain_f, plain_b), (par_f, par_b) = (map(int, line.split()) for line in out.stdout.split("\n")[:2])
+    copy = 1024 * 4000 * 4
+    assert (round(plain_f / copy, 2), round(plain_b / copy, 2)) == (1.0, 2.0)
+    assert (round(par_f / copy, 2), round(par_b / copy, 2)) == (2.0, 3.0)
