@@ -7,8 +7,10 @@ What runs on a layout (the strategies the planner hands in, by their interface o
 
 * ``tp = pp = 1``: every data-parallel row of the plan (DDP, ZeRO-1/2/3, FSDP2, HSDP, with offload);
 * ``tp > 1``, ``pp = 1``: the TP rows (``strategies.tp``: TP inside, DDP across), pinned to the layout's ``tp``;
-* ``pp > 1``: the pipeline row (``strategies.pp``: PP x DDP, TP inside the stages), pinned to ``pp`` and ``tp``;
-  PP x TP is sized and timed only (its ``estimate_only_for`` says why), as are other rows without a script.
+* ``pp > 1``: the pipeline row (``strategies.pp``: PP x DDP, TP inside the stages), pinned to ``pp`` and ``tp``,
+  with 1F1B and with interleaved 1F1B at 2 model chunks per rank (torchtitan's default; its bubble is half 1F1B's
+  for a larger share of activations in flight), unless ``--pp-schedule`` pins one; PP x TP is sized and timed only
+  (its ``estimate_only_for`` says why), as are other rows without a script.
 
 Every candidate trains the same global batch: ``--global-batch-size``, else the plan's micro-batch x GPUs. Micro-batch
 sizes are the divisors of the global batch over the data-parallel size (so the accumulation steps are whole), up to
@@ -30,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .candidates import TIE
+from .choices import PipelineSchedule
 from .context import StrategyContext
 from .layout import Layout, layouts_for
 from .models.limits import as_int
@@ -66,6 +69,7 @@ class LayoutCandidate:
     bubble_fraction: float
     estimate_only: str | None
     tie_order: int  # the row's Strategy.comm_order (least communication first)
+    schedule: PipelineSchedule | None = None  # the pipeline's (None without PP)
 
     def flags(self) -> str:
         """The command-line flags that pin this candidate (``--strategy`` names the row ``--emit`` writes)."""
@@ -74,6 +78,8 @@ class LayoutCandidate:
             parts.append(f"--tp {self.layout.tp}")
         if self.layout.pp > 1:
             parts.append(f"--pp {self.layout.pp}")
+            if self.schedule is not None and self.schedule is not PipelineSchedule.ONE_F_ONE_B:
+                parts.append(f"--pp-schedule {self.schedule}")
         parts.append(f"--micro-batch-size {self.micro_batch_size}")
         if self.activation_checkpointing:
             parts.append("--activation-checkpointing")
@@ -128,12 +134,16 @@ def search_layouts(
                 pp_degree=layout.pp if layout.pp > 1 else None,
                 global_batch_size=target,
             )
-            c = replace(ctx, options=opts)
+            schedules = [opts.pp_schedule]
+            if layout.pp > 1 and opts.pp_schedule is None:
+                schedules.append(PipelineSchedule.INTERLEAVED_1F1B)
             group = pp_rows if layout.pp > 1 else tp_rows if layout.tp > 1 else dp_rows
-            for s in group:
-                if framework_excludes(s, c) or s.fine_tuning_blocker(c) or s.not_applicable(c):
-                    continue
-                out += _sized(s, c, layout, target, micro_batch)
+            for schedule in schedules:
+                c = replace(ctx, options=replace(opts, pp_schedule=schedule))
+                for s in group:
+                    if framework_excludes(s, c) or s.fine_tuning_blocker(c) or s.not_applicable(c):
+                        continue
+                    out += _sized(s, c, layout, target, micro_batch)
     return sorted(out, key=lambda c: (-c.samples_per_s, c.device_total))
 
 
@@ -166,6 +176,9 @@ def _sized(
             break  # larger micro-batches hold more
         at = replace(ctx, options=replace(ctx.options, micro_batch_size=mb))
         ga = target // (mb * dp)
+        schedule, v = ctx.options.pipeline_schedule
+        if layout.pp > 1 and schedule.interleaved and ga % max(1, ga // layout.pp):
+            continue  # torch's ScheduleInterleaved1F1B raises unless the micro-batches split into whole rounds of pp
         row = StrategyRow(
             name=s.name,
             title=s.title,
@@ -181,7 +194,6 @@ def _sized(
             continue
         ranks = s.rank_peak_bytes(at, mb) if layout.pp > 1 else None
         stages = tuple(ranks[:: len(ranks) // layout.pp]) if ranks else ()
-        schedule, v = ctx.options.pipeline_schedule
         found.append(
             LayoutCandidate(
                 layout=layout,
@@ -199,6 +211,7 @@ def _sized(
                 bubble_fraction=bubble_fraction(schedule, layout.pp, ga, v) if layout.pp > 1 else 0.0,
                 estimate_only=s.estimate_only_for(at),
                 tie_order=s.comm_order,
+                schedule=schedule if layout.pp > 1 else None,
             )
         )
     return found
@@ -244,6 +257,7 @@ def layouts_doc(candidates: Sequence[LayoutCandidate], top: int) -> list[dict[st
             "samples_per_s": c.samples_per_s,
             "mfu": c.mfu,
             "bubble_fraction": c.bubble_fraction,
+            "pp_schedule": c.schedule,
             "estimate_only": c.estimate_only,
             "flags": c.flags(),
             "best": c is best,

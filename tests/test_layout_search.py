@@ -56,8 +56,10 @@ def test_every_candidate_is_its_pinned_row(searched):
     for c in found:
         assert c.micro_batch_size * c.layout.dp * c.grad_accum_steps == c.global_batch_size == 64
         assert c.device_total <= searched.hardware.gpu_memory_bytes
-        if c.layout.pp > 1:  # 1F1B by hand: (p - 1) / m, m the micro-batches per step and pipeline
-            assert c.bubble_fraction == (c.layout.pp - 1) / c.grad_accum_steps
+        if c.layout.pp > 1:  # by hand: (p - 1) / m for 1F1B, (p - 1) / (v m) interleaved (v = 2 chunks per rank)
+            v = 2 if c.schedule == "interleaved-1f1b" else 1
+            assert c.bubble_fraction == (c.layout.pp - 1) / (v * c.grad_accum_steps)
+            assert ("--pp-schedule interleaved-1f1b" in c.flags()) == (v == 2)
             assert len(c.stage_totals) == c.layout.pp and max(c.stage_totals) <= c.device_total
         if c.micro_batch_size in (1, 8) and (c.layout.pp > 1 or c.layout.tp > 1 or c.strategy == "zero3"):
             pinned = plan(
@@ -65,6 +67,7 @@ def test_every_candidate_is_its_pinned_row(searched):
                     **dict(ASK, top=None, micro_batch_size=c.micro_batch_size),
                     tp_degree=c.layout.tp if c.layout.tp > 1 else None,
                     pp_degree=c.layout.pp if c.layout.pp > 1 else None,
+                    pp_schedule=c.schedule if c.layout.pp > 1 else None,
                     activation_checkpointing=c.activation_checkpointing,
                 )
             )
@@ -74,6 +77,8 @@ def test_every_candidate_is_its_pinned_row(searched):
             assert row.grad_accum_steps == c.grad_accum_steps
             checked += 1
     assert checked >= 6
+    # both schedules on a 2-stage layout of the 4 blocks (interleaved: 2 chunks of 1 block per rank)
+    assert {c.schedule for c in found if c.layout.label() == "dp 4 x pp 2"} == {"1f1b", "interleaved-1f1b"}
 
 
 def test_the_search_takes_the_least_model_parallel_within_the_tie_band(searched):
