@@ -156,6 +156,14 @@ class PipelineParallel(Strategy):
                 layout.stage_blocks(layers, self.schedule(ctx)[1])
         except AdvisorError as err:
             return f"--pp-degree {ctx.options.pp_degree}: {err}"
+        schedule, pp = self.schedule(ctx)[0], self.layout(ctx).pp
+        m = self._micro_batches(ctx, ctx.micro_batch_size)
+        if schedule.interleaved and m % max(1, m // pp):
+            # torch.distributed.pipelining.ScheduleInterleaved1F1B.__init__ raises the same
+            return (
+                f"interleaved 1F1B needs the {m} micro-batches per step to split into whole rounds of {pp} "
+                f"(torch's ScheduleInterleaved1F1B: {m} % {max(1, m // pp)} != 0): change --global-batch-size"
+            )
         return None
 
     def dp_size(self, ctx: StrategyContext) -> int:

@@ -220,6 +220,10 @@ CASES = [
         ["--pp-degree 64: invalid layout: pp(64) exceeds the model's 32 blocks"],
     ),
     (
+        ["llama-2-7b", "--gpus", "4", "--pp", "4", "--pp-schedule", "interleaved-1f1b", "--global-batch-size", "9"],
+        ["interleaved 1F1B needs the 9 micro-batches per step to split into whole rounds of 4"],
+    ),
+    (
         ["resnet50", "--gpus", "2", "--pp-degree", "2"],
         ["pipeline stages are modelled for the blocks", "no tensor-parallel plan"],
     ),
