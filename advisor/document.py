@@ -431,5 +431,5 @@ def plan_to_dict(p: Plan) -> PlanDoc:
     if p.ladder is not None:
         doc["ladder"] = ladder_doc(p.ladder)
     if p.layouts is not None:
-        doc["layouts"] = layouts_doc(p.layouts, p.options.top or 0)
+        doc["layouts"] = layouts_doc(p.layouts, p.options.top or 0, p.planned_key(), p.spec.tp_capable)
     return doc

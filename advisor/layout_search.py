@@ -42,8 +42,8 @@ from .timing.pipeline import bubble_fraction
 if TYPE_CHECKING:
     from strategies.base import Strategy
 
-# How many layouts ``--top`` shows when given without a number, and the most it takes.
-DEFAULT_TOP = 10
+# A plan's recommended row as the search names its candidates: (strategy, tp, pp, micro-batch, checkpointing).
+PlannedKey = tuple[str, int, int, int, bool]
 
 
 @dataclass(frozen=True)
@@ -68,12 +68,16 @@ class LayoutCandidate:
     mfu: float | None
     bubble_fraction: float
     estimate_only: str | None
-    tie_order: int  # the row's Strategy.comm_order (least communication first)
+    # the recommender's tie order: plain one-process training first (Strategy.distributes False), then the row's
+    # Strategy.comm_order (least communication first; advisor.candidates.pick)
+    tie_order: int
     schedule: PipelineSchedule | None = None  # the pipeline's (None without PP)
 
     def flags(self) -> str:
-        """The command-line flags that pin this candidate (``--strategy`` names the row ``--emit`` writes)."""
-        parts = [f"--strategy {self.strategy}"]
+        """The command-line flags that plan this candidate as it is sized here: its degrees, schedule, micro-batch,
+        checkpointing and the search's global batch (``--emit DIR --strategy`` with the row's name writes its
+        script)."""
+        parts = [f"--global-batch-size {self.global_batch_size}"]
         if self.layout.tp > 1:
             parts.append(f"--tp {self.layout.tp}")
         if self.layout.pp > 1:
@@ -147,16 +151,21 @@ def search_layouts(
     return sorted(out, key=lambda c: (-c.samples_per_s, c.device_total))
 
 
-def best_layout(candidates: Sequence[LayoutCandidate]) -> LayoutCandidate | None:
+def best_layout(candidates: Sequence[LayoutCandidate], planned: PlannedKey | None = None) -> LayoutCandidate | None:
     """The candidate to take: among those with a script (not ``estimate_only``) within ``advisor.candidates.TIE`` of
-    the fastest of them, the least model parallelism (fewer pipeline stages, then fewer TP ranks: each adds a bubble
-    or collectives on the critical path that the time model sizes least surely), then the row's tie order
-    (``Strategy.comm_order``), then the lower device total. None: nothing with a script fits."""
+    the fastest of them, the plan's recommendation when it is one of them (``planned``: its strategy, TP and PP degrees,
+    micro-batch and checkpointing: the search does not overrule a tie the recommender decided), else the least model
+    parallelism (fewer pipeline stages, then fewer TP ranks: each adds a bubble or collectives on the critical path
+    that the time model sizes least surely), then the row's tie order (``tie_order``), then the faster, then the
+    lower device total. None: nothing with a script fits."""
     runnable = [c for c in candidates if c.estimate_only is None]
     if not runnable:
         return None
     fastest = max(c.samples_per_s for c in runnable)
     pool = [c for c in runnable if c.samples_per_s * (1 + TIE) >= fastest]
+    for c in pool:
+        if planned == (c.strategy, c.layout.tp, c.layout.pp, c.micro_batch_size, c.activation_checkpointing):
+            return c
     return min(pool, key=lambda c: (c.layout.pp, c.layout.tp, c.tie_order, -c.samples_per_s, c.device_total))
 
 
@@ -210,19 +219,20 @@ def _sized(
                 mfu=t.mfu,
                 bubble_fraction=bubble_fraction(schedule, layout.pp, ga, v) if layout.pp > 1 else 0.0,
                 estimate_only=s.estimate_only_for(at),
-                tie_order=s.comm_order,
+                tie_order=s.comm_order if s.distributes else -1,
                 schedule=schedule if layout.pp > 1 else None,
             )
         )
     return found
 
 
-def trade_off(best: LayoutCandidate, candidates: Sequence[LayoutCandidate]) -> str:
+def trade_off(best: LayoutCandidate, candidates: Sequence[LayoutCandidate], cuts: bool = True) -> str:
     """One sentence on what ``best`` pays and what the other kind of layout would give: its pipeline bubble and TP
-    collectives, against the fastest layout without model parallelism (or with it, when ``best`` has none)."""
+    collectives, against the fastest layout without model parallelism (or with it, when ``best`` has none; ``cuts``:
+    whether TP and PP apply to the model at all, ``ModelSpec.tp_capable``)."""
     parts = []
     if best.layout.pp > 1:
-        parts.append(f"PP {best.layout.pp} adds a {best.bubble_fraction:.0%} bubble")
+        parts.append(f"PP {best.layout.pp} adds a {best.bubble_fraction:.0%} bubble over the ideal compute")
     if best.layout.tp > 1:
         parts.append(f"TP {best.layout.tp} all-reduces activations inside every block")
     plain = best.layout.pp == best.layout.tp == 1
@@ -230,15 +240,24 @@ def trade_off(best: LayoutCandidate, candidates: Sequence[LayoutCandidate]) -> s
     kind = "with TP or PP" if plain else "without TP or PP"
     if other:
         parts.append(f"the fastest layout {kind} reaches {other[0].samples_per_s / best.samples_per_s:.0%} of its rate")
+    elif plain and not cuts:
+        parts.append("TP and PP do not apply to this model here (its row in the memory table says why)")
+    elif plain and best.layout.world_size == 1:
+        parts.append("one GPU: no layout with TP or PP")
     else:
         parts.append(f"no layout {kind} fits")
     return "; ".join(parts)
 
 
-def layouts_doc(candidates: Sequence[LayoutCandidate], top: int) -> list[dict[str, object]]:
+def layouts_doc(
+    candidates: Sequence[LayoutCandidate],
+    top: int,
+    planned: PlannedKey | None = None,
+    cuts: bool = True,
+) -> list[dict[str, object]]:
     """The ``top`` fastest candidates as JSON rows (``layouts[]``; bytes per GPU, seconds), ``best`` marking the one
-    ``best_layout`` takes."""
-    best = best_layout(candidates)
+    ``best_layout`` takes (``planned``, ``cuts``: as ``best_layout``'s and ``trade_off``'s)."""
+    best = best_layout(candidates, planned)
     return [
         {
             "dp_replicate": c.layout.dp_replicate,
@@ -257,11 +276,12 @@ def layouts_doc(candidates: Sequence[LayoutCandidate], top: int) -> list[dict[st
             "samples_per_s": c.samples_per_s,
             "mfu": c.mfu,
             "bubble_fraction": c.bubble_fraction,
+            "bubble_share": c.bubble_fraction / (1 + c.bubble_fraction),
             "pp_schedule": c.schedule,
             "estimate_only": c.estimate_only,
             "flags": c.flags(),
             "best": c is best,
-            "trade_off": trade_off(c, candidates) if c is best else None,
+            "trade_off": trade_off(c, candidates, cuts) if c is best else None,
         }
         for c in candidates[:top]
     ]

@@ -20,7 +20,7 @@ from .free_text import lora_targets
 from .hardware import Hardware, resolve_hardware, with_gpu_calibration
 from .invariants import enforce
 from .ladder import Ladder, build_ladder, ladder_reason
-from .layout_search import LayoutCandidate, search_layouts
+from .layout_search import LayoutCandidate, PlannedKey, search_layouts
 from .memory import trace_mode
 from .models import AdapterSpec, ModelSpec, family_of, resolve_source
 from .models.adapters import default_targets
@@ -85,6 +85,16 @@ class Plan:
             if r.name == name:
                 return r
         raise KeyError(name)
+
+    def planned_key(self) -> PlannedKey | None:
+        """The recommended row as the layout search names its candidates (``advisor.layout_search.PlannedKey``);
+        None when nothing is recommended."""
+        name = self.recommendation.strategy
+        if not name:
+            return None
+        r = self.row(name)
+        pp = (self.options.pp_degree or 1) if r.strategy in PINNED else 1  # only the pipeline row has stages
+        return (name, r.tp_degree, pp, self.options.micro_batch_size or 1, self.options.activation_checkpointing)
 
     def context(self) -> StrategyContext:
         return StrategyContext(self.profile, self.hardware, self.options, self.device)
@@ -251,8 +261,9 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
         over = f"{hw.num_gpus} GPUs" if ranks == hw.num_gpus else f"{ranks} data-parallel ranks (GPUs / tp x pp)"
         raise AdvisorError(
             f"--global-batch-size {opts.global_batch_size} is not a multiple of micro-batch "
-            f"{opts.micro_batch_size} x {over} = {per_step}: use a multiple of {per_step} "
-            "or another --micro-batch-size"
+            f"{opts.micro_batch_size} x {over} = {per_step}: use a multiple of {per_step}"
+            + (", another --micro-batch-size" if opts.global_batch_size % ranks == 0 else "")
+            + ", or fewer data-parallel ranks with --tp-degree / --pp-degree (--top searches them)"
         )
     dropout = attention_dropout(spec, cache) if device == Device.CPU else 0.0
     attention = resolve_attention(opts.attention, device, hw.gpu_name, precision, dropout)
@@ -271,7 +282,13 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     if not any(r.applicable for r in rows):
         reasons = list(dict.fromkeys(r.reason for r in rows if r.reason is not None))  # each row has its reason
         raise AdvisorError(
-            "no strategy applies to these choices (" + "; ".join(reasons[:3]) + "): change --framework or --precision"
+            "no strategy applies to these choices ("
+            + "; ".join(reasons[:3])
+            + (
+                "): change --global-batch-size or --micro-batch-size"
+                if any("--global-batch-size" in r for r in reasons)
+                else "): change --framework or --precision"
+            )
         )
     mb_note, asked_micro_batch = None, opts.micro_batch_size  # the user's, else the family's default
     if inputs.training.micro_batch_size is None and device == Device.CUDA:

@@ -179,9 +179,10 @@ def evaluate_row(strategy: Strategy, ctx: StrategyContext, compare: bool, max_hi
     mb = ctx.micro_batch_size
     dp = 0 if reason else strategy.dp_size(ctx)
     if dp and opts.global_batch_size and opts.global_batch_size % (mb * dp):
-        reason = (
-            f"--global-batch-size {opts.global_batch_size} does not split over micro-batch {mb} x its {dp} "
-            f"data-parallel ranks = {mb * dp}"
+        reason = f"--global-batch-size {opts.global_batch_size} does not split over " + (
+            f"micro-batch {mb} x its {dp} data-parallel ranks = {mb * dp}"
+            if opts.global_batch_size % dp == 0
+            else f"its {dp} data-parallel ranks"
         )
     if reason:
         row.applicable, row.reason = False, reason

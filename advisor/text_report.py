@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .candidates import TIE
 from .choices import Precision
-from .explain import tokens_per_sample
+from .explain import HEADROOM_WARN, tokens_per_sample
 from .layout_search import best_layout, trade_off
 from .rows import MAX_SEARCH_MICRO_BATCH
 from .text_table import amount, fits_word, gib_cell, short_phase, table
@@ -356,7 +357,8 @@ def _layout_lines(p: Plan) -> list[str]:
     )
     if not found:
         return [head, "  no layout fits: see the ladder and the recommendation's fixes above"]
-    best = best_layout(found)
+    best = best_layout(found, p.planned_key())
+    room = int(HEADROOM_WARN * p.hardware.gpu_memory_bytes)
     cols = [
         ("#", ">", 2, ""),
         ("layout", "<", 6, "  "),
@@ -381,32 +383,47 @@ def _layout_lines(p: Plan) -> list[str]:
                 str(c.micro_batch_size),
                 str(c.grad_accum_steps),
                 "on" if c.activation_checkpointing else "off",
-                gib_cell(c.device_total),
+                gib_cell(c.device_total) + ("!" if c.device_total > room else ""),
                 fmt_s(c.step_s),
                 fmt_rate(c.samples_per_s * per),
                 f"{100 * c.mfu:.0f}%" if c.mfu is not None else "-",
-                f"{100 * c.bubble_fraction:.0f}%" if c.layout.pp > 1 else "-",
+                f"{100 * c.bubble_fraction / (1 + c.bubble_fraction):.0f}%" if c.layout.pp > 1 else "-",
                 c.flags() + ("  <- takes" if c is best else ""),
             ]
         )
     lines = [head, *table(cols, rows)]
-    if any(c.estimate_only for c in found[:top]):
+    shown = found[:top]
+    if any(c.estimate_only for c in shown):
         lines.append(
-            "*: sized and timed only, no script (" + next(c.estimate_only for c in found if c.estimate_only) + ")"
+            "*: sized and timed only, no script (" + next(c.estimate_only for c in shown if c.estimate_only) + "); "
+            "the search never takes one"
         )
-    lines.append(f"rate: {unit}; MFU without recompute; the ladder's memory options are not searched")
+    if any(c.device_total > room for c in shown):
+        lines.append(
+            f"!: over {100 * HEADROOM_WARN:.0f}% of the GPU's memory, inside the estimate's error band of not fitting"
+        )
+    lines.append(
+        f"rate: {unit}; MFU without recompute; bubble: the pipeline's idle share of its compute time; the ladder's "
+        "memory options are not searched"
+    )
     rec = p.row(p.recommendation.strategy) if p.recommendation.strategy else None
     if best is None:
         lines.append("none of these has a script: --emit cannot write one")
-    elif rec is not None and rec.time is not None and rec.global_batch_size == target:
+        return lines
+    where = "" if best in shown else f" (#{found.index(best) + 1} of the search, not shown: raise --top)"
+    script = f"--emit DIR --strategy {best.strategy} writes its script"
+    if rec is not None and rec.time is not None and rec.global_batch_size == target:
         ratio = best.samples_per_s * rec.time.step_s / target
-        lines.append(
-            f"takes {best.layout.label()} with {best.title} ({best.flags()}): {ratio:.2f}x the recommended "
-            f"{rec.title}'s rate"
-            + (" (within the tie band: the recommendation stands)" if ratio < 1.1 else ": pass its flags to plan it")
-        )
+        verdict = (
+            "the recommendation's own row"
+            if p.planned_key() == (best.strategy, best.layout.tp, best.layout.pp, best.micro_batch_size,
+                                   best.activation_checkpointing)
+            else f"{ratio:.2f}x the recommended {rec.title}'s rate"
+            + (" (within the tie band: the recommendation stands)" if ratio < 1 + TIE else "")
+        )  # fmt: skip
+        lines.append(f"takes {best.layout.label()} with {best.title}{where}: {verdict}")
     else:
-        lines.append(f"takes {best.layout.label()} with {best.title}: {best.flags()}")
-    if best is not None:
-        lines.append(f"  {trade_off(best, found)}")
+        lines.append(f"takes {best.layout.label()} with {best.title}{where}")
+    lines.append(f"  plan it with {best.flags()}; {script}")
+    lines.append(f"  {trade_off(best, found, p.spec.tp_capable)}")
     return lines

@@ -233,7 +233,7 @@ class TrainingOptions:
         high=100,
         none="off",
         help="search the layouts (TP inside a node, PP across, data parallel the rest; every data-parallel policy, "
-        "micro-batch size and activation checkpointing off and on) and show the N fastest that fit (GPU plans)",
+        "micro-batch size and activation checkpointing off and on) and show the N (1-100) fastest that fit (GPU plans)",
     )
     framework: Framework = _f(
         Framework.ANY,

@@ -120,7 +120,10 @@ class TensorParallel(Strategy):
         if t > ctx.hardware.gpus_per_node:
             return f"TP degree {t} exceeds the {ctx.hardware.gpus_per_node} GPUs per node (never TP across nodes)"
         if heads % t or kv % t:
-            return f"TP degree {t} does not divide {heads} attention heads and {kv} key/value heads"
+            fit = [d for d in range(2, t) if heads % d == 0 and kv % d == 0]
+            return f"TP degree {t} must divide both the {heads} attention heads and the {kv} key/value heads" + (
+                f": use --tp-degree {fit[-1]}" if fit else ""
+            )
         if as_int(cfg.get("intermediate_size") or 0) % t:
             return f"TP degree {t} does not divide the MLP width {cfg.get('intermediate_size')}"
         if self.with_dp:
