@@ -158,11 +158,14 @@ def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
     from strategies.emit_manifest import edited_files, kept_copy, left_edited, read_manifest, stale_files
     from strategies.render import job_from_plan, launch_command_for, render_job, write_files
 
+    from .layout_search import best_layout
     from .plan import training_budget
 
     name = args.strategy or result.recommendation.strategy
     if name is None:
-        raise AdvisorError("nothing fits, so there is no recommended strategy to emit: pass --strategy NAME")
+        taken = best_layout(result.layouts or [])
+        hint = f" (the layout search takes: {taken.flags()} --strategy {taken.strategy})" if taken else ""
+        raise AdvisorError(f"nothing fits, so there is no recommended strategy to emit: pass --strategy NAME{hint}")
     # slurm.sbatch finds train.py in this folder by its absolute path, wherever the job is submitted from.
     job = replace(job_from_plan(result, name), folder=str(Path(out_dir).resolve()))
     budget = training_budget(result.options, result.context(), result.row(name)) or {}
