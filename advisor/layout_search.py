@@ -31,11 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from .cache import DiskCache, NullCache
 from .candidates import TIE
 from .choices import PipelineSchedule
 from .context import StrategyContext
 from .layout import Layout, layouts_for
+from .memory import trace_mode
 from .models.limits import as_int
+from .profile import build_profile
 from .rows import StrategyRow, fit_verdict, framework_excludes
 from .timing.pipeline import bubble_fraction
 
@@ -149,6 +152,28 @@ def search_layouts(
                         continue
                     out += _sized(s, c, layout, target, micro_batch)
     return sorted(out, key=lambda c: (-c.samples_per_s, c.device_total))
+
+
+def search_for_plan(
+    ctx: StrategyContext, cache: DiskCache | NullCache, scratch_threads: int, micro_batch: int | None
+) -> list[LayoutCandidate]:
+    """``search_layouts`` for ``advisor.plan``: over the registered strategies (data-parallel rows, TP rows) and the
+    pinned pipeline rows, with activation checkpointing as planned and, when it is off and the model has blocks to
+    checkpoint, on (its own trace, ``advisor.profile.build_profile``; ``cache`` and ``scratch_threads`` as there)."""
+    from strategies import PINNED, all_strategies
+
+    contexts = [ctx]
+    if not ctx.options.activation_checkpointing:
+        spec, mode = ctx.profile.spec, trace_mode(ctx.options.precision, casts_weights=False)
+        profile = build_profile(
+            spec, ctx.profile.attention, True, cache=cache, cpu_conv_scratch_threads=scratch_threads
+        )
+        if profile.activations(mode).checkpointed_blocks:
+            contexts.append(replace(ctx, profile=profile, options=replace(ctx.options, activation_checkpointing=True)))
+    registered = all_strategies()
+    dp_rows = [s for s in registered if not s.uses_tp_degree and (s.distributes or ctx.hardware.num_gpus == 1)]
+    tp_rows = [s for s in registered if s.uses_tp_degree]
+    return search_layouts(contexts, dp_rows, tp_rows, PINNED, micro_batch)
 
 
 def best_layout(candidates: Sequence[LayoutCandidate], planned: PlannedKey | None = None) -> LayoutCandidate | None:

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from strategies import PINNED, all_strategies, planned_strategies
+from strategies import PINNED, planned_strategies
 
 from .applied_options import apply_options, refuse_accumulation, script_note
-from .cache import DiskCache, NullCache, open_cache
+from .cache import open_cache
 from .choices import Attention, Device, Dtype, Precision, Quant, TraceMode
 from .context import StrategyContext
 from .errors import AdvisorError
@@ -20,7 +20,7 @@ from .free_text import lora_targets
 from .hardware import Hardware, resolve_hardware, with_gpu_calibration
 from .invariants import enforce
 from .ladder import Ladder, build_ladder, ladder_reason
-from .layout_search import LayoutCandidate, PlannedKey, search_layouts
+from .layout_search import LayoutCandidate, PlannedKey, search_for_plan
 from .memory import trace_mode
 from .models import AdapterSpec, ModelSpec, family_of, resolve_source
 from .models.adapters import default_targets
@@ -263,7 +263,7 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
             f"--global-batch-size {opts.global_batch_size} is not a multiple of micro-batch "
             f"{opts.micro_batch_size} x {over} = {per_step}: use a multiple of {per_step}"
             + (", another --micro-batch-size" if opts.global_batch_size % ranks == 0 else "")
-            + ", or fewer data-parallel ranks with --tp-degree / --pp-degree (--top searches them)"
+            + ", or fewer data-parallel ranks: a tensor- or pipeline-parallel degree (the layout search tries them)"
         )
     dropout = attention_dropout(spec, cache) if device == Device.CPU else 0.0
     attention = resolve_attention(opts.attention, device, hw.gpu_name, precision, dropout)
@@ -366,7 +366,7 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     warnings += _budget_warnings(opts, ctx)
     layouts = None
     if opts.top and device == Device.CUDA:
-        layouts = _search(ctx, cache, scratch_threads, inputs.training.micro_batch_size)
+        layouts = search_for_plan(ctx, cache, scratch_threads, inputs.training.micro_batch_size)
     if inputs.use_cache:  # what-if questions (another --gpus) then find their traces in the cache
         for traced, tp in {t for s in strategies for t in s.what_if_traces(ctx)}:
             profile.activations(TraceMode(traced), tp)  # (Strategy.what_if_traces names the mode as its value)
@@ -387,26 +387,6 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     )
     enforce(result)
     return result
-
-
-def _search(
-    ctx: StrategyContext, cache: DiskCache | NullCache, scratch_threads: int, micro_batch: int | None
-) -> list[LayoutCandidate]:
-    """``advisor.layout_search.search_layouts`` over the registered strategies (data-parallel rows, TP rows) and the
-    pinned pipeline rows, with activation checkpointing as planned and, when it is off and the model has blocks to
-    checkpoint, on (its own trace)."""
-    contexts = [ctx]
-    if not ctx.options.activation_checkpointing:
-        spec, mode = ctx.profile.spec, trace_mode(ctx.options.precision, casts_weights=False)
-        profile = build_profile(
-            spec, ctx.profile.attention, True, cache=cache, cpu_conv_scratch_threads=scratch_threads
-        )
-        if profile.activations(mode).checkpointed_blocks:
-            contexts.append(replace(ctx, profile=profile, options=replace(ctx.options, activation_checkpointing=True)))
-    registered = all_strategies()
-    dp_rows = [s for s in registered if not s.uses_tp_degree and (s.distributes or ctx.hardware.num_gpus == 1)]
-    tp_rows = [s for s in registered if s.uses_tp_degree]
-    return search_layouts(contexts, dp_rows, tp_rows, PINNED, micro_batch)
 
 
 def _add_speedups(ctx: StrategyContext, rows: list[StrategyRow], strategies: Sequence[Strategy]) -> None:

@@ -315,11 +315,12 @@ def test_verify_busy_and_missing_are_messages(at: AppTest, monkeypatch: pytest.M
 
 def test_messages_name_the_page_widgets_not_cli_flags(at: AppTest) -> None:
     at.number_input(key="gpus").set_value(4)
-    at.number_input(key="global_batch_size").set_value(7)
+    at.number_input(key="micro_batch_size").set_value(2)
+    at.number_input(key="global_batch_size").set_value(12)  # splits over 4 GPUs, not at micro-batch 2
     at.run()
     errors = texts(at.error)
     assert len(errors) == 1, errors
-    assert errors[0].startswith("'Global batch size' 7 is not a multiple of micro-batch 1 x 4 GPUs"), errors
+    assert errors[0].startswith("'Global batch size' 12 is not a multiple of micro-batch 2 x 4 GPUs"), errors
     assert "another 'Micro-batch size per GPU'" in errors[0] and "--" not in errors[0], errors
 
 
