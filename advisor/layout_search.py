@@ -130,8 +130,9 @@ def search_layouts(
     hw = base.hardware
     target = base.options.global_batch_size or base.micro_batch_size * hw.num_gpus
     cuts = base.profile.spec.is_transformer and base.profile.spec.tp_capable
+    stages = cuts and base.profile.spec.pp_blocker is None
     heads, kv, layers = _model_dims(base) if cuts else (None, None, None)
-    layouts = layouts_for(hw.gpus_per_node, hw.num_nodes, heads, kv, layers, None if cuts else 1, None if cuts else 1)
+    layouts = layouts_for(hw.gpus_per_node, hw.num_nodes, heads, kv, layers, None if cuts else 1, None if stages else 1)
     out: list[LayoutCandidate] = []
     for ctx in contexts:
         for layout in (lay for lay in layouts if _pinned(lay, ctx)):

@@ -144,8 +144,8 @@ class PipelineParallel(Strategy):
         spec = ctx.profile.spec
         if not ctx.options.pp_degree:
             return "needs --pp-degree N"
-        if spec.tp_blocker:
-            return f"pipeline stages are modelled for the blocks tensor parallelism shards here: {spec.tp_blocker}"
+        if spec.pp_blocker:
+            return f"pipeline stages are modelled for the blocks of some decoders only: {spec.pp_blocker}"
         cfg = spec.config or {}
         heads = as_int(cfg.get("num_attention_heads") or 0) or None
         kv = as_int(cfg.get("num_key_value_heads") or 0) or None

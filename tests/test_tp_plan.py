@@ -129,3 +129,18 @@ def test_loss_parallel_holds_one_logits_copy_more_than_the_fused_loss():
     copy = 1024 * 4000 * 4
     assert (round(plain_f / copy, 2), round(plain_b / copy, 2)) == (1.0, 2.0)
     assert (round(par_f / copy, 2), round(par_b / copy, 2)) == (2.0, 3.0)
+
+
+def test_pipeline_stages_stay_with_llama_style_decoders(tmp_path):
+    """TP takes gemma by transformers' plan; the pipeline script's stages rebuild Llama-style decoders by attribute
+    name, so PP refuses it in one line (and the layout search tries no PP layout for it)."""
+    from advisor.errors import AdvisorError
+    from advisor.plan import plan
+
+    cfg = tmp_path / "gemma.json"
+    cfg.write_text(json.dumps(GEMMA))
+    ask = dict(config_path=str(cfg), seq_len=32, gpus=4, gpu="A100-80GB", detect_hardware=False)
+    with pytest.raises(AdvisorError, match="rebuild llama/mistral/qwen2 decoders only, not gemma"):
+        plan(plan_inputs(**ask, pp_degree=2))
+    searched = plan(plan_inputs(**ask, nodes=2, top=100)).layouts
+    assert searched and {c.layout.pp for c in searched} == {1} and max(c.layout.tp for c in searched) > 1

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..bnb_layout import QUANT_CHOICES
 from ..choices import Dtype, Quant, values
-from .tp_plan import tp_plan_blocker
+from .tp_plan import PP_MODEL_TYPES, tp_plan_blocker
 
 FAMILY_NAMES = ("transformer", "vision", "custom")
 # bitsandbytes' quantized storage of a frozen base (``--quantize``): 4-bit NormalFloat, 4-bit float, LLM.int8().
@@ -74,6 +74,18 @@ class ModelSpec:
         if self.family != "transformer":
             return f"a {'CNN/vision' if self.family == 'vision' else self.family} model has no tensor-parallel plan"
         return tp_plan_blocker(self.model_type, self.config)
+
+    @property
+    def pp_blocker(self) -> str | None:
+        """Why pipeline stages cannot cut this model here (``advisor.models.tp_plan.PP_MODEL_TYPES``); None: they
+        can."""
+        if self.tp_blocker:
+            return self.tp_blocker
+        if self.model_type not in PP_MODEL_TYPES:
+            return (
+                f"the pipeline script's stages rebuild {'/'.join(PP_MODEL_TYPES)} decoders only, not {self.model_type}"
+            )
+        return None
 
     @property
     def shape_text(self) -> str:

@@ -19,6 +19,11 @@ from __future__ import annotations
 
 from functools import cache
 
+# The pipeline script's stage module (strategies/templates/pp.py) rebuilds a Llama-style decoder by its attribute
+# names (model.embed_tokens, model.layers, model.norm, model.rotary_emb, lm_head) and calls its blocks as Llama's:
+# families with another structure (gemma's embedding scale, phi's final_layernorm) would run wrongly or not at all.
+PP_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
 # The styles the sizing and the script map (torch's ParallelStyle of the same name).
 STYLES = ("colwise", "rowwise")
 # Config fields that mark a mixture of experts (transformers' names across families).
