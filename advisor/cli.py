@@ -251,7 +251,8 @@ def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool) -> V
         )
     verdict = "within" if outcome.within_tolerance else "OUTSIDE"
     print(
-        f"  worst error {100 * outcome.relative_error:+.1f}% ({verdict} the {100 * 0.25:.0f}% tolerance); "
+        f"  worst error {100 * outcome.relative_error:+.1f}% ((estimate - measured) / measured: below 0 the run took "
+        f"more than estimated, the sign opposite to the error band's; {verdict} the {100 * 0.25:.0f}% tolerance); "
         f"log and files: {outcome.log_dir}",
         file=stream,
     )
