@@ -37,7 +37,7 @@ from .choices import PipelineSchedule
 from .context import StrategyContext
 from .layout import Layout, layouts_for
 from .memory import trace_mode
-from .models.limits import as_int
+from .models.limits import layout_dims
 from .profile import build_profile
 from .rows import StrategyRow, fit_verdict, framework_excludes
 from .timing.pipeline import bubble_fraction
@@ -76,6 +76,11 @@ class LayoutCandidate:
     tie_order: int
     schedule: PipelineSchedule | None = None  # the pipeline's (None without PP)
 
+    @property
+    def key(self) -> PlannedKey:
+        """How ``best_layout`` matches this candidate to a plan's recommended row (``Plan.planned_key``)."""
+        return (self.strategy, self.layout.tp, self.layout.pp, self.micro_batch_size, self.activation_checkpointing)
+
     def flags(self) -> str:
         """The command-line flags that plan this candidate as it is sized here: its degrees, schedule, micro-batch,
         checkpointing and the search's global batch (``--emit DIR --strategy`` with the row's name writes its
@@ -91,16 +96,6 @@ class LayoutCandidate:
         if self.activation_checkpointing:
             parts.append("--activation-checkpointing")
         return " ".join(parts)
-
-
-def _model_dims(ctx: StrategyContext) -> tuple[int | None, int | None, int | None]:
-    """(attention heads, key/value heads, blocks) of a model TP and PP can cut (``ModelSpec.tp_capable``), else
-    Nones."""
-    cfg = ctx.profile.spec.config or {}
-    heads = as_int(cfg.get("num_attention_heads") or 0) or None
-    kv = as_int(cfg.get("num_key_value_heads") or 0) or None
-    layers = as_int(cfg.get("num_hidden_layers") or 0) or None
-    return heads, kv, layers
 
 
 def _pinned(layout: Layout, ctx: StrategyContext) -> bool:
@@ -131,7 +126,7 @@ def search_layouts(
     target = base.options.global_batch_size or base.micro_batch_size * hw.num_gpus
     cuts = base.profile.spec.is_transformer and base.profile.spec.tp_capable
     stages = cuts and base.profile.spec.pp_blocker is None
-    heads, kv, layers = _model_dims(base) if cuts else (None, None, None)
+    heads, kv, layers = layout_dims(base.profile.spec.config or {}) if cuts else (None, None, None)
     layouts = layouts_for(hw.gpus_per_node, hw.num_nodes, heads, kv, layers, None if cuts else 1, None if stages else 1)
     out: list[LayoutCandidate] = []
     for ctx in contexts:
@@ -190,7 +185,7 @@ def best_layout(candidates: Sequence[LayoutCandidate], planned: PlannedKey | Non
     fastest = max(c.samples_per_s for c in runnable)
     pool = [c for c in runnable if c.samples_per_s * (1 + TIE) >= fastest]
     for c in pool:
-        if planned == (c.strategy, c.layout.tp, c.layout.pp, c.micro_batch_size, c.activation_checkpointing):
+        if planned == c.key:
             return c
     return min(pool, key=lambda c: (c.layout.pp, c.layout.tp, c.tie_order, -c.samples_per_s, c.device_total))
 

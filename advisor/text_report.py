@@ -416,8 +416,7 @@ def _layout_lines(p: Plan) -> list[str]:
         ratio = best.samples_per_s * rec.time.step_s / target
         verdict = (
             "the recommendation's own row"
-            if p.planned_key() == (best.strategy, best.layout.tp, best.layout.pp, best.micro_batch_size,
-                                   best.activation_checkpointing)
+            if p.planned_key() == best.key
             else f"{ratio:.2f}x the recommended {rec.title}'s rate"
             + (" (within the tie band: the recommendation stands)" if ratio < 1 + TIE else "")
         )  # fmt: skip

@@ -31,7 +31,7 @@ from advisor.hardware import Hardware
 from advisor.layout import Layout
 from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, Breakdown, StrategyMemory, device_overhead
 from advisor.models.families import ModelFamily
-from advisor.models.limits import as_int
+from advisor.models.limits import as_int, layout_dims
 from advisor.stage_memory import StageMemory, peak_stage
 from advisor.timing.comm import Fabric, bucketed_allreduce
 from advisor.timing.pipeline import p2p_bytes, p2p_s, pipeline_time
@@ -146,10 +146,7 @@ class PipelineParallel(Strategy):
             return "needs --pp-degree N"
         if spec.pp_blocker:
             return f"pipeline stages are modelled for the blocks of some decoders only: {spec.pp_blocker}"
-        cfg = spec.config or {}
-        heads = as_int(cfg.get("num_attention_heads") or 0) or None
-        kv = as_int(cfg.get("num_key_value_heads") or 0) or None
-        layers = as_int(cfg.get("num_hidden_layers") or 0) or None
+        heads, kv, layers = layout_dims(spec.config or {})
         try:
             layout = self.layout(ctx).validate(ctx.world_size, heads, kv, layers)
             if layers:

@@ -57,6 +57,18 @@ def num_layers(config: Mapping[str, object]) -> int:
     return n
 
 
+_LAYOUT_KEYS = ("num_attention_heads", "num_key_value_heads", "num_hidden_layers")
+
+
+def layout_dims(config: Mapping[str, object]) -> tuple[int | None, int | None, int | None]:
+    """(attention heads, key/value heads, decoder blocks) of a transformers config, each None where the config
+    lacks it: what ``advisor.layout.Layout.validate`` checks the degrees against."""
+    return tuple(  # type: ignore[return-value]
+        as_int(config.get(key) or 0) or None
+        for key in ("num_attention_heads", "num_key_value_heads", "num_hidden_layers")
+    )
+
+
 def short_value(value: object) -> str:
     """A value for an error message: never more than 40 characters (a 5000-digit integer cannot even
     be turned into a string by default)."""
