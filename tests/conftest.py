@@ -52,12 +52,15 @@ def one_cpu_calibration_per_session() -> Iterator[None]:
         yield
 
 
-@pytest.fixture
-def no_what_if_traces(monkeypatch):
+@pytest.fixture(autouse=True)
+def no_what_if_traces(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Plans skip the what-if traces: the tensor-parallel shards of other GPU counts that ``plan()`` traces into
-    the disk cache for later questions (``Strategy.what_if_traces``). They are no part of the plan (nothing in it
-    reads them) and cost a trace each, so tests of a plan's figures do without them; tests of the cache
-    (tests/test_trace_cache.py) keep them."""
+    the disk cache for later questions (``Strategy.what_if_traces``, 3 shards of 4 traces each for a model with a TP
+    plan). They are no part of the plan (nothing in it reads them), so every test does without them (autouse: in
+    the suite they cost a minute or more of 2 busy cores); tests of the cache keep them with
+    ``@pytest.mark.what_if_traces`` (tests/test_trace_cache.py). Processes a test launches (the CLI) trace them."""
+    if request.node.get_closest_marker("what_if_traces"):
+        return
     from strategies import all_strategies
 
     for cls in {type(s) for s in all_strategies()}:

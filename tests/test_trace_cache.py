@@ -19,6 +19,8 @@ from advisor.trace import keys
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "data" / "tiny_llama.json")
+# These tests are about the cache, what-if traces included (tests/conftest.py turns them off elsewhere).
+pytestmark = pytest.mark.what_if_traces
 BASE = dict(config_path=TINY, seq_len=64, gpus=2, gpu="A100-80GB", host_mem_gib=64, detect_hardware=False)
 
 

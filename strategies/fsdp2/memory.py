@@ -29,6 +29,8 @@ numel with dim 0 padded to a multiple of N, ``_fsdp_param.py`` ``_init_sharded_p
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from advisor.context import StrategyContext
 from advisor.memory import Breakdown, optimizer_state_bytes, optimizer_step_temp_bytes, trace_mode, weight_bytes
 
@@ -60,14 +62,16 @@ def windows(
     p = [u.padded * d.param for u in blocks] + [0]
     t = [u.trainable_padded * d.reduce for u in blocks] + [0]
     k = len(blocks)
-    g = [sum(u.trainable_shard(n) for u in blocks[i + 1 :]) * d.orig if grads_done else 0 for i in range(k)]
+    # G_i, the trainable shards of blocks i+1.. (suffix sums: linear in the depth, a 1000-block config included)
+    after = list(accumulate((u.trainable_shard(n) for u in reversed(blocks[1:])), initial=0))[::-1]
+    g = [a * d.orig if grads_done else 0 for a in after]
 
     def largest(buffers: list[int]) -> tuple[int, int]:
         i = max(range(k), key=lambda j: buffers[j] + g[j])
         return buffers[i], g[i]
 
     if not reshard:
-        held = [sum(p[: i + 1]) + t[i + 1] for i in range(k)]
+        held = [gathered + t[i + 1] for i, gathered in enumerate(accumulate(p[:k]))]
         return sum(p[:k]) + flat * max(p[:k]), largest(held), largest(held)
     fwd = max(p[i] + flat * max(p[i], p[i + 1]) for i in range(k))
     bwd = [p[i] + flat * (p[i - 1] if i else 0) + t[i + 1] for i in range(k)]
