@@ -7,10 +7,10 @@ What runs on a layout (the strategies the planner hands in, by their interface o
 
 * ``tp = pp = 1``: every data-parallel row of the plan (DDP, ZeRO-1/2/3, FSDP2, HSDP, with offload);
 * ``tp > 1``, ``pp = 1``: the TP rows (``strategies.tp``: TP inside, DDP across), pinned to the layout's ``tp``;
-* ``pp > 1``: the pipeline row (``strategies.pp``: PP x DDP, TP inside the stages), pinned to ``pp`` and ``tp``,
-  with 1F1B and with interleaved 1F1B at 2 model chunks per rank (torchtitan's default; its bubble is half 1F1B's
-  for a larger share of activations in flight), unless ``--pp-schedule`` pins one; PP x TP is sized and timed only
-  (its ``estimate_only_for`` says why), as are other rows without a script.
+* ``pp > 1``: the pipeline rows (``strategies.pp``: PP x DDP and PP x ZeRO-1, TP inside the stages), pinned to
+  ``pp`` and ``tp``, with 1F1B and with interleaved 1F1B at 2 model chunks per rank (torchtitan's default; its bubble
+  is half 1F1B's for a larger share of activations in flight), unless ``--pp-schedule`` pins one; PP x TP and
+  PP x ZeRO-1 are sized and timed only (their ``estimate_only_for`` says why), as are other rows without a script.
 
 Every candidate trains the same global batch: ``--global-batch-size``, else the plan's micro-batch x GPUs. Micro-batch
 sizes are the divisors of the global batch over the data-parallel size (so the accumulation steps are whole), up to

@@ -40,7 +40,7 @@ _BUILTIN: tuple[Strategy, ...] = (
 
 # Rows a plan has only when the user pins them (``Strategy.pinned``: ``--pp-degree``): not --strategy choices, so
 # every plan without the pin keeps its rows.
-PINNED: tuple[Strategy, ...] = (PipelineParallel(),)
+PINNED: tuple[Strategy, ...] = (PipelineParallel(), PipelineParallel(zero_stage=1))
 
 
 class Registry:

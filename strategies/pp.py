@@ -18,6 +18,13 @@ counted here), the gradient all-reduce of the stage across its data-parallel gro
 not overlapped: the script all-reduces gradient by gradient; sized as ``strategies.ddp``'s buckets), and the fused
 optimizer step over the
 stage's states.
+
+PP x ZeRO-1 (``PipelineParallel(zero_stage=1)``, the row ``pp_zero1``): Megatron-LM's distributed optimizer, the layout
+of its published PP x TP runs (``--use-distributed-optimizer``): each data-parallel rank of a stage keeps 1/dp of the
+stage's optimizer states and master weights (Rajbhandari et al. 2020, section 5.1, P_os), its gradients are
+reduce-scattered and the updated weights all-gathered instead of one all-reduce (the same bytes on the wire: Megatron-LM
+docs/source/api-guide/dist_optimizer.md), and the optimizer steps over 1/dp of the stage. Sized and timed only: the
+emitted pipeline script runs PP x DDP.
 """
 
 from __future__ import annotations
@@ -47,6 +54,10 @@ PP_TP_BLOCKER = (
     "the pipeline script runs PP x DP only: PP x TP (--tp-degree above 1) is sized and timed, not emitted; "
     "use tp_dp, or --pp-degree without --tp-degree"
 )
+PP_ZERO1_BLOCKER = (
+    "the pipeline script runs PP x DDP only: PP x ZeRO-1 (Megatron-LM's distributed optimizer) is sized and timed, "
+    "not emitted; use --strategy pp"
+)
 PP_FP16_BLOCKER = (
     "the pipeline script trains in fp32, bf16 or pure-bf16: fp16's GradScaler would skip steps stage by stage; "
     "use --precision bf16"
@@ -54,9 +65,19 @@ PP_FP16_BLOCKER = (
 
 
 class PipelineParallel(Strategy):
+    """PP x DDP (``zero_stage`` 0, the row ``pp``) or PP x ZeRO-1 (1, ``pp_zero1``; module docstring)."""
+
     name = "pp"
     title = "PP x DDP"
     comm_order = 3
+
+    def __init__(self, zero_stage: int = 0) -> None:
+        if zero_stage not in (0, 1):
+            raise ValueError(f"PipelineParallel models DDP (0) and ZeRO-1 (1) across its replicas, got {zero_stage}")
+        self.zero_stage = zero_stage
+        if zero_stage:
+            self.name, self.title = "pp_zero1", "PP x ZeRO-1"
+
     uses_tp_degree = True
     lora_blocker = "LoRA with pipeline stages is not modelled here"
     client_optimizers = False
@@ -89,7 +110,10 @@ class PipelineParallel(Strategy):
         return self.script_blocker(self.layout(ctx).tp, ctx.options.precision or Precision.FP32)
 
     def script_blocker(self, tp_degree: int, precision: Precision) -> str | None:
-        """Why the row's script cannot be written (None: it can): TP inside the stages, fp16."""
+        """Why the row's script cannot be written (None: it can): ZeRO-1 across the replicas, TP inside the stages,
+        fp16."""
+        if self.zero_stage:
+            return PP_ZERO1_BLOCKER
         if tp_degree > 1:
             return PP_TP_BLOCKER
         return PP_FP16_BLOCKER if precision == Precision.FP16 else None
@@ -176,10 +200,10 @@ class PipelineParallel(Strategy):
         return max(1, -(-target // (micro_batch * self.dp_size(ctx))))
 
     def stages(self, ctx: StrategyContext, micro_batch: int) -> list[StageMemory]:
-        """Every stage's memory at ``micro_batch`` (``strategies.pipeline.stages``, DDP: ZeRO stage 0)."""
+        """Every stage's memory at ``micro_batch`` (``strategies.pipeline.stages`` at the row's ZeRO stage: 0 DDP)."""
         m = self._micro_batches(ctx, micro_batch)
         schedule, v = self.schedule(ctx)
-        return stages(ctx, self.layout(ctx), schedule, 0, m, virtual=v, micro_batch=micro_batch)
+        return stages(ctx, self.layout(ctx), schedule, self.zero_stage, m, virtual=v, micro_batch=micro_batch)
 
     def memory(self, ctx: StrategyContext, micro_batch: int) -> StrategyMemory:
         layout = self.layout(ctx)
@@ -219,8 +243,9 @@ class PipelineParallel(Strategy):
 
     def comm_bytes_per_step(self, ctx: StrategyContext, grad_accum_steps: int = 1) -> int:
         """Bytes each GPU of the busiest stage sends per step: 2 p2p messages per micro-batch (hidden states forward,
-        their gradient backward), plus DDP's all-reduce of the stage's gradients (2(n-1)/n of them) and TP's
-        activation all-reduces of the stage's blocks (2(t-1)/t of s x b x h each, 4 per block per micro-batch)."""
+        their gradient backward), plus DDP's all-reduce of the stage's gradients (2(n-1)/n of them; ZeRO-1's
+        reduce-scatter and all-gather send the same) and TP's activation all-reduces of the stage's blocks (2(t-1)/t
+        of s x b x h each, 4 per block per micro-batch)."""
         layout, mb = self.layout(ctx), ctx.micro_batch_size
         m, v = max(1, grad_accum_steps), self.schedule(ctx)[1]
         top = peak_stage(self.stages(ctx, mb))
@@ -240,6 +265,24 @@ class PipelineParallel(Strategy):
 
     def _message(self, ctx: StrategyContext, mb: int) -> int:
         return p2p_bytes(ctx.profile.spec.seq_len or 1, mb, self._hidden(ctx), activation_bytes(ctx))
+
+    def _dp_collectives(self, grad_bytes: int, fabric: Fabric) -> list[Collective]:
+        """The stage's gradient synchronisation across its data-parallel group, after the pipeline's backward and not
+        overlapped (the script all-reduces gradient by gradient): DDP's bucketed all-reduce, or ZeRO-1's
+        reduce-scatter of the gradients and all-gather of the updated weights in the same buckets."""
+        ar = bucketed_allreduce(grad_bytes, fabric)
+        if not self.zero_stage:
+            what = f"gradient all-reduce of the stage across its data-parallel group ({len(ar.buckets)} bucket sizes)"
+            calls = len(ar.buckets)
+            return [Collective(what, "all_reduce", "data-parallel", grad_bytes, calls, ar.total_s, ar.total_s)]
+        out = []
+        for kind, what in (
+            ("reduce_scatter", "gradient reduce-scatter of the stage across its data-parallel group"),
+            ("all_gather", "all-gather of the stage's updated weights across its data-parallel group"),
+        ):
+            s = sum(fabric.time_s(kind, b) for b in ar.buckets)
+            out.append(Collective(what, kind, "data-parallel", grad_bytes, len(ar.buckets), s, s))
+        return out
 
     def step_time(self, ctx: StrategyContext, row: PlannedRow) -> StepTime | None:
         """Time rule (module docstring): the pipeline of ``row.grad_accum_steps`` micro-batches over the
@@ -314,21 +357,12 @@ class PipelineParallel(Strategy):
             per_node = max(1, min(layout.dp, hw.gpus_per_node // layout.tp))
             nodes = max(1, layout.dp // per_node) if stage_ranks >= hw.gpus_per_node else 1
             dp_fabric = fabric_of(ctx, t, per_node, nodes, concurrent_groups=layout.tp)
-            ar = bucketed_allreduce(slowest.params_numel * g, dp_fabric)
-            dp_total = ar.total_s
-            dp_exposed = dp_total  # after the pipeline's backward, gradient by gradient (module docstring)
-            coll.append(
-                Collective(
-                    f"gradient all-reduce of the stage across its data-parallel group ({len(ar.buckets)} bucket sizes)",
-                    "all_reduce",
-                    "data-parallel",
-                    slowest.params_numel * g,
-                    len(ar.buckets),
-                    dp_total,
-                    dp_exposed,
-                )
-            )
-        opt = optimizer_step_s(ctx, t, peak_stage(all_stages).params_numel, g, g, g)
+            dp_coll = self._dp_collectives(slowest.params_numel * g, dp_fabric)
+            coll += dp_coll
+            dp_total = dp_exposed = sum(c.seconds for c in dp_coll)
+        # ZeRO-1: each replica steps its 1/dp of the stage (P_os)
+        shards = layout.dp if self.zero_stage else 1
+        opt = optimizer_step_s(ctx, t, -(-peak_stage(all_stages).params_numel // shards), g, g, g)
         layers = sum(s.blocks for s in all_stages)
         flops = (layers * block.flops + rest.flops) * m // layout.pp
         model_flops = (layers * (block.flops - block.recompute_flops) + rest.flops - rest.recompute_flops) * m

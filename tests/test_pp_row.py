@@ -15,7 +15,7 @@ from advisor.schema import plan_inputs
 from strategies import strategy_names
 from strategies.base import timing_of
 from strategies.pipeline import block_compute, stages
-from strategies.pp import PP_FP16_BLOCKER, PP_TP_BLOCKER
+from strategies.pp import PP_FP16_BLOCKER, PP_TP_BLOCKER, PP_ZERO1_BLOCKER
 
 H, FFN, V = 64, 128, 256
 TINY = dict(
@@ -49,7 +49,7 @@ def pinned():
 def test_no_pin_no_row():
     p = plan(plan_inputs(**ASK))
     assert [r.name for r in p.rows] == list(strategy_names())
-    assert "pp" not in strategy_names()  # not a --strategy choice either
+    assert "pp" not in strategy_names() and "pp_zero1" not in strategy_names()  # not --strategy choices either
 
 
 def test_the_pinned_row_is_sized_per_stage(pinned):
@@ -136,7 +136,33 @@ def test_cli_short_and_long_spellings(tmp_path, capsys):
     assert docs[0]["strategies"] == docs[1]["strategies"]
     row = next(r for r in docs[0]["strategies"] if r["name"] == "pp")
     assert "estimate_only" not in row and len(row["memory_notes"]) == 2
-    assert all("estimate_only" not in r and "memory_notes" not in r for r in docs[0]["strategies"] if r["name"] != "pp")
+    zero1 = next(r for r in docs[0]["strategies"] if r["name"] == "pp_zero1")
+    assert zero1["estimate_only"] == PP_ZERO1_BLOCKER and len(zero1["memory_notes"]) == 2
+    others = [r for r in docs[0]["strategies"] if r["name"] not in ("pp", "pp_zero1")]
+    assert others and all("estimate_only" not in r and "memory_notes" not in r for r in others)
     assert main([*base, "--pp", "2"]) == 0
     text = capsys.readouterr().out
     assert "pp: stage 0: 2 blocks + embedding" in text and "pp: stage 1: 2 blocks + head" in text
+
+
+def test_pp_x_zero1_shards_the_optimizer_states_over_the_replicas(pinned):
+    """Megatron-LM's distributed optimizer on the pipeline: each of the 2 replicas of a stage keeps half of the
+    stage's AdamW states (2 fp32 moments, P_os), weights and gradients whole; its gradients are reduce-scattered and
+    the updated weights all-gathered (the all-reduce's bytes), and it steps half of the stage; never recommended,
+    never emitted."""
+    ddp, zero1 = pinned.row("pp"), pinned.row("pp_zero1")
+    assert zero1.applicable and zero1.estimate_only == PP_ZERO1_BLOCKER
+    assert pinned.recommendation.strategy != "pp_zero1"
+    ctx = pinned.context()
+    s0 = stages(ctx, ddp.strategy.layout(ctx), micro_batches=4)[0]
+    z0 = stages(ctx, zero1.strategy.layout(ctx), zero_stage=1, micro_batches=4)[0]
+    assert s0.optimizer_states == 2 * 4 * s0.params_numel  # AdamW's two fp32 moments, whole on each replica
+    assert z0.optimizer_states == -(-2 * 4 * s0.params_numel // 2)  # half of them (ceil per stage)
+    a, b = ddp.memory.peak, zero1.memory.peak
+    assert (b.params, b.grads, b.activations, b.buffers) == (a.params, a.grads, a.activations, a.buffers)
+    assert a.total - b.total == s0.optimizer_states - z0.optimizer_states
+    kinds = [c.kind for c in zero1.time.collectives if c.group == "data-parallel"]
+    assert kinds == ["reduce_scatter", "all_gather"]
+    assert [c.kind for c in ddp.time.collectives if c.group == "data-parallel"] == ["all_reduce"]
+    assert zero1.time.optimizer_s == pytest.approx(ddp.time.optimizer_s / 2, rel=0.01)
+    assert zero1.time.compute_s == ddp.time.compute_s
