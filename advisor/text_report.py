@@ -293,8 +293,12 @@ def _load_line(rows: list[StrategyRow], init_from: str | None = None, base_16bit
 
 
 def _launch_line(p: Plan, strategy: str | None) -> str | None:
+    """The launch command of ``strategy``'s script, or why the row has none (an estimate-only row)."""
     if not strategy:
         return None
+    row = next((r for r in p.rows if r.name == strategy), None)
+    if row is not None and row.estimate_only:
+        return f"none, the row is sized and timed only ({row.estimate_only})"
     from strategies.render import launch_command
 
     return launch_command(p, strategy)

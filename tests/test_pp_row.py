@@ -166,3 +166,15 @@ def test_pp_x_zero1_shards_the_optimizer_states_over_the_replicas(pinned):
     assert [c.kind for c in ddp.time.collectives if c.group == "data-parallel"] == ["all_reduce"]
     assert zero1.time.optimizer_s == pytest.approx(ddp.time.optimizer_s / 2, rel=0.01)
     assert zero1.time.compute_s == ddp.time.compute_s
+
+
+def test_an_estimate_only_row_prints_no_launch_command(tmp_path, capsys):
+    """--emit of an estimate-only row prints the plan, then why there is no script, never a torchrun line for it."""
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps(TINY))
+    argv = ["--config", str(cfg), "--seq-len", "32", "--gpus", "4", "--gpu", "A100-80GB", "--pp", "2"]
+    assert main([*argv, "--strategy", "pp_zero1", "--emit", str(tmp_path / "out")]) == 2
+    out, err = capsys.readouterr()
+    assert f"Launch (pp_zero1): none, the row is sized and timed only ({PP_ZERO1_BLOCKER})" in out
+    assert "torchrun" not in out.split("Launch (pp_zero1)")[1] and err.strip().endswith(PP_ZERO1_BLOCKER)
+    assert not (tmp_path / "out").exists()
