@@ -280,12 +280,13 @@ class TrainingOptions:
         None,
         flag="--pp-degree",
         short="--pp",
-        low=2,  # 1 is no pipeline: refused rather than a one-stage row
+        low=1,  # 1: no pipeline (no row; with --top, layouts without stages only), as --tp-degree 1 is no TP
         high=256,
         none="off: no pipeline row",
-        help="pipeline-parallel degree: adds a PP x DP row (1F1B; TP --tp-degree, default 1, inside a node, "
-        "stages across nodes, data parallel the rest) with every stage's memory; --strategy pp emits and verifies "
-        "its script (PP x TP and fp16 rows are estimate-only)",
+        help="pipeline-parallel degree (1: none, and --top searches no pipeline): 2 or more adds a PP x DP row "
+        "(1F1B; TP --tp-degree, default 1, inside a node, stages across nodes, data parallel the rest) with every "
+        "stage's memory, and a PP x ZeRO-1 row; --strategy pp emits and verifies its script (PP x TP, PP x ZeRO-1 "
+        "and fp16 rows are estimate-only)",
     )
     pp_schedule: PipelineSchedule | None = _f(
         None,

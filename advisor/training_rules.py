@@ -52,8 +52,8 @@ def _validate_pipeline(t: TrainingOptions) -> None:
     """The pipeline flags against each other: the schedule and its chunks only with a pipeline degree, chunks only
     for the interleaved schedule."""
     for flag, given in (("--pp-schedule", t.pp_schedule is not None), ("--pp-virtual-stages", t.pp_virtual_stages)):
-        if given and not t.pp_degree:
-            raise AdvisorError(f"{flag} configures the pipeline row: add --pp-degree N, or drop {flag}")
+        if given and (t.pp_degree or 1) < 2:
+            raise AdvisorError(f"{flag} configures the pipeline row: add --pp-degree N (2 or more), or drop {flag}")
     if t.pp_virtual_stages and not (t.pp_schedule is not None and t.pp_schedule.interleaved):
         raise AdvisorError(
             f"--pp-virtual-stages {t.pp_virtual_stages} splits each rank's blocks into chunks for "

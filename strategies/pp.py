@@ -93,7 +93,7 @@ class PipelineParallel(Strategy):
     )
 
     def pinned(self, options: TrainingOptions) -> bool:
-        return bool(options.pp_degree)
+        return (options.pp_degree or 1) > 1  # --pp-degree 1 is no pipeline
 
     script_loop = ("torch_steps.py", "pp.py")
     script_imports = (

@@ -170,7 +170,8 @@ CASES = [
         ["--pp-degree 3: invalid layout: dp_replicate(2) * dp_shard(1) * tp(1) * pp(3) = 6 != world size 8"],
     ),
     (["llama-2-7b", "--gpus", "8", "--pp", "16"], ["pp(16) = 16 != world size 8"]),
-    (["gpt2", "--pp", "1"], ["--pp-degree must be between 2 and 256, got 1"]),  # one stage is no pipeline
+    (["gpt2", "--pp", "0"], ["--pp", "must be a positive integer, got 0"]),
+    (["gpt2", "--pp", "257"], ["--pp-degree must be between 1 and 256, got 257"]),
     # a pp that no data-parallel degree completes names the pp values that do
     (["llama-2-7b", "--gpus", "4", "--pp", "3"], ["does not divide 4 GPUs", "pp values that do with tp 1: 1, 2, 4"]),
     # the memory options the rows apply but the scripts do not write: refused for --emit before planning

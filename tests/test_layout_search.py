@@ -137,3 +137,13 @@ def test_a_global_batch_of_the_pinned_data_parallel_size_plans():
         plan(plan_inputs(**ask))
     with pytest.raises(AdvisorError, match=r"micro-batch 1 x 8 data-parallel ranks \(GPUs / tp x pp\) = 8"):
         plan(plan_inputs(**dict(ask, gpus=8, nodes=2, global_batch_size=12), tp_degree=2))
+
+
+def test_pp_1_pins_no_pipeline_as_tp_1_pins_no_tp(searched):
+    """--pp 1 is no pipeline, as --tp 1 is no TP: no pipeline row, and the search keeps to layouts without stages."""
+    free = searched
+    assert any(c.layout.pp > 1 for c in free.layouts)
+    pinned = plan(plan_inputs(**ASK, pp_degree=1))
+    assert pinned.layouts and all(c.layout.pp == 1 for c in pinned.layouts)
+    assert {r.name for r in pinned.rows} == {r.name for r in free.rows}  # no pipeline row either
+    assert [c.key for c in pinned.layouts] == [c.key for c in free.layouts if c.layout.pp == 1]
