@@ -274,10 +274,10 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
     )
     ctx = StrategyContext(profile, hw, opts, device)
     strategies = planned_strategies(opts)
-    for pinned in (s for s in PINNED if s.pinned(opts)):  # a row the user asked for by its degree must apply
-        reason = pinned.fine_tuning_blocker(ctx) or pinned.not_applicable(ctx)
-        if reason:
-            raise AdvisorError(reason)
+    # the rows the user asked for by a degree: one of them must apply (PP x ZeRO-1 is n/a alone at 1 replica)
+    pinned = [s.fine_tuning_blocker(ctx) or s.not_applicable(ctx) for s in PINNED if s.pinned(opts)]
+    if pinned and all(pinned):
+        raise AdvisorError(str(pinned[0]))
     rows = [evaluate_row(s, ctx, inputs.compare) for s in strategies]
     if not any(r.applicable for r in rows):
         reasons = list(dict.fromkeys(r.reason for r in rows if r.reason is not None))  # each row has its reason

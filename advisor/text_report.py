@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .candidates import TIE
-from .choices import Precision
+from .choices import Precision, SelectiveCheckpointing
 from .explain import HEADROOM_WARN, tokens_per_sample
 from .layout_search import best_layout, trade_off
 from .rows import MAX_SEARCH_MICRO_BATCH
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .document import TimeDoc
     from .plan import Plan
     from .rows import StrategyRow
+    from .training_options import TrainingOptions
 
 
 def render_text(p: Plan, strategy: str | None = None) -> str:
@@ -56,7 +57,7 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
             else ""
         )
         + ", "
-        f"activation checkpointing {'on' if o.activation_checkpointing else 'off'}, attention {act.attention}, "
+        f"activation checkpointing {_checkpointing_text(o)}, attention {act.attention}, "
         f"rule-of-thumb safety factor {o.safety_factor}",
         "",
         "Per-GPU memory, GiB (peak allocated = sum of the components; device total adds CUDA context, NCCL, "
@@ -290,6 +291,18 @@ def _load_line(rows: list[StrategyRow], init_from: str | None = None, base_16bit
         "ZeRO-3 partitions as it builds; FSDP2 builds on the meta device and materialises only its shards; "
         "single is one process), GiB: " + ", ".join(parts)
     )
+
+
+def _checkpointing_text(o: TrainingOptions) -> str:
+    """``on`` (full), the selective policy (``selective (op policy)``, ``selective (layer policy: one block in 2)``)
+    or ``off``."""
+    if o.activation_checkpointing:
+        return "on"
+    if o.selective_checkpointing == SelectiveCheckpointing.OP:
+        return "selective (op policy)"
+    if o.selective_checkpointing == SelectiveCheckpointing.LAYER:
+        return f"selective (layer policy: one block in {o.layer_every})"
+    return "off"
 
 
 def _launch_line(p: Plan, strategy: str | None) -> str | None:

@@ -169,7 +169,7 @@ class PipelineParallel(Strategy):
         if not ctx.options.pp_degree:
             return "needs --pp-degree N"
         if spec.pp_blocker:
-            return f"pipeline stages are modelled for the blocks of some decoders only: {spec.pp_blocker}"
+            return spec.pp_blocker
         heads, kv, layers = layout_dims(spec.config or {})
         try:
             layout = self.layout(ctx).validate(ctx.world_size, heads, kv, layers)
@@ -177,6 +177,8 @@ class PipelineParallel(Strategy):
                 layout.stage_blocks(layers, self.schedule(ctx)[1])
         except AdvisorError as err:
             return f"--pp-degree {ctx.options.pp_degree}: {err}"
+        if self.zero_stage and self.layout(ctx).dp == 1:
+            return "1 data-parallel rank per stage: ZeRO-1 has no replica to shard the optimizer states over (see pp)"
         schedule, pp = self.schedule(ctx)[0], self.layout(ctx).pp
         m = self._micro_batches(ctx, ctx.micro_batch_size)
         if schedule.interleaved and m % max(1, m // pp):

@@ -159,6 +159,20 @@ def test_selective_layer_policy_is_its_share_of_full_checkpointing(config: str, 
     assert half.time.step_s == pytest.approx((base.time.step_s + ac.time.step_s) / 2)
 
 
+def test_the_training_line_names_the_checkpointing_policy(config: str, plain: Plan, full_ac: Plan) -> None:
+    """The header's Training line says which checkpointing runs (it read "activation checkpointing off" under
+    --selective-checkpointing)."""
+    from advisor.text_report import render_text
+
+    def line(p: Plan) -> str:
+        return next(t for t in render_text(p).splitlines() if t.startswith("Training"))
+
+    layer = _plan(config, selective_checkpointing="layer", checkpoint_every=2)
+    assert "activation checkpointing selective (layer policy: one block in 2)," in line(layer)
+    assert "activation checkpointing selective (op policy)," in line(_plan(config, selective_checkpointing="op"))
+    assert "activation checkpointing on," in line(full_ac) and "activation checkpointing off," in line(plain)
+
+
 def test_the_micro_batch_search_says_it_ran_without_the_options(config: str, plain: Plan) -> None:
     """The largest micro-batch is searched without the memory options: said where it is quoted (a row that fits
     with them read 'the largest micro-batch that fits is 0 per GPU')."""

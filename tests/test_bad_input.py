@@ -226,7 +226,11 @@ CASES = [
     ),
     (
         ["resnet50", "--gpus", "2", "--pp-degree", "2"],
-        ["pipeline stages are modelled for the blocks", "no tensor-parallel plan"],
+        ["pipeline stages are cut for llama/mistral/qwen2 decoders only", "not resnet50"],
+    ),
+    (
+        ["gpt2", "--gpus", "2", "--pp-degree", "2"],  # a pipeline refusal names the pipeline's reason, not TP's
+        ["pipeline stages are cut for llama/mistral/qwen2 decoders only", "not gpt2"],
     ),
     (
         ["llama-2-7b", "--gpus", "4", "--pp", "2", "--tp", "2", "--strategy", "pp", "--emit", "{dir}/pp"],

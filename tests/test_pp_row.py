@@ -178,3 +178,12 @@ def test_an_estimate_only_row_prints_no_launch_command(tmp_path, capsys):
     assert f"Launch (pp_zero1): none, the row is sized and timed only ({PP_ZERO1_BLOCKER})" in out
     assert "torchrun" not in out.split("Launch (pp_zero1)")[1] and err.strip().endswith(PP_ZERO1_BLOCKER)
     assert not (tmp_path / "out").exists()
+
+
+def test_pp_x_zero1_is_na_with_one_replica_per_stage():
+    """PP 2 x TP 2 on 4 GPUs leaves 1 data-parallel rank per stage: ZeRO-1 has nothing to shard (it would repeat the
+    pp row), so it is n/a with the reason while the pp row, which the user pinned, plans."""
+    p = plan(plan_inputs(**ASK, pp_degree=2, tp_degree=2))
+    assert p.row("pp").applicable
+    zero1 = p.row("pp_zero1")
+    assert not zero1.applicable and "no replica to shard the optimizer states over" in zero1.reason

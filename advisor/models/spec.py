@@ -79,13 +79,12 @@ class ModelSpec:
     def pp_blocker(self) -> str | None:
         """Why pipeline stages cannot cut this model here (``advisor.models.tp_plan.PP_MODEL_TYPES``); None: they
         can."""
-        if self.tp_blocker:
-            return self.tp_blocker
-        if self.model_type not in PP_MODEL_TYPES:
+        if self.family != "transformer" or self.model_type not in PP_MODEL_TYPES:  # the reason the user can act on
             return (
-                f"the pipeline script's stages rebuild {'/'.join(PP_MODEL_TYPES)} decoders only, not {self.model_type}"
+                f"pipeline stages are cut for {'/'.join(PP_MODEL_TYPES)} decoders only (the pipeline script rebuilds "
+                f"their blocks), not {self.model_type}"
             )
-        return None
+        return self.tp_blocker  # a llama-type config the stages still cannot cut (experts, say)
 
     @property
     def shape_text(self) -> str:
