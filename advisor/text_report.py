@@ -148,7 +148,7 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
     if rec.strategy:
         lines.append(f"Recommendation: {p.row(rec.strategy).title} ({rec.strategy})")
     else:
-        lines.append("Recommendation: none - nothing fits this hardware")
+        lines.append("Recommendation: none - nothing fits this hardware" + _searched_fit(p))
     lines += [f"  - {reason}" for reason in rec.reasons]
     for w in p.warnings + rec.warnings:
         lines.append(f"  ! {w}")
@@ -290,6 +290,18 @@ def _load_line(rows: list[StrategyRow], init_from: str | None = None, base_16bit
         "host RAM per node while the script builds the model (each rank builds it on the CPU in fp32; "
         "ZeRO-3 partitions as it builds; FSDP2 builds on the meta device and materialises only its shards; "
         "single is one process), GiB: " + ", ".join(parts)
+    )
+
+
+def _searched_fit(p: Plan) -> str:
+    """When nothing fits at the planned settings but the layout search found a layout that does (another
+    micro-batch, checkpointing, TP or PP): what it takes, so the headline does not read as a dead end."""
+    best = best_layout(p.layouts or [], None)
+    if best is None:
+        return ""
+    return (
+        f" at these settings; the layout search below finds {len(p.layouts or [])} that fit and takes "
+        f"{best.layout.label()} with {best.title} ({best.flags()})"
     )
 
 

@@ -147,3 +147,21 @@ def test_pp_1_pins_no_pipeline_as_tp_1_pins_no_tp(searched):
     assert pinned.layouts and all(c.layout.pp == 1 for c in pinned.layouts)
     assert {r.name for r in pinned.rows} == {r.name for r in free.rows}  # no pipeline row either
     assert [c.key for c in pinned.layouts] == [c.key for c in free.layouts if c.layout.pp == 1]
+
+
+def test_nothing_fits_headline_points_to_the_search(searched):
+    """When nothing fits at the planned settings but the search found layouts that do, the headline says what the
+    search takes instead of reading as a dead end (a new user stopped at "nothing fits" above a fitting pick)."""
+    from dataclasses import replace
+
+    from advisor.text_report import render_text
+
+    none = replace(searched, recommendation=replace(searched.recommendation, strategy=None))
+    best = best_layout(searched.layouts, None)
+    head = next(t for t in render_text(none).splitlines() if t.startswith("Recommendation:"))
+    assert head == (
+        "Recommendation: none - nothing fits this hardware at these settings; the layout search below finds "
+        f"{len(searched.layouts)} that fit and takes {best.layout.label()} with {best.title} ({best.flags()})"
+    )
+    empty = replace(none, layouts=[])
+    assert "Recommendation: none - nothing fits this hardware\n" in render_text(empty) + "\n"
