@@ -79,6 +79,9 @@ class Ladder:
     strategy: str
     title: str
     rungs: tuple[Rung, ...]
+    # The first fitting rung's options less the earlier ones the fit does not need (``_fewest``): one Rung whose
+    # ``flags`` give them together; None when every option up to the first fit is needed, or nothing fits.
+    fewest: Rung | None = None
 
     @property
     def first_fit(self) -> Rung | None:
@@ -135,7 +138,34 @@ def build_ladder(
         steps.out.append(Rung("more_gpus", label, flags, note="the recommendation's smallest cluster"))
     else:
         steps.out.append(Rung("more_gpus", label, "", blocker="not searched: the job fits, or more GPUs do not help"))
-    return Ladder(pick.name, pick.title, tuple(steps.out))
+    return Ladder(pick.name, pick.title, tuple(steps.out), _fewest(steps, start))
+
+
+def _fewest(steps: _Steps, start: State) -> Rung | None:
+    """The options of the first rung that fits with every earlier rung dropped that it still fits without (tried
+    the latest taken first): the ladder stacks the cheapest savings first, so a free one (8-bit AdamW, chunked
+    cross-entropy) can sit above the one that makes the job fit, and 8-bit AdamW changes the numerics. None when
+    none can be dropped."""
+    rungs = steps.out
+    fit = next((r for r in rungs if r.first_fit), None)
+    if fit is None or fit is rungs[0]:
+        return None
+    kept = [r for r in rungs[1 : rungs.index(fit)] if r.blocker is None]
+    figures = None
+    for r in reversed(kept):
+        trial = [k for k in kept if k is not r]
+        state = start
+        for k in (*trial, fit):
+            state = state.plus(k.key)
+        fig = evaluate_state(steps.env, state)
+        if isinstance(fig, Figures) and fig.device <= steps.gpu:
+            kept, figures = trial, fig
+    if figures is None:
+        return None
+    thr, unit = throughput(steps.env, steps.batch, figures.step_s)
+    label = " and ".join(r.label for r in (*kept, fit))
+    flags = cumulative_flags((*kept, fit))
+    return Rung(fit.key, label, flags, figures.peak, figures.device, figures.step_s, thr, unit, fits=True)
 
 
 class _Steps:
@@ -257,6 +287,15 @@ def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
         )
     taken = cumulative_flags(ladder.rungs[1 : ladder.rungs.index(fit) + 1])
     rate = f", {fit.throughput:,.0f} {fit.unit}" if fit.throughput else ""
+    few = ladder.fewest
+    if few is not None:
+        few_rate = f", {few.throughput:,.0f} {few.unit}" if few.throughput else ""
+        return (
+            f"fewest changes before more GPUs: {ladder.title} fits with {few.label} ({few.flags}): "
+            f"{(few.device_bytes or 0) / 2**30:.2f} GiB per GPU{few_rate}; the ladder below stacks the savings that "
+            f"cost the least speed first and fits at {fit.label} ({taken}: "
+            f"{(fit.device_bytes or 0) / 2**30:.2f} GiB{rate})"
+        )
     if fit is ladder.rungs[0]:  # the ladder's row fits as planned: it is one the recommender may not take
         return (
             f"{ladder.title} fits as planned ({(fit.device_bytes or 0) / 2**30:.2f} GiB per GPU{rate}) but is sized "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .candidates import TIE
-from .choices import Precision, SelectiveCheckpointing
+from .choices import Precision
 from .explain import HEADROOM_WARN, tokens_per_sample
 from .layout_search import best_layout, trade_off
 from .rows import MAX_SEARCH_MICRO_BATCH
@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from .document import TimeDoc
     from .plan import Plan
     from .rows import StrategyRow
-    from .training_options import TrainingOptions
 
 
 def render_text(p: Plan, strategy: str | None = None) -> str:
@@ -57,7 +56,7 @@ def render_text(p: Plan, strategy: str | None = None) -> str:
             else ""
         )
         + ", "
-        f"activation checkpointing {_checkpointing_text(o)}, attention {act.attention}, "
+        f"activation checkpointing {o.checkpointing_label}, attention {act.attention}, "
         f"rule-of-thumb safety factor {o.safety_factor}",
         "",
         "Per-GPU memory, GiB (peak allocated = sum of the components; device total adds CUDA context, NCCL, "
@@ -303,18 +302,6 @@ def _searched_fit(p: Plan) -> str:
         f" at these settings; the layout search below finds {len(p.layouts or [])} that fit and takes "
         f"{best.layout.label()} with {best.title} ({best.flags()})"
     )
-
-
-def _checkpointing_text(o: TrainingOptions) -> str:
-    """``on`` (full), the selective policy (``selective (op policy)``, ``selective (layer policy: one block in 2)``)
-    or ``off``."""
-    if o.activation_checkpointing:
-        return "on"
-    if o.selective_checkpointing == SelectiveCheckpointing.OP:
-        return "selective (op policy)"
-    if o.selective_checkpointing == SelectiveCheckpointing.LAYER:
-        return f"selective (layer policy: one block in {o.layer_every})"
-    return "off"
 
 
 def _launch_line(p: Plan, strategy: str | None) -> str | None:

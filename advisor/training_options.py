@@ -409,6 +409,18 @@ class TrainingOptions:
         return schedule, (self.pp_virtual_stages or 2) if schedule.interleaved else 1
 
     @property
+    def checkpointing_label(self) -> str:
+        """``on`` (full activation checkpointing), the selective policy (``selective (op policy)``, ``selective (layer
+        policy: one block in 2)``) or ``off``: what the report's Training line says."""
+        if self.activation_checkpointing:
+            return "on"
+        if self.selective_checkpointing == SelectiveCheckpointing.OP:
+            return "selective (op policy)"
+        if self.selective_checkpointing == SelectiveCheckpointing.LAYER:
+            return f"selective (layer policy: one block in {self.layer_every})"
+        return "off"
+
+    @property
     def layer_every(self) -> int:
         """The layer policy's k: --checkpoint-every, else ``CHECKPOINT_EVERY``."""
         return self.checkpoint_every or CHECKPOINT_EVERY

@@ -90,6 +90,32 @@ def test_vision_ladder_order_and_first_fit() -> None:
     assert 25.5e6 * 6 * 0.9 < rungs["adamw_8bit"].saved_bytes < 25.6e6 * 6 * 1.01
 
 
+def test_the_answer_names_the_fewest_options_that_fit() -> None:
+    """The ladder stacks 8-bit AdamW (nearly free in speed) below full checkpointing, but checkpointing alone fits:
+    the nothing-fits answer names that one flag first (a new user was told to change the optimizer as well), with
+    its own figures, and still quotes the ladder's cumulative rung."""
+    p = plan(plan_inputs(model="resnet50", gpus=1, gpu="RTX4090", micro_batch_size=640, detect_hardware=False))
+    ladder = p.ladder
+    assert ladder is not None and ladder.fewest is not None
+    few, fit = ladder.fewest, ladder.first_fit
+    assert fit is not None and fit.key == "ac_full" and few.flags == "--activation-checkpointing"
+    # without 8-bit AdamW's saving: more memory than the cumulative rung, still inside the 24 GiB card
+    assert fit.device_bytes < few.device_bytes <= p.hardware.gpu_memory_bytes
+    ac = plan(
+        plan_inputs(
+            model="resnet50", gpus=1, gpu="RTX4090", micro_batch_size=640, detect_hardware=False,
+            activation_checkpointing=True,
+        )
+    )  # fmt: skip
+    assert few.device_bytes == ac.row("single").memory.device_total  # the figures of the plan with that flag
+    reason = p.recommendation.reasons[1]
+    assert reason.startswith(
+        "fewest changes before more GPUs: Single GPU fits with activation checkpointing (full) "
+        "(--activation-checkpointing): "
+    )
+    assert "(--optimizer adamw-8bit --activation-checkpointing: " in reason
+
+
 def test_ddp_ladder_refuses_optimizer_in_backward_and_fitting_job_has_none() -> None:
     values = dict(model="gpt2", gpus=2, gpu="A100-80GB", seq_len=256, detect_hardware=False)
     quiet = plan(plan_inputs(**values))
