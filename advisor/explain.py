@@ -218,8 +218,9 @@ def _frameworks_compared(fitting: list[StrategyRow]) -> str | None:
     ma, mb = sized(a), sized(b)
     return (
         f"{a.title} and {b.title} both shard everything: {a.title} needs {fmt_gib(ma.device_total)} per GPU "
-        f"(model states {fmt_gib(ma.model_state_bytes)}), {b.title} {fmt_gib(mb.device_total)} (model "
-        f"states {fmt_gib(mb.model_state_bytes)}); {a.title} runs on {_fw(a)}, {b.title} on {_fw(b)}"
+        f"(model states {fmt_gib(ma.model_state_bytes)} over the step, gradient shards included), {b.title} "
+        f"{fmt_gib(mb.device_total)} (model states {fmt_gib(mb.model_state_bytes)}); {a.title} runs on {_fw(a)}, "
+        f"{b.title} on {_fw(b)}"
     )
 
 
