@@ -40,7 +40,7 @@ from advisor.memory import RULE_OF_THUMB_BYTES_PER_PARAM, Breakdown, StrategyMem
 from advisor.models.families import ModelFamily
 from advisor.models.limits import as_int, layout_dims
 from advisor.stage_memory import StageMemory, peak_stage
-from advisor.timing.comm import Fabric, bucketed_allreduce
+from advisor.timing.comm import Fabric, bucketed_allreduce, ddp_bucket_sizes
 from advisor.timing.pipeline import p2p_bytes, p2p_s, pipeline_time
 from advisor.timing.step import Collective, StepTime
 from advisor.training_options import TrainingOptions
@@ -272,18 +272,19 @@ class PipelineParallel(Strategy):
         """The stage's gradient synchronisation across its data-parallel group, after the pipeline's backward and not
         overlapped (the script all-reduces gradient by gradient): DDP's bucketed all-reduce, or ZeRO-1's
         reduce-scatter of the gradients and all-gather of the updated weights in the same buckets."""
-        ar = bucketed_allreduce(grad_bytes, fabric)
         if not self.zero_stage:
+            ar = bucketed_allreduce(grad_bytes, fabric)
             what = f"gradient all-reduce of the stage across its data-parallel group ({len(ar.buckets)} bucket sizes)"
             calls = len(ar.buckets)
             return [Collective(what, "all_reduce", "data-parallel", grad_bytes, calls, ar.total_s, ar.total_s)]
+        buckets = ddp_bucket_sizes(grad_bytes)  # the buckets bucketed_allreduce sends, without timing an all-reduce
         out = []
         for kind, what in (
             ("reduce_scatter", "gradient reduce-scatter of the stage across its data-parallel group"),
             ("all_gather", "all-gather of the stage's updated weights across its data-parallel group"),
         ):
-            s = sum(fabric.time_s(kind, b) for b in ar.buckets)
-            out.append(Collective(what, kind, "data-parallel", grad_bytes, len(ar.buckets), s, s))
+            s = sum(fabric.time_s(kind, b) for b in buckets)
+            out.append(Collective(what, kind, "data-parallel", grad_bytes, len(buckets), s, s))
         return out
 
     def step_time(self, ctx: StrategyContext, row: PlannedRow) -> StepTime | None:
