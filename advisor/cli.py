@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import AdvisorError
-from .faces import OneLineParser, finite_float, positive_float, positive_int, quiet_library_logs, run_face
+from .faces import (
+    OneLineParser,
+    collect_garbage_less_often,
+    finite_float,
+    positive_float,
+    positive_int,
+    quiet_library_logs,
+    run_face,
+)
 from .fields import Field, resolve_choices
 from .free_text import parse_shape
 from .schema import GROUP_TITLES, PlanInputs, RunOptions, fields_for, inputs_from_values
@@ -378,6 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # advisor prints its own warnings
     quiet_library_logs()
+    collect_garbage_less_often()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         return _subcommand(argv[0], argv[1:])
