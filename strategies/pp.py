@@ -138,8 +138,12 @@ class PipelineParallel(Strategy):
         """The planned pipeline degree on this machine's ranks (DDP the rest).
 
         Raises:
-            AdvisorError: the ranks here are not a multiple of the degree.
+            AdvisorError: a row the script does not run (``script_blocker``, without TP, which the run drops: checked
+                here, before the CPU calibration); the ranks here are not a multiple of the degree.
         """
+        why = self.script_blocker(1, options.precision or Precision.FP32)
+        if why:
+            raise AdvisorError(f"cannot verify {self.name}: {why}")
         pp = options.pp_degree or 1
         if hw.num_gpus % pp:
             raise AdvisorError(

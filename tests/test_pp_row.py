@@ -180,6 +180,24 @@ def test_an_estimate_only_row_prints_no_launch_command(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_verifying_an_estimate_only_row_refuses_before_calibrating(tmp_path, monkeypatch):
+    """--verify --strategy pp_zero1 said why there is no script only after calibrating this machine's CPU (about 10
+    s): the refusal now comes first, and nothing is written."""
+    from advisor import verify_setup
+    from advisor.errors import AdvisorError
+    from advisor.verify import verify
+
+    def calibrated(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("calibrated before refusing")
+
+    monkeypatch.setattr(verify_setup, "calibrated", calibrated)
+    inputs = plan_inputs(config_dict=TINY, seq_len=32, gpus=4, gpu="A100-80GB", pp_degree=2, detect_hardware=False)
+    with pytest.raises(AdvisorError) as err:
+        verify(inputs, "pp_zero1", steps=1, out_dir=str(tmp_path / "run"))
+    assert str(err.value) == f"cannot verify pp_zero1: {PP_ZERO1_BLOCKER}"
+    assert not (tmp_path / "run").exists()
+
+
 def test_pp_x_zero1_is_na_with_one_replica_per_stage():
     """PP 2 x TP 2 on 4 GPUs leaves 1 data-parallel rank per stage: ZeRO-1 has nothing to shard (it would repeat the
     pp row), so it is n/a with the reason while the pp row, which the user pinned, plans."""
