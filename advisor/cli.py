@@ -197,12 +197,15 @@ def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
             "(the baseline row); for all of them emit the recommended strategy",
             file=stream,
         )
-    if not row.fits:
+    if row.fits is False and row.short_of == "GPU memory":
         print(
             f"  ! {row.title} does not fit: {gib(mem):.2f} GiB per GPU estimated vs "
             f"{gib(result.hardware.gpu_memory_bytes):.2f} GiB; the script will likely run out of memory",
             file=stream,
         )
+    elif row.fits is not True:  # short of host RAM, or host RAM unknown: the row's fit note names it with figures
+        verdict = "does not fit in host RAM" if row.fits is False else "fits only if the host RAM allows"
+        print(f"  ! {row.title} {verdict}: {row.fit_note}", file=stream)
     print(f"\nWrote {', '.join(str(p) for p in written)}", file=stream)
     if removed:
         print(

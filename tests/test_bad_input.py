@@ -137,7 +137,11 @@ CASES = [
     (["resnet50", "--emit", ""], ["--emit", "directory"]),
     (["resnet50", "--verify", "--steps", "20000"], ["--steps", "10000"]),
     (["x" * 100_000], ["model name", "128"]),
-    (["--model-factory", "no_such_module_xyz:build"], ["--model-factory", "failed"]),
+    # a factory module in the current folder: the `advisor` command does not look there (a new user's find): say how
+    (
+        ["--model-factory", "no_such_module_xyz:build"],
+        ["--model-factory", "failed", "No module named 'no_such_module_xyz'", "on PYTHONPATH (PYTHONPATH=. advisor"],
+    ),
     (["resnet50", "--base-lr", "0.1"], ["--base-lr", "--base-batch-size"]),
     (["resnet50", "--bogus-flag"], ["unrecognized arguments"]),
     # no shortened flags: a flag added later would change what one meant (a new-user find: --micro 4 was accepted)

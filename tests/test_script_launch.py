@@ -245,6 +245,26 @@ def test_emit_force_removes_the_stale_ds_config_and_keeps_the_users_files(tmp_pa
     assert f"Left your edited {folder / 'ds_config.json'} in place: this job does not use it" in out
 
 
+def test_emitting_an_offload_row_short_of_host_ram_names_the_host_ram(tmp_path, capsys):
+    """A new user's find: --emit of gpt2's ZeRO-3 offload with 1 GiB of host RAM warned "does not fit: 68.07 GiB per
+    GPU estimated vs 80.00 GiB" (less than the GPU holds). It now names what is short, with the plan's own figures;
+    without --host-mem it says the row fits only if the host RAM allows."""
+    from advisor.cli import main
+
+    def warning(folder: str, *extra: str) -> str:
+        capsys.readouterr()
+        argv = ["gpt2", "--gpus", "2", "--gpu", "A100-80GB", "--strategy", "zero3_offload", *extra]
+        assert main([*argv, "--emit", str(tmp_path / folder)]) == 0
+        return next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  ! ZeRO-3 + CPU offload"))
+
+    short = warning("short", "--host-mem", "1")
+    assert short.startswith("  ! ZeRO-3 + CPU offload does not fit in host RAM: needs ") and "per GPU" not in short
+    assert "1.00 GiB" in short, short  # what the node has
+    unknown = warning("unknown")
+    assert unknown.startswith("  ! ZeRO-3 + CPU offload fits only if the host RAM allows: keeps "), unknown
+    assert unknown.endswith("the target's host RAM is unknown"), unknown
+
+
 def test_emit_force_keeps_an_edited_train_py_beside_the_new_one(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     folder = tmp_path / "job"

@@ -31,7 +31,13 @@ class CustomFamily(ModelFamily):
         except AdvisorError:
             raise
         except (Exception, SystemExit) as err:  # the user's code may exit; that is still a failed factory
-            raise AdvisorError(f"--model-factory {spec.factory} failed: {err.__class__.__name__}: {str(err)[:200]}")
+            hint = ""
+            if isinstance(err, ModuleNotFoundError) and err.name and module_name.split(".")[0] == err.name:
+                # The `advisor` command's own folder is first on sys.path, not the current one (python -m puts it).
+                hint = f": put the folder holding {err.name} on PYTHONPATH (PYTHONPATH=. advisor ...) or install it"
+            raise AdvisorError(
+                f"--model-factory {spec.factory} failed: {err.__class__.__name__}: {str(err)[:200]}{hint}"
+            )
         if not isinstance(model, torch.nn.Module):
             raise AdvisorError(f"--model-factory {spec.factory} returned {type(model).__name__}, not an nn.Module")
         return model
