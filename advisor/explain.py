@@ -283,7 +283,10 @@ def _why_slower(slow: StrategyRow, fast: StrategyRow, precision: Precision | Non
             )
         else:
             ma, mb = slow.strategy.trace_mode(precision), fast.strategy.trace_mode(precision)
-            why = f": {_MODE_WORDS.get(ma, ma)} vs {_MODE_WORDS.get(mb, mb)}" if ma != mb else ""
+            parts = [f"{_MODE_WORDS.get(ma, ma)} vs {_MODE_WORDS.get(mb, mb)}"] if ma != mb else []
+            if a.bubble_s > b.bubble_s:  # a pipeline's idle slots are in its compute time: name them first
+                parts.insert(0, f"{fmt_s(a.bubble_s)} of it the pipeline's bubble (stages idle as it fills and drains)")
+            why = ": " + "; ".join(parts) if parts else ""
         return f"compute {fmt_s(a.compute_s)} vs {fmt_s(b.compute_s)} per step{why}"
     return f"optimizer step {fmt_s(a.optimizer_s)} vs {fmt_s(b.optimizer_s)}"
 

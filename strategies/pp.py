@@ -377,6 +377,7 @@ class PipelineParallel(Strategy):
             micro_batch=mb,
             micro_steps=m,
             compute_s=pipe.ideal_s + pipe.bubble_s,
+            bubble_s=pipe.bubble_s,
             comm_s=pipe.p2p_total_s + tp_s + dp_total,
             exposed_comm_s=pipe.p2p_exposed_s + tp_s + dp_exposed,
             optimizer_s=opt,

@@ -205,3 +205,20 @@ def test_pp_x_zero1_is_na_with_one_replica_per_stage():
     assert p.row("pp").applicable
     zero1 = p.row("pp_zero1")
     assert not zero1.applicable and "no replica to shard the optimizer states over" in zero1.reason
+
+
+def test_a_slower_pipeline_row_names_its_bubble(pinned):
+    """A new user read "PP x DDP would take 1.88x longer per step (... compute 1.66 s vs 875 ms: autocast over fp32
+    weights vs a 16-bit module)": the pipeline's bubble, inside its compute time, went unsaid. The reason now gives the
+    bubble's seconds first: the row's own (``StepTime.bubble_s``: its idle slots, (p - 1) / m of the ideal compute)."""
+    from advisor.explain import _why_slower
+    from advisor.units import fmt_s
+
+    t = pinned.row("pp").time
+    assert t.bubble_s > 0 and t.compute_s > t.bubble_s
+    assert all(r.time is None or r.time.bubble_s == 0 for r in pinned.rows if r.name not in ("pp", "pp_zero1"))
+    ddp = pinned.row("ddp")
+    assert t.compute_s > ddp.time.compute_s  # the bubble makes the compute longer
+    why = _why_slower(pinned.row("pp"), ddp, pinned.options.precision)
+    assert why.startswith(f"compute {fmt_s(t.compute_s)} vs {fmt_s(ddp.time.compute_s)} per step: "), why
+    assert f": {fmt_s(t.bubble_s)} of it the pipeline's bubble (stages idle as it fills and drains)" in why, why

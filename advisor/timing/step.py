@@ -92,6 +92,7 @@ class StepTime:
     overlap: str  # the strategy's overlap rule, one sentence
     collectives: tuple[Collective, ...] = ()
     host_s: float = 0.0  # CPU optimizer and host copies that the GPU waits for (offload), inside optimizer_s/comm
+    bubble_s: float = 0.0  # a pipeline's idle slots as it fills and drains (timing.pipeline), inside compute_s
     speedup_vs_single_gpu: float | None = None
     scaling_efficiency: float | None = None
     notes: tuple[str, ...] = field(default=())
