@@ -286,22 +286,29 @@ def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
             f"{ctx.hardware.gpu_name} (see the ladder)"
         )
     taken = cumulative_flags(ladder.rungs[1 : ladder.rungs.index(fit) + 1])
-    rate = f", {fit.throughput:,.0f} {fit.unit}" if fit.throughput else ""
     few = ladder.fewest
     if few is not None:
-        few_rate = f", {few.throughput:,.0f} {few.unit}" if few.throughput else ""
         return (
             f"fewest changes before more GPUs: {ladder.title} fits with {few.label} ({few.flags}): "
-            f"{(few.device_bytes or 0) / 2**30:.2f} GiB per GPU{few_rate}; the ladder below stacks the savings that "
-            f"cost the least speed first and fits at {fit.label} ({taken}: "
-            f"{(fit.device_bytes or 0) / 2**30:.2f} GiB{rate})"
+            f"{_gib(few)} per GPU{_rate(few)}; the ladder below stacks the savings that cost the least speed first "
+            f"and fits at {fit.label} ({taken}: {_gib(fit)}{_rate(fit)})"
         )
     if fit is ladder.rungs[0]:  # the ladder's row fits as planned: it is one the recommender may not take
         return (
-            f"{ladder.title} fits as planned ({(fit.device_bytes or 0) / 2**30:.2f} GiB per GPU{rate}) but is sized "
+            f"{ladder.title} fits as planned ({_gib(fit)} per GPU{_rate(fit)}) but is sized "
             "and timed only: no script runs it here (its row says why)"
         )
     return (
         f"cheapest fix before more GPUs: {ladder.title} fits with {fit.label} ({taken}): "
-        f"{fit.device_bytes / 2**30 if fit.device_bytes else 0:.2f} GiB per GPU{rate} (the ladder below)"
+        f"{_gib(fit)} per GPU{_rate(fit)} (the ladder below)"
     )
+
+
+def _gib(rung: Rung) -> str:
+    """The rung's device total per GPU, '12.34 GiB' (0 where it was not sized)."""
+    return f"{(rung.device_bytes or 0) / 2**30:.2f} GiB"
+
+
+def _rate(rung: Rung) -> str:
+    """', 1,234 tokens/s' (the rung's throughput), or nothing where it was not timed."""
+    return f", {rung.throughput:,.0f} {rung.unit}" if rung.throughput else ""
