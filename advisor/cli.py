@@ -248,8 +248,8 @@ def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool) -> V
         print(f"Verify FAILED ({outcome.strategy}, {outcome.device}): {outcome.message}", file=stream)
         return outcome
     print(
-        f"Verify {outcome.strategy} on {outcome.world_size} {outcome.device} rank(s), {outcome.steps} steps "
-        f"(loss {outcome.losses[0]:.3f} -> {outcome.losses[-1]:.3f}); peak allocated per rank:",
+        f"Verify {outcome.strategy} on {outcome.world_size} {outcome.device} rank(s), {_verify_steps(outcome)}; "
+        "peak allocated per rank:",
         file=stream,
     )
     assert outcome.relative_error is not None, "a completed run measured a peak"
@@ -271,6 +271,18 @@ def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool) -> V
     if line:
         print(f"  {line}", file=stream)
     return outcome
+
+
+def _verify_steps(outcome: VerifyResult) -> str:
+    """What the run's steps were: "11 steps: 6 measured for memory (loss a -> b), then 5 timed with the memory meter
+    off" (the progress lines count all of them)."""
+    losses = f"(loss {outcome.losses[0]:.3f} -> {outcome.losses[-1]:.3f})"
+    if not outcome.timing_steps:
+        return f"{outcome.steps} steps measured for memory {losses}"
+    return (
+        f"{outcome.steps + outcome.timing_steps} steps: {outcome.steps} measured for memory {losses}, then "
+        f"{outcome.timing_steps} timed with the memory meter off"
+    )
 
 
 def package_version() -> str:
@@ -365,6 +377,9 @@ def _plan_face(argv: list[str]) -> int:
     result = plan(inputs)
     if run.emit and run.strategy and not result.row(run.strategy).applicable:  # before pages of a plan
         raise AdvisorError(f"--strategy {run.strategy} does not apply here: {result.row(run.strategy).reason}")
+    if (run.emit or run.verify) and run.strategy and (why := result.row(run.strategy).estimate_only):
+        # a row sized and timed only has no script to write or run: say so before pages of a plan
+        raise AdvisorError(f"cannot {'verify' if run.verify else 'emit'} {run.strategy}: {why}")
     doc = plan_to_dict(result) if run.json else None
     if not run.json:
         print(render_text(result, run.strategy))

@@ -87,8 +87,9 @@ class VerifyResult:
     strategy: str
     device: Device
     world_size: int
-    steps: int
+    steps: int  # steps measured for memory (``losses`` are theirs)
     log_dir: str
+    timing_steps: int = 0  # steps run after them with the memory meter off, for the step time
     ok: bool = False
     message: str = ""
     per_rank: list[RankResult] = field(default_factory=list)
@@ -122,6 +123,7 @@ class VerifyResult:
             "device": self.device,
             "world_size": self.world_size,
             "steps": self.steps,
+            "timing_steps": self.timing_steps,
             "per_rank": self.per_rank,
             "relative_error": self.relative_error,
             "tolerance": TOLERANCE,
@@ -274,6 +276,10 @@ def verify(
     )
     if device == Device.CPU:
         env.update(unit.launcher.cpu_env)
+        # The memory meter's CPU profiler (kineto) logs "ERROR: gpuGetDeviceCount failed" into run.log on a CUDA build
+        # without a GPU, and its start and stop: level 6 silences them (checked with torch 2.14.1); a user's own level
+        # wins.
+        env.setdefault("KINETO_LOG_LEVEL", "6")
     with MachineLock():  # before writing anything: a busy machine leaves no empty run directory
         port = free_port()
         job = job_from_plan(run_plan, name, steps=steps, master_port=port)
@@ -288,6 +294,7 @@ def verify(
             device=device,
             world_size=world,
             steps=steps,
+            timing_steps=timing_steps,
             log_dir=str(run_dir),
             notes=notes,
             estimated_peak_bytes=run_memory.peak.total,

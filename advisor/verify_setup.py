@@ -107,8 +107,8 @@ def verify_plan(
     opts = target.options
     if device == Device.CPU and opts.precision != Precision.FP32 and not precision_explicit:
         notes.append(
-            f"CPU run: {opts.precision} is emulated and slow on CPUs without native bf16, so this "
-            "verification runs fp32 (pass --precision explicitly to force it)"
+            f"CPU run: fp32 instead of {opts.precision} (CPUs without native bf16 emulate it, many times slower; "
+            f"pass --precision {opts.precision} to verify in it)"
         )
         opts = replace(opts, precision=Precision.FP32)
     if (

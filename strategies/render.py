@@ -463,7 +463,9 @@ def _docstring(job: Job, launch: str) -> str:
     est = job.estimate
     name, source = _doc_text(spec.name), _doc_text(spec.source)
     distributes = job.strategy_unit.distributes
-    where = f"this node has {job.gpus_per_node} GPU(s)" if distributes else "one process on one GPU"
+    # the planned node's GPU count: the GPUs of the machine the plan was made on, or of the preset it was made for
+    gpus = f"{job.gpus_per_node} GPU" + ("s" if job.gpus_per_node != 1 else "")
+    where = f"one node of {gpus}, as planned" if distributes else "one process on one GPU"
     ranks = (
         f"tensor-parallel degree {job.tp_degree}; world size {job.world_size}"
         if distributes

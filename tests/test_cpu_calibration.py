@@ -102,6 +102,20 @@ def test_add_step_time_takes_the_slowest_rank():
     assert {"measured_step_s", "predicted_step_s", "step_time_error"} <= set(result.to_dict())
 
 
+def test_the_verify_line_counts_every_step_the_progress_lines_count():
+    """The progress lines count the measured and the timed steps (step 1/11 .. 11/11); the summary said "6 steps"
+    (a new user's find): it now gives both, the loss of the measured ones, and the JSON the timed count."""
+    from advisor.cli import _verify_steps
+
+    result = VerifyResult(strategy="ddp", device="cpu", world_size=2, steps=6, log_dir=".", timing_steps=5)
+    result.losses = [7.6133, 7.6271]
+    assert _verify_steps(result) == (
+        "11 steps: 6 measured for memory (loss 7.613 -> 7.627), then 5 timed with the memory meter off"
+    )
+    assert result.to_dict()["timing_steps"] == 5
+    assert _verify_steps(replace(result, timing_steps=0)) == "6 steps measured for memory (loss 7.613 -> 7.627)"
+
+
 def test_calibrated_cpu_hardware_is_timed():
     """A CPU plan has no GPU preset to time it with; with a calibration it is timed by the measured rates."""
     from advisor.plan import plan

@@ -168,15 +168,16 @@ def test_pp_x_zero1_shards_the_optimizer_states_over_the_replicas(pinned):
     assert zero1.time.compute_s == ddp.time.compute_s
 
 
-def test_an_estimate_only_row_prints_no_launch_command(tmp_path, capsys):
-    """--emit of an estimate-only row prints the plan, then why there is no script, never a torchrun line for it."""
+def test_an_estimate_only_row_is_refused_in_one_line_before_the_plan(tmp_path, capsys):
+    """--emit or --verify of an estimate-only row: one line saying why there is no script, before pages of a plan
+    (a new user read the whole plan, ~5 s, before --verify refused), never a torchrun line; nothing written."""
     cfg = tmp_path / "tiny.json"
     cfg.write_text(json.dumps(TINY))
     argv = ["--config", str(cfg), "--seq-len", "32", "--gpus", "4", "--gpu", "A100-80GB", "--pp", "2"]
-    assert main([*argv, "--strategy", "pp_zero1", "--emit", str(tmp_path / "out")]) == 2
-    out, err = capsys.readouterr()
-    assert f"Launch (pp_zero1): none, the row is sized and timed only ({PP_ZERO1_BLOCKER})" in out
-    assert "torchrun" not in out.split("Launch (pp_zero1)")[1] and err.strip().endswith(PP_ZERO1_BLOCKER)
+    for flags, verb in ((["--emit", str(tmp_path / "out")], "emit"), (["--verify"], "verify")):
+        assert main([*argv, "--strategy", "pp_zero1", *flags]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.splitlines() == [f"advisor: error: cannot {verb} pp_zero1: {PP_ZERO1_BLOCKER}"]
     assert not (tmp_path / "out").exists()
 
 

@@ -118,6 +118,20 @@ def test_main_comes_first(emitted):  # noqa: F811
         assert functions[0].lineno <= 0.4 * len(text.splitlines()), (name, functions[0].lineno)
 
 
+@pytest.mark.slow  # the emitted fixture (shared with the tests above)
+def test_the_launch_line_names_the_planned_node_not_this_one(emitted):  # noqa: F811
+    """The docstring said "this node has 2 GPU(s)" for a plan made for a preset on a machine without GPUs (a new
+    user's find): it names the node the plan was made for."""
+    import re
+
+    for name, text in emitted.items():
+        launch = next(line for line in text.splitlines() if line.startswith("Launch ("))
+        assert re.fullmatch(r"Launch \((one node of \d+ GPUs?, as planned|one process on one GPU)\):", launch), (
+            name,
+            launch,
+        )
+
+
 def test_skeleton_templates_are_clean_modules():
     """The shared loop's template modules: pyflakes (ruff's F rules: no undefined, unused or redefined name) at the
     emitted scripts' column limit, and each imports as a module. The names they take from the templates not yet

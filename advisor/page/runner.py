@@ -163,7 +163,10 @@ def start_verify(
 def follow_verify(job: VerifyJob) -> VerifyOutcome | None:
     """Show the job's progress until it ends; return its outcome, or None after
     showing the error. Polls from the script thread (Streamlit calls from the worker would be lost)."""
-    with st.status(f"Verifying {job.strategy} on this machine ({job.steps} steps)...", expanded=True) as status:
+    # The progress lines count the timed steps too (step 1/11 .. 11/11 for 6 measured ones).
+    timed = getattr(importlib.import_module("advisor.verify"), "TIMING_STEPS", 0)
+    label = f"{job.steps} steps measured for memory" + (f", then {timed} timed" if timed else "")
+    with st.status(f"Verifying {job.strategy} on this machine ({label})...", expanded=True) as status:
         progress = Progress(status)
         while True:
             done = job.future.done()
