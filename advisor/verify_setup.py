@@ -132,7 +132,40 @@ def verify_plan(
     run_plan = plan(replace(inputs, training=opts), device=device, hardware=hw)
     if not run_plan.row(name).applicable:
         raise AdvisorError(f"cannot verify {name}: {run_plan.row(name).reason}")
+    if hw.calibration is not None and (convs := timed_convolutions(run_plan, name, use_cache, say, notes)):
+        # Planned again with them (the traces come from the cache): only the step time changes.
+        hw = replace(hw, calibration=replace(hw.calibration, conv_s=convs))
+        run_plan = plan(replace(inputs, training=opts), device=device, hardware=hw)
     return name, run_plan, hw, notes
+
+
+def timed_convolutions(
+    run_plan: Plan, name: str, use_cache: bool, say: Callable[[str], None], notes: list[str]
+) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """Row ``name``'s convolutions measured on this CPU at the run's micro-batch (``advisor.timing.cpu_conv``): each
+    call of its traced step (the row's trace mode), from the cache or timed now. Empty for a model without
+    convolutions, or, with a note, when timing them failed (they are then timed at the calibration's rate)."""
+    from .cache import open_cache
+    from .timing.cpu_conv import conv_calls, measured_conv_s
+    from .trace import BASE_B
+
+    mode = run_plan.row(name).strategy.trace_mode(run_plan.options.precision)
+    steps = run_plan.profile.activations(mode)
+    phases = [(getattr(t1, ph), getattr(t2, ph)) for _, t1, t2 in steps.depths for ph in ("fwd_ops", "bwd_ops")]
+    calls = conv_calls(phases, run_plan.context().micro_batch_size, BASE_B)
+    if not calls:
+        return ()
+    try:
+        table, contended = measured_conv_s(calls, CPU_RANK_THREADS, open_cache(use_cache), say)
+    except RuntimeError as err:
+        notes.append(f"the convolutions are timed at the calibration's one rate: {err}")
+        return ()
+    if contended:
+        notes.append(
+            "other processes kept the CPUs busy while the model's convolutions were timed: the predicted step time "
+            "is rough (they are timed again next time)"
+        )
+    return table
 
 
 def calibrated(hw: Hardware, device: Device, use_cache: bool, say: Callable[[str], None], notes: list[str]) -> Hardware:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from advisor.gpu_presets import get_gpu_preset
-from advisor.timing.compute import ATTENTION, CONV, GEMM, MEMORY, NORM, TRANSCENDENTAL, gpu_rates
+from advisor.timing.compute import ATTENTION, CONV, CONV_PARAM_FIELDS, GEMM, MEMORY, NORM, TRANSCENDENTAL, gpu_rates
 from advisor.timing.gpu_model import AMPERE, MODELS, SM_COUNT, GpuModel
 from advisor.timing.gpu_time import (
     FLASH,
@@ -199,15 +199,21 @@ def test_a_resnet_conv_layer_records_its_implicit_gemms():
     fwd, bwd, _ = _traced(conv, x)
     flops = 2 * 2 * 28 * 28 * 128 * 64 * 9
     (f,) = [op for op in fwd if len(op) > 2 and op[2] == CONV]
-    # fp32: no layout transposes (0 bytes, 0 tensors), then the GEMM.
-    assert f[:3] == (flops, f[1], CONV) and f[3:] == (0, 0, flops, 2 * 28 * 28, 128, 64 * 9, 1, 4)
+    # The call (what a calibrated CPU measures): input, weight, stride 2, padding 1, dilation 1, groups 1, not
+    # transposed, no output padding, 4-byte elements; then 0 (the forward) or 8 + the backward's output mask.
+    call = (2, 64, 56, 56, 128, 64, 3, 3, 2, 2, 1, 1, 1, 1, 1, 0, 0, 0, 4)
+    # fp32: no layout transposes (0 bytes, 0 tensors), the call, then the GEMM.
+    assert f[:3] == (flops, f[1], CONV) and f[3:] == (0, 0, *call, 0, flops, 2 * 28 * 28, 128, 64 * 9, 1, 4)
     (b,) = [op for op in bwd if op[2] == CONV]
     assert b[0] == 2 * flops
-    assert b[3:] == (0, 0, flops, 2 * 56 * 56, 64, 128 * 9, 1, 4, flops, 128, 64 * 9, 2 * 28 * 28, 1, 4)
+    assert b[3:] == (
+        *(0, 0, *call, 8 + 1 + 2),  # grad_input and grad_weight, no bias
+        *(flops, 2 * 56 * 56, 64, 128 * 9, 1, 4, flops, 128, 64 * 9, 2 * 28 * 28, 1, 4),
+    )
     # The first layer's input needs no gradient: its backward records the wgrad GEMM alone.
     fwd, bwd, _ = _traced(conv, torch.empty(2, 64, 56, 56, device="meta"))
     (b,) = [op for op in bwd if op[2] == CONV]
-    assert b[0] == flops and b[3:] == (0, 0, flops, 128, 64 * 9, 2 * 28 * 28, 1, 4)
+    assert b[0] == flops and b[3:] == (0, 0, *call, 8 + 2, flops, 128, 64 * 9, 2 * 28 * 28, 1, 4)
 
 
 def test_a_16_bit_nchw_conv_records_cudnns_layout_transposes():
@@ -224,7 +230,7 @@ def test_a_16_bit_nchw_conv_records_cudnns_layout_transposes():
     fwd, bwd, _ = _traced(conv, x)
     per_gemm = 2 * 2 * (401_408 + 73_728 + 200_704)
     (f,) = [op for op in fwd if len(op) > 2 and op[2] == CONV]
-    assert f[3:5] == (per_gemm, 3) == (2_703_360, 3) and f[5:] == (f[0], 2 * 28 * 28, 128, 64 * 9, 1, 2)
+    assert f[3:5] == (per_gemm, 3) == (2_703_360, 3) and f[25:] == (f[0], 2 * 28 * 28, 128, 64 * 9, 1, 2)
     (b,) = [op for op in bwd if op[2] == CONV]
     assert b[3:5] == (2 * per_gemm, 6)
     last = conv.to(memory_format=torch.channels_last)
@@ -240,10 +246,11 @@ def test_layout_transposes_are_timed_as_memory_bound_kernels():
     (half_bandwidth_bytes at that bandwidth) per tensor, before its GEMMs."""
     bw, h = BF16.bytes_per_s, AMPERE.half_bandwidth_bytes
     gemm = (2 * 4096 * 256 * 576, 4096, 256, 576, 1, 2)
-    alone = op_gpu_s(gemm[0], 0, CONV, (0, 0, *gemm), BF16)
+    call = (0,) * CONV_PARAM_FIELDS  # the call's fields, which the GPU model skips
+    alone = op_gpu_s(gemm[0], 0, CONV, (0, 0, *call, *gemm), BF16)
     assert alone == gemm_s(*gemm, BF16.conv_flops_per_s, bw, 108)
     assert layout_s(6e6, 3, bw, h) == pytest.approx((6e6 + 3 * h) / (0.88 * 2039e9))
-    assert op_gpu_s(gemm[0], 0, CONV, (6e6, 3, *gemm), BF16) == pytest.approx(alone + layout_s(6e6, 3, bw, h))
+    assert op_gpu_s(gemm[0], 0, CONV, (6e6, 3, *call, *gemm), BF16) == pytest.approx(alone + layout_s(6e6, 3, bw, h))
 
 
 def test_batch_norm_in_training_records_its_statistics_pass():

@@ -100,6 +100,8 @@ class CpuCalibration:
     contended: bool = False  # other processes kept the CPUs busy while it ran (cached for CONTENDED_TTL_S only)
     measured_at: float = 0.0  # time.time() when it was measured
     cached: bool = False  # read from the cache
+    # the planned model's convolutions measured on this CPU (advisor.timing.cpu_conv; not stored with the rest)
+    conv_s: tuple[tuple[tuple[int, ...], float], ...] = ()
 
     def source(self) -> str:
         """Where the rates come from, with every measured figure, in one line (the sources the plan quotes)."""
@@ -147,8 +149,8 @@ class CpuCalibration:
     def extend(self, r: Rates, precision: Precision) -> Rates:
         """``r`` (the roofline's rates of ``preset()`` at ``precision``) with what only a CPU has: the attention
         rate of the precision's dtype (bf16 under bf16 autocast and pure bf16, else fp32), the transcendental
-        rate, the eager overhead in series with every op, the optimizer step's measured rate, and no GPU
-        dispatch floor (a CPU's dispatch is already in series)."""
+        rate, the eager overhead in series with every op, the optimizer step's measured rate, the model's measured
+        convolutions, and no GPU dispatch floor (a CPU's dispatch is already in series)."""
         from dataclasses import replace
 
         attention = (
@@ -163,6 +165,7 @@ class CpuCalibration:
             op_overhead_s=self.eager_op_s,
             optimizer_bytes_per_s=self.adamw_bytes_per_s,
             dispatch_s=0.0,
+            conv_s=self.conv_s,
         )
 
     def efficiency(self) -> Efficiency:
@@ -194,8 +197,8 @@ class CpuCalibration:
         return t.step_s
 
     def as_dict(self) -> dict[str, object]:
-        """Every field by name."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """Every field by name but the model's convolutions (``conv_s``: the plan's, not the machine's)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "conv_s"}
 
     def document(self) -> dict[str, object]:
         """What the cache stores: one JSON object, ``"device": "cpu"`` and this CPU's ISA flags (``isa_flags``)
@@ -422,7 +425,8 @@ def cached_calibration(ranks: int, threads: int, cache: DiskCache | NullCache) -
     if not isinstance(hit, dict):
         return None
     try:
-        cal = CpuCalibration(**{k: hit[k] for k in CpuCalibration.__dataclass_fields__ if k != "cached"}, cached=True)
+        fields = [k for k in CpuCalibration.__dataclass_fields__ if k not in ("cached", "conv_s")]
+        cal = CpuCalibration(**{k: hit[k] for k in fields}, cached=True)
     except (KeyError, TypeError):
         return None  # an entry of another shape: measure again
     if cal.contended and time.time() - cal.measured_at >= CONTENDED_TTL_S:

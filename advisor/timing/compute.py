@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..choices import Precision
 from ..gpu_presets import GPU_PRESETS, GpuPreset
@@ -52,6 +53,16 @@ ATTENTION = 3  # the fused SDPA kernel: FLOPs at the attention rate; shape: head
 GEMM = 4  # mm / addmm / bmm / baddbmm / _scaled_mm: FLOPs at the matmul peak; shape: (flops, M, N, K, batch, size)
 NORM = 5  # batch norm in training: two passes on a GPU (statistics, then normalize); shape: the first pass's
 # bytes (advisor.trace.shapes.norm_shape). A calibrated CPU times it as MEMORY (its bytes at memory bandwidth).
+
+# A convolution's shape (advisor.trace.shapes.conv_params): after its 2 layout fields, the call itself in
+# CONV_PARAM_FIELDS integers: input N, C, H, W; weight dims (4); stride (2), padding (2), dilation (2); groups,
+# transposed, output padding (2); element size; and which call: 0 the forward, 8 + the backward's output mask (1
+# grad_input, 2 grad_weight, 4 grad_bias). All 0 where the convolution is not a 2-D one. A calibrated CPU times a
+# convolution by its measured seconds at this micro-batch (``Rates.conv_s``, ``advisor.timing.cpu_conv``), the
+# GPU model by the implicit GEMMs after these fields.
+CONV_LAYOUT_FIELDS = 2
+CONV_PARAM_FIELDS = 20
+ConvKey = tuple[int, ...]  # CONV_PARAM_FIELDS integers, the input's N the micro-batch's
 
 
 @dataclass(frozen=True)
@@ -169,7 +180,8 @@ class Rates:
     (``advisor.timing.calibrate``) and None / 0 on a GPU: ``transcendental_bytes_per_s`` (exp/log/sqrt/softmax
     element-wise ops; None: memory bandwidth alone bounds them), ``op_overhead_s`` (seconds each op costs on top of
     its work, in series: a CPU runs dispatch and kernels on the same cores), ``optimizer_bytes_per_s`` (the
-    optimizer step's bytes, measured on a real step; None: ``bytes_per_s``)."""
+    optimizer step's bytes, measured on a real step; None: ``bytes_per_s``); ``conv_s`` the seconds of the model's
+    own convolutions measured on this CPU at the run's micro-batch (empty: convolutions at ``conv_flops_per_s``)."""
 
     flops_per_s: float
     conv_flops_per_s: float
@@ -181,6 +193,8 @@ class Rates:
     dispatch_s: float = 0.0
     gpu: GpuModel | None = None
     sm_count: int = 0
+    # a calibrated CPU's measured convolutions: (ConvKey, seconds of that call), ``advisor.timing.cpu_conv``
+    conv_s: tuple[tuple[ConvKey, float], ...] = ()
 
 
 def rates(preset: GpuPreset, precision: Precision, compute_efficiency: float, bandwidth_efficiency: float) -> Rates:
@@ -224,21 +238,51 @@ def aligned(o1: Sequence[Op], o2: Sequence[Op]) -> tuple[Sequence[Op], Sequence[
     return o1, o2
 
 
-def _ops_at(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int) -> list[tuple[float, float, int]]:
+def conv_key(x: Op, y: Op, k: int) -> ConvKey | None:
+    """The call of convolution op ``x`` (traced at the first micro-batch; ``y`` the same op one sample more) at ``k``
+    micro-batches past the first: its CONV_PARAM_FIELDS with the input's N linear in the micro-batch, as the FLOPs
+    are. None for another op, an older trace without them, or a convolution that is not a 2-D one (N 0)."""
+    start, end = 3 + CONV_LAYOUT_FIELDS, 3 + CONV_LAYOUT_FIELDS + CONV_PARAM_FIELDS
+    if len(x) < end or x[2] != CONV or not x[start]:
+        return None
+    params = list(x[start:end])
+    grow = y[start] - x[start] if len(y) >= end and y[2] == CONV and y[start + 1 : end] == x[start + 1 : end] else 1
+    params[0] = max(1, x[start] + k * grow)
+    return tuple(int(v) for v in params)
+
+
+def _ops_at(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int) -> list[tuple[float, float, int, ConvKey | None]]:
     """Each op at micro-batch ``b``, linear in b between the traces at ``base_b`` (``o1``) and ``base_b + 1``
-    (``o2``), paired by ``aligned``. Never negative."""
+    (``o2``), paired by ``aligned``, with a convolution's call at ``b`` (``conv_key``). Never negative."""
     o1, o2 = aligned(o1, o2)
     k = b - base_b
     return [
-        (max(0.0, x[0] + k * (y[0] - x[0])), max(0.0, x[1] + k * (y[1] - x[1])), x[2] if len(x) > 2 else MEMORY)
+        (
+            max(0.0, x[0] + k * (y[0] - x[0])),
+            max(0.0, x[1] + k * (y[1] - x[1])),
+            x[2] if len(x) > 2 else MEMORY,
+            conv_key(x, y, k),
+        )
         for x, y in zip(o1, o2)
     ]
 
 
-def op_s(flops: float, nbytes: float, kind: int, r: Rates) -> float:
+@lru_cache(maxsize=16)
+def _conv_table(conv_s: tuple[tuple[ConvKey, float], ...]) -> dict[ConvKey, float]:
+    return dict(conv_s)
+
+
+def op_s(flops: float, nbytes: float, kind: int, r: Rates, conv: ConvKey | None = None) -> float:
     """Seconds of one op of ``kind`` (module docstring): the larger of its compute time (FLOPs at the kind's rate;
     a transcendental op's bytes at the transcendental rate where one is known) and its memory time, plus the
-    per-op overhead of a CPU (``Rates.op_overhead_s``; 0 on a GPU)."""
+    per-op overhead of a CPU (``Rates.op_overhead_s``; 0 on a GPU). A convolution whose call ``conv`` this CPU
+    measured (``Rates.conv_s``): those seconds, dispatch included (a CPU picks its kernel by shape, batch and
+    threads: PyTorch runs a 1x1 fp32 convolution of fewer than 16 samples on one thread without oneDNN, and both
+    paths slow down several-fold on 2x2 maps; measured here, advisor.timing.cpu_conv)."""
+    if conv is not None and r.conv_s:
+        measured = _conv_table(r.conv_s).get(conv)
+        if measured is not None:
+            return measured
     rate = r.flops_per_s
     if kind == CONV:
         rate = r.conv_flops_per_s
@@ -255,7 +299,7 @@ def roofline_work(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int, r: Ra
     memory time, summed; the number of ops). The dispatch floor (``floored_s``) applies to the whole phase after
     any extrapolation in depth: a floor applied per traced depth and then extrapolated would not be a floor."""
     ops = _ops_at(o1, o2, b, base_b)
-    return sum(op_s(flops, nbytes, kind, r) for flops, nbytes, kind in ops), len(ops)
+    return sum(op_s(flops, nbytes, kind, r, conv) for flops, nbytes, kind, conv in ops), len(ops)
 
 
 def floored_s(work_s: float, ops: float, r: Rates) -> float:

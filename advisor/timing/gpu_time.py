@@ -39,13 +39,25 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .compute import ATTENTION, CONV, GEMM, MEMORY, NORM, TRANSCENDENTAL, Op, Rates, aligned
+from .compute import (
+    ATTENTION,
+    CONV,
+    CONV_LAYOUT_FIELDS,
+    CONV_PARAM_FIELDS,
+    GEMM,
+    MEMORY,
+    NORM,
+    TRANSCENDENTAL,
+    Op,
+    Rates,
+    aligned,
+)
 from .gpu_model import ATTENTION_BLOCK_ROWS, HEAD_DIM_64_SHARE, REFERENCE_TILE, SPLIT_K_MIN, TILES
 
 # Fields of one GEMM in a GEMM or convolution op's shape: (flops, M, N, K, batch, element size).
 GEMM_FIELDS = 6
-# A convolution's shape starts with its layout transposes' (bytes, tensors), then its GEMMs.
-CONV_LAYOUT_FIELDS = 2
+# A convolution's shape starts with its layout transposes' (bytes, tensors) and the call (compute.CONV_PARAM_FIELDS),
+# then its GEMMs.
 # A fused attention op's shape: (batch x heads, q length, kv length, head dim, kernel, backward 0/1).
 ATTENTION_FIELDS = 6
 FLASH, MEM_EFFICIENT, CUDNN = 0, 1, 2  # the ``kernel`` field
@@ -185,7 +197,9 @@ def op_gpu_s(flops: float, nbytes: float, kind: int, shape: Sequence[float], r: 
         rate = r.conv_flops_per_s if kind == CONV else r.flops_per_s
         total, start = 0.0, 0
         if kind == CONV:  # cuDNN's layout transposes first: memory-bound kernels, one per tensor
-            total, start = layout_s(shape[0], shape[1], bw, gpu.half_bandwidth_bytes), CONV_LAYOUT_FIELDS
+            # (then the call's own fields, CONV_PARAM_FIELDS, which a calibrated CPU times by; then the GEMMs)
+            total = layout_s(shape[0], shape[1], bw, gpu.half_bandwidth_bytes)
+            start = CONV_LAYOUT_FIELDS + CONV_PARAM_FIELDS
         for i in range(start, len(shape) - GEMM_FIELDS + 1, GEMM_FIELDS):
             f, m, n, k, batch, elsize = shape[i : i + GEMM_FIELDS]
             total += gemm_s(f, m, n, k, batch, elsize, rate, bw, r.sm_count)

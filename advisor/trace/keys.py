@@ -32,8 +32,8 @@ _CODE_FILES = ("profile.py", "checkpointing.py", "locks.py", "bnb_layout.py")
 # The layout of a stored trace's per-op records (``Timeline.fwd_ops``): bump it when what an op records changes, so
 # traces cached in an older layout miss. 2: GEMMs, convolutions and fused attention record their shapes
 # (``advisor.trace.shapes``). 3: convolutions record their layout transposes first, batch norms their statistics
-# pass.
-TRACE_FORMAT = 3
+# pass. 4: convolutions record their call (input, weight, stride, padding, ...) after the layout transposes.
+TRACE_FORMAT = 4
 _CODE_PACKAGES = ("trace", "models")
 
 

@@ -10,7 +10,8 @@ N = C_in / groups, K = C_out / groups x kh x kw; backward filter M = C_out / gro
 K = N x H_out x W_out.
 
 A convolution's shape starts with the bytes and the number of tensors of the layout transposes cuDNN runs around it
-(``layout_transposes``), then its GEMM groups. A batch norm in training records the bytes of its statistics pass
+(``layout_transposes``), then the call itself (``conv_params``: what a calibrated CPU measures it by), then its GEMM
+groups. A batch norm in training records the bytes of its statistics pass
 (``norm_shape``).
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..timing.compute import ATTENTION, CONV, GEMM, NORM
+from ..timing.compute import ATTENTION, CONV, CONV_PARAM_FIELDS, GEMM, NORM
 from ..timing.gpu_time import CUDNN, FLASH, MEM_EFFICIENT
 
 if TYPE_CHECKING:
@@ -103,6 +104,37 @@ def layout_transposes(x: object, w: object, groups: int, calls: Sequence[Sequenc
     return sum(2 * _bytes(t) for call in calls for t in call), 3 * len(calls)
 
 
+def _pair(v: object) -> tuple[int, int]:
+    """A 2-D convolution's stride / padding / dilation argument as two ints (an int or a list of one or two)."""
+    items: list[object] = list(v) if isinstance(v, (list, tuple)) else [v]
+    ints = [int(x) for x in items if isinstance(x, (int, float, bool))] or [0]  # (SymInts: traced as ints)
+    return (ints[0], ints[-1])
+
+
+def conv_params(x: object, w: object, rest: Sequence[object], call: int) -> Shape:
+    """The call a calibrated CPU times a convolution by (``advisor.timing.compute.CONV_PARAM_FIELDS``): input N, C,
+    H, W; the weight's four dims; stride, padding and dilation (two each); groups, transposed, output padding (two);
+    element size; ``call`` (0 the forward, 8 + the backward's output mask). ``rest``: ``aten.convolution``'s
+    arguments from ``stride`` on (stride, padding, dilation, transposed, output_padding, groups). All 0 but for a
+    2-D convolution (4-D input and weight)."""
+    dx, dw = _dims(x), _dims(w)
+    if len(dx) != 4 or len(dw) != 4:
+        return (0,) * CONV_PARAM_FIELDS
+    stride, padding, dilation, transposed, output_padding, groups = rest[:6]
+    return (
+        *dx,
+        *dw,
+        *_pair(stride),
+        *_pair(padding),
+        *_pair(dilation),
+        max(1, int(groups)),  # type: ignore[call-overload]
+        int(bool(transposed)),
+        *_pair(output_padding),
+        _size(x),
+        int(call),
+    )
+
+
 def conv_shape(args: Sequence[object], out: object, flops: int) -> Shape:
     """``(layout bytes, layout tensors, *GEMM)``: the layout transposes (``layout_transposes``: input, weight and
     output) and the implicit GEMM of ``aten.convolution(input, weight, bias, stride, padding, dilation, transposed,
@@ -118,7 +150,7 @@ def conv_shape(args: Sequence[object], out: object, flops: int) -> Shape:
         gemm = (x[0] * math.prod(x[2:]), w[1], w[0] // groups * kernel, groups)
     else:
         gemm = (y[0] * math.prod(y[2:]), w[0] // groups, w[1] * kernel, groups)
-    return (*layout, *_gemms(flops, [gemm], _size(args[0])))
+    return (*layout, *conv_params(args[0], args[1], args[3:9], 0), *_gemms(flops, [gemm], _size(args[0])))
 
 
 def conv_backward_shape(args: Sequence[object], flops: int) -> Shape:
@@ -155,7 +187,9 @@ def conv_backward_shape(args: Sequence[object], flops: int) -> Shape:
     if not gemms:
         return ()
     layout = layout_transposes(inp, weight, groups, calls)
-    return (*layout, *_gemms(flops, gemms, _size(args[0]), weights))
+    call = 8 + sum(bit for bit, on in zip((1, 2, 4), mask) if on)  # type: ignore[call-overload]
+    params = conv_params(inp, weight, [*args[4:7], args[7], args[8], args[9]], call)
+    return (*layout, *params, *_gemms(flops, gemms, _size(args[0]), weights))
 
 
 # Batch norm ops whose training form runs two passes over the activation (``norm_shape``): forwards, backwards.
