@@ -223,6 +223,12 @@ def _emit(result: Plan, args: RunOptions, out_dir: str) -> None:
     print(f"Run: cd {where} && {launch_command_for(job)}   (or: bash {where}/launch.sh)", file=stream)
 
 
+def verify_dir(emit: str | None) -> str | None:
+    """Where ``--verify`` runs: beside the emitted job, in ``--emit DIR``/verify (the run is this machine's variant of
+    the job: on CPU fp32, a small micro-batch and CPU ranks; the job to keep stays in DIR), else ``advisor-runs/``."""
+    return str(Path(emit) / "verify") if emit else None
+
+
 def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool) -> VerifyResult:
     from .verify import step_time_line, verify
 
@@ -235,7 +241,7 @@ def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool) -> V
         args.strategy,
         steps=args.steps,
         timeout_s=args.timeout,
-        out_dir=args.emit,
+        out_dir=verify_dir(args.emit),
         force=args.force,
         precision_explicit=precision_explicit,
         progress=progress,
@@ -253,24 +259,33 @@ def _verify(inputs: PlanInputs, args: RunOptions, precision_explicit: bool) -> V
         file=stream,
     )
     assert outcome.relative_error is not None, "a completed run measured a peak"
+    size = _peak_unit(outcome)
     for r in outcome.per_rank:
         assert r["relative_error"] is not None, "every rank measured a peak"
         print(
-            f"  rank {r['rank']}: measured {gib(r['measured_peak_bytes']):.3f} GiB, estimated "
-            f"{gib(r['estimated_peak_bytes']):.3f} GiB, error {100 * r['relative_error']:+.1f}%",
+            f"  rank {r['rank']}: measured {size(r['measured_peak_bytes'])}, estimated "
+            f"{size(r['estimated_peak_bytes'])}, error {100 * r['relative_error']:+.1f}%",
             file=stream,
         )
     verdict = "within" if outcome.within_tolerance else "OUTSIDE"
     print(
-        f"  worst error {100 * outcome.relative_error:+.1f}% ((estimate - measured) / measured: below 0 the run took "
-        f"more than estimated, the sign opposite to the error band's; {verdict} the {100 * 0.25:.0f}% tolerance); "
-        f"log and files: {outcome.log_dir}",
+        f"  worst error {100 * outcome.relative_error:+.1f}% ((estimate - measured) / measured: below 0 the run used "
+        f"more than estimated; {verdict} the {100 * 0.25:.0f}% tolerance); log and files: {outcome.log_dir}",
         file=stream,
     )
     line = step_time_line(outcome)
     if line:
         print(f"  {line}", file=stream)
     return outcome
+
+
+def _peak_unit(outcome: VerifyResult) -> Callable[[int], str]:
+    """How the per-rank peaks are shown: GiB with 3 decimals, or MiB with 1 where every figure is below 1 GiB (a
+    small model's 0.002 GiB hid a 10% difference); one unit for all ranks."""
+    figures = [r[k] for r in outcome.per_rank for k in ("measured_peak_bytes", "estimated_peak_bytes")]
+    if figures and max(figures) < 2**30:
+        return lambda n: f"{n / 2**20:.1f} MiB"
+    return lambda n: f"{gib(n):.3f} GiB"
 
 
 def _verify_steps(outcome: VerifyResult) -> str:
@@ -384,7 +399,7 @@ def _plan_face(argv: list[str]) -> int:
     if not run.json:
         print(render_text(result, run.strategy))
     code = 0
-    if run.emit and not run.verify:  # --verify writes into --emit DIR itself
+    if run.emit:  # the job as planned; --verify runs this machine's variant of it in DIR/verify
         _emit(result, run, run.emit)
     if run.verify:
         outcome = _verify(inputs, run, precision_explicit=args.precision is not None)

@@ -201,5 +201,6 @@ def test_busy_verify_lock_exits_75_and_names_its_holder(tmp_path, monkeypatch, c
     line = next(x for x in err.splitlines() if x.startswith("advisor: error:"))
     assert "another verification is running on this machine (held by pid " in line and f"pid {os.getpid()}," in line
     assert "retry" in line
-    assert not (tmp_path / "run").exists()  # nothing written while busy
+    # the job as planned is written (--emit), nothing of the verification while busy
+    assert (tmp_path / "run" / "train.py").exists() and not (tmp_path / "run" / "verify").exists()
     assert (tmp_path / "verify.lock").read_text() == ""  # the holder left it empty when it let go

@@ -116,6 +116,22 @@ def test_the_verify_line_counts_every_step_the_progress_lines_count():
     assert _verify_steps(replace(result, timing_steps=0)) == "6 steps measured for memory (loss 7.613 -> 7.627)"
 
 
+def test_small_peaks_are_shown_in_mib():
+    """A tiny model's peaks read "measured 0.002 GiB, estimated 0.002 GiB, error -9.7%" (a new user's find): below
+    1 GiB every rank is shown in MiB, one unit for all."""
+    from advisor.cli import _peak_unit
+
+    result = VerifyResult(strategy="ddp", device="cpu", world_size=2, steps=6, log_dir=".")
+    result.per_rank = [
+        {"rank": 0, "measured_peak_bytes": 2_300_000, "estimated_peak_bytes": 2_076_000},
+        {"rank": 1, "measured_peak_bytes": 2_100_000, "estimated_peak_bytes": 2_076_000},
+    ]  # type: ignore[typeddict-item]
+    size = _peak_unit(result)
+    assert (size(2_300_000), size(2_076_000)) == ("2.2 MiB", "2.0 MiB")
+    result.per_rank[0]["measured_peak_bytes"] = 3 * 2**30
+    assert _peak_unit(result)(2_076_000) == "0.002 GiB"
+
+
 def test_calibrated_cpu_hardware_is_timed():
     """A CPU plan has no GPU preset to time it with; with a calibration it is timed by the measured rates."""
     from advisor.plan import plan

@@ -367,7 +367,12 @@ def test_verify_reports_a_crash_cleanly(tmp_path, capsys, monkeypatch):
     assert "failed with exit code" in r.stdout and "run.log" in r.stdout
     assert "RuntimeError: boom" in r.stdout
     assert "Traceback" not in r.stderr
-    assert (tmp_path / "run" / "run.log").exists()
+    # --emit DIR keeps the job as planned (for the planned GPUs); the verification runs this machine's variant of it
+    # in DIR/verify (a new user kept the CPU variant, fp32 at micro-batch 1, believing it the job)
+    assert (tmp_path / "run" / "verify" / "run.log").exists() and not (tmp_path / "run" / "run.log").exists()
+    job, variant = (tmp_path / "run" / "train.py").read_text(), (tmp_path / "run" / "verify" / "train.py").read_text()
+    assert "on A100-80GB." in job and "on A100-80GB." not in variant, variant[:3000]
+    assert f"Run: cd {tmp_path / 'run'} && " in r.stdout
 
 
 def test_ctrl_c_during_verify_leaves_no_process(tmp_path):
@@ -416,7 +421,7 @@ def test_ctrl_c_during_verify_leaves_no_process(tmp_path):
 
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # wait until the ranks are training
-        log = run_dir / "run.log"
+        log = run_dir / "verify" / "run.log"  # (the job as planned in run_dir, the verification beside it)
         if log.exists() and "step 1/" in log.read_text(errors="replace"):
             break
         time.sleep(0.5)
