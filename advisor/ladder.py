@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from .cache import DiskCache, NullCache
 from .choices import Optimizer
 from .context import StrategyContext
+from .hardware import HOST_UNKNOWN
 from .ladder_state import LORA_RANK, Env, Figures, State, evaluate_state, throughput, user_state
 from .memory_options import DEFAULT_CE_CHUNKS
 from .rows import StrategyRow
+from .units import fmt_gib
 
 # Candidates in the order they are offered before the greedy sort (ties keep it).
 CANDIDATES = ("chunked_ce", "sac_op", "ac_full", "optimizer_in_backward", "activation_offload", "adamw_8bit")
@@ -181,16 +183,33 @@ class _Steps:
     def _rung(self, key: str, fig: Figures, prev: Figures | None) -> None:
         label, flags = LABELS[key]
         thr, unit = throughput(self.env, self.batch, fig.step_s)
-        fits = fig.device <= self.gpu
+        host_short = self._host_short(fig)
+        fits = fig.device <= self.gpu and host_short is None
         saved = prev.peak - fig.peak if prev else 0
         slow = (fig.step_s / prev.step_s - 1) if prev and prev.step_s and fig.step_s else 0.0
+        note = "; ".join(n for n in (fig.note(key), host_short) if n)
         self.out.append(
             Rung(
                 key, label, flags, fig.peak, fig.device, fig.step_s, thr, unit, fits, saved, slow,
-                first_fit=fits and not self.fitted, note=fig.note(key), host_bytes=fig.host,
+                first_fit=fits and not self.fitted, note=note, host_bytes=fig.host,
             )
         )  # fmt: skip
         self.fitted = self.fitted or fits
+
+    def _host_short(self, fig: Figures) -> str | None:
+        """Why a state does not surely fit the node's RAM (None: it does, or needs none): the pinned activations of
+        every GPU of the node (``Figures.host``) beside what the row offloads (``rows.fit_verdict``'s rule)."""
+        hw = self.env.ctx.hardware
+        states = fig.memory.host_bytes_per_node if fig.memory is not None else 0
+        need = fig.host * hw.gpus_per_node + states
+        if not need:
+            return None
+        if hw.host_mem_state == HOST_UNKNOWN or hw.host_mem_bytes is None:
+            return f"fits only if the host RAM allows: needs {fmt_gib(need)} of host RAM per node (unknown here)"
+        if need > hw.host_mem_bytes:
+            have = fmt_gib(hw.host_mem_bytes)
+            return f"does not fit in host RAM: needs {fmt_gib(need)} per node, the node has {have}"
+        return None
 
     def add(self, key: str, fig: Figures | str, advance: bool = True) -> None:
         """One rung on top of the current state (``advance``: it becomes the state the next rung adds to)."""

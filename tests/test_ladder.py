@@ -67,6 +67,32 @@ def test_llm_ladder_order_and_first_fit(llm) -> None:  # noqa: ANN001
     assert "saves nothing" in (rungs["ac_full"].blocker or "")
 
 
+def test_activation_offload_needs_the_nodes_ram(llm) -> None:  # noqa: ANN001
+    """Offloaded activations live in pinned host memory, one GPU's worth per GPU of the node: the rung does not fit
+    a node whose RAM is short (a new user's 767B config was offered 647 GiB per GPU of pinned memory, "hidden under
+    compute", as a fit) and fits only if the RAM allows where it is unknown (a preset GPU: as the rows say)."""
+    from advisor.units import fmt_gib
+
+    unknown = {r.key: r for r in llm.ladder.rungs}["activation_offload"]
+    assert unknown.host_bytes > 0 and not unknown.fits
+    assert f"fits only if the host RAM allows: needs {fmt_gib(unknown.host_bytes)} of host RAM per node" in unknown.note
+    small = plan(
+        plan_inputs(
+            model="llama-3.2-3b",
+            gpus=1,
+            gpu="RTX4090",
+            seq_len=1024,
+            micro_batch_size=2,
+            precision="pure-bf16",
+            host_mem_gib=1,
+            detect_hardware=False,
+        )
+    )
+    rung = {r.key: r for r in small.ladder.rungs}["activation_offload"]
+    assert not rung.fits and rung.host_bytes == unknown.host_bytes
+    assert f"does not fit in host RAM: needs {fmt_gib(rung.host_bytes)} per node, the node has 1.00 GiB" in rung.note
+
+
 def test_llm_ladder_in_json_and_answer(llm) -> None:  # noqa: ANN001
     doc = plan_to_dict(llm)
     assert [row["rung"] for row in doc["ladder"]][:3] == ["base", "adamw_8bit", "chunked_ce"]
