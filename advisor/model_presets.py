@@ -36,10 +36,26 @@ _LLAMA3 = dict(
 )
 
 _T5 = dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, n_positions=512)
-# Llama 3.1 / 3.2 / 3.3 config.json (rope_scaling "llama3" changes no size, so it is not copied).
+# Llama 3.1 / 3.2 / 3.3 config.json, with its rope_scaling "llama3": it changes no size, but a script that builds the
+# model from this config (no --init-from) gets Llama 3's rotary frequencies only with it. The factor is 8 for 3.1 and
+# 3.3, 32 for the 3.2 models (their config.json files).
 _LLAMA31 = dict(
     vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, hidden_act="silu"
 )
+
+
+def _llama3_rope(factor: float) -> dict[str, object]:
+    return {
+        "rope_scaling": {
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        }
+    }
+
+
 # Gemma 2 config.json: tied embeddings, logit soft-capping, local/global attention.
 _GEMMA2 = dict(
     vocab_size=256000,
@@ -343,6 +359,7 @@ TRANSFORMER_PRESETS: tuple[TransformerPreset, ...] = (
             num_key_value_heads=8,
             tie_word_embeddings=False,
             **_LLAMA31,
+            **_llama3_rope(8.0),
         ),
         _hf("meta-llama/Llama-3.1-8B"),
         ("meta-llama/llama-3.1-8b", "meta-llama/meta-llama-3.1-8b", "meta-llama/llama-3.1-8b-instruct"),
@@ -358,6 +375,7 @@ TRANSFORMER_PRESETS: tuple[TransformerPreset, ...] = (
             num_key_value_heads=8,
             tie_word_embeddings=False,
             **_LLAMA31,
+            **_llama3_rope(8.0),
         ),
         _hf("meta-llama/Llama-3.1-70B"),
         ("meta-llama/llama-3.1-70b", "meta-llama/meta-llama-3.1-70b", "meta-llama/llama-3.1-70b-instruct"),
@@ -373,6 +391,7 @@ TRANSFORMER_PRESETS: tuple[TransformerPreset, ...] = (
             num_key_value_heads=8,
             tie_word_embeddings=False,
             **_LLAMA31,
+            **_llama3_rope(8.0),
         ),
         _hf("meta-llama/Llama-3.1-405B"),
         ("meta-llama/llama-3.1-405b", "meta-llama/meta-llama-3.1-405b", "meta-llama/llama-3.1-405b-instruct"),
@@ -389,6 +408,7 @@ TRANSFORMER_PRESETS: tuple[TransformerPreset, ...] = (
             head_dim=64,
             tie_word_embeddings=True,
             **_LLAMA31,
+            **_llama3_rope(32.0),
         ),
         _hf("meta-llama/Llama-3.2-1B"),
         ("meta-llama/llama-3.2-1b", "meta-llama/llama-3.2-1b-instruct"),
@@ -405,6 +425,7 @@ TRANSFORMER_PRESETS: tuple[TransformerPreset, ...] = (
             head_dim=128,
             tie_word_embeddings=True,
             **_LLAMA31,
+            **_llama3_rope(32.0),
         ),
         _hf("meta-llama/Llama-3.2-3B"),
         ("meta-llama/llama-3.2-3b", "meta-llama/llama-3.2-3b-instruct"),
@@ -421,6 +442,7 @@ TRANSFORMER_PRESETS: tuple[TransformerPreset, ...] = (
             head_dim=128,
             tie_word_embeddings=False,
             **_LLAMA31,
+            **_llama3_rope(8.0),
         ),
         _hf("meta-llama/Llama-3.3-70B-Instruct"),
         ("meta-llama/llama-3.3-70b-instruct",),

@@ -305,6 +305,15 @@ def test_presets_name_their_config_and_copy_every_size_field():
         assert notes == [], (preset.name, notes)  # no size field silently taken from the class defaults
 
 
+def test_llama_3_presets_carry_their_rope_scaling():
+    """A script built from the llama-3.1-8b preset (no --init-from) got Llama 2's rotary frequencies: the preset
+    lacked the Hub config's rope_scaling "llama3" (a new user's find; it changes no size). It now carries it, equal to
+    the vendored Hub config's."""
+    hub = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())["rope_scaling"]
+    assert find_transformer_preset("llama-3.1-8b").config["rope_scaling"] == hub
+    assert find_transformer_preset("llama-3.2-1b").config["rope_scaling"] == dict(hub, factor=32.0)
+
+
 def test_instruct_repo_ids_are_aliases():
     assert find_transformer_preset("meta-llama/Llama-3.1-8B-Instruct").name == "llama-3.1-8b"
     assert find_transformer_preset("Qwen/Qwen2.5-72B-Instruct").name == "qwen2.5-72b"
