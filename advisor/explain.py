@@ -146,7 +146,7 @@ def fit_warnings(
             )
     if ctx.profile.spec.family == "vision" and order[best.name] > min(order.values()):
         warnings.append(
-            "for CNNs prefer lower precision, activation checkpointing and gradient accumulation "
+            "for vision models prefer lower precision, activation checkpointing and gradient accumulation "
             "before model parallelism"
         )
     link = best.strategy.link_warning(ctx)

@@ -62,6 +62,15 @@ def test_page_runs_the_installed_page_with_streamlit(popen: type[FakePopen]) -> 
     assert launch.PAGE == page.resolve() and launch.PAGE.is_file()  # the page inside the imported package
 
 
+def test_page_help_is_advisors_and_starts_nothing(popen: type[FakePopen], capsys: pytest.CaptureFixture[str]) -> None:
+    """`advisor page --help` printed streamlit run's help ("assumed to be streamlit_app.py"; a new user's find)."""
+    for flag in ("--help", "-h"):
+        assert main(["page", flag]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("usage: advisor page [streamlit run options]") and "streamlit_app" not in out
+    assert popen.calls == []
+
+
 def test_page_passes_streamlits_exit_code_on(popen: type[FakePopen]) -> None:
     popen.code = 3
     assert main(["page"]) == 3

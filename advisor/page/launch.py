@@ -30,6 +30,13 @@ SETTINGS = (
     "--client.toolbarMode",
     "minimal",
 )
+USAGE = (
+    "usage: advisor page [streamlit run options]\n\n"
+    "Serve advisor's page (the form, the plan's charts, verify on this machine, the script check) with Streamlit:\n"
+    "  advisor page                                   # http://localhost:8501\n"
+    "  advisor page --server.port 8600 --server.headless true\n"
+    "The options are streamlit run's (python -m streamlit run --help lists them); needs streamlit installed."
+)
 STOP_WAIT_S = 10.0  # after Ctrl-C: how long Streamlit may take to stop before it is killed
 
 
@@ -43,6 +50,9 @@ def main(argv: Sequence[str]) -> int:
     """Serve the page until Streamlit exits; returns its exit code, ``EXIT_NO_STREAMLIT`` (after one line on
     stderr) when streamlit is not installed, 130 after Ctrl-C (Streamlit, in the same terminal, gets it too
     and stops by itself)."""
+    if any(a in ("-h", "--help") for a in argv):  # advisor's usage, not streamlit run's (which names another file)
+        print(USAGE)
+        return 0
     if importlib.util.find_spec("streamlit") is None:
         print(NEEDS_STREAMLIT, file=sys.stderr)
         return EXIT_NO_STREAMLIT
