@@ -30,11 +30,14 @@ def fmt_count(n: int) -> str:
 
 
 def fmt_s(seconds: float) -> str:
-    """Seconds for display: ``'562 ms'``, ``'1.34 s'``, ``'85 us'``."""
+    """Seconds for display: ``'562 ms'``, ``'4.3 ms'``, ``'1.34 s'``, ``'85 us'``, ``'8.5 us'`` (one decimal below 10
+    of a unit: "4 ms vs 4 ms" hid a 12% difference)."""
     if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} us"
+        us = seconds * 1e6
+        return f"{us:.1f} us" if us < 9.95 else f"{us:.0f} us"
     if seconds < 1.0:
-        return f"{seconds * 1e3:.0f} ms"
+        ms = seconds * 1e3
+        return f"{ms:.1f} ms" if ms < 9.95 else f"{ms:.0f} ms"
     return f"{seconds:.2f} s"
 
 
