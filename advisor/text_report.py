@@ -355,7 +355,8 @@ def _ladder_lines(p: Plan) -> list[str]:
             rows.append(f"  {r.note}")
     head = (
         f"Memory-savings ladder on {ladder.title} ({ladder.strategy}), each rung adding its option to those above, "
-        "least slowdown per GiB saved first (GiB per GPU; peak allocated and device total):"
+        "least slowdown per GiB saved first; LoRA and QLoRA are two alternatives, each added to the last rung before "
+        "them (GiB per GPU; peak allocated and device total):"
     )
     return [head, *table(cols, rows), *blocked]
 
