@@ -32,6 +32,8 @@ def fmt_count(n: int) -> str:
 def fmt_s(seconds: float) -> str:
     """Seconds for display: ``'562 ms'``, ``'4.3 ms'``, ``'1.34 s'``, ``'85 us'``, ``'8.5 us'`` (one decimal below 10
     of a unit: "4 ms vs 4 ms" hid a 12% difference)."""
+    if seconds <= 0:
+        return "0 us"
     if seconds < 1e-3:
         us = seconds * 1e6
         return f"{us:.1f} us" if us < 9.95 else f"{us:.0f} us"

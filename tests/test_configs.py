@@ -43,7 +43,11 @@ def _meta_count(config: dict) -> int:
     own config class, its own auto class: nothing of advisor's building code)."""
     import transformers
 
-    cfg = {k: v for k, v in config.items() if not k.startswith("_") and k not in ("architectures", "auto_map")}
+    # a deep copy: transformers edits nested fields in place (rope_scaling gains rope_theta), and ``config`` may be
+    # a preset's, which every later test reads
+    cfg = copy.deepcopy(
+        {k: v for k, v in config.items() if not k.startswith("_") and k not in ("architectures", "auto_map")}
+    )
     hf = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     if hf.is_encoder_decoder:
         auto = transformers.AutoModelForSeq2SeqLM

@@ -20,8 +20,7 @@ def _keys(p):  # noqa: ANN001, ANN202
     return [r.key for r in p.ladder.rungs if r.blocker is None], {r.key: r for r in p.ladder.rungs}
 
 
-@pytest.fixture(scope="module")
-def llm():  # noqa: ANN201
+def _llm(**more):  # noqa: ANN003, ANN202
     # Llama 3.2 3B, pure bf16 as torchtune trains, 2 x 1024 tokens on one 24 GB GPU: 31.3 GiB, does not fit.
     return plan(
         plan_inputs(
@@ -32,8 +31,14 @@ def llm():  # noqa: ANN201
             micro_batch_size=2,
             precision="pure-bf16",
             detect_hardware=False,
+            **more,
         )
     )
+
+
+@pytest.fixture(scope="module")
+def llm():  # noqa: ANN201
+    return _llm()
 
 
 def test_llm_ladder_order_and_first_fit(llm) -> None:  # noqa: ANN001
@@ -76,18 +81,7 @@ def test_activation_offload_needs_the_nodes_ram(llm) -> None:  # noqa: ANN001
     unknown = {r.key: r for r in llm.ladder.rungs}["activation_offload"]
     assert unknown.host_bytes > 0 and not unknown.fits
     assert f"fits only if the host RAM allows: needs {fmt_gib(unknown.host_bytes)} of host RAM per node" in unknown.note
-    small = plan(
-        plan_inputs(
-            model="llama-3.2-3b",
-            gpus=1,
-            gpu="RTX4090",
-            seq_len=1024,
-            micro_batch_size=2,
-            precision="pure-bf16",
-            host_mem_gib=1,
-            detect_hardware=False,
-        )
-    )
+    small = _llm(host_mem_gib=1)
     rung = {r.key: r for r in small.ladder.rungs}["activation_offload"]
     assert not rung.fits and rung.host_bytes == unknown.host_bytes
     assert f"does not fit in host RAM: needs {fmt_gib(rung.host_bytes)} per node, the node has 1.00 GiB" in rung.note

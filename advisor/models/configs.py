@@ -6,6 +6,7 @@ model_type, and the config is refused when it does not; nothing is downloaded.""
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import math
@@ -184,7 +185,10 @@ def _with_class_defaults(
         from transformers import AutoConfig
 
         try:
-            obj = AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
+            # A deep copy: transformers edits nested fields in place (rope_scaling gains rope_theta), and the
+            # caller's dict may be a preset's, shared by every later plan.
+            given = copy.deepcopy({k: v for k, v in config.items() if k != "model_type"})
+            obj = AutoConfig.for_model(model_type, **given)
         except Exception as err:  # transformers validates fields with many exception types
             raise AdvisorError(f"transformers rejected the {model_type} config: {one_line(err)}: fix that field")
     values = obj.to_dict()
