@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import pprint
 import re
 import tempfile
@@ -225,7 +226,7 @@ def job_from_plan(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS,
         master_port=master_port,
         fsdp_grad_sync=opts.fsdp_grad_sync,
         lr_source=lr_source,
-        init_from=opts.init_from,
+        init_from=_script_path(opts.init_from),
         model_flops_per_sample=flops,
         peak_flops_per_gpu=t.peak_flops_per_s if t is not None else None,
         pp_schedule=opts.pp_schedule,
@@ -445,6 +446,20 @@ def _adapter_constants(job: Job, consts: Mapping[str, object]) -> dict[str, obje
             }
         )
     return out
+
+
+def _script_path(init_from: str | None) -> str | None:
+    """``--init-from`` as the script's default: a relative path that exists here made absolute (the script reads
+    relative paths from where it is launched, and launch.sh may run from anywhere); a hub id, an absolute path or
+    one that does not exist here (the cluster's) as given."""
+    if init_from is None or os.path.isabs(os.path.expanduser(init_from)) or not os.path.exists(init_from):
+        return init_from
+    from advisor.free_text import init_from as checked
+
+    try:  # (a folder whose absolute path has a character --init-from may not hold: as given)
+        return checked(os.path.abspath(init_from))
+    except AdvisorError:
+        return init_from
 
 
 def _doc_text(text: str) -> str:

@@ -217,3 +217,16 @@ def test_subprocess_newline_exits_2_with_one_line():
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "--init-from" in r.stderr and "one line" in r.stderr
+
+
+def test_a_relative_path_that_exists_is_written_absolute(tmp_path, monkeypatch):
+    """`--init-from ./my-tiny` was written as INIT_FROM = './my-tiny', read from wherever the script is launched
+    (a new user's find): a relative path that exists here is written absolute; one that does not exist here (the
+    cluster's) and a hub id are written as given."""
+    from strategies.render import job_from_plan
+
+    (tmp_path / "my-tiny").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert job_from_plan(_small(init_from="./my-tiny"), "ddp").init_from == str(tmp_path / "my-tiny")
+    assert job_from_plan(_small(init_from="./not-here"), "ddp").init_from == "./not-here"
+    assert job_from_plan(_small(init_from="org/small-llama"), "ddp").init_from == "org/small-llama"
