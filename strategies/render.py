@@ -509,10 +509,16 @@ allocated memory); the trained weights go to --out at the end.
 """'''
 
 
+def fresh_weights_at_a_fine_tuning_rate(job: Job) -> bool:
+    """Whether the script starts from fresh weights (no --init-from by default) at a rate chosen for fine-tuning a
+    pretrained model: its loss moves little over a few steps."""
+    return job.init_from is None and "fine-tuning of a pretrained" in job.lr_source
+
+
 def _scratch_lr_doc(job: Job) -> str:
     """A fine-tuning rate in a script that starts from fresh weights (no --init-from by default): say that training
     from scratch wants a larger one (nanoGPT's GPT-2 124M: 6e-4, its train.py) and where to set it."""
-    if job.init_from is not None or "fine-tuning of a pretrained" not in job.lr_source:
+    if not fresh_weights_at_a_fine_tuning_rate(job):
         return ""
     return (
         "\n    That rate is for fine-tuning from --init-from; from fresh weights training wants more (nanoGPT's GPT-2:"

@@ -230,3 +230,13 @@ def test_a_relative_path_that_exists_is_written_absolute(tmp_path, monkeypatch):
     assert job_from_plan(_small(init_from="./my-tiny"), "ddp").init_from == str(tmp_path / "my-tiny")
     assert job_from_plan(_small(init_from="./not-here"), "ddp").init_from == "./not-here"
     assert job_from_plan(_small(init_from="org/small-llama"), "ddp").init_from == "org/small-llama"
+
+
+def test_fresh_weights_at_a_fine_tuning_rate_is_said_where_it_is_so():
+    """A verification of fresh weights at advisor's fine-tuning rate (2e-05) says its loss moves little (a new user
+    read a flat loss as a failed run); not with --init-from, nor with a rate of the user's (--base-lr)."""
+    from strategies.render import fresh_weights_at_a_fine_tuning_rate, job_from_plan
+
+    assert fresh_weights_at_a_fine_tuning_rate(job_from_plan(_small(), "ddp"))
+    assert not fresh_weights_at_a_fine_tuning_rate(job_from_plan(_small(init_from="org/small-llama"), "ddp"))
+    assert not fresh_weights_at_a_fine_tuning_rate(job_from_plan(_small(base_lr=2e-3, base_batch_size=8), "ddp"))

@@ -116,6 +116,9 @@ def test_ddp_run_measures_and_predicts_step_time(ddp_run):
     assert result.predicted_step_s > 0 and result.step_time_error is not None
     line = step_time_line(result)
     assert line.startswith("step time: measured ") and " ms, predicted " in line
+    # the rate is given (--base-lr): no word about fresh weights at a fine-tuning rate
+    # (test_init_from_plan.py: the note's rule)
+    assert not any("fresh weights" in n for n in result.notes), result.notes
     log = (out / "run.log").read_text()
     assert "memory meter stopped after step 6" in log
     # the CPU profiler's own lines (kineto: "ERROR: ... gpuGetDeviceCount failed", its start and stop) stay out of it
