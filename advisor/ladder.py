@@ -187,7 +187,11 @@ class _Steps:
         fits = fig.device <= self.gpu and host_short is None
         saved = prev.peak - fig.peak if prev else 0
         slow = (fig.step_s / prev.step_s - 1) if prev and prev.step_s and fig.step_s else 0.0
-        note = "; ".join(n for n in (fig.note(key), host_short) if n)
+        # a peak while the model loads (QLoRA under ZeRO-3: the whole quantized base on every rank before it is
+        # partitioned) is no rung's saving to undo: say where it is (a new user read QLoRA above LoRA as a mistake)
+        phase = fig.memory.peak.phase if fig.memory is not None else ""
+        loading = f"the peak is {phase}" if phase.startswith("loading") else ""
+        note = "; ".join(n for n in (fig.note(key), loading, host_short) if n)
         self.out.append(
             Rung(
                 key, label, flags, fig.peak, fig.device, fig.step_s, thr, unit, fits, saved, slow,

@@ -195,3 +195,20 @@ def test_a_fused_expert_model_gets_lora_rungs(tmp_path) -> None:  # noqa: ANN001
     for key in ("lora", "qlora"):
         assert rungs[key].blocker is None and rungs[key].peak_bytes, (key, rungs[key].blocker)
         assert "--lora-dropout 0" in rungs[key].flags
+
+
+def test_a_rung_that_peaks_while_loading_says_so() -> None:
+    """Llama 2 70B on 32 A100s, nothing fits: the ladder runs on ZeRO-3, whose QLoRA rung peaks while each rank
+    loads the whole quantized base, before DeepSpeed partitions it (34 GiB), above the LoRA rung's 6.75 GiB; a new
+    user read that as a contradiction. The rung says where its peak is."""
+    p = plan(
+        plan_inputs(
+            model="llama-2-70b", gpus=8, nodes=4, network="ib-hdr", global_batch_size=256, detect_hardware=False
+        )
+    )
+    rungs = {r.key: r for r in p.ladder.rungs}
+    assert p.ladder.strategy == "zero3" and rungs["qlora"].peak_bytes > rungs["lora"].peak_bytes
+    assert "the peak is loading (the whole quantized base, before deepspeed.initialize partitions it)" in (
+        rungs["qlora"].note
+    ), rungs["qlora"].note
+    assert "the peak is" not in rungs["lora"].note
