@@ -72,6 +72,7 @@ class Rung:
     blocker: str | None = None
     note: str = ""
     host_bytes: int = 0
+    short_of: str | None = None  # why it does not fit: "GPU memory", "host RAM", "host RAM unknown" (rows' words)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def build_ladder(
     first = evaluate_state(env, start)
     if isinstance(first, str):
         return None
-    steps = _Steps(env, pick.global_batch_size, first, start)
+    steps = _Steps(env, pick.global_batch_size, first, start, pick.load_host_bytes_per_node)
     if order is not None:
         for k in order:
             fig = evaluate_state(env, steps.state.plus(k))
@@ -173,8 +174,9 @@ def _fewest(steps: _Steps, start: State) -> Rung | None:
 class _Steps:
     """The rungs so far: the state reached, its figures, and the table."""
 
-    def __init__(self, env: Env, batch: int | None, first: Figures, start: State) -> None:
+    def __init__(self, env: Env, batch: int | None, first: Figures, start: State, load_bytes: int = 0) -> None:
         self.env, self.batch, self.gpu = env, batch, env.ctx.hardware.gpu_memory_bytes
+        self.load_bytes = load_bytes  # host RAM per node while the script builds the model (the row's)
         self.state, self.cur = start, first
         self.out: list[Rung] = []
         self.fitted = False
@@ -183,8 +185,11 @@ class _Steps:
     def _rung(self, key: str, fig: Figures, prev: Figures | None) -> None:
         label, flags = LABELS[key]
         thr, unit = throughput(self.env, self.batch, fig.step_s)
-        host_short = self._host_short(fig)
-        fits = fig.device <= self.gpu and host_short is None
+        host = self._host_short(fig)
+        # said once: a shortage every rung shares (building the model) stands under the first rung only
+        host_short = host[1] if host and (prev is None or self._host_short(prev) != host) else None
+        fits = fig.device <= self.gpu and host is None
+        short_of = None if fits else "GPU memory" if fig.device > self.gpu else host[0] if host else None
         saved = prev.peak - fig.peak if prev else 0
         slow = (fig.step_s / prev.step_s - 1) if prev and prev.step_s and fig.step_s else 0.0
         # a peak while the model loads (QLoRA under ZeRO-3: the whole quantized base on every rank before it is
@@ -195,24 +200,32 @@ class _Steps:
         self.out.append(
             Rung(
                 key, label, flags, fig.peak, fig.device, fig.step_s, thr, unit, fits, saved, slow,
-                first_fit=fits and not self.fitted, note=note, host_bytes=fig.host,
+                first_fit=fits and not self.fitted, note=note, host_bytes=fig.host, short_of=short_of,
             )
         )  # fmt: skip
         self.fitted = self.fitted or fits
 
-    def _host_short(self, fig: Figures) -> str | None:
-        """Why a state does not surely fit the node's RAM (None: it does, or needs none): the pinned activations of
-        every GPU of the node (``Figures.host``) beside what the row offloads (``rows.fit_verdict``'s rule)."""
+    def _host_short(self, fig: Figures) -> tuple[str, str] | None:
+        """(what is short, why) where a state does not surely fit the node's RAM (None: it does, or needs none), by
+        ``rows.fit_verdict``'s rule: the pinned activations of every GPU of the node (``Figures.host``) beside what
+        the row offloads, and, when the RAM is known, the larger of that and what building the model takes."""
         hw = self.env.ctx.hardware
         states = fig.memory.host_bytes_per_node if fig.memory is not None else 0
         need = fig.host * hw.gpus_per_node + states
-        if not need:
-            return None
         if hw.host_mem_state == HOST_UNKNOWN or hw.host_mem_bytes is None:
-            return f"fits only if the host RAM allows: needs {fmt_gib(need)} of host RAM per node (unknown here)"
-        if need > hw.host_mem_bytes:
+            if not need:
+                return None
+            return "host RAM unknown", (
+                f"fits only if the host RAM allows: needs {fmt_gib(need)} of host RAM per node (unknown here)"
+            )
+        if max(need, self.load_bytes) > hw.host_mem_bytes:
             have = fmt_gib(hw.host_mem_bytes)
-            return f"does not fit in host RAM: needs {fmt_gib(need)} per node, the node has {have}"
+            if need >= self.load_bytes:
+                return "host RAM", f"does not fit in host RAM: needs {fmt_gib(need)} per node, the node has {have}"
+            return "host RAM", (
+                f"does not fit in host RAM: building the model takes {fmt_gib(self.load_bytes)} per node, the node "
+                f"has {have}"
+            )
         return None
 
     def add(self, key: str, fig: Figures | str, advance: bool = True) -> None:
@@ -222,7 +235,9 @@ class _Steps:
             self.out.append(Rung(key, label, flags, blocker=fig))
             return
         self._rung(key, fig, self.cur)
-        if advance:
+        # A rung that the node's RAM does not surely hold, where the state before it did, is not built on: the
+        # rungs after it (LoRA, QLoRA) are sized without it (a new user's LoRA read NO for offload's pinned memory).
+        if advance and not (self._host_short(fig) and not self._host_short(self.cur)):
             self.state, self.cur = self.state.plus(key), fig
 
     def greedy(self, left: list[str]) -> None:
@@ -278,7 +293,7 @@ def ladder_doc(ladder: Ladder) -> list[dict[str, object]]:
             "step_s": r.step_s,
             "throughput": r.throughput,
             "throughput_unit": r.unit,
-            "fits": r.fits if r.blocker is None else None,
+            "fits": r.fits if r.blocker is None and r.short_of != "host RAM unknown" else None,
             "first_fit": r.first_fit,
             "saved_bytes": r.saved_bytes,
             "slowdown": r.slowdown,

@@ -344,7 +344,7 @@ def _ladder_lines(p: Plan) -> list[str]:
                 r.label + (" <- first fit" if r.first_fit else ""),
                 gib_cell(r.peak_bytes),
                 gib_cell(r.device_bytes),
-                fits_word(r.fits),
+                fits_word(None if r.short_of == "host RAM unknown" else r.fits, r.short_of),
                 fmt_s(r.step_s) if r.step_s is not None else "-",
                 f"{fmt_rate(r.throughput)} {r.unit}" if r.throughput else "-",
                 f"{100 * r.slowdown:+.0f}%" if r.key != "base" else "-",

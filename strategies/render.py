@@ -481,6 +481,9 @@ def _docstring(job: Job, launch: str) -> str:
     # the planned node's GPU count: the GPUs of the machine the plan was made on, or of the preset it was made for
     gpus = f"{job.gpus_per_node} GPU" + ("s" if job.gpus_per_node != 1 else "")
     where = f"one node of {gpus}, as planned" if distributes else "one process on one GPU"
+    if est.get("device") == "cpu":  # --verify's variant of the job (fp32, a small micro-batch), not the job itself
+        ranks = f"{job.gpus_per_node} CPU ranks" if distributes else "one process on the CPU"
+        where = f"{ranks}: --verify's run of the job on this machine, not the job to keep"
     ranks = (
         f"tensor-parallel degree {job.tp_degree}; world size {job.world_size}"
         if distributes

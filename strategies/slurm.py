@@ -101,6 +101,8 @@ def render_slurm(job: ScriptJob, time_limit_s: float | None = None, folder: str 
         [
             "# sbatch runs a copy of this file from a spool directory: the folder advisor wrote it to is written in.",
             f"HERE={shlex.quote(folder)}",
+            "# a copy of the folder (on a cluster): the folder it is submitted from, which holds train.py",
+            '[ -f "$HERE/train.py" ] || HERE="${SLURM_SUBMIT_DIR:-$PWD}"',
             'cd "${SLURM_SUBMIT_DIR:-$HERE}"',
         ]
         if folder

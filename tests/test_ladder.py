@@ -22,18 +22,8 @@ def _keys(p):  # noqa: ANN001, ANN202
 
 def _llm(**more):  # noqa: ANN003, ANN202
     # Llama 3.2 3B, pure bf16 as torchtune trains, 2 x 1024 tokens on one 24 GB GPU: 31.3 GiB, does not fit.
-    return plan(
-        plan_inputs(
-            model="llama-3.2-3b",
-            gpus=1,
-            gpu="RTX4090",
-            seq_len=1024,
-            micro_batch_size=2,
-            precision="pure-bf16",
-            detect_hardware=False,
-            **more,
-        )
-    )
+    given = dict(gpus=1, gpu="RTX4090", seq_len=1024, micro_batch_size=2, precision="pure-bf16", detect_hardware=False)
+    return plan(plan_inputs(model="llama-3.2-3b", **{**given, **more}))
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +33,22 @@ def llm():  # noqa: ANN201
 
 def test_llm_ladder_order_and_first_fit(llm) -> None:  # noqa: ANN001
     assert llm.recommendation.strategy is None
+    # A preset GPU's node has no known RAM: offload's rung fits only if it allows ("?") and is not built on, so
+    # full checkpointing after it still saves, and the rungs after it are sized without its pinned memory.
     order, rungs = _keys(llm)
+    assert order == [
+        "base",
+        "adamw_8bit",
+        "chunked_ce",
+        "activation_offload",
+        "ac_full",
+        "optimizer_in_backward",
+        "lora",
+        "qlora",
+    ]
+    assert rungs["activation_offload"].short_of == "host RAM unknown" and rungs["ac_full"].saved_bytes > 0
+    # With a workstation's 64 GiB of RAM (--ladder: FSDP2 + CPU offload then fits), offload is built on.
+    order, rungs = _keys(_llm(host_mem_gib=64, ladder=True))
     # Least added seconds per GiB first: 8-bit AdamW (no slower), chunked cross-entropy (no slower) and there it
     # fits; then offload (PCIe partly exposed) before the optimizer step in backward, which saves only once offload
     # has lowered the start-of-backward peak below the end-of-backward one; then LoRA and QLoRA.
@@ -72,19 +77,29 @@ def test_llm_ladder_order_and_first_fit(llm) -> None:  # noqa: ANN001
     assert "saves nothing" in (rungs["ac_full"].blocker or "")
 
 
-def test_activation_offload_needs_the_nodes_ram(llm) -> None:  # noqa: ANN001
+def test_activation_offload_needs_the_nodes_ram() -> None:
     """Offloaded activations live in pinned host memory, one GPU's worth per GPU of the node: the rung does not fit
     a node whose RAM is short (a new user's 767B config was offered 647 GiB per GPU of pinned memory, "hidden under
     compute", as a fit) and fits only if the RAM allows where it is unknown (a preset GPU: as the rows say)."""
     from advisor.units import fmt_gib
 
-    unknown = {r.key: r for r in llm.ladder.rungs}["activation_offload"]
-    assert unknown.host_bytes > 0 and not unknown.fits
+    rungs = {r.key: r for r in _llm().ladder.rungs}  # a preset GPU: the host RAM is unknown
+    unknown = rungs["activation_offload"]
+    assert unknown.host_bytes > 0 and not unknown.fits and unknown.short_of == "host RAM unknown"
     assert f"fits only if the host RAM allows: needs {fmt_gib(unknown.host_bytes)} of host RAM per node" in unknown.note
-    small = _llm(host_mem_gib=1)
-    rung = {r.key: r for r in small.ladder.rungs}["activation_offload"]
-    assert not rung.fits and rung.host_bytes == unknown.host_bytes
-    assert f"does not fit in host RAM: needs {fmt_gib(rung.host_bytes)} per node, the node has 1.00 GiB" in rung.note
+    # not built on: LoRA after it is sized without the pinned memory, and fits
+    assert rungs["lora"].fits and rungs["lora"].host_bytes == 0
+    # 4 x 1024 tokens: more pinned activations (about 13 GiB) than building the model takes (12 GiB); 12.5 GiB of RAM
+    long = {r.key: r for r in _llm(micro_batch_size=4, host_mem_gib=12.5).ladder.rungs}
+    rung = long["activation_offload"]
+    assert not rung.fits and rung.short_of == "host RAM" and rung.host_bytes > 12.5 * 2**30
+    assert f"does not fit in host RAM: needs {fmt_gib(rung.host_bytes)} per node, the node has 12.50 GiB" in rung.note
+    # where building the model is what the RAM cannot hold, every rung is short of it, said once under the first
+    small = _llm(host_mem_gib=8).ladder.rungs
+    sized = [r for r in small if r.blocker is None and r.peak_bytes]
+    assert not any(r.fits for r in sized) and {r.short_of for r in sized} == {"GPU memory", "host RAM"}
+    assert {r.key: r.short_of for r in sized}["chunked_ce"] == "host RAM"  # (it fits the GPU: chunked_ce's rung)
+    assert [("building the model takes" in r.note) for r in small if r.blocker is None][:3] == [True, False, False]
 
 
 def test_llm_ladder_in_json_and_answer(llm) -> None:  # noqa: ANN001

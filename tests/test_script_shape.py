@@ -126,7 +126,10 @@ def test_the_launch_line_names_the_planned_node_not_this_one(emitted):  # noqa: 
 
     for name, text in emitted.items():
         launch = next(line for line in text.splitlines() if line.startswith("Launch ("))
-        assert re.fullmatch(r"Launch \((one node of \d+ GPUs?, as planned|one process on one GPU)\):", launch), (
+        planned = r"one node of \d+ GPUs?, as planned|one process on one GPU"
+        verify = r"(\d+ CPU ranks|one process on the CPU): --verify's run of the job on this machine, not the job to "
+        verify += "keep"
+        assert re.fullmatch(rf"Launch \(({planned}|{verify})\):", launch), (
             name,
             launch,
         )

@@ -375,6 +375,7 @@ def test_verify_reports_a_crash_cleanly(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "run" / "verify" / "run.log").exists() and not (tmp_path / "run" / "run.log").exists()
     job, variant = (tmp_path / "run" / "train.py").read_text(), (tmp_path / "run" / "verify" / "train.py").read_text()
     assert "on A100-80GB." in job and "on A100-80GB." not in variant, variant[:3000]
+    assert "Launch (2 CPU ranks: --verify's run of the job on this machine, not the job to keep):" in variant
     assert f"Run: cd {tmp_path / 'run'} && " in r.stdout
 
 

@@ -86,6 +86,7 @@ def _run(
         (stubs / name).chmod(0o755)
     script = job_dir / SLURM_FILE
     script.write_text(text)
+    (job_dir / "train.py").write_text("")  # an emit folder holds the script (the stub python does not read it)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PATH=f"{stubs}{os.pathsep}{env['PATH']}", STUB_LOG=str(logs))
     if slurm_env:
@@ -276,6 +277,15 @@ def test_submitted_from_elsewhere_runs_the_emit_folders_files(jobs, tmp_path):
     assert _argv(logs, "srun") == [*_torchrun()[:-1], script, "--deepspeed_config", config, "--steps", "5"]
     assert (logs / "srun.cwd").read_text().strip() == str(submit)
     assert _argv(logs, "python") == [script, "--check-args", "--steps", "5"]
+
+
+def test_a_copied_folder_runs_the_files_of_the_folder_it_is_submitted_from(jobs, tmp_path):
+    """The folder written in is where advisor ran; copied to a cluster it is gone there (a new user's find): the job
+    then takes train.py from the folder it is submitted from."""
+    text = render_slurm(jobs["ddp"], folder=str(tmp_path / "on-the-laptop"))  # never created here
+    proc, logs = _run(tmp_path, text, "--steps", "5")  # submitted from the job dir (the copy)
+    assert proc.returncode == 0, proc.stderr
+    assert _argv(logs, "python") == [str(tmp_path / "job" / "train.py"), "--check-args", "--steps", "5"]
 
 
 @pytest.mark.parametrize("folder", ["relative/dir", "/two\nlines"])

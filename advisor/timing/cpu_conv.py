@@ -115,7 +115,7 @@ def measured_conv_s(
     missing = [c for c in calls if c not in known]
     contended = False
     if missing:
-        say(f"timing {len(missing)} of the model's convolution calls on this CPU for the step-time prediction (cached)")
+        say(f"timing {len(missing)} of the model's convolution calls on this CPU for the step-time prediction")
         with MachineLock():
             others = OtherCpu()
             measured = measure(missing, threads)
