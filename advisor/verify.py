@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from strategies import get_strategy
-from strategies.render import fresh_weights_at_a_fine_tuning_rate, job_from_plan, render_job, write_files
+from strategies.render import fresh_weights_note, job_from_plan, render_job, write_files
 
 from .applied_options import unscripted_error
 from .choices import Device
@@ -277,17 +277,13 @@ def verify(
     if device == Device.CPU:
         env.update(unit.launcher.cpu_env)
         # The memory meter's CPU profiler (kineto) logs "ERROR: gpuGetDeviceCount failed" into run.log on a CUDA build
-        # without a GPU, and its start and stop: level 6 silences them (checked with torch 2.14.1); a user's own level
-        # wins.
+        # without a GPU, and its start and stop: level 6 silences them (torch 2.14.1); a user's own level wins.
         env.setdefault("KINETO_LOG_LEVEL", "6")
     with MachineLock():  # before writing anything: a busy machine leaves no empty run directory
         port = free_port()
         job = job_from_plan(run_plan, name, steps=steps, master_port=port)
-        if fresh_weights_at_a_fine_tuning_rate(job):  # (a flat loss read as a failed run: a new user's find)
-            notes.append(
-                f"the run trains fresh weights at a fine-tuning learning rate ({job.lr:g}): its loss moves little "
-                "in a few steps; what it checks is the memory and the step time"
-            )
+        if note := fresh_weights_note(job):
+            notes.append(note)
         write_files(render_job(job), run_dir, force=force)
         earlier = run_dir / "out"
         if earlier.exists():  # (only with --force: write_files refuses a folder with files in it otherwise)

@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 import advisor
-from advisor.choices import FsdpGradSync, LauncherKind, Optimizer, Precision, SelectiveCheckpointing, plain
+from advisor.choices import (
+    Device,
+    FsdpGradSync,
+    LauncherKind,
+    Optimizer,
+    Precision,
+    SelectiveCheckpointing,
+    plain,
+)
 from advisor.errors import AdvisorError
 from advisor.models import ModelSpec, family_of
 from advisor.models.families.transformer import chunked_loss_blocker
@@ -481,7 +489,7 @@ def _docstring(job: Job, launch: str) -> str:
     # the planned node's GPU count: the GPUs of the machine the plan was made on, or of the preset it was made for
     gpus = f"{job.gpus_per_node} GPU" + ("s" if job.gpus_per_node != 1 else "")
     where = f"one node of {gpus}, as planned" if distributes else "one process on one GPU"
-    if est.get("device") == "cpu":  # --verify's variant of the job (fp32, a small micro-batch), not the job itself
+    if est.get("device") == Device.CPU:  # --verify's variant of the job (fp32, a small micro-batch), not the job itself
         ranks = f"{job.gpus_per_node} CPU ranks" if distributes else "one process on the CPU"
         where = f"{ranks}: --verify's run of the job on this machine, not the job to keep"
     ranks = (
@@ -516,6 +524,17 @@ def fresh_weights_at_a_fine_tuning_rate(job: Job) -> bool:
     """Whether the script starts from fresh weights (no --init-from by default) at a rate chosen for fine-tuning a
     pretrained model: its loss moves little over a few steps."""
     return job.init_from is None and "fine-tuning of a pretrained" in job.lr_source
+
+
+def fresh_weights_note(job: Job) -> str | None:
+    """What a verification of such a script says of its loss (None for another): a new user read the flat loss of
+    fresh weights at a fine-tuning rate as a failed run."""
+    if not fresh_weights_at_a_fine_tuning_rate(job):
+        return None
+    return (
+        f"the run trains fresh weights at a fine-tuning learning rate ({job.lr:g}): its loss moves little in a few "
+        "steps; what it checks is the memory and the step time"
+    )
 
 
 def _scratch_lr_doc(job: Job) -> str:
