@@ -38,6 +38,7 @@ from advisor.choices import (
     plain,
 )
 from advisor.errors import AdvisorError
+from advisor.free_text import init_from as checked_init_from
 from advisor.models import ModelSpec, family_of
 from advisor.models.families.transformer import chunked_loss_blocker
 
@@ -462,10 +463,8 @@ def _script_path(init_from: str | None) -> str | None:
     one that does not exist here (the cluster's) as given."""
     if init_from is None or os.path.isabs(os.path.expanduser(init_from)) or not os.path.exists(init_from):
         return init_from
-    from advisor.free_text import init_from as checked
-
     try:  # (a folder whose absolute path has a character --init-from may not hold: as given)
-        return checked(os.path.abspath(init_from))
+        return checked_init_from(os.path.abspath(init_from))
     except AdvisorError:
         return init_from
 

@@ -251,7 +251,7 @@ def conv_key(x: Op, y: Op, k: int) -> ConvKey | None:
     return tuple(int(v) for v in params)
 
 
-def _ops_at(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int) -> list[tuple[float, float, int, ConvKey | None]]:
+def ops_at(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int) -> list[tuple[float, float, int, ConvKey | None]]:
     """Each op at micro-batch ``b``, linear in b between the traces at ``base_b`` (``o1``) and ``base_b + 1``
     (``o2``), paired by ``aligned``, with a convolution's call at ``b`` (``conv_key``). Never negative."""
     o1, o2 = aligned(o1, o2)
@@ -298,7 +298,7 @@ def roofline_work(o1: Sequence[Op], o2: Sequence[Op], b: int, base_b: int, r: Ra
     """One phase's ops at micro-batch ``b``: (seconds of work, each op the larger of its compute time and its
     memory time, summed; the number of ops). The dispatch floor (``floored_s``) applies to the whole phase after
     any extrapolation in depth: a floor applied per traced depth and then extrapolated would not be a floor."""
-    ops = _ops_at(o1, o2, b, base_b)
+    ops = ops_at(o1, o2, b, base_b)
     return sum(op_s(flops, nbytes, kind, r, conv) for flops, nbytes, kind, conv in ops), len(ops)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from ..cache import DiskCache, NullCache, library_versions
 from ..processes import MachineLock
 from .calibrate import CONTENDED_SHARE, OtherCpu, cpu_model
-from .compute import ConvKey, Op, aligned, conv_key
+from .compute import ConvKey, Op, ops_at
 
 NAMESPACE = "cpu-conv"
 FORMAT = 1  # bump when what is measured changes: older entries then miss
@@ -40,16 +40,10 @@ _WORKER = Path(__file__).with_name("_cpu_conv_worker.py")
 
 def conv_calls(phases: Iterable[tuple[Sequence[Op], Sequence[Op]]], micro_batch: int, base_b: int) -> list[ConvKey]:
     """The distinct convolution calls of a traced step at ``micro_batch``, in order of first use. ``phases``: each
-    phase's ops as traced at micro-batch ``base_b`` and ``base_b + 1`` (paired as the step time pairs them,
-    ``compute.aligned``; the input's N of each call linear in the micro-batch, ``compute.conv_key``)."""
-    found: dict[ConvKey, None] = {}
-    for o1, o2 in phases:
-        x1, x2 = aligned(o1, o2)
-        for x, y in zip(x1, x2):
-            key = conv_key(x, y, micro_batch - base_b)
-            if key is not None:
-                found[key] = None
-    return list(found)
+    phase's ops as traced at micro-batch ``base_b`` and ``base_b + 1``, taken at ``micro_batch`` as the step time
+    takes them (``compute.ops_at``: the input's N of each call linear in the micro-batch)."""
+    calls = (conv for o1, o2 in phases for *_, conv in ops_at(o1, o2, micro_batch, base_b) if conv is not None)
+    return list(dict.fromkeys(calls))
 
 
 def _cache_key(call: ConvKey, threads: int) -> dict[str, object]:
