@@ -21,8 +21,9 @@ from .cache import DiskCache, NullCache
 from .choices import Optimizer
 from .context import StrategyContext
 from .hardware import HOST_UNKNOWN
-from .ladder_state import LORA_RANK, Env, Figures, State, evaluate_state, throughput, user_state
+from .ladder_state import Env, Figures, State, evaluate_state, throughput, user_state
 from .memory_options import DEFAULT_CE_CHUNKS
+from .models import RECIPE_LORA_RANK, recipe_flags
 from .rows import StrategyRow
 from .units import fmt_gib
 
@@ -36,14 +37,8 @@ LABELS = {
     "optimizer_in_backward": ("optimizer step in backward", "--optimizer-in-backward"),
     "activation_offload": ("activation offload to CPU", "--activation-offload"),
     "adamw_8bit": ("8-bit AdamW", "--optimizer adamw-8bit"),
-    "lora": (
-        f"LoRA (rank {LORA_RANK}, all linear layers)",
-        f"--lora-rank {LORA_RANK} --lora-targets all-linear --lora-dropout 0",
-    ),
-    "qlora": (
-        "QLoRA (nf4)",
-        f"--lora-rank {LORA_RANK} --lora-targets all-linear --lora-dropout 0 --quantize nf4 --double-quant",
-    ),
+    "lora": (f"LoRA (rank {RECIPE_LORA_RANK}, all linear layers)", recipe_flags()),
+    "qlora": ("QLoRA (nf4)", recipe_flags(quantize=True)),
     "more_gpus": ("more GPUs", ""),
 }
 # Rungs whose option replaces an earlier rung's (State.plus): full checkpointing the op policy, QLoRA LoRA.

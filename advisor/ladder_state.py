@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .cache import DiskCache, NullCache
-from .choices import Optimizer, Quant, SelectiveCheckpointing, TraceMode
+from .choices import Optimizer, SelectiveCheckpointing, TraceMode
 from .context import StrategyContext
 from .errors import AdvisorError
 from .memory import Breakdown, StrategyMemory, optimizer_step_temp_bytes, trace_mode, weight_bytes
@@ -33,7 +33,7 @@ from .memory_options import (
     sac_op_recompute_flops_per_block,
     sac_op_saved_bytes_per_block,
 )
-from .models import AdapterSpec
+from .models import AdapterSpec, recipe_adapter
 from .models.limits import HIDDEN_KEYS, as_int, config_get
 from .profile import ModelProfile, build_profile
 from .rows import StrategyRow, evaluate_row
@@ -43,13 +43,6 @@ if TYPE_CHECKING:
     from strategies.base import Strategy
 
     from .timing.step import StepTime
-
-# The ladder's adapters: torchtune's LoRA recipes for Llama 3.2 (rank 8, alpha 16 on q/k/v/o and the MLP
-# projections: ``lora_attn_modules`` q_proj, k_proj, v_proj, output_proj with ``apply_lora_to_mlp``), which peft's
-# all-linear (every nn.Linear but the output head) names; QLoRA on an nf4 base with double quantization (the QLoRA
-# paper's recipe; torchtune's NF4 quantizes its scales too). No LoRA dropout, as torchtune's recipes set
-# (lora_dropout: 0.0): peft's wrapper of fused MoE expert weights (lora.ParamWrapper) takes no other value.
-LORA_RANK, LORA_ALPHA_LADDER, LORA_DROPOUT_LADDER = 8, 16.0, 0.0
 
 
 @dataclass(frozen=True)
@@ -138,15 +131,7 @@ class Env:
             return self.ctx.profile.spec.adapter
         precision = self.ctx.options.precision
         assert precision is not None, "the plan resolves the precision"
-        return AdapterSpec(
-            rank=LORA_RANK,
-            alpha=LORA_ALPHA_LADDER,
-            dropout=LORA_DROPOUT_LADDER,
-            targets=("all-linear",),
-            compute_dtype=precision.compute_dtype,
-            quantize=Quant.NF4 if kind == "qlora" else None,
-            double_quant=kind == "qlora",
-        )
+        return recipe_adapter(precision.compute_dtype, quantize=kind == "qlora")  # the offered adapters
 
     def profile(self, checkpointing: bool, kind: str) -> ModelProfile:
         key = (checkpointing, kind)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .candidates import Alternative, eligible, fastest_fitting, sized
 from .context import StrategyContext
 from .hardware import Hardware
-from .models import AdapterSpec
+from .models import AdapterSpec, recipe_flags
 from .rows import StrategyRow
 from .units import fmt_count, fmt_gib
 
@@ -71,9 +71,11 @@ def alternative_reason(ctx: StrategyContext, alt: Alternative) -> str:
     text = _adapter_detail(alt.ctx)
     fit = fastest_fitting(eligible(alt.rows, hw.num_gpus), offload=False)
     if fit is not None:
+        a = alt.ctx.profile.spec.adapter
+        flags = f" ({recipe_flags(bool(a.quantize))})" if a is not None and a.targets == ("all-linear",) else ""
         return (
             f"fine-tune with {alt.label} instead ({text}): {fit.title} then fits without offload, "
-            f"{fmt_gib(sized(fit).device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU"
+            f"{fmt_gib(sized(fit).device_total)} of {fmt_gib(hw.gpu_memory_bytes)} per GPU{flags}"
         )
     small = [r for r in eligible(alt.rows, hw.num_gpus) if r.applicable and r.memory and not r.strategy.offload]
     if not small:

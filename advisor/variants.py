@@ -11,12 +11,11 @@ from typing import TYPE_CHECKING
 
 from .cache import DiskCache, NullCache
 from .candidates import Alternative, Checkpointed, eligible
-from .choices import Precision, Quant, TraceMode
+from .choices import Precision, TraceMode
 from .context import StrategyContext
 from .errors import AdvisorError
 from .explain import HEADROOM_WARN
-from .models import AdapterSpec
-from .models.adapters import default_targets
+from .models import AdapterSpec, recipe_adapter
 from .profile import build_profile
 from .rows import StrategyRow, evaluate_row, fit_verdict, time_at
 from .units import fmt_s, gib
@@ -113,10 +112,9 @@ def checkpointing_not_needed(
     )
 
 
-# What the nothing-fits answer offers a full fine-tuning of a transformer: LoRA at rank 16 on peft's default
-# targets for the architecture (the QLoRA paper's and peft's examples use ranks 8-64), on a 16-bit base and on an
-# nf4 base with double quantization (the QLoRA paper's recipe).
-_LORA_OFFERS = (("LoRA", AdapterSpec(rank=16)), ("QLoRA", AdapterSpec(rank=16, quantize=Quant.NF4, double_quant=True)))
+# What the nothing-fits answer offers a full fine-tuning of a transformer: the ladder's LoRA and QLoRA adapters
+# (``advisor.models.recipe_adapter``), so the answer names one recipe, and the two share their traces.
+_LORA_OFFERS = (("LoRA", False), ("QLoRA", True))
 
 
 def alternatives(
@@ -129,10 +127,9 @@ def alternatives(
 ) -> tuple[Alternative, ...]:
     """What the recommender compares the plan with (``advisor.candidates.Alternative``): a LoRA plan beside full
     fine-tuning of the same model on the same cluster at the same micro-batch (one more trace); a full fine-tuning
-    of a transformer that fits nowhere without offload beside LoRA and QLoRA (``_LORA_OFFERS``; skipped where peft
-    has no default targets for the architecture) at ``asked_micro_batch`` (the user's, else the family's default:
-    not the micro-batch chosen for an offload row, which a 24 GB GPU cannot hold without offload). Empty
-    otherwise."""
+    of a transformer that fits nowhere without offload beside LoRA and QLoRA (``_LORA_OFFERS``) at
+    ``asked_micro_batch`` (the user's, else the family's default: not the micro-batch chosen for an offload row,
+    which a 24 GB GPU cannot hold without offload). Empty otherwise."""
     spec, opts = ctx.profile.spec, ctx.options
 
     def evaluate(
@@ -159,22 +156,19 @@ def alternatives(
     if not spec.is_transformer or any(r.applicable and r.fits is True and not r.strategy.offload for r in rows):
         return ()
     out = []
-    for label, offer in _LORA_OFFERS:
-        compute = (opts.precision or Precision.BF16).compute_dtype
-        targets = default_targets(spec.model_type)
-        if not targets:  # peft has no default targets for this architecture: nothing to offer without names
-            return ()
+    compute = (opts.precision or Precision.BF16).compute_dtype
+    for label, quantize in _LORA_OFFERS:
         try:  # QLoRA turns on activation checkpointing (prepare_model_for_kbit_training)
             out.append(
                 Alternative(
                     label,
                     *evaluate(
-                        replace(offer, targets=targets, compute_dtype=compute),
-                        opts.activation_checkpointing or bool(offer.quantize),
+                        recipe_adapter(compute, quantize),
+                        opts.activation_checkpointing or quantize,
                         asked_micro_batch,
                     ),
                 )
             )
-        except AdvisorError:  # peft cannot wrap the modules it names by default here
+        except AdvisorError:  # peft cannot wrap this model's linear layers
             return ()
     return tuple(out)

@@ -307,6 +307,11 @@ def test_nothing_fits_names_lora_and_qlora_before_more_gpus(no_what_if_traces):
     more = next(i for i, r in enumerate(reasons) if "would fit on" in r)
     assert lora < more and qlora < more
     assert "Single GPU then fits without offload" in reasons[lora]
+    # One recipe in one answer: the offers are the ladder's LoRA and QLoRA rungs, flags and all
+    rungs = {r.key: r for r in p.ladder.rungs}
+    assert reasons[lora].endswith(f"({rungs['lora'].flags})"), reasons[lora]
+    assert reasons[qlora].endswith(f"({rungs['qlora'].flags})"), reasons[qlora]
+    assert "rank 8 on all linear layers" in reasons[lora] and "rank 8 on all linear layers" in reasons[qlora]
     # With host RAM given, an offload row fits at a micro-batch chosen for it (dozens); the offers are still
     # judged at the user's micro-batch, where QLoRA fits a 24 GB GPU (a fresh user saw "QLoRA would not fit").
     offload = plan(

@@ -11,7 +11,7 @@ from .configs import load_config_file, parse_config_text, spec_from_hf_config
 from .families import family_of, hf_config, hf_model_class
 from .limits import MAX_CONFIG_FILE_BYTES, check_config_size, num_layers
 from .resolve import known_model_names, resolve_model, resolve_source
-from .spec import ADAPTER_DTYPES, QUANT_TYPES, AdapterSpec, ModelSpec
+from .spec import ADAPTER_DTYPES, QUANT_TYPES, RECIPE_LORA_RANK, AdapterSpec, ModelSpec, recipe_adapter, recipe_flags
 
 if TYPE_CHECKING:
     import torch
@@ -49,6 +49,9 @@ __all__ = [
     "MAX_CONFIG_FILE_BYTES",
     "QUANT_TYPES",
     "AdapterSpec",
+    "RECIPE_LORA_RANK",
+    "recipe_adapter",
+    "recipe_flags",
     "ModelSpec",
     "build_model",
     "check_config_size",

@@ -42,6 +42,35 @@ class AdapterSpec:
         return ",".join(self.targets) if self.targets else "peft's default for the architecture"
 
 
+# The adapters advisor offers when full fine-tuning does not fit: the ladder's LoRA and QLoRA rungs and the "fine-tune
+# with LoRA instead" lines are one recipe, torchtune's LoRA recipes for Llama 3.2 (rank 8, alpha 16 on q/k/v/o and the
+# MLP projections: ``lora_attn_modules`` q_proj, k_proj, v_proj, output_proj with ``apply_lora_to_mlp``), which peft's
+# all-linear (every nn.Linear but the output head) names; QLoRA on an nf4 base with double quantization (the QLoRA
+# paper's recipe; torchtune's NF4 quantizes its scales too). No LoRA dropout, as torchtune's recipes set
+# (lora_dropout: 0.0): peft's wrapper of fused MoE expert weights (lora.ParamWrapper) takes no other value.
+RECIPE_LORA_RANK, RECIPE_LORA_ALPHA, RECIPE_LORA_DROPOUT = 8, 16.0, 0.0
+
+
+def recipe_adapter(compute_dtype: Dtype, quantize: bool = False) -> AdapterSpec:
+    """The offered adapters (see ``RECIPE_LORA_RANK``): LoRA, or with ``quantize`` QLoRA on an nf4 base with double
+    quantization, its quantized layers computing in ``compute_dtype``."""
+    return AdapterSpec(
+        rank=RECIPE_LORA_RANK,
+        alpha=RECIPE_LORA_ALPHA,
+        dropout=RECIPE_LORA_DROPOUT,
+        targets=("all-linear",),
+        compute_dtype=compute_dtype,
+        quantize=Quant.NF4 if quantize else None,
+        double_quant=quantize,
+    )
+
+
+def recipe_flags(quantize: bool = False) -> str:
+    """The command-line flags of ``recipe_adapter``."""
+    lora = f"--lora-rank {RECIPE_LORA_RANK} --lora-targets all-linear --lora-dropout 0"
+    return lora + " --quantize nf4 --double-quant" if quantize else lora
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What to build. ``config`` is a plain JSON-able dict (transformers) or None (vision/custom)."""
