@@ -391,13 +391,14 @@ def cpu_calibration(
     *,
     cache: DiskCache | NullCache | None = None,
     refresh: bool = False,
-    seconds: float = SECONDS_PER_BENCHMARK,
+    seconds: float | None = None,
 ) -> CpuCalibration:
     """This machine's calibration for ``ranks`` CPU ranks of ``threads`` threads each: from the cache
     (``open_cache()`` unless ``cache`` is given) or measured now (``measure``, holding ``MachineLock`` so no
     verification competes for the cores) and cached (a ``contended`` one for ``CONTENDED_TTL_S``). A measurement
     that other processes disturbed (``contended``) never replaces a cached one taken on an idle machine: that one
-    is returned (``cached`` True) and kept.
+    is returned (``cached`` True) and kept. ``seconds``: each benchmark's duration (None: ``SECONDS_PER_BENCHMARK``,
+    read at the call).
 
     Raises:
         RuntimeError: the measurement failed.
@@ -409,7 +410,7 @@ def cpu_calibration(
         if hit is not None:
             return hit
     with MachineLock():
-        cal = measure(ranks, threads, seconds)
+        cal = measure(ranks, threads, SECONDS_PER_BENCHMARK if seconds is None else seconds)
     if cal.contended:
         idle = cached_calibration(ranks, threads, cache)
         if idle is not None and not idle.contended:
