@@ -225,11 +225,21 @@ def optimizer_step_temp_bytes(optimizer: Optimizer, device: Device, largest_para
     SGD (in-place). CPU: torch picks the single-tensor Adam loop (``_default_to_fused_or_foreach``
     only picks foreach for CUDA tensors), whose ``denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)``
     holds two temporaries the size of the parameter tensor being updated (the sqrt and the
-    quotient; measured: gpt2's 147 MiB embedding gives a 294 MiB step peak on CPU).
+    quotient; measured: gpt2's 147 MiB embedding gives a 294 MiB step peak on CPU). bitsandbytes' optimizers on CPU
+    (bitsandbytes 0.50 ``backends/cpu/ops.py``: ``_optimizer_update_8bit_blockwise_cpu`` dequantizes both 8-bit states
+    to fp32, then ``g.float() * gnorm_scale``, ``p.data.float()`` (a copy for 16-bit parameters) and Adam's sqrt and
+    quotient; the 32-bit update keeps fewer) hold, per element of the tensor being updated, 20 bytes (8-bit AdamW)
+    or 12 (32-bit paged AdamW, Lion), 4 more for 16-bit parameters (measured here with the profiler on a 2**20-element
+    tensor's second step, fp32 and bf16).
     """
-    if device == Device.CPU and optimizer.is_adam:
+    if device != Device.CPU:
+        return 0
+    if optimizer.is_adam:
         return 2 * largest_param_numel * elem_bytes
-    return 0
+    if optimizer.is_torch or optimizer == Optimizer.ADAFACTOR:
+        return 0
+    per_element = 20 if optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT) else 12
+    return (per_element + (4 if elem_bytes < 4 else 0)) * largest_param_numel
 
 
 @dataclass(frozen=True)

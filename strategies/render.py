@@ -98,6 +98,8 @@ _OPTIMIZER_VARIANTS = {
     "lion": "bnb",
     "adafactor": "adafactor",
 }
+# The optimizer variants the scripts can step per parameter in backward (common.py's make_optimizer__*_in_backward)
+_IN_BACKWARD = ("adam", "bnb")
 DEFAULT_STEPS = 100
 MASTER_PORT = 29500
 
@@ -268,8 +270,11 @@ def _script_refusal(strategy: Strategy, opts: TrainingOptions, spec: ModelSpec) 
     if why is None and passed["--optimizer-in-backward"]:
         if opts.precision == Precision.FP16:
             why = ("--optimizer-in-backward", "fp16's GradScaler unscales every gradient before one step; use bf16")
-        elif opts.optimizer not in (Optimizer.ADAM, Optimizer.ADAMW):
-            why = ("--optimizer-in-backward", f"the script steps Adam or AdamW per parameter, not {opts.optimizer}")
+        elif _OPTIMIZER_VARIANTS[opts.optimizer] not in _IN_BACKWARD:
+            why = (
+                "--optimizer-in-backward",
+                f"the script steps Adam, AdamW or bitsandbytes' optimizers per parameter, not {opts.optimizer}",
+            )
     if why is not None:
         raise AdvisorError(
             f"{why[0]}: {why[1]}: drop it to --emit or --verify {strategy.name} (without --emit the plan sizes it)"
@@ -651,7 +656,7 @@ def variants(job: Job) -> dict[str, str]:
         "prepare_model": model,
         "checkpoint_activations": _checkpointing_variant(job),
         "export": export,
-        "make_optimizer": "adam_in_backward" if job.optimizer_in_backward else _OPTIMIZER_VARIANTS[job.optimizer],
+        "make_optimizer": _OPTIMIZER_VARIANTS[job.optimizer] + "_in_backward" * job.optimizer_in_backward,
         "optimizer_step": "in_backward" if job.optimizer_in_backward else "clipped",
         "throughput": "tokens" if text else "samples",
         "mfu": "known" if job.peak_flops_per_gpu and job.model_flops_per_sample else "unknown",

@@ -201,7 +201,7 @@ CASES = [
             "--emit",
             "{dir}/in-backward-sgd",
         ],
-        ["--optimizer-in-backward: the script steps Adam or AdamW per parameter, not sgd"],
+        ["--optimizer-in-backward: the script steps Adam, AdamW or bitsandbytes' optimizers per parameter, not sgd"],
     ),  # fmt: skip
     # selective checkpointing is written into every script but the pipeline's (a --pp plan's other rows take it)
     (

@@ -277,3 +277,27 @@ def test_module_stays_light() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(bl.__file__).rsplit("/advisor/", 1)[0])
+
+
+@pytest.mark.parametrize("name", ["adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_step_temporaries_as_measured(name: str, dtype: torch.dtype) -> None:
+    """The peak of a bitsandbytes optimizer's step on CPU above what it held before (the profiler's allocator events)
+    is ``advisor.memory.optimizer_step_temp_bytes``: its CPU update's fp32 copies of the tensor being stepped."""
+    from advisor.choices import Device, Optimizer
+    from advisor.measure import CpuPeakMeter
+    from advisor.memory import optimizer_step_temp_bytes
+
+    bnb = pytest.importorskip("bitsandbytes")
+    n = 2**18
+    p = torch.nn.Parameter(torch.randn(n, dtype=dtype))
+    p.grad = torch.randn(n, dtype=dtype)
+    opt = getattr(bnb.optim, optimizer_source(name).rsplit(".", 1)[1])([p], lr=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Paged optimizers are not supported on CPU"
+        opt.step()  # the states are created
+        with CpuPeakMeter() as meter:
+            opt.step()
+    expected = optimizer_step_temp_bytes(Optimizer(name), Device.CPU, n, p.element_size())
+    assert meter.peak_bytes == pytest.approx(expected, rel=0.001), (meter.peak_bytes, expected)
+    assert optimizer_step_temp_bytes(Optimizer(name), Device.CUDA, n, p.element_size()) == 0

@@ -194,10 +194,9 @@ def make_optimizer__sgd(params, device):
     return torch.optim.SGD(params, lr=LR, momentum=0.9 if OPTIMIZER == "sgd-momentum" else 0.0)
 
 
-def make_optimizer__bnb(params, device):
-    """The optimizer the estimate assumed (OPTIMIZER: one of bitsandbytes') over ``params``."""
-    # bitsandbytes' 8-bit, paged and Lion optimizers; the paged ones move their states to host memory under GPU
-    # memory pressure (on a CPU bitsandbytes runs them unpaged).
+def bnb_optimizer_class():
+    """bitsandbytes' optimizer class for OPTIMIZER: its 8-bit, paged and Lion optimizers; the paged ones move their
+    states to host memory under GPU memory pressure (on a CPU bitsandbytes runs them unpaged)."""
     import bitsandbytes as bnb
 
     classes = {"adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw-8bit": bnb.optim.PagedAdamW8bit,
@@ -205,7 +204,21 @@ def make_optimizer__bnb(params, device):
     if OPTIMIZER not in classes:
         raise SystemExit(f"OPTIMIZER {OPTIMIZER!r}: this script holds bitsandbytes' optimizers: emit it again with "
                          "--optimizer")
-    return classes[OPTIMIZER](params, lr=LR, weight_decay=WEIGHT_DECAY)
+    return classes[OPTIMIZER]
+
+
+def make_optimizer__bnb(params, device):
+    """The optimizer the estimate assumed (OPTIMIZER: one of bitsandbytes') over ``params``."""
+    return bnb_optimizer_class()(params, lr=LR, weight_decay=WEIGHT_DECAY)
+
+
+def make_optimizer__bnb_in_backward(params, device):
+    """The optimizer step in backward (torchtune's optimizer_in_bwd, which takes any optimizer class) with one of
+    bitsandbytes' optimizers (OPTIMIZER) per parameter, each stepped in that parameter's post-accumulate-grad hook
+    (OptimizerInBackward): one parameter's gradient alive at a time. bitsandbytes steps each tensor of a group on its
+    own (its 8-bit states are quantized per tensor), so one optimizer per parameter steps as one over all of them."""
+    cls = bnb_optimizer_class()
+    return OptimizerInBackward(params, lambda one: cls(one, lr=LR, weight_decay=WEIGHT_DECAY))
 
 
 def make_optimizer__adafactor(params, device):
