@@ -314,7 +314,12 @@ def _time_reasons(ctx: StrategyContext, best: StrategyRow, fitting: list[Strateg
     shown = others[:1] + on_gpu[-1:]
     for r in shown:
         ratio = timed(r).step_s / t.step_s
-        if ratio < 1 + TIE:
+        if ratio * (1 + TIE) < 1 and not best.strategy.distributes:  # one GPU's rule, not the tie band, chose it
+            out.append(
+                f"{r.title} would take {ratio:.2f}x the time per step ({fmt_s(timed(r).step_s)}: "
+                f"{_why_slower(best, r, ctx.options.precision)}); {best.title} is preferred on one GPU (above)"
+            )
+        elif ratio < 1 + TIE:
             if r.strategy.comm_order != best.strategy.comm_order:
                 why = "by the tie order (least communication first, see docs/decisions.md)"
             elif sized(r).device_total != sized(best).device_total:

@@ -24,6 +24,7 @@ from .layout_search import LayoutCandidate, PlannedKey, search_for_plan
 from .memory import trace_mode
 from .models import AdapterSpec, ModelSpec, family_of, resolve_source
 from .models.adapters import default_targets
+from .models.limits import HIDDEN_KEYS, as_int, config_get
 from .profile import ModelProfile, attention_dropout, build_profile
 from .recommend import choose_micro_batch, recommend
 from .rows import (
@@ -193,6 +194,13 @@ def resolve_adapter(opts: TrainingOptions, spec: ModelSpec) -> tuple[ModelSpec, 
         compute_dtype=compute,
     )
     notes = []
+    hidden = as_int(config_get(spec.config or {}, HIDDEN_KEYS, 0) or 0) if spec.is_transformer else 0
+    if hidden and 2 * opts.lora_rank >= hidden:  # r x d + d x r adapter parameters (Hu et al. 2021, section 4.1)
+        notes.append(
+            f"--lora-rank {opts.lora_rank} is at least half the hidden size {hidden}: each adapted {hidden} x {hidden} "
+            f"weight gets {2 * opts.lora_rank * hidden:,} adapter parameters against its own {hidden**2:,}; LoRA "
+            "ranks are usually 8-64"
+        )
     if opts.quantize:
         bits = "8" if opts.quantize == Quant.INT8 else "4"
         notes.append(

@@ -61,8 +61,12 @@ def checkpointing_not_needed(
     without it at the recommended row's global batch (at the plan's micro-batch, else the largest that fits without
     it and divides the global batch, reaching it by accumulation) and is at least ``AC_HINT_SPEEDUP`` faster per
     optimizer step than the recommendation (no recompute of the forward: the trace's FLOPs without it). One more
-    trace (usually cached: the common case). None when nothing fits without it faster, or there is nothing to time."""
+    trace (usually cached: the common case). None when nothing fits without it faster, or there is nothing to time,
+    and for QLoRA, which turns checkpointing on itself."""
     if best.time is None or not best.time.step_s or not best.global_batch_size:
+        return None
+    adapter = ctx.profile.spec.adapter
+    if adapter is not None and adapter.quantize:  # QLoRA checkpoints without the flag (prepare_model_for_kbit_training)
         return None
     profile = build_profile(
         ctx.profile.spec, ctx.profile.attention, False, cache=cache, cpu_conv_scratch_threads=scratch_threads

@@ -327,6 +327,11 @@ IGNORED = [
         ["--config", "{automap.json}", "--gpus", "2"],
         "auto_map (remote code) is ignored: transformers ships model_type 'llama'",
     ),
+    # a classifier's config: the plan and the scripts are the language-model head's, and the answer says so
+    (
+        ["--config", "{classifier.json}", "--gpus", "2"],
+        "architectures says LlamaForSequenceClassification: advisor sizes and its scripts train LlamaForCausalLM",
+    ),
 ]
 
 
@@ -338,6 +343,7 @@ def test_ignored_input_is_said(argv, warning, tmp_path, capsys):
         "arch.json": tiny | {"architectures": ["GPT2LMHeadModel"]},
         "bare.json": {"model_type": "mistral"},
         "automap.json": tiny | {"auto_map": {"AutoModelForCausalLM": "modeling_x.X"}},
+        "classifier.json": tiny | {"architectures": ["LlamaForSequenceClassification"], "num_labels": 3},
     }
     for name, doc in files.items():
         (tmp_path / name).write_text(json.dumps(doc))

@@ -170,6 +170,19 @@ def test_one_gpu_cluster_search_stays_in_the_node():
         assert p.recommendation.min_nodes == 1 and "in one node" in text, text
 
 
+def test_one_gpu_says_a_faster_sharded_row_is_faster():
+    """On one GPU the plain single-process row is preferred even where a 16-bit ZeRO/FSDP2 row is timed faster (no
+    autocast casts): the reason says it is faster and why, never "as fast within 10%"."""
+    p = plan(plan_inputs(config_path=str(CONFIGS.parent / "tiny_llama.json"), gpus=1, gpu="A100-80GB"))
+    assert p.recommendation.strategy == "single"
+    single, fsdp2 = p.row("single").time.step_s, p.row("fsdp2").time.step_s
+    assert fsdp2 * 1.1 < single  # the case under test
+    line = next(r for r in p.recommendation.reasons if r.startswith("FSDP2 "))
+    assert line.startswith(f"FSDP2 would take {fsdp2 / single:.2f}x the time per step"), line
+    assert line.endswith("Single GPU is preferred on one GPU (above)"), line
+    assert not any(r.startswith("FSDP2 is as fast within") for r in p.recommendation.reasons)
+
+
 def test_host_ram_while_loading_is_checked_when_known():
     """DDP-family scripts build the fp32 model in every rank: 8 ranks x 4 bytes x 6.74B > 128 GiB."""
     p = plan(plan_inputs(model="llama-2-7b", gpus=8, gpu="A100-80GB", host_mem_gib=128, activation_checkpointing=True))

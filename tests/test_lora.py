@@ -340,3 +340,35 @@ def test_bad_adapter_inputs():
                 config_path=TINY, seq_len=32, gpus=1, detect_hardware=False, lora_rank=8, lora_targets="no_such_module"
             )
         )
+
+
+def test_qlora_gets_no_hint_to_drop_the_checkpointing_it_turns_on_itself(no_what_if_traces):
+    """QLoRA checkpoints with or without --activation-checkpointing (peft's prepare_model_for_kbit_training), so the
+    hint to drop the flag would change nothing; LoRA on a 16-bit base, which it does speed up, keeps the hint."""
+
+    def hints(**adapter) -> list[str]:
+        p = plan(
+            plan_inputs(
+                model="llama-3.2-1b", gpus=1, gpu="A100-80GB", detect_hardware=False, seq_len=512,
+                micro_batch_size=1, activation_checkpointing=True, lora_rank=8, **adapter,
+            )
+        )  # fmt: skip
+        return [w for w in p.warnings if "checkpointing is on but not needed" in w]
+
+    assert hints(quantize="nf4") == []
+    assert len(hints()) == 1
+
+
+def test_a_rank_as_large_as_the_weights_is_said():
+    """gpt2's 768 x 768 projections: rank 384 gives each as many adapter parameters as it has (r x d + d x r = d x d),
+    which the answer says; rank 64 is ordinary."""
+
+    def said(rank: int) -> list[str]:
+        p = plan(plan_inputs(model="gpt2", gpus=1, gpu="A100-80GB", detect_hardware=False, seq_len=64, lora_rank=rank))
+        return [w for w in p.warnings if w.startswith(f"--lora-rank {rank} is at least half the hidden size 768")]
+
+    assert said(384) == [
+        "--lora-rank 384 is at least half the hidden size 768: each adapted 768 x 768 weight gets 589,824 adapter "
+        "parameters against its own 589,824; LoRA ranks are usually 8-64"
+    ]
+    assert said(64) == []

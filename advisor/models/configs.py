@@ -149,7 +149,34 @@ def spec_from_hf_config(config: object, name: str, source: str, seq_len: int | N
     spec = ModelSpec(
         name=name, family="transformer", source=source, model_type=model_type, config=clean, warnings=tuple(warnings)
     )
+    head = _head_note(spec, config.get("architectures"))
+    if head:
+        spec = replace(spec, warnings=(*spec.warnings, head))
     return with_seq_len(spec, seq_len)
+
+
+def _head_note(spec: ModelSpec, architectures: object) -> str | None:
+    """The note that the config names another head of the same model_type (a classifier, say) than the class advisor
+    sizes and its scripts train (``hf_model_class``: the language-model head, on token ids); None when it names
+    that class, no class, or another model_type's (``_config_warnings`` says that)."""
+    if not (isinstance(architectures, list) and architectures and isinstance(architectures[0], str)):
+        return None
+    named = architectures[0]
+    if spec.model_type not in _architecture_owners(named) or _speech_decoder_only(spec.model_type or ""):
+        return None  # another model_type's class, or a speech model (its own note)
+    from .families.transformer import hf_config, hf_model_class
+
+    try:
+        built = hf_model_class(hf_config(spec)).__name__
+    except AdvisorError:
+        return None  # the build refuses the config in its own words later
+    if built == named:
+        return None
+    return (
+        f"architectures says {named[:60]}: advisor sizes and its scripts train {built}, the language-model head on "
+        f"token ids; {named[:60]}'s own head and labels are not modelled or written (the body's memory and time are "
+        "the same; fine-tune that head with your own script, or start from these and swap the class)"
+    )
 
 
 # The fields advisor reads to size a model (groups of synonyms: transformers' names differ by family).
