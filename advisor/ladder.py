@@ -304,9 +304,14 @@ def cumulative_flags(rungs: Sequence[Rung]) -> str:
     """The flags that give the options of ``rungs`` together (those taken: no blocker), as one command line: a rung
     that replaces an earlier one (``SUPERSEDES``) drops that one's flags, so the line is one the CLI accepts
     (--selective-checkpointing and --activation-checkpointing are two policies, refused together)."""
+    return " ".join(r.flags for r in _taken(rungs))
+
+
+def _taken(rungs: Sequence[Rung]) -> list[Rung]:
+    """The rungs of ``rungs`` whose options are on together: no blocker, not replaced by a later one."""
     taken = [r for r in rungs if r.blocker is None and r.flags]
     dropped = {old for r in taken for old in SUPERSEDES.get(r.key, ())}
-    return " ".join(r.flags for r in taken if r.key not in dropped)
+    return [r for r in taken if r.key not in dropped]
 
 
 def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
@@ -331,8 +336,9 @@ def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
             f"{ladder.title} fits as planned ({_gib(fit)} per GPU{_rate(fit)}) but is sized "
             "and timed only: no script runs it here (its row says why)"
         )
+    labels = " and ".join(r.label for r in _taken(ladder.rungs[1 : ladder.rungs.index(fit) + 1]))
     return (
-        f"cheapest fix before more GPUs: {ladder.title} fits with {fit.label} ({taken}): "
+        f"cheapest fix before more GPUs: {ladder.title} fits with {labels or fit.label} ({taken}): "
         f"{_gib(fit)} per GPU{_rate(fit)} (the ladder below)"
     )
 

@@ -158,6 +158,30 @@ def _cluster_that_fits(ctx: StrategyContext, strategy: Strategy) -> tuple[int, i
     return None
 
 
+def _smallest_cluster(
+    ctx: StrategyContext, rows: list[StrategyRow], search_ctx: StrategyContext, search_rows: list[StrategyRow]
+) -> tuple[StrategyRow | None, StrategyContext, tuple[int, int] | None]:
+    """The row that shards everything on the GPU (ZeRO-3, FSDP2; no offload) and the context (as planned, else with
+    activation checkpointing when ``search_ctx`` has it on) that fit the fewest GPUs (``_cluster_that_fits``), with
+    that cluster: fewest GPUs first, then without checkpointing, then the least communication. (None, search_ctx,
+    None) when no such row applies; (the first such row, search_ctx, None) when none fits even the largest searched."""
+    tries = [(ctx, rows)] + ([(search_ctx, search_rows)] if search_ctx is not ctx else [])
+    found = []
+    for c, rs in tries:
+        for r in rs:
+            if r.applicable and r.strategy.shards_everything and not r.strategy.offload:
+                cluster = _cluster_that_fits(c, r.strategy)
+                if cluster is not None:
+                    found.append((cluster[0] * cluster[1], c is not ctx, r.strategy.comm_order, r, c, cluster))
+    if found:
+        *_, r, c, cluster = min(found, key=lambda f: f[:3])
+        return r, c, cluster
+    first = next(
+        (r for r in search_rows if r.applicable and r.strategy.shards_everything and not r.strategy.offload), None
+    )
+    return first, search_ctx, None
+
+
 def _nothing_fits(
     ctx: StrategyContext, rows: list[StrategyRow], warnings: list[str], checkpointed: Checkpointed | None
 ) -> Recommendation:
@@ -182,7 +206,8 @@ def _nothing_fits(
     for r in short_host:
         reasons.append(f"{r.title}: {r.fit_note}")
     search_ctx, search_rows = ctx, rows
-    smaller = [r for r in rows if r.applicable and r.max_micro_batch_size >= 1]
+    # Rows that fit the GPU at a smaller micro-batch only (one that fits at this one is short of host RAM instead)
+    smaller = [r for r in rows if r.applicable and 1 <= r.max_micro_batch_size < mb]
     if mb > 1 and smaller:
         # Without offload first (offload's largest micro-batch counts GPU memory only), then the largest.
         r = max(smaller, key=lambda r: (not r.strategy.offload, r.max_micro_batch_size, -r.strategy.comm_order))
@@ -232,9 +257,7 @@ def _nothing_fits(
             f"{off.title} would need {fmt_gib(sized(off).host_bytes_per_node)} of host RAM per node "
             f"({have}) and {fmt_gib(sized(off).device_total)} per GPU"
         )
-    need = next(
-        (r for r in search_rows if r.applicable and r.strategy.shards_everything and not r.strategy.offload), None
-    )
+    need, search_ctx, found = _smallest_cluster(ctx, rows, search_ctx, search_rows)
     min_gpus = min_nodes = None
     with_ac = " with activation checkpointing" if search_ctx is not ctx else ""
     if need is None:
@@ -250,7 +273,6 @@ def _nothing_fits(
             else:
                 reasons.append(f"more GPUs would not help here: {blocked.title} does not apply ({blocked.reason})")
     else:
-        found = _cluster_that_fits(search_ctx, need.strategy)
         if found is not None:
             per_node, min_nodes = found
             min_gpus = per_node * min_nodes

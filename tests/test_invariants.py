@@ -326,3 +326,35 @@ def test_quoted_totals_add_up_over_the_vendored_configs(no_what_if_traces, confi
     for text in p.recommendation.reasons + p.recommendation.warnings:
         assert parts_do_not_add_up(text) is None, text
     assert violations(p) == []
+
+
+@pytest.mark.slow  # two plans of an 8B model
+def test_smallest_cluster_is_searched_over_every_fully_sharded_row():
+    """llama-3.1-8b on one A100 80 GB: FSDP2 with checkpointing fits 2 GPUs where ZeRO-3 needs 4 (a fresh user found
+    "ZeRO-3 ... would fit on 4" while --gpus 2 --activation-checkpointing fit FSDP2); the answer names the row and
+    cluster that fit the fewest GPUs, and that plan fits."""
+    p = plan(plan_inputs(model="llama-3.1-8b", gpus=1, gpu="A100-80GB", seq_len=2048, micro_batch_size=1))
+    assert p.recommendation.min_gpus == 2, p.recommendation.reasons
+    line = next(r for r in p.recommendation.reasons if "would fit on" in r)
+    assert line == "FSDP2 with activation checkpointing would fit on 2 x A100-80GB (in one node)", line
+    two = plan(
+        plan_inputs(
+            model="llama-3.1-8b", gpus=2, gpu="A100-80GB", seq_len=2048, micro_batch_size=1,
+            activation_checkpointing=True,
+        )
+    )  # fmt: skip
+    assert two.row("fsdp2").fits is True
+
+
+def test_lower_micro_batch_is_advised_only_where_a_row_fits_only_below_it():
+    """llama-3.2-3b, pure bf16, on one RTX 4090 at micro-batch 2: FSDP2 + CPU offload fits the GPU up to micro-batch
+    4 (its host RAM unknown), so "lower --micro-batch-size" is not the fix (it said "fits up to micro-batch 4")."""
+    p = plan(
+        plan_inputs(
+            model="llama-3.2-3b", gpus=1, gpu="RTX4090", seq_len=1024, micro_batch_size=2, precision="pure-bf16",
+            detect_hardware=False,
+        )
+    )  # fmt: skip
+    assert p.recommendation.strategy is None
+    assert not any("lower --micro-batch-size" in r for r in p.recommendation.reasons), p.recommendation.reasons
+    assert any(r.startswith("FSDP2 + CPU offload: keeps") for r in p.recommendation.reasons)

@@ -45,7 +45,9 @@ def test_llm_ladder_order_and_first_fit(llm) -> None:  # noqa: ANN001
         "optimizer_in_backward",
         "lora",
         "qlora",
+        "more_gpus",  # FSDP2 shards a pure-bf16 model across 2 (ZeRO does not take pure bf16)
     ]
+    assert rungs["more_gpus"].flags == "--gpus 2", rungs["more_gpus"]
     assert rungs["activation_offload"].short_of == "host RAM unknown" and rungs["ac_full"].saved_bytes > 0
     # With a workstation's 64 GiB of RAM (--ladder: FSDP2 + CPU offload then fits), offload is built on.
     order, rungs = _keys(_llm(host_mem_gib=64, ladder=True))
@@ -107,8 +109,8 @@ def test_llm_ladder_in_json_and_answer(llm) -> None:  # noqa: ANN001
     assert [row["rung"] for row in doc["ladder"]][:3] == ["base", "adamw_8bit", "chunked_ce"]
     first = next(row for row in doc["ladder"] if row["first_fit"])
     assert first["rung"] == "chunked_ce" and first["strategy"] == "single"
-    reason = llm.recommendation.reasons[1]
-    assert reason.startswith("cheapest fix before more GPUs: Single GPU fits with chunked cross-entropy")
+    reason, fix = llm.recommendation.reasons[1], "Single GPU fits with 8-bit AdamW and chunked cross-entropy "
+    assert reason.startswith(f"cheapest fix before more GPUs: {fix}")
     assert "--optimizer adamw-8bit --chunked-cross-entropy 8" in reason
 
 
