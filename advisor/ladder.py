@@ -135,7 +135,14 @@ def build_ladder(
         flags = f"--gpus {min_gpus // nodes}" + (f" --nodes {nodes}" if nodes > 1 else "")
         steps.out.append(Rung("more_gpus", label, flags, note="the recommendation's smallest cluster"))
     else:
-        steps.out.append(Rung("more_gpus", label, "", blocker="not searched: the job fits, or more GPUs do not help"))
+        why = (
+            "not searched: the job fits as planned"
+            if recommended is not None
+            else "not searched: a rung above fits"
+            if any(r.fits for r in steps.out)
+            else "not searched: the answer's other fixes come first, or more GPUs do not help (the reasons above)"
+        )
+        steps.out.append(Rung("more_gpus", label, "", blocker=why))
     return Ladder(pick.name, pick.title, tuple(steps.out), _fewest(steps, start))
 
 

@@ -64,6 +64,7 @@ def test_llm_ladder_order_and_first_fit(llm) -> None:  # noqa: ANN001
         "qlora",
     ]
     assert [r.key for r in llm.ladder.rungs if r.first_fit] == ["chunked_ce"]
+    assert rungs["more_gpus"].blocker == "not searched: the job fits as planned"  # FSDP2 + CPU offload, 64 GiB
     assert not rungs["base"].fits and not rungs["adamw_8bit"].fits and rungs["chunked_ce"].fits
     # Chunked cross-entropy saves exactly its rule at 2 x 1024 rows of a 128256 vocabulary in 16 bits, the head's
     # bf16 weight gradient (3072 wide, pure bf16) beside the logits' gradients its largest moment.
