@@ -822,10 +822,14 @@ def render_files(plan: RenderedPlan, strategy: str, steps: int = DEFAULT_STEPS) 
 
 
 def launch_command(plan: RenderedPlan, strategy: str) -> str | None:
-    """The launch line for ``strategy`` in ``plan`` (None when it does not apply). Renders nothing:
-    the text output prints it, and it must not need the model's classes."""
+    """The launch line for ``strategy`` in ``plan`` (None when it does not apply; why not, when its script would not
+    be written). Renders nothing: the text output prints it, and it must not need the model's classes."""
     if strategy not in runnable_names() or not plan.row(strategy).applicable:
         return None
+    try:  # an option the script would not write: --emit refuses it, so there is nothing to launch
+        _script_refusal(get_strategy(strategy), plan.options, plan.spec)
+    except AdvisorError as err:
+        return f"none: --emit would not write this job ({err})"
     hw = plan.hardware
     return get_strategy(strategy).launcher.command(hw.gpus_per_node, hw.num_nodes, MASTER_PORT)
 

@@ -508,3 +508,11 @@ def test_flash_attention_on_a_gpu_without_it_is_warned():
     (line,) = said("V100-16GB")
     assert "memory-efficient kernel on V100-16GB" in line
     assert said("A100-80GB") == []
+
+
+def test_a_plan_whose_script_emit_refuses_has_no_launch_line(capsys):
+    """The plan sizes --optimizer-in-backward under fp16, which --emit refuses (GradScaler): the answer's launch line
+    says so instead of printing a command for a script that is never written."""
+    assert main(["gpt2", "--seq-len", "64", "--precision", "fp16", "--optimizer-in-backward"]) == 0
+    launch = capsys.readouterr().out.strip().splitlines()[-1]
+    assert launch.startswith("Launch: none: --emit would not write this job (--optimizer-in-backward: fp16's"), launch
