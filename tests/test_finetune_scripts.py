@@ -268,6 +268,15 @@ def test_data_without_a_tokenizer_says_what_to_pass(tmp_path_factory, pretrained
     )
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "--data needs a tokenizer: pass --tokenizer DIR" in done.stderr
+    # launch.sh's check before it starts the ranks says it too (it said the options were good)
+    check = subprocess.run(
+        [sys.executable, "train.py", "--data", str(pretrained / "train.txt"), "--check-args"],
+        cwd=job_dir,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert check.returncode == 2 and "--data needs a tokenizer" in check.stderr, (check.returncode, check.stderr)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero3"])

@@ -490,6 +490,8 @@ def parse_args():
             p.error(f"{flag} {value}: no such file or directory")
     if args.data is not None and not os.path.exists(os.path.expanduser(args.data)):
         p.error(f"--data {args.data}: no such file or directory")
+    if args.data is not None and "tokenizer" in args and not (args.tokenizer or args.init_from):
+        p.error("--data needs a tokenizer: pass --tokenizer DIR (or --init-from DIR, which has one)")
     # --out must take files: the nearest folder that exists (the rest is created) takes a test file (root passes
     # os.access on read-only file systems such as /proc, so the file is written, then removed).
     out = os.path.abspath(os.path.expanduser(args.out))

@@ -68,9 +68,7 @@ def load_real_dataset(args):
     packed into SEQ_LEN-token blocks (data.py)."""
     import transformers
 
-    source = args.tokenizer or args.init_from
-    if not source:
-        raise SystemExit("--data needs a tokenizer: pass --tokenizer DIR (or --init-from DIR, which has one)")
+    source = args.tokenizer or args.init_from  # one of them: parse_args refuses --data without
     tokenizer = pretrained(transformers.AutoTokenizer.from_pretrained, source,
                            "--tokenizer" if args.tokenizer else "--init-from")
     train, held_out, said = data.packed_blocks(args.data, tokenizer, source, SEQ_LEN, VOCAB_SIZE, HELD_OUT_FRACTION)
