@@ -323,10 +323,9 @@ def _time_reasons(ctx: StrategyContext, best: StrategyRow, fitting: list[Strateg
             if r.strategy.comm_order != best.strategy.comm_order:
                 why = "by the tie order (least communication first, see docs/decisions.md)"
             elif sized(r).device_total != sized(best).device_total:
-                why = (
-                    f"for its lower device total ({fmt_gib(sized(best).device_total)} against "
-                    f"{fmt_gib(sized(r).device_total)})"
-                )
+                lo, hi = sized(best).device_total, sized(r).device_total
+                digits = 2 if fmt_gib(lo) != fmt_gib(hi) else 4  # 0.84 against 0.84 GiB: more digits
+                why = f"for its lower device total ({fmt_gib(lo, digits)} against {fmt_gib(hi, digits)})"
             else:  # the same order and memory: the registry's order decides (``pick``'s min keeps the first)
                 why = (
                     f"as the first listed (the same tie order and the same {fmt_gib(sized(best).device_total)} per GPU)"
