@@ -256,6 +256,7 @@ CASES = [
     (["resnet50", "--steps", "3"], ["--steps applies to --verify only"]),
     (["resnet50", "--timeout", "30"], ["--timeout applies to --verify only"]),
     ([], ["no model given"]),
+    (["--config", ""], ["--config is empty: give the path of a config.json"]),
 ]
 
 

@@ -70,6 +70,8 @@ def resolve_model(
     if config_dict is not None:
         label = name or (str(config_dict.get("model_type", "config")) if isinstance(config_dict, dict) else "config")
         return spec_from_hf_config(config_dict, label, config_source or "pasted config", seq_len)
+    if config_path == "":
+        raise AdvisorError("--config is empty: give the path of a config.json")
     if config_path:
         cfg = load_config_file(config_path)
         label = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(config_path).stem)[:64] or "config"
