@@ -169,17 +169,19 @@ def _smallest_cluster(
     found = []
     for c, rs in tries:
         for r in rs:
-            if r.applicable and r.strategy.shards_everything and not r.strategy.offload:
+            if r.applicable and _shards_all_on_gpu(r):
                 cluster = _cluster_that_fits(c, r.strategy)
                 if cluster is not None:
                     found.append((cluster[0] * cluster[1], c is not ctx, r.strategy.comm_order, r, c, cluster))
     if found:
         *_, r, c, cluster = min(found, key=lambda f: f[:3])
         return r, c, cluster
-    first = next(
-        (r for r in search_rows if r.applicable and r.strategy.shards_everything and not r.strategy.offload), None
-    )
-    return first, search_ctx, None
+    return next((r for r in search_rows if r.applicable and _shards_all_on_gpu(r)), None), search_ctx, None
+
+
+def _shards_all_on_gpu(r: StrategyRow) -> bool:
+    """The row shards everything and keeps it on the GPU (ZeRO-3, FSDP2): what more GPUs scale."""
+    return r.strategy.shards_everything and not r.strategy.offload
 
 
 def _nothing_fits(
@@ -261,7 +263,7 @@ def _nothing_fits(
     min_gpus = min_nodes = None
     with_ac = " with activation checkpointing" if search_ctx is not ctx else ""
     if need is None:
-        blocked = next((r for r in rows if r.strategy.shards_everything and not r.strategy.offload), None)
+        blocked = next((r for r in rows if _shards_all_on_gpu(r)), None)
         if blocked is not None:
             adapter = ctx.profile.spec.adapter
             if adapter is not None and adapter.quantize:  # the quantized base is what keeps ZeRO-3 / FSDP2 out
