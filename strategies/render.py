@@ -269,7 +269,11 @@ def _script_refusal(strategy: Strategy, opts: TrainingOptions, spec: ModelSpec) 
         why = ("--chunked-cross-entropy", model)
     if why is None and passed["--optimizer-in-backward"]:
         if opts.precision == Precision.FP16:
-            why = ("--optimizer-in-backward", "fp16's GradScaler unscales every gradient before one step; use bf16")
+            why = (
+                "--optimizer-in-backward",
+                "fp16's GradScaler unscales every gradient before one step; use bf16, or fp32 on a GPU without bf16 "
+                "(V100, T4)",
+            )
         elif _OPTIMIZER_VARIANTS[opts.optimizer] not in _IN_BACKWARD:
             why = (
                 "--optimizer-in-backward",
@@ -319,7 +323,7 @@ def _constants(job: Job) -> dict[str, object]:
         "WEIGHT_DECAY": 0.01,
         "WARMUP_STEPS": warmup,
         "TOTAL_STEPS": job.steps,
-        "MAX_GRAD_NORM": 1.0,
+        **({} if job.optimizer_in_backward else {"MAX_GRAD_NORM": 1.0}),  # stepping in backward: nothing to clip
         "EVAL_EVERY": max(1, job.steps // 4),
         "SAVE_EVERY": max(1, job.steps // 2),
         "KEEP_CHECKPOINTS": 1,
@@ -493,6 +497,8 @@ def _docstring(job: Job, launch: str) -> str:
     # the planned node's GPU count: the GPUs of the machine the plan was made on, or of the preset it was made for
     gpus = f"{job.gpus_per_node} GPU" + ("s" if job.gpus_per_node != 1 else "")
     where = f"one node of {gpus}, as planned" if distributes else "one process on one GPU"
+    if distributes and job.num_nodes > 1:
+        where = f"{job.num_nodes} nodes of {gpus} each, as planned; launch.sh reads NODE_RANK and MASTER_ADDR"
     if est.get("device") == Device.CPU:  # --verify's variant of the job (fp32, a small micro-batch), not the job itself
         ranks = f"{job.gpus_per_node} CPU ranks" if distributes else "one process on the CPU"
         where = f"{ranks}: --verify's run of the job on this machine, not the job to keep"
@@ -513,7 +519,7 @@ Batch arithmetic:
                    x gradient accumulation steps {job.grad_accum_steps} = {job.global_batch_size}
     ({ranks})
 Learning rate: {job.lr:g} ({_doc_text(job.lr_source)}),
-    after a linear warmup, then cosine decay; gradients clipped to a total norm of 1.0.{_scratch_lr_doc(job)}\
+    after a linear warmup, then cosine decay; {_clipping_doc(job)}.{_scratch_lr_doc(job)}\
 {_pure_bf16_doc(job)}
 Model: {name} ({source}), {what}; pretrained weights with --init-from; synthetic data unless --data is given;
     evaluation on held-out data every --eval-every steps.
@@ -522,6 +528,14 @@ per rank ({est["device"]}), device total {est["device_total_bytes"] / 2**30:.3f}
 Every step logs the loss, learning rate, gradient norm, seconds and throughput (and on CUDA the MFU and the peak
 allocated memory); the trained weights go to --out at the end.
 """'''
+
+
+def _clipping_doc(job: Job) -> str:
+    """The docstring's word on clipping: none with the optimizer step in backward (each parameter steps in its own
+    gradient hook, so no global norm exists: templates/torch_steps.py ``optimizer_step__in_backward``)."""
+    if job.optimizer_in_backward:
+        return "no gradient clipping\n    (each parameter steps in backward, before the others' gradients exist)"
+    return "gradients clipped to a total norm of 1.0"
 
 
 def fresh_weights_at_a_fine_tuning_rate(job: Job) -> bool:
@@ -776,16 +790,34 @@ def render_launch_sh(job: Job) -> str:
         'if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then\n'
         f'  echo "no CUDA GPU: running on the CPU{backend}"\n' + exports + "fi\n"
     )
-    nodes = ""
+    nodes = guard = ""
     if job.num_nodes > 1 and job.strategy_unit.launcher.name == LauncherKind.DEEPSPEED:
         nodes = (
             "# Several nodes: run this on the first node only; DeepSpeed starts the others over ssh from hostfile\n"
-            "# (one 'HOST slots=N' line per node: replace the placeholders) and HOST0 is this node's address.\n"
+            "# (one 'HOST slots=N' line per node: replace the placeholders), with MASTER_ADDR exported as this\n"
+            "# node's address.\n"
         )
+        needed = {"MASTER_ADDR": "this node's address"}
     elif job.num_nodes > 1 and job.strategy_unit.distributes:
         nodes = (
-            "# Several nodes: run this on every node with NODE_RANK exported (0 on the first) and HOST0 replaced\n"
-            "# by the first node's address (or submit slurm.sbatch).\n"
+            "# Several nodes: run this on every node with NODE_RANK (0 on the first) and MASTER_ADDR (the first\n"
+            "# node's address) exported, or submit slurm.sbatch.\n"
+        )
+        needed = {
+            "NODE_RANK": "0 on the first node, 1 .. NNODES-1 on the others",
+            "MASTER_ADDR": "the first node's address",
+        }
+    if nodes:
+        # The launch line's placeholder becomes the exported address; a variable left unset is said in one line, not
+        # as bash's "unbound variable" (set -u) or a rendezvous that waits for a host named HOST0.
+        cmd = cmd.replace("--master_addr=HOST0", '--master_addr="$MASTER_ADDR"').replace(
+            "--master_addr HOST0", '--master_addr "$MASTER_ADDR"'
+        )
+        guard = "".join(
+            f'if [ -z "${{{var}:-}}" ]; then\n'
+            f'  echo "error: {job.num_nodes} nodes: export {var} ({what}) before bash launch.sh, or submit '
+            f'slurm.sbatch" >&2\n  exit 2\nfi\n'
+            for var, what in needed.items()
         )
     return (
         "#!/usr/bin/env bash\n# Generated by advisor. Usage: bash launch.sh [train.py options, e.g. --steps 20]\n"
@@ -793,6 +825,7 @@ def render_launch_sh(job: Job) -> str:
         + nodes
         + 'set -euo pipefail\nHERE="$(cd "$(dirname "$0")" && pwd)"\n'
         + check
+        + guard
         + cpu_fallback
         + f'{cmd} "$@"\n'
     )

@@ -213,6 +213,29 @@ def test_launch_sh_with_a_bad_option_prints_one_line_and_exits_2(cnn_plan, tmp_p
     assert not list(elsewhere.iterdir())  # the --out check left no file behind
 
 
+@pytest.mark.slow  # a launch.sh run (train.py's option check imports torch) per strategy
+@pytest.mark.parametrize("strategy, first", [("ddp", "NODE_RANK"), ("zero2", "MASTER_ADDR")])
+def test_a_two_node_launch_sh_says_which_variable_to_export(tmp_path, strategy, first):
+    """Two nodes: the docstring names them (it said "one node of 2 GPUs" above a --nnodes=2 line) and launch.sh,
+    without NODE_RANK (torchrun, every node) or MASTER_ADDR exported, says which in one line and exits 2 (a new user
+    got bash's "NODE_RANK: unbound variable"); the launch line reads the exported address, not the HOST0
+    placeholder."""
+    p = plan(plan_inputs(gpus=2, nodes=2, micro_batch_size=2, **CNN))
+    files = render_files(p, strategy)
+    assert "Launch (2 nodes of 2 GPUs each, as planned" in files["train.py"]
+    assert re.search(r'--master_addr[= ]"\$MASTER_ADDR"', files["launch.sh"]), files["launch.sh"]
+    assert ("NODE_RANK" in files["launch.sh"]) == (strategy == "ddp")  # DeepSpeed's launcher starts every node
+    write_files(files, tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("NODE_RANK", "MASTER_ADDR")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    done = subprocess.run(
+        ["bash", str(tmp_path / "launch.sh")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"error: 2 nodes: export {first} ("), done.stderr
+
+
 # --- --emit --force removes what an earlier --emit wrote and this one does not -----------------------------------
 def _emit(capsys: pytest.CaptureFixture[str], folder: Path, strategy: str, *extra: str) -> str:
     from advisor.cli import main
