@@ -24,7 +24,7 @@ from .hardware import HOST_UNKNOWN
 from .ladder_state import Env, Figures, State, evaluate_state, throughput, user_state
 from .memory_options import DEFAULT_CE_CHUNKS
 from .models import RECIPE_LORA_RANK, recipe_flags
-from .rows import StrategyRow
+from .rows import Recommendation, StrategyRow
 from .units import fmt_gib
 
 # Candidates in the order they are offered before the greedy sort (ties keep it).
@@ -92,13 +92,13 @@ def build_ladder(
     cache: DiskCache | NullCache,
     scratch_threads: int,
     recommended: str | None,
-    min_gpus: int | None = None,
-    min_nodes: int | None = None,
+    cluster: Recommendation | None = None,
     order: Sequence[str] | None = None,
 ) -> Ladder | None:
     """The ladder for the plan (module docstring); None when no row can carry it (none applies with memory).
-    ``order``: take these rungs (``CANDIDATES`` keys) in this order instead of the greedy one (the benchmark
-    re-predicts a published table in its own order)."""
+    ``cluster``: the recommendation whose smallest cluster (``min_gpus``, ``min_nodes``, ``min_cluster_flags``)
+    is the last rung. ``order``: take these rungs (``CANDIDATES`` keys) in this order instead of the greedy one (the
+    benchmark re-predicts a published table in its own order)."""
     carriers = [r for r in rows if r.applicable and r.memory is not None and not r.strategy.offload]
     if not carriers:
         return None
@@ -129,11 +129,20 @@ def build_ladder(
         for k in ("lora", "qlora"):
             steps.add(k, evaluate_state(env, state.plus(k)), advance=False)
     label, _ = LABELS["more_gpus"]
-    if min_gpus:
-        # --gpus counts the GPUs of one node: a cluster of several nodes is --gpus per node x --nodes.
-        nodes = min_nodes or 1
-        flags = f"--gpus {min_gpus // nodes}" + (f" --nodes {nodes}" if nodes > 1 else "")
-        steps.out.append(Rung("more_gpus", label, flags, note="the recommendation's smallest cluster"))
+    if cluster is not None and cluster.min_gpus:
+        # --gpus counts the GPUs of one node: a cluster of several nodes is --gpus per node x --nodes; with the
+        # options that cluster was found with (a new user ran the flags alone, and nothing fitted).
+        nodes = cluster.min_nodes or 1
+        flags = " ".join(
+            f
+            for f in (
+                f"--gpus {cluster.min_gpus // nodes}",
+                f"--nodes {nodes}" * (nodes > 1),
+                cluster.min_cluster_flags,
+            )
+            if f
+        )
+        steps.out.append(Rung("more_gpus", label, flags, fits=True, note="the recommendation's smallest cluster"))
     else:
         why = (
             "not searched: the job fits as planned"

@@ -368,7 +368,7 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
         rec.reasons.append(mb_note)
     ladder = None
     if device == Device.CUDA and (opts.ladder or rec.strategy is None):
-        ladder = build_ladder(ctx, rows, cache, scratch_threads, rec.strategy, rec.min_gpus, rec.min_nodes)
+        ladder = build_ladder(ctx, rows, cache, scratch_threads, rec.strategy, rec)
         if ladder is not None and rec.strategy is None:
             rec.reasons.insert(1, ladder_reason(ladder, ctx))
     warnings += _budget_warnings(opts, ctx)

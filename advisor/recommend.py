@@ -319,5 +319,6 @@ def _nothing_fits(
         warnings=warnings,
         min_gpus=min_gpus,
         min_nodes=min_nodes,
+        min_cluster_flags="--activation-checkpointing" if with_ac and min_gpus else "",
         offload_host_bytes_per_node=host,
     )

@@ -60,6 +60,8 @@ class Recommendation:
     warnings: list[str] = field(default_factory=list)
     min_gpus: int | None = None
     min_nodes: int | None = None
+    # what the smallest cluster also needs beyond its GPUs (``--activation-checkpointing``, or nothing)
+    min_cluster_flags: str = ""
     offload_host_bytes_per_node: int | None = None
     micro_batch_size: int | None = None  # the micro-batch the recommendation runs (chosen for throughput unless set)
     micro_batch_note: str | None = None  # how it was chosen, with the figures

@@ -168,7 +168,8 @@ def replicated_memory(
     peak = peak_of(*phases)
     return StrategyMemory(
         peak=peak,
-        overhead=device_overhead(ctx.device, peak.total, ctx.world_size),
+        # one process (the single row, whatever --gpus says) starts no process group: no NCCL communicator
+        overhead=device_overhead(ctx.device, peak.total, ctx.world_size if ddp or tp_degree > 1 else 1),
         model_state_bytes=params + full_grads + optim,
     )
 

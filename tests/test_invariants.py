@@ -337,6 +337,9 @@ def test_smallest_cluster_is_searched_over_every_fully_sharded_row():
     assert p.recommendation.min_gpus == 2, p.recommendation.reasons
     line = next(r for r in p.recommendation.reasons if "would fit on" in r)
     assert line == "FSDP2 with activation checkpointing would fit on 2 x A100-80GB (in one node)", line
+    # The ladder's last rung gives that cluster's flags whole: a new user ran "--gpus 2" alone, and nothing fitted.
+    more = p.ladder.rungs[-1]
+    assert (more.key, more.flags, more.fits) == ("more_gpus", "--gpus 2 --activation-checkpointing", True), more
     two = plan(
         plan_inputs(
             model="llama-3.1-8b", gpus=2, gpu="A100-80GB", seq_len=2048, micro_batch_size=1,
