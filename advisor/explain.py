@@ -94,11 +94,18 @@ def fit_reasons(
     if hw.num_gpus > 1:
         reasons.append(f"communication: about {fmt_gib(best.comm_bytes_per_step)} sent per GPU per step over {link}")
     steps = "step" if best.grad_accum_steps == 1 else "steps"
-    reasons.append(
-        f"batch: micro-batch {opts.micro_batch_size} x data-parallel size {best.dp_size} x "
-        f"{best.grad_accum_steps} accumulation {steps} = global batch {best.global_batch_size}; "
+    largest = (
         f"the largest micro-batch that fits {_without_options(opts)}is "
         f"{max_micro_batch_text(best.max_micro_batch_size)} per GPU"
+    )
+    if opts.memory_options and best.max_micro_batch_size < 1:  # it fits with them: "is 0" read as not fitting
+        largest = (
+            f"micro-batch {opts.micro_batch_size} fits with the memory options, none without them (the largest "
+            "micro-batch is searched without them)"
+        )
+    reasons.append(
+        f"batch: micro-batch {opts.micro_batch_size} x data-parallel size {best.dp_size} x "
+        f"{best.grad_accum_steps} accumulation {steps} = global batch {best.global_batch_size}; {largest}"
     )
     if best.learning_rate is not None:
         reasons.append(
@@ -262,6 +269,12 @@ def _why_slower(slow: StrategyRow, fast: StrategyRow, precision: Precision | Non
     """Why ``slow`` takes longer than ``fast`` (both timed), in figures."""
     a, b = timed(slow), timed(fast)
     if a.exposed_comm_s - b.exposed_comm_s >= max(a.compute_s - b.compute_s, a.optimizer_s - b.optimizer_s):
+        pcie = sum(c.nbytes * c.passes for c in a.collectives if c.group == "host")
+        if pcie and not slow.comm_bytes_per_step:  # offload on one GPU: its copies cross PCIe, not a GPU link
+            return (
+                f"it copies {fmt_gib(pcie)} between the GPU and host RAM per step over PCIe, "
+                f"{fmt_s(a.exposed_comm_s)} of it not hidden by compute, vs {fmt_s(b.exposed_comm_s)}"
+            )
         passes = " + ".join(
             f"{c.passes} {c.kind.replace('_', '-')}{'s' if c.passes != 1 else ''}"
             for c in a.collectives
@@ -297,6 +310,7 @@ def _time_reasons(ctx: StrategyContext, best: StrategyRow, fitting: list[Strateg
     if t is None:
         return []
     link = ctx.hardware.interconnect if ctx.hardware.num_nodes == 1 else f"{ctx.hardware.network} between nodes"
+    over = f" over {link}" if ctx.hardware.num_gpus > 1 else ""  # one GPU: no link between GPUs to name
     mfu = f", MFU {100 * t.mfu:.0f}%" if t.mfu is not None else ""
     fastest = all(r.time is None or r.time.step_s >= t.step_s for r in fitting)
     verb = "is the fastest that fits" if fastest else "takes"
@@ -336,7 +350,7 @@ def _time_reasons(ctx: StrategyContext, best: StrategyRow, fitting: list[Strateg
             )
         else:
             out.append(
-                f"{r.title} over {link} would take {ratio:.2f}x longer per step ({fmt_s(timed(r).step_s)}: "
+                f"{r.title}{over} would take {ratio:.2f}x longer per step ({fmt_s(timed(r).step_s)}: "
                 f"{_why_slower(r, best, ctx.options.precision)})"
             )
     return out
