@@ -498,7 +498,10 @@ def _docstring(job: Job, launch: str) -> str:
     gpus = f"{job.gpus_per_node} GPU" + ("s" if job.gpus_per_node != 1 else "")
     where = f"one node of {gpus}, as planned" if distributes else "one process on one GPU"
     if distributes and job.num_nodes > 1:
-        where = f"{job.num_nodes} nodes of {gpus} each, as planned; launch.sh reads NODE_RANK and MASTER_ADDR"
+        reads = (
+            "MASTER_ADDR" if job.strategy_unit.launcher.name == LauncherKind.DEEPSPEED else "NODE_RANK and MASTER_ADDR"
+        )
+        where = f"{job.num_nodes} nodes of {gpus} each, as planned; launch.sh reads {reads}"
     if est.get("device") == Device.CPU:  # --verify's variant of the job (fp32, a small micro-batch), not the job itself
         ranks = f"{job.gpus_per_node} CPU ranks" if distributes else "one process on the CPU"
         where = f"{ranks}: --verify's run of the job on this machine, not the job to keep"
