@@ -15,9 +15,10 @@ a candidate that saves nothing here goes last and says so; one that the strategy
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .cache import DiskCache, NullCache
+from .candidates import TIE
 from .choices import Optimizer
 from .context import StrategyContext
 from .hardware import HOST_UNKNOWN
@@ -68,6 +69,7 @@ class Rung:
     note: str = ""
     host_bytes: int = 0
     short_of: str | None = None  # why it does not fit: "GPU memory", "host RAM", "host RAM unknown" (rows' words)
+    built_on: bool = True  # False: the rungs after it are sized without its option (``_Steps.add``)
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ def _fewest(steps: _Steps, start: State) -> Rung | None:
     fit = next((r for r in rungs if r.first_fit), None)
     if fit is None or fit is rungs[0]:
         return None
-    kept = [r for r in rungs[1 : rungs.index(fit)] if r.blocker is None]
+    kept = [r for r in rungs[1 : rungs.index(fit)] if r.blocker is None and r.built_on]
     figures = None
     for r in reversed(kept):
         trial = [k for k in kept if k is not r]
@@ -247,9 +249,18 @@ class _Steps:
             return
         self._rung(key, fig, self.cur)
         # A rung that the node's RAM does not surely hold, where the state before it did, is not built on: the
-        # rungs after it (LoRA, QLoRA) are sized without it (a new user's LoRA read NO for offload's pinned memory).
-        if advance and not (self._host_short(fig) and not self._host_short(self.cur)):
-            self.state, self.cur = self.state.plus(key), fig
+        # rungs after it (LoRA, QLoRA) are sized without it (a new user's LoRA read NO for offload's pinned memory),
+        # and it says so (another read the next rung's peak above it, with a saving, as a mistake).
+        if not advance:
+            return
+        if self._host_short(fig) and not self._host_short(self.cur):
+            before = next(r.label for r in reversed(self.out[:-1]) if r.blocker is None)
+            last = self.out[-1]
+            self.out[-1] = replace(
+                last, note=f"{last.note}; not built on: the rungs below add to {before}", built_on=False
+            )
+            return
+        self.state, self.cur = self.state.plus(key), fig
 
     def greedy(self, left: list[str]) -> None:
         """Add ``left`` least added seconds per GiB saved first; those that cannot compose say why, those that
@@ -325,9 +336,49 @@ def cumulative_flags(rungs: Sequence[Rung]) -> str:
 
 def _taken(rungs: Sequence[Rung]) -> list[Rung]:
     """The rungs of ``rungs`` whose options are on together: no blocker, not replaced by a later one."""
-    taken = [r for r in rungs if r.blocker is None and r.flags]
+    taken = [r for r in rungs if r.blocker is None and r.flags and r.built_on]
     dropped = {old for r in taken for old in SUPERSEDES.get(r.key, ())}
     return [r for r in taken if r.key not in dropped]
+
+
+def ladder_for_plan(
+    ctx: StrategyContext,
+    rows: Sequence[StrategyRow],
+    cache: DiskCache | NullCache,
+    scratch_threads: int,
+    rec: Recommendation,
+) -> Ladder | None:
+    """The plan's ladder (with --ladder, or when nothing fits: None otherwise) and its line in ``rec``'s reasons
+    (changed in place). Where an offload row is recommended, the ladder of the rows without offload is built all the
+    same: a memory saving (not LoRA or QLoRA, which train otherwise) that fits and trains faster than the offload row
+    beyond the tie band is named in the reasons (a new user's --host-mem hid a single-GPU fit at twice the speed)."""
+    best = next((r for r in rows if r.name == rec.strategy), None)
+    offloads = best is not None and best.strategy.offload and best.time is not None
+    if not (ctx.options.ladder or rec.strategy is None or offloads):
+        return None
+    ladder = build_ladder(ctx, rows, cache, scratch_threads, rec.strategy, rec)
+    if ladder is None:
+        return None
+    if rec.strategy is None:
+        rec.reasons.insert(1, ladder_reason(ladder, ctx))
+    elif offloads and best is not None and best.time is not None:
+        fit = ladder.fewest or ladder.first_fit
+        if fit is not None and fit.key in ("lora", "qlora"):  # another way to fine-tune, not a saving of this one
+            fit = None
+        own, unit = throughput(
+            Env(ctx, best.strategy, cache, scratch_threads), best.global_batch_size, best.time.step_s
+        )
+        if fit is not None and fit.throughput and own and unit == fit.unit and fit.throughput > own * (1 + TIE):
+            label, flags = fit.label, fit.flags
+            if fit is not ladder.fewest:  # the first fit: every option taken up to it
+                taken = _taken(ladder.rungs[1 : ladder.rungs.index(fit) + 1])
+                label, flags = " and ".join(r.label for r in taken), cumulative_flags(taken)
+            rec.reasons.append(
+                f"faster without offload, with other options: {ladder.title} fits with {label} ({flags}): "
+                f"{_gib(fit)} per GPU{_rate(fit)}, {fit.throughput / own:.2f}x the throughput of {best.title} "
+                f"({own:,.0f} {unit}); --ladder shows each option's memory and speed"
+            )
+    return ladder if ctx.options.ladder or rec.strategy is None else None
 
 
 def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:

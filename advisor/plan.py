@@ -19,7 +19,7 @@ from .flag_notes import flag_notes
 from .free_text import lora_targets
 from .hardware import Hardware, resolve_hardware, with_gpu_calibration
 from .invariants import enforce
-from .ladder import Ladder, build_ladder, ladder_reason
+from .ladder import Ladder, ladder_for_plan
 from .layout_search import LayoutCandidate, PlannedKey, search_for_plan
 from .memory import trace_mode
 from .models import AdapterSpec, ModelSpec, family_of, resolve_source
@@ -366,11 +366,7 @@ def plan(inputs: PlanInputs, device: Device = Device.CUDA, hardware: Hardware | 
             warnings.append(hint)
     if mb_note and rec.strategy is not None:
         rec.reasons.append(mb_note)
-    ladder = None
-    if device == Device.CUDA and (opts.ladder or rec.strategy is None):
-        ladder = build_ladder(ctx, rows, cache, scratch_threads, rec.strategy, rec)
-        if ladder is not None and rec.strategy is None:
-            rec.reasons.insert(1, ladder_reason(ladder, ctx))
+    ladder = ladder_for_plan(ctx, rows, cache, scratch_threads, rec) if device == Device.CUDA else None
     warnings += _budget_warnings(opts, ctx)
     layouts = None
     if opts.top and device == Device.CUDA:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from advisor.candidates import TIE
 from advisor.document import plan_to_dict
 from advisor.memory_options import ce_saving
 from advisor.plan import plan
@@ -49,8 +50,22 @@ def test_llm_ladder_order_and_first_fit(llm) -> None:  # noqa: ANN001
     ]
     assert rungs["more_gpus"].flags == "--gpus 2", rungs["more_gpus"]
     assert rungs["activation_offload"].short_of == "host RAM unknown" and rungs["ac_full"].saved_bytes > 0
+    # ... and says so: checkpointing's peak sits above offload's with a saving, against the rung before offload
+    assert not rungs["activation_offload"].built_on
+    assert rungs["activation_offload"].note.endswith("; not built on: the rungs below add to chunked cross-entropy")
+    assert rungs["ac_full"].peak_bytes > rungs["activation_offload"].peak_bytes
+    assert rungs["ac_full"].saved_bytes == rungs["chunked_ce"].peak_bytes - rungs["ac_full"].peak_bytes
     # With a workstation's 64 GiB of RAM (--ladder: FSDP2 + CPU offload then fits), offload is built on.
-    order, rungs = _keys(_llm(host_mem_gib=64, ladder=True))
+    hosted = _llm(host_mem_gib=64, ladder=True)
+    order, rungs = _keys(hosted)
+    # The recommended offload row is 3x slower than one GPU with two free savings: the reasons say so (a new user's
+    # --host-mem hid it), with the options together and their flags.
+    assert hosted.recommendation.strategy == "fsdp2_offload"
+    faster = next(r for r in hosted.recommendation.reasons if r.startswith("faster without offload"))
+    assert (
+        "Single GPU fits with 8-bit AdamW and chunked cross-entropy (--optimizer adamw-8bit --chunked-cross-" in faster
+    )
+    assert float(faster.split("x the throughput")[0].rsplit(" ", 1)[1]) > 1 + TIE, faster
     # Least added seconds per GiB first: 8-bit AdamW (no slower), chunked cross-entropy (no slower) and there it
     # fits; then offload (PCIe partly exposed) before the optimizer step in backward, which saves only once offload
     # has lowered the start-of-backward peak below the end-of-backward one; then LoRA and QLoRA.
