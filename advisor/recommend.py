@@ -237,9 +237,16 @@ def _nothing_fits(
             )
         elif with_memory:
             low = min(with_memory, key=lambda r: sized(r).device_total)
+            # the smallest may fit the GPU and lack host RAM (offload): "would still need 5.46 GiB per GPU" read as
+            # a GPU shortfall
+            still = (
+                f"would still need {fmt_gib(sized(low).device_total)} per GPU"
+                if low.short_of == "GPU memory"
+                else f"fits the GPU ({fmt_gib(sized(low).device_total)} per GPU) but "
+                + ("the host RAM is unknown" if low.short_of == "host RAM unknown" else "not the host RAM")
+            )
             reasons.append(
-                f"activation checkpointing alone is not enough: the smallest, {low.title}, would still "
-                f"need {fmt_gib(sized(low).device_total)} per GPU ({low.fit_note})"
+                f"activation checkpointing alone is not enough: the smallest, {low.title}, {still} ({low.fit_note})"
             )
         search_ctx, search_rows = checkpointed.ctx, eligible(checkpointed.rows, hw.num_gpus)
     off = next(
