@@ -28,8 +28,12 @@ ATTENTION_KERNELS = tuple(a.value for a in Attention if a is not Attention.AUTO)
 TRUNCATE_ABOVE_LAYERS = 4
 
 
-def _attn_label(model: torch.nn.Module, kernel: Attention) -> str:
+def _attn_label(model: torch.nn.Module, kernel: Attention, calls: int) -> str:
+    """The Training line's attention: the SDPA kernel, a transformers model's eager attention, or none for a model
+    without a config that called no scaled-dot-product attention (a CNN read "attention flash")."""
     config = getattr(model, "config", None)
+    if config is None and calls == 0:
+        return "none (the model has no attention)"
     impl = getattr(config, "_attn_implementation", "sdpa") if config is not None else "sdpa"
     return kernel if impl == "sdpa" else "eager (the model's own attention keeps the s x s scores)"
 
@@ -142,7 +146,7 @@ def _trace_step(
         bwd_ops=tuple(tracker.ops),
         recompute_flops=tracker.recompute_flops,
     )
-    return trace, _attn_label(model, attention), blocks
+    return trace, _attn_label(model, attention, tracker.attention_calls), blocks
 
 
 def profile_activations(
