@@ -89,8 +89,7 @@ def show_recommendation(p: Plan) -> None:
             need = (
                 f" The smallest cluster that fits: {counted(rec.min_gpus, 'GPU')} "
                 f"({counted(rec.min_nodes, 'node')} of {counted(rec.min_gpus // rec.min_nodes, 'GPU')}) with full "
-                "sharding "
-                "(see the reasons)."
+                "sharding" + (f" ({rec.min_cluster_flags})" if rec.min_cluster_flags else "") + " (see the reasons)."
             )
         st.error(
             md(
