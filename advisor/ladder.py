@@ -369,10 +369,7 @@ def ladder_for_plan(
             Env(ctx, best.strategy, cache, scratch_threads), best.global_batch_size, best.time.step_s
         )
         if fit is not None and fit.throughput and own and unit == fit.unit and fit.throughput > own * (1 + TIE):
-            label, flags = fit.label, fit.flags
-            if fit is not ladder.fewest:  # the first fit: every option taken up to it
-                taken = _taken(ladder.rungs[1 : ladder.rungs.index(fit) + 1])
-                label, flags = " and ".join(r.label for r in taken), cumulative_flags(taken)
+            label, flags = (fit.label, fit.flags) if fit is ladder.fewest else _options_up_to(ladder, fit)
             rec.reasons.append(
                 f"faster without offload, with other options: {ladder.title} fits with {label} ({flags}): "
                 f"{_gib(fit)} per GPU{_rate(fit)}, {fit.throughput / own:.2f}x the throughput of {best.title} "
@@ -390,7 +387,7 @@ def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
             f"no rung of the memory-savings ladder fits {ladder.title} on {ctx.hardware.num_gpus} x "
             f"{ctx.hardware.gpu_name} (see the ladder)"
         )
-    taken = cumulative_flags(ladder.rungs[1 : ladder.rungs.index(fit) + 1])
+    labels, taken = _options_up_to(ladder, fit)
     few = ladder.fewest
     if few is not None:
         return (
@@ -403,11 +400,17 @@ def ladder_reason(ladder: Ladder, ctx: StrategyContext) -> str:
             f"{ladder.title} fits as planned ({_gib(fit)} per GPU{_rate(fit)}) but is sized "
             "and timed only: no script runs it here (its row says why)"
         )
-    labels = " and ".join(r.label for r in _taken(ladder.rungs[1 : ladder.rungs.index(fit) + 1]))
     return (
-        f"cheapest fix before more GPUs: {ladder.title} fits with {labels or fit.label} ({taken}): "
+        f"cheapest fix before more GPUs: {ladder.title} fits with {labels} ({taken}): "
         f"{_gib(fit)} per GPU{_rate(fit)} (the ladder below)"
     )
+
+
+def _options_up_to(ladder: Ladder, fit: Rung) -> tuple[str, str]:
+    """(labels joined with "and", flags) of the options taken up to and including ``fit`` (``_taken``); ``fit``'s
+    own label where none is taken."""
+    taken = _taken(ladder.rungs[1 : ladder.rungs.index(fit) + 1])
+    return " and ".join(r.label for r in taken) or fit.label, cumulative_flags(taken)
 
 
 def _gib(rung: Rung) -> str:
